@@ -1,0 +1,52 @@
+// Status helpers shared by the daemon and the client library: early-return
+// macros and the translation of errno into absl::Status (done once, at the
+// system-call edge, naming the call).
+#pragma once
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+
+#define DMAG_CONCAT_INNER(a, b) a##b
+#define DMAG_CONCAT(a, b) DMAG_CONCAT_INNER(a, b)
+
+#define DMAG_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::absl::Status dmag_status_ = (expr);        \
+    if (!dmag_status_.ok()) return dmag_status_; \
+  } while (0)
+
+#define DMAG_ASSIGN_OR_RETURN(lhs, expr) \
+  DMAG_ASSIGN_OR_RETURN_IMPL(DMAG_CONCAT(dmag_statusor_, __LINE__), lhs, expr)
+
+#define DMAG_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                               \
+  if (!tmp.ok()) return tmp.status();              \
+  lhs = std::move(tmp).value()
+
+namespace dmagather {
+
+// "shm_open(/dmagather-1): Permission denied (errno 13)".
+inline absl::Status ErrnoStatus(absl::string_view call, int err = errno) {
+  std::string msg = absl::StrCat(call, ": ", std::strerror(err), " (errno ", err, ")");
+  switch (err) {
+    case ENOENT:
+      return absl::NotFoundError(msg);
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(msg);
+    case EINVAL:
+      return absl::InvalidArgumentError(msg);
+    case ENOMEM:
+    case ENOSPC:
+      return absl::ResourceExhaustedError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
+}
+
+}  // namespace dmagather

@@ -1,0 +1,54 @@
+#include "server/completion/completion_writer.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "dmagather/dmagather.h"
+#include "server/common/futex.h"
+
+namespace dmagather::server::completion {
+
+int32_t ToApiStatus(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kOk:
+      return DMAGATHER_OK;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kPermissionDenied:
+      return DMAGATHER_INVALID_ARGUMENT;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kCancelled:
+      return DMAGATHER_UNAVAILABLE;
+    case absl::StatusCode::kAborted:
+      return DMAGATHER_PEER_FAILED;
+    case absl::StatusCode::kDeadlineExceeded:
+      return DMAGATHER_TIMEOUT;
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kUnimplemented:
+      return DMAGATHER_FALLBACK;
+    default:
+      return DMAGATHER_INTERNAL;
+  }
+}
+
+void RecordError(abi::CompletionV1* c, uint32_t seq, int32_t api_status, int32_t failed_rank,
+                 absl::string_view message) {
+  uint32_t n = c->error_count;  // Only the daemon writes error_count.
+  abi::ErrorRecordV1& rec = c->errors[n % abi::kErrorSlotsV1];
+  rec.stamp = abi::kErrorRecordStampV1;
+  rec.seq = seq;
+  rec.status = api_status;
+  rec.failed_rank = failed_rank;
+  size_t len = std::min(message.size(), sizeof(rec.message) - 1);
+  std::memcpy(rec.message, message.data(), len);
+  rec.message[len] = '\0';
+  abi::StoreRelease(&c->error_count, n + 1);
+}
+
+void PublishDone(abi::CompletionV1* c, uint32_t seq) {
+  abi::StoreSeqCst(&c->done_seq, seq);
+  if (abi::LoadSeqCst(&c->done_waiters) != 0) FutexWakeAll(&c->done_seq);
+}
+
+}  // namespace dmagather::server::completion

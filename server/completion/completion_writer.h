@@ -1,0 +1,25 @@
+// Completion stage: writes error records and done flags into a rank's
+// completion block, and wakes a client asleep on it. An error record is
+// always written before done_seq moves past its op.
+//
+// Threads: called by the scheduler (under the job's completion lock) from an
+// engine thread or the ingress thread.
+#pragma once
+
+#include <cstdint>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "client/abi/completion_v1.h"
+
+namespace dmagather::server::completion {
+
+// absl::Status -> dmagather_status_t. Aborted means "a peer failed".
+int32_t ToApiStatus(const absl::Status& s);
+
+void RecordError(abi::CompletionV1* c, uint32_t seq, int32_t api_status, int32_t failed_rank,
+                 absl::string_view message);
+
+void PublishDone(abi::CompletionV1* c, uint32_t seq);
+
+}  // namespace dmagather::server::completion

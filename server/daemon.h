@@ -1,0 +1,68 @@
+// Daemon: wires the stages together and owns them: the engine, the registry
+// of jobs and sessions, the ingress thread, the doorbell page and the gRPC
+// server on the Unix socket. main.cc parses flags and calls Create/Run.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/common/shm.h"
+#include "server/engines/factory.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace dmagather::server {
+
+namespace ingress {
+class Ingress;
+}
+namespace service {
+class Registry;
+class ControlService;
+class TelemetryService;
+}  // namespace service
+
+struct DaemonOptions {
+  std::string socket_path;
+  unsigned socket_mode = 0660;
+  engines::EngineOptions engine;
+  absl::Duration op_timeout = absl::Seconds(60);
+  absl::Duration drain_timeout = absl::Seconds(10);
+};
+
+class Daemon {
+ public:
+  static absl::StatusOr<std::unique_ptr<Daemon>> Create(const DaemonOptions& options);
+  ~Daemon();
+
+  // Starts serving; returns once the socket accepts connections.
+  absl::Status Start();
+  // Graceful stop: new ops fail UNAVAILABLE, in-flight ops finish (up to
+  // drain_timeout), clients are told, the socket is removed.
+  void Stop(const std::string& reason);
+
+  const std::string& backend_reason() const { return engine_reason_; }
+  const char* backend() const;
+  static const char* Version();
+
+ private:
+  explicit Daemon(const DaemonOptions& options);
+
+  DaemonOptions options_;
+  std::unique_ptr<engines::CopyEngine> engine_;
+  std::string engine_reason_;
+  ShmMapping doorbell_;
+  std::unique_ptr<service::Registry> registry_;
+  std::unique_ptr<ingress::Ingress> ingress_;
+  std::unique_ptr<service::ControlService> control_;
+  std::unique_ptr<service::TelemetryService> telemetry_;
+  std::unique_ptr<grpc::Server> server_;
+  absl::Time started_;
+  bool stopped_ = false;
+};
+
+}  // namespace dmagather::server

@@ -1,0 +1,27 @@
+// Picks and creates the CopyEngine named by --backend (host, cuda, hip,
+// auto) and says why, for the log and for Health.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/engines/copy_engine.h"
+
+namespace dmagather::server::engines {
+
+struct EngineOptions {
+  std::string backend = "auto";
+  int workers = 4;
+  uint64_t chunk_bytes = 1 << 20;
+  int streams_per_device = 4;
+};
+
+struct CreatedEngine {
+  std::unique_ptr<CopyEngine> engine;
+  std::string reason;
+};
+
+absl::StatusOr<CreatedEngine> CreateEngine(const EngineOptions& options);
+
+}  // namespace dmagather::server::engines

@@ -1,0 +1,116 @@
+#include "server/engines/host/host_engine.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "server/common/shm.h"
+#include "server/common/status.h"
+
+namespace dmagather::server::engines {
+namespace {
+
+class HostRegion : public ImportedRegion {
+ public:
+  explicit HostRegion(ShmMapping m) : mapping_(std::move(m)) {}
+  char* base() const override { return static_cast<char*>(mapping_.data()); }
+  uint64_t bytes() const override { return mapping_.size(); }
+  int64_t owner_uid() const override { return mapping_.owner_uid(); }
+
+ private:
+  ShmMapping mapping_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HostEngine>> HostEngine::Create(const Options& options) {
+  if (options.workers < 1 || options.workers > 256) {
+    return absl::InvalidArgumentError(absl::StrCat("worker threads must be 1..256, got ", options.workers));
+  }
+  if (options.chunk_bytes < 4096) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk bytes must be >= 4096, got ", options.chunk_bytes));
+  }
+  return std::unique_ptr<HostEngine>(new HostEngine(options));
+}
+
+HostEngine::HostEngine(const Options& options) : options_(options) {
+  for (int i = 0; i < options_.workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+HostEngine::~HostEngine() { Stop(); }
+
+absl::StatusOr<std::shared_ptr<ImportedRegion>> HostEngine::Import(const RegionSpec& spec) {
+  if (spec.kind != MemoryKind::kHostShm) {
+    return absl::FailedPreconditionError("the host backend imports only shared-memory buffers");
+  }
+  DMAG_ASSIGN_OR_RETURN(ShmMapping m, ShmMapping::Open(spec.shm_name, spec.bytes));
+  return std::make_shared<HostRegion>(std::move(m));
+}
+
+void HostEngine::Execute(EngineOp* op) {
+  op->chunks.clear();
+  for (const CopyCmd& c : op->plan.copies) {
+    for (uint64_t off = 0; off < c.bytes; off += options_.chunk_bytes) {
+      uint64_t n = std::min<uint64_t>(options_.chunk_bytes, c.bytes - off);
+      op->chunks.push_back(CopyCmd{c.dst + off, c.src + off, n, c.src_rank, c.dst_rank});
+    }
+  }
+  ops_.fetch_add(1, std::memory_order_relaxed);
+  bytes_.fetch_add(op->plan.bytes, std::memory_order_relaxed);
+  chunks_.fetch_add(op->chunks.size(), std::memory_order_relaxed);
+  if (op->chunks.empty()) {  // Nothing to move (in place on one rank, or count 0).
+    op->OnEngineDone(absl::OkStatus());
+    return;
+  }
+  op->next_chunk.store(0, std::memory_order_relaxed);
+  op->chunks_left.store(op->chunks.size(), std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(op);
+  }
+  if (op->chunks.size() == 1) {
+    cv_.notify_one();
+  } else {
+    cv_.notify_all();
+  }
+}
+
+void HostEngine::WorkerLoop() {
+  for (;;) {
+    EngineOp* op = nullptr;
+    size_t idx = 0;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping_ and drained.
+      op = queue_.front();
+      idx = op->next_chunk.fetch_add(1, std::memory_order_relaxed);
+      if (idx + 1 >= op->chunks.size()) queue_.pop_front();
+    }
+    const CopyCmd& c = op->chunks[idx];
+    std::memcpy(c.dst, c.src, c.bytes);
+    if (op->chunks_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      op->OnEngineDone(absl::OkStatus());
+    }
+  }
+}
+
+void HostEngine::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && workers_.empty()) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+  workers_.clear();
+}
+
+EngineStats HostEngine::stats() const {
+  EngineStats s;
+  s.ops = ops_.load(std::memory_order_relaxed);
+  s.bytes = bytes_.load(std::memory_order_relaxed);
+  s.chunks = chunks_.load(std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace dmagather::server::engines

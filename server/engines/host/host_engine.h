@@ -1,0 +1,47 @@
+// The host CopyEngine: rank buffers are POSIX shm objects mapped into the
+// daemon; a pool of worker threads copies them with memcpy, each op cut into
+// chunks that all workers claim, so one large op uses every worker.
+//
+// Threads: Execute() on the ingress thread; workers call OnEngineDone().
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "server/engines/copy_engine.h"
+
+namespace dmagather::server::engines {
+
+class HostEngine : public CopyEngine {
+ public:
+  struct Options {
+    int workers = 4;
+    uint64_t chunk_bytes = 1 << 20;
+  };
+  static absl::StatusOr<std::unique_ptr<HostEngine>> Create(const Options& options);
+  ~HostEngine() override;
+
+  const char* name() const override { return "host"; }
+  absl::StatusOr<std::shared_ptr<ImportedRegion>> Import(const RegionSpec& spec) override;
+  void Execute(EngineOp* op) override;
+  void Stop() override;
+  EngineStats stats() const override;
+  int worker_threads() const override { return options_.workers; }
+
+ private:
+  explicit HostEngine(const Options& options);
+  void WorkerLoop();
+
+  const Options options_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<EngineOp*> queue_;  // Ops with unclaimed chunks.
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+  std::atomic<uint64_t> ops_{0}, bytes_{0}, chunks_{0};
+};
+
+}  // namespace dmagather::server::engines

@@ -1,0 +1,86 @@
+// dmagatherd: the node's AllGather daemon. Flags, logging, signals and
+// systemd readiness; everything else is in Daemon.
+#include <glog/logging.h>
+#include <signal.h>
+#include <systemd/sd-daemon.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "server/daemon.h"
+
+ABSL_FLAG(std::string, socket, "/run/dmagather/dmagatherd.sock",
+          "Unix socket of the gRPC control plane. Clients find it through DMAGATHER_SOCKET or this default.");
+ABSL_FLAG(std::string, backend, "auto",
+          "Copy backend: host (worker threads over shared memory), cuda (copy engines), hip (SDMA), or auto "
+          "(cuda when a GPU and the cuda backend are present, else host; the choice and its reason are logged).");
+ABSL_FLAG(int, workers, 4, "Host backend: copy worker threads.");
+ABSL_FLAG(int, chunk_kib, 1024, "Copies are cut into chunks of this many KiB so every worker/stream shares a large op.");
+ABSL_FLAG(int, streams, 4, "CUDA backend: copy streams per device.");
+ABSL_FLAG(double, op_timeout_s, 60.0,
+          "An AllGather whose ranks have not all submitted it within this many seconds fails with TIMEOUT on the "
+          "ranks that did, and stops the job.");
+ABSL_FLAG(double, drain_timeout_s, 10.0, "On SIGTERM, how long in-flight operations may take to finish.");
+ABSL_FLAG(std::string, socket_mode, "0660", "Permissions of the socket (octal); 0666 lets every user connect.");
+ABSL_FLAG(std::string, log_level, "info", "Least severe messages logged: info, warning or error.");
+
+namespace {
+
+int MinLogLevel(const std::string& s) {
+  if (s == "warning") return google::GLOG_WARNING;
+  if (s == "error") return google::GLOG_ERROR;
+  return google::GLOG_INFO;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "dmagatherd --socket=PATH [--backend=host|cuda|hip|auto] [flags]\n"
+      "The per-node AllGather daemon: ranks join over the gRPC socket, submit AllGathers through shared-memory "
+      "rings, and the daemon moves the bytes (copy engines on GPUs, worker threads on the host backend).");
+  absl::ParseCommandLine(argc, argv);
+  FLAGS_logtostderr = true;
+  FLAGS_minloglevel = MinLogLevel(absl::GetFlag(FLAGS_log_level));
+  google::InitGoogleLogging(argv[0]);
+
+  // Signals are taken synchronously by this thread (sigwait).
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  dmagather::server::DaemonOptions o;
+  o.socket_path = absl::GetFlag(FLAGS_socket);
+  o.socket_mode = static_cast<unsigned>(std::stoul(absl::GetFlag(FLAGS_socket_mode), nullptr, 8));
+  o.engine.backend = absl::GetFlag(FLAGS_backend);
+  o.engine.workers = absl::GetFlag(FLAGS_workers);
+  o.engine.chunk_bytes = uint64_t(absl::GetFlag(FLAGS_chunk_kib)) << 10;
+  o.engine.streams_per_device = absl::GetFlag(FLAGS_streams);
+  o.op_timeout = absl::Seconds(absl::GetFlag(FLAGS_op_timeout_s));
+  o.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
+
+  auto daemon = dmagather::server::Daemon::Create(o);
+  if (!daemon.ok()) {
+    std::cerr << "dmagatherd: " << daemon.status().message() << "\n";
+    return 2;
+  }
+  absl::Status st = (*daemon)->Start();
+  if (!st.ok()) {
+    std::cerr << "dmagatherd: " << st.message() << "\n";
+    return 1;
+  }
+  sd_notify(0, "READY=1\nSTATUS=serving");
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  sd_notify(0, "STOPPING=1");
+  (*daemon)->Stop(absl::StrCat("signal ", strsignal(sig)));
+  return 0;
+}

@@ -1,0 +1,196 @@
+#include "server/scheduler/job.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/abi/ring_v1.h"
+#include "server/common/clock.h"
+#include "server/common/dtype.h"
+#include "server/completion/completion_writer.h"
+
+namespace dmagather::server::scheduler {
+
+void Op::OnEngineDone(absl::Status status) { job->FinishOp(this, status, -1); }
+
+Job::Job(std::string key, int world_size, uid_t uid)
+    : key_(std::move(key)), world_size_(world_size), uid_(uid), ranks_(world_size), slots_(abi::kRingSlotsV1) {
+  for (Op& op : slots_) {
+    op.job = this;
+    op.parts.resize(world_size);
+  }
+}
+
+Job::~Job() = default;
+
+absl::Status Job::AddRank(std::shared_ptr<ingress::Session> session) {
+  absl::MutexLock lock(&mu_);
+  int r = session->rank();
+  if (all_joined_.load()) {
+    return absl::AlreadyExistsError(absl::StrCat("job '", key_, "' is already complete (all ", world_size_,
+                                                 " ranks joined); rank ", r, " cannot join it again"));
+  }
+  if (ranks_[r] != nullptr) {
+    return absl::AlreadyExistsError(absl::StrCat("rank ", r, " of job '", key_, "' has already joined (pid ",
+                                                 ranks_[r]->pid(), ")"));
+  }
+  ranks_[r] = std::move(session);
+  if (++joined_ == world_size_) {
+    for (auto& s : ranks_) s->set_state(ingress::Session::State::kActive);
+    all_joined_.store(true, std::memory_order_release);
+  }
+  return absl::OkStatus();
+}
+
+void Job::RemoveRank(const ingress::Session* session) {
+  absl::MutexLock lock(&mu_);
+  if (all_joined_.load()) return;  // Fixed from now on; the session just ends.
+  int r = session->rank();
+  if (ranks_[r].get() == session) {
+    ranks_[r].reset();
+    --joined_;
+  }
+}
+
+bool Job::WaitAllJoined(absl::Time deadline, const std::function<bool()>& cancelled) {
+  absl::MutexLock lock(&mu_);
+  for (;;) {
+    if (all_joined_.load()) return true;
+    if (absl::Now() >= deadline || cancelled()) return false;
+    mu_.AwaitWithDeadline(absl::Condition(
+                              +[](std::atomic<bool>* b) { return b->load(); }, &all_joined_),
+                          std::min(deadline, absl::Now() + absl::Milliseconds(50)));
+  }
+}
+
+int Job::joined() const {
+  absl::MutexLock lock(&mu_);
+  return joined_;
+}
+
+std::vector<int> Job::missing_ranks() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<int> missing;
+  for (int r = 0; r < world_size_; ++r) {
+    if (ranks_[r] == nullptr) missing.push_back(r);
+  }
+  return missing;
+}
+
+std::vector<std::shared_ptr<ingress::Session>> Job::sessions() const {
+  absl::MutexLock lock(&mu_);
+  return ranks_;
+}
+
+void Job::Fail(const absl::Status& status, int failed_rank) {
+  absl::MutexLock lock(&mu_);
+  if (failed_.load()) return;
+  failure_ = status;
+  failed_rank_ = failed_rank;
+  failed_.store(true, std::memory_order_release);
+}
+
+absl::Status Job::failure() const {
+  absl::MutexLock lock(&mu_);
+  return failure_;
+}
+
+int Job::failed_rank() const {
+  absl::MutexLock lock(&mu_);
+  return failed_rank_;
+}
+
+Op* Job::SlotFor(uint32_t seq, uint64_t now_ns) {
+  Op& op = slots_[seq % slots_.size()];
+  int state = op.state.load(std::memory_order_acquire);
+  if (state == Op::kWaiting && op.seq == seq) return &op;
+  if (state != Op::kFree) return nullptr;
+  op.seq = seq;
+  op.arrived = 0;
+  op.first_arrival_ns = now_ns;
+  op.matched_ns = op.enqueued_ns = 0;
+  for (RankPart& p : op.parts) {
+    p.arrived = false;
+    p.status = absl::OkStatus();
+    p.send = nullptr;
+    p.recv.clear();
+  }
+  inflight_ops_.fetch_add(1, std::memory_order_acq_rel);
+  op.state.store(Op::kWaiting, std::memory_order_release);
+  return &op;
+}
+
+void Job::Sweep(uint64_t now_ns, absl::Duration op_timeout) {
+  const uint64_t timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(op_timeout));
+  if (!failed()) {
+    for (Op& op : slots_) {
+      if (op.state.load(std::memory_order_acquire) != Op::kWaiting) continue;
+      if (now_ns - op.first_arrival_ns < timeout_ns) continue;
+      std::vector<int> missing, present;
+      for (int r = 0; r < world_size_; ++r) (op.parts[r].arrived ? present : missing).push_back(r);
+      Fail(absl::DeadlineExceededError(absl::StrCat(
+               "allgather #", op.seq, " of job '", key_, "' timed out after ",
+               absl::FormatDuration(op_timeout), ": rank(s) ", absl::StrJoin(missing, ","),
+               " never submitted it (rank(s) ", absl::StrJoin(present, ","),
+               " did); the job is stopped")),
+           missing.empty() ? -1 : missing[0]);
+      break;
+    }
+  }
+  if (!failed()) return;
+  absl::Status why = failure();
+  int who = failed_rank();
+  for (Op& op : slots_) {
+    if (op.state.load(std::memory_order_acquire) == Op::kWaiting) FinishOp(&op, why, who);
+  }
+}
+
+void Job::FinishOp(Op* op, const absl::Status& status, int failed_rank) {
+  const uint64_t now = MonotonicNs();
+  const uint64_t shard_bytes = op->parts[0].count * DtypeSize(op->parts[0].dtype);
+  bool all_ok = true;
+  for (int r = 0; r < world_size_; ++r) {
+    RankPart& p = op->parts[r];
+    if (!p.arrived) continue;
+    ingress::Session* s = ranks_[r].get();
+    const absl::Status& st = p.status.ok() ? status : p.status;
+    if (!st.ok()) {
+      all_ok = false;
+      int32_t code = completion::ToApiStatus(st);
+      completion::RecordError(s->view().completion, op->seq, code, p.status.ok() ? failed_rank : r,
+                              st.message());
+      s->counters.errors[code].fetch_add(1, std::memory_order_relaxed);
+      counters.errors[code].fetch_add(1, std::memory_order_relaxed);
+    } else {
+      s->counters.ops.fetch_add(1, std::memory_order_relaxed);
+      s->counters.bytes.fetch_add(shard_bytes * world_size_, std::memory_order_relaxed);
+    }
+    s->counters.latency.Record(now - p.submit_ns);
+  }
+  if (all_ok) {
+    counters.ops.fetch_add(1, std::memory_order_relaxed);
+    counters.bytes.fetch_add(shard_bytes * world_size_ * world_size_, std::memory_order_relaxed);
+    counters.latency.Record(now - op->first_arrival_ns);
+    if (op->enqueued_ns != 0) counters.hop_latency.Record(op->enqueued_ns - op->matched_ns);
+  }
+  {
+    absl::MutexLock lock(&completion_mu_);
+    const uint32_t n_slots = static_cast<uint32_t>(slots_.size());
+    for (int r = 0; r < world_size_; ++r) {
+      if (!op->parts[r].arrived) continue;
+      ingress::Session* s = ranks_[r].get();
+      s->finished[op->seq % n_slots] = op->seq;
+      uint32_t published = 0;
+      while (s->finished[s->next_publish % n_slots] == s->next_publish) {
+        ++s->next_publish;
+        ++published;
+      }
+      if (published != 0) {
+        completion::PublishDone(s->view().completion, s->next_publish - 1);
+        s->inflight.fetch_sub(published, std::memory_order_acq_rel);
+      }
+    }
+  }
+  op->state.store(Op::kFree, std::memory_order_release);
+  inflight_ops_.fetch_sub(1, std::memory_order_acq_rel);  // Last touch of the job.
+}
+
+}  // namespace dmagather::server::scheduler

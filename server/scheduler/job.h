@@ -1,0 +1,101 @@
+// Job: the ranks of one training job on this node and the matcher that
+// pairs their descriptors by sequence number. Each op lives in slot
+// seq % kRingSlotsV1; a rank never has more than that many ops outstanding,
+// so a busy slot means "not yet": the ingress thread leaves the descriptor
+// in the ring (back-pressure) instead of queueing it elsewhere.
+//
+// Threads: ranks join on gRPC threads; SlotFor/Sweep on the ingress thread;
+// FinishOp on an engine thread or the ingress thread. Done flags are
+// published per rank in sequence order under completion_mu_.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/common/latency_histogram.h"
+#include "server/engines/copy_engine.h"
+#include "server/ingress/session.h"
+#include "server/scheduler/op.h"
+
+namespace dmagather::server::scheduler {
+
+struct JobCounters {
+  std::atomic<uint64_t> ops{0};
+  std::atomic<uint64_t> bytes{0};  // Payload bytes written into outputs.
+  std::array<std::atomic<uint64_t>, ingress::kNumApiStatus> errors{};
+  LatencyHistogram latency;      // First descriptor seen -> all done flags written.
+  LatencyHistogram hop_latency;  // Last descriptor seen -> copies enqueued on the engine.
+};
+
+class Job {
+ public:
+  Job(std::string key, int world_size, uid_t uid);
+  ~Job();
+
+  const std::string& key() const { return key_; }
+  int world_size() const { return world_size_; }
+  uid_t uid() const { return uid_; }
+
+  // --- Join (gRPC threads) ---
+  absl::Status AddRank(std::shared_ptr<ingress::Session> session);
+  void RemoveRank(const ingress::Session* session);
+  // Blocks until every rank has joined, `deadline` passes or cancelled()
+  // returns true (polled every 50 ms). Returns whether all joined.
+  bool WaitAllJoined(absl::Time deadline, const std::function<bool()>& cancelled);
+  bool all_joined() const { return all_joined_.load(std::memory_order_acquire); }
+  int joined() const;
+  std::vector<int> missing_ranks() const;
+  // After all_joined(): the sessions, fixed for the job's life.
+  ingress::Session* session(int rank) const { return ranks_[rank].get(); }
+  std::vector<std::shared_ptr<ingress::Session>> sessions() const;
+
+  // --- Failure: the first reason wins and fails every later op. ---
+  void Fail(const absl::Status& status, int failed_rank);
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  absl::Status failure() const;
+  int failed_rank() const;
+
+  // --- Matching (ingress thread) ---
+  // The op for `seq`, set up if its slot was free; nullptr while the slot is
+  // still held by an older op.
+  Op* SlotFor(uint32_t seq, uint64_t now_ns);
+  // Fails waiting ops if the job has failed, or fails the job when an op has
+  // waited longer than op_timeout for its ranks.
+  void Sweep(uint64_t now_ns, absl::Duration op_timeout);
+
+  // --- Completion (any thread) ---
+  // Records errors, publishes done flags in order, frees the slot.
+  void FinishOp(Op* op, const absl::Status& status, int failed_rank);
+
+  int ops_in_flight() const { return inflight_ops_.load(std::memory_order_acquire); }
+  JobCounters counters;
+
+ private:
+  const std::string key_;
+  const int world_size_;
+  const uid_t uid_;
+
+  mutable absl::Mutex mu_;
+  std::vector<std::shared_ptr<ingress::Session>> ranks_;  // Written under mu_ until all_joined_.
+  int joined_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<bool> all_joined_{false};
+
+  std::atomic<bool> failed_{false};
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  int failed_rank_ ABSL_GUARDED_BY(mu_) = -1;
+
+  std::vector<Op> slots_;
+  std::atomic<int> inflight_ops_{0};
+  absl::Mutex completion_mu_;
+};
+
+}  // namespace dmagather::server::scheduler
