@@ -81,7 +81,7 @@ absl::Status Daemon::Start() {
       io, engine_.get(), db,
       ingress::Ingress::Hooks{[reg] { return reg->version(); }, [reg] { return reg->Snapshot(); },
                               [reg] { reg->Reap(); }});
-  control_ = std::make_unique<service::ControlService>(reg, Version(), bell);
+  control_ = std::make_unique<service::ControlService>(reg, Version(), bell, engine_->name());
   started_ = absl::Now();
   telemetry_ = std::make_unique<service::TelemetryService>(reg, [this](v1::HealthReply* h) {
     h->set_version(Version());

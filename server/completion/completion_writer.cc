@@ -3,34 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "dmagather/dmagather.h"
 #include "server/common/futex.h"
 
 namespace dmagather::server::completion {
-
-int32_t ToApiStatus(const absl::Status& s) {
-  switch (s.code()) {
-    case absl::StatusCode::kOk:
-      return DMAGATHER_OK;
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kPermissionDenied:
-      return DMAGATHER_INVALID_ARGUMENT;
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kCancelled:
-      return DMAGATHER_UNAVAILABLE;
-    case absl::StatusCode::kAborted:
-      return DMAGATHER_PEER_FAILED;
-    case absl::StatusCode::kDeadlineExceeded:
-      return DMAGATHER_TIMEOUT;
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kUnimplemented:
-      return DMAGATHER_FALLBACK;
-    default:
-      return DMAGATHER_INTERNAL;
-  }
-}
 
 void RecordError(abi::CompletionV1* c, uint32_t seq, int32_t api_status, int32_t failed_rank,
                  absl::string_view message) {

@@ -14,9 +14,6 @@
 
 namespace dmagather::server::completion {
 
-// absl::Status -> dmagather_status_t. Aborted means "a peer failed".
-int32_t ToApiStatus(const absl::Status& s);
-
 void RecordError(abi::CompletionV1* c, uint32_t seq, int32_t api_status, int32_t failed_rank,
                  absl::string_view message);
 

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/abi/ring_v1.h"
+#include "server/common/api_names.h"
 #include "server/common/clock.h"
 #include "server/common/dtype.h"
 #include "server/completion/completion_writer.h"
@@ -154,7 +155,7 @@ void Job::FinishOp(Op* op, const absl::Status& status, int failed_rank) {
     const absl::Status& st = p.status.ok() ? status : p.status;
     if (!st.ok()) {
       all_ok = false;
-      int32_t code = completion::ToApiStatus(st);
+      int32_t code = ToApiStatus(st);
       completion::RecordError(s->view().completion, op->seq, code, p.status.ok() ? failed_rank : r,
                               st.message());
       s->counters.errors[code].fetch_add(1, std::memory_order_relaxed);

@@ -37,6 +37,7 @@ grpc::Status ControlService::Join(grpc::ServerContext* ctx, const v1::JoinReques
   v1::JoinReply* reply = ev.mutable_joined();
   reply->set_session_id(j.session->id());
   reply->set_daemon_version(version_);
+  reply->set_backend(backend_);
   reply->set_doorbell_name(doorbell_name_);
   reply->set_world_size(j.job->world_size());
   for (const auto& s : j.job->sessions()) reply->add_peer_pids(s->pid());

@@ -10,8 +10,11 @@ namespace dmagather::server::service {
 
 class ControlService final : public v1::Control::Service {
  public:
-  ControlService(Registry* registry, std::string version, std::string doorbell_name)
-      : registry_(registry), version_(std::move(version)), doorbell_name_(std::move(doorbell_name)) {}
+  ControlService(Registry* registry, std::string version, std::string doorbell_name, std::string backend)
+      : registry_(registry),
+        version_(std::move(version)),
+        doorbell_name_(std::move(doorbell_name)),
+        backend_(std::move(backend)) {}
 
   grpc::Status Join(grpc::ServerContext* ctx, const v1::JoinRequest* req,
                     grpc::ServerWriter<v1::JoinEvent>* writer) override;
@@ -25,6 +28,7 @@ class ControlService final : public v1::Control::Service {
   Registry* const registry_;
   const std::string version_;
   const std::string doorbell_name_;
+  const std::string backend_;
 };
 
 grpc::Status ToGrpc(const absl::Status& s);

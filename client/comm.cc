@@ -1,0 +1,391 @@
+#include "client/comm.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "dmagather/v1/control.grpc.pb.h"
+#include "server/common/api_names.h"
+#include "server/common/clock.h"
+#include "server/common/dtype.h"
+#include "server/common/futex.h"
+#include "server/common/status.h"
+
+namespace dmagather::client {
+namespace {
+
+constexpr uint32_t kFatalMask = (1u << DMAGATHER_UNAVAILABLE) | (1u << DMAGATHER_PEER_FAILED) |
+                                (1u << DMAGATHER_TIMEOUT);
+
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(what, ": ", s.error_message()));
+}
+
+std::chrono::system_clock::time_point In(int ms) {
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
+}
+
+std::string ResolveSocket(const std::string& explicit_path) {
+  if (!explicit_path.empty()) return explicit_path;
+  const char* env = std::getenv("DMAGATHER_SOCKET");
+  if (env != nullptr && *env != '\0') return env;
+  return DMAGATHER_DEFAULT_SOCKET;
+}
+
+}  // namespace
+
+CommImpl::CommImpl(const CommOptions& options) : options_(options) {}
+
+absl::StatusOr<std::unique_ptr<CommImpl>> CommImpl::Create(const CommOptions& in) {
+  CommOptions o = in;
+  o.socket_path = ResolveSocket(in.socket_path);
+  if (o.job_key.empty()) return absl::InvalidArgumentError("job_key is empty");
+  if (o.world_size < 1 || o.world_size > static_cast<int>(abi::kMaxRanksV1)) {
+    return absl::InvalidArgumentError(absl::StrCat("world_size ", o.world_size, " is outside 1..", abi::kMaxRanksV1));
+  }
+  if (o.rank < 0 || o.rank >= o.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", o.rank, " is outside 0..", o.world_size - 1));
+  }
+  if (access(o.socket_path.c_str(), F_OK) != 0) {
+    return absl::UnavailableError(absl::StrCat("no dmagatherd socket at ", o.socket_path,
+                                               ": is dmagatherd running? (systemctl status dmagatherd; or set "
+                                               "DMAGATHER_SOCKET to the socket of a running daemon)"));
+  }
+  auto comm = std::unique_ptr<CommImpl>(new CommImpl(o));
+  DMAG_RETURN_IF_ERROR(comm->Join());
+  return comm;
+}
+
+absl::Status CommImpl::Join() {
+  // The rank segment: created here (0600), mapped by the daemon at Join,
+  // unlinked once both have it mapped.
+  DMAG_ASSIGN_OR_RETURN(segment_, ShmMapping::Create(ShmMapping::UniqueName("seg"), abi::SegmentLayoutV1::kBytes));
+  view_ = abi::SegmentViewV1::At(segment_.data());
+  std::random_device rd;
+  const uint64_t token = (uint64_t(rd()) << 32) | rd();
+  abi::SegmentHeaderV1& h = *view_.header;
+  h.magic = abi::kMagic;
+  h.token = token;
+  h.ring_slots = abi::kRingSlotsV1;
+  h.descriptor_stamp = abi::kDescriptorStampV1;
+  h.completion_stamp = abi::kCompletionStampV1;
+  h.max_ranks = abi::kMaxRanksV1;
+  h.completion_offset = abi::SegmentLayoutV1::kCompletionOffset;
+  h.ring_offset = abi::SegmentLayoutV1::kRingOffset;
+  h.descriptors_offset = abi::SegmentLayoutV1::kDescriptorsOffset;
+  h.segment_bytes = abi::SegmentLayoutV1::kBytes;
+  view_.completion->stamp = abi::kCompletionStampV1;
+  abi::StoreRelease(&h.stamp, abi::kSegmentStampV1);
+
+  channel_ = grpc::CreateChannel("unix:" + options_.socket_path, grpc::InsecureChannelCredentials());
+  if (!channel_->WaitForConnected(In(1000))) {
+    segment_.Unlink();
+    return absl::UnavailableError(absl::StrCat("cannot connect to dmagatherd at ", options_.socket_path,
+                                               " within 1 s (stale socket of a daemon that is not running?)"));
+  }
+  stub_ = v1::Control::NewStub(channel_);
+  v1::JoinRequest req;
+  req.set_job_key(options_.job_key);
+  req.set_world_size(options_.world_size);
+  req.set_rank(options_.rank);
+  req.set_pid(getpid());
+  req.set_segment_name(segment_.name());
+  req.set_segment_token(token);
+  req.set_join_timeout_ms(options_.join_timeout_ms);
+  req.set_cuda_device(-1);
+  join_ctx_ = std::make_unique<grpc::ClientContext>();
+  join_stream_ = stub_->Join(join_ctx_.get(), req);
+  v1::JoinEvent ev;
+  const bool got = join_stream_->Read(&ev);
+  segment_.Unlink();  // Mapped by the daemon now, or never will be.
+  if (!got || !ev.has_joined()) {
+    grpc::Status st = join_stream_->Finish();
+    join_stream_.reset();
+    if (st.ok()) return absl::UnavailableError("dmagatherd closed the join without an answer");
+    return FromGrpc(st, absl::StrCat("rank ", options_.rank, " could not join job '", options_.job_key, "'"));
+  }
+  const v1::JoinReply& reply = ev.joined();
+  session_id_ = reply.session_id();
+  backend_ = reply.backend().empty() ? "host" : reply.backend();
+  daemon_version_ = reply.daemon_version();
+  auto bell = ShmMapping::Open(reply.doorbell_name(), sizeof(abi::DoorbellV1));
+  if (!bell.ok()) {
+    join_ctx_->TryCancel();
+    join_stream_->Finish();
+    join_stream_.reset();
+    return absl::UnavailableError(absl::StrCat("cannot map the daemon's doorbell: ", bell.status().message()));
+  }
+  doorbell_ = *std::move(bell);
+  bell_ = static_cast<abi::DoorbellV1*>(doorbell_.data());
+  watcher_ = std::thread([this] {
+    v1::JoinEvent e;
+    std::string reason = absl::StrCat("the connection to dmagatherd at ", options_.socket_path, " was lost");
+    while (join_stream_->Read(&e)) {
+      if (e.has_shutdown()) reason = absl::StrCat("dmagatherd stopped: ", e.shutdown().reason());
+    }
+    {
+      absl::MutexLock lock(&gone_mu_);
+      gone_reason_ = reason;
+    }
+    daemon_gone_.store(true, std::memory_order_release);
+    FutexWakeAll(&view_.completion->done_seq);
+  });
+  return absl::OkStatus();
+}
+
+CommImpl::~CommImpl() { Close().IgnoreError(); }
+
+absl::Status CommImpl::DaemonGone() const {
+  absl::MutexLock lock(&gone_mu_);
+  return absl::UnavailableError(absl::StrCat("rank ", options_.rank, ": ", gone_reason_));
+}
+
+absl::Status CommImpl::Close() {
+  if (closed_) return absl::OkStatus();
+  absl::Status st = join_stream_ != nullptr ? Wait() : absl::OkStatus();
+  closed_ = true;
+  if (join_stream_ != nullptr) {
+    if (!daemon_gone_.load()) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(2000));
+      v1::LeaveRequest req;
+      req.set_session_id(session_id_);
+      v1::LeaveReply reply;
+      stub_->Leave(&ctx, req, &reply);
+    }
+    // The daemon ends the stream once it sees the Leave; cancel in case it cannot.
+    for (int i = 0; i < 100 && !daemon_gone_.load(); ++i) usleep(2000);
+    join_ctx_->TryCancel();
+    if (watcher_.joinable()) watcher_.join();
+    join_stream_->Finish();
+    join_stream_.reset();
+  }
+  regions_.clear();
+  return st;
+}
+
+absl::StatusOr<abi::BufferRefV1> CommImpl::Resolve(const void* ptr, uint64_t bytes, const char* what) const {
+  const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+  auto it = regions_.upper_bound(p);
+  if (it != regions_.begin()) {
+    --it;
+    const uint64_t off = p - it->first;
+    if (off <= it->second.bytes && bytes <= it->second.bytes - off) {
+      abi::BufferRefV1 ref{};
+      ref.region_id = it->second.id;
+      ref.offset = off;
+      return ref;
+    }
+    if (off < it->second.bytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "rank %d: %s buffer %p + %u bytes runs past the end of its allocation (%u bytes at %p)", options_.rank,
+          what, ptr, bytes, it->second.bytes, reinterpret_cast<void*>(it->first)));
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "rank %d: %s buffer %p is not inside memory from dmagather_alloc or dmagather_register", options_.rank, what,
+      ptr));
+}
+
+absl::StatusOr<void*> CommImpl::Alloc(size_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("dmagather_alloc of 0 bytes");
+  if (daemon_gone_.load()) return DaemonGone();
+  const uint64_t rounded = (uint64_t(bytes) + 4095) & ~uint64_t{4095};
+  DMAG_ASSIGN_OR_RETURN(ShmMapping m, ShmMapping::Create(ShmMapping::UniqueName("buf"), rounded));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(10000));
+  v1::RegisterRequest req;
+  req.set_session_id(session_id_);
+  req.set_kind(v1::MEMORY_KIND_HOST_SHM);
+  req.set_bytes(rounded);
+  req.set_shm_name(m.name());
+  req.set_client_base(reinterpret_cast<uintptr_t>(m.data()));
+  v1::RegisterReply reply;
+  grpc::Status st = stub_->Register(&ctx, req, &reply);
+  m.Unlink();
+  DMAG_RETURN_IF_ERROR(FromGrpc(st, absl::StrCat("rank ", options_.rank, ": registering ", bytes, " bytes")));
+  void* p = m.data();
+  Region& r = regions_[reinterpret_cast<uintptr_t>(p)];
+  r.bytes = rounded;
+  r.id = reply.region_id();
+  r.mapping = std::move(m);
+  return p;
+}
+
+absl::Status CommImpl::Register(void* ptr, size_t bytes) {
+  if (ptr == nullptr || bytes == 0) return absl::InvalidArgumentError("dmagather_register of a null or empty buffer");
+  if (Resolve(ptr, bytes, "registered").ok()) return absl::OkStatus();  // Already reachable.
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "rank %d: the host backend reaches only memory from dmagather_alloc; %p (%u bytes) is private to this "
+      "process",
+      options_.rank, ptr, bytes));
+}
+
+absl::Status CommImpl::Deregister(void* ptr) {
+  auto it = regions_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == regions_.end()) {
+    return absl::InvalidArgumentError(absl::StrFormat("rank %d: %p is not the start of a registered buffer",
+                                                      options_.rank, ptr));
+  }
+  DMAG_RETURN_IF_ERROR(Wait());  // Outstanding ops may still use it.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(10000));
+  v1::DeregisterRequest req;
+  req.set_session_id(session_id_);
+  req.set_region_id(it->second.id);
+  v1::DeregisterReply reply;
+  absl::Status st = FromGrpc(stub_->Deregister(&ctx, req, &reply), "deregister");
+  regions_.erase(it);  // Unmapped here; the daemon unmaps its side at the latest when the rank leaves.
+  return daemon_gone_.load() ? absl::OkStatus() : st;
+}
+
+absl::Status CommImpl::Free(void* ptr) {
+  auto it = regions_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == regions_.end() || !it->second.mapping.valid()) {
+    return absl::InvalidArgumentError(absl::StrFormat("rank %d: %p was not returned by dmagather_alloc",
+                                                      options_.rank, ptr));
+  }
+  return Deregister(ptr);
+}
+
+absl::Status CommImpl::CollectErrors() {
+  const uint32_t n = abi::LoadAcquire(&view_.completion->error_count);
+  if (n == errors_seen_) return absl::OkStatus();
+  uint32_t first = errors_seen_;
+  uint32_t lost = 0;
+  if (n - first > abi::kErrorSlotsV1) {
+    lost = n - first - abi::kErrorSlotsV1;
+    first = n - abi::kErrorSlotsV1;
+  }
+  const abi::ErrorRecordV1& rec = view_.completion->errors[first % abi::kErrorSlotsV1];
+  std::string msg(rec.message, strnlen(rec.message, sizeof(rec.message)));
+  const uint32_t more = n - errors_seen_ - 1;
+  if (more != 0) absl::StrAppend(&msg, " (and ", more, " more failed operation(s) since the last wait)");
+  (void)lost;
+  errors_seen_ = n;
+  return FromApiStatus(rec.status, msg);
+}
+
+absl::Status CommImpl::CheckHealthy() {
+  if (closed_) return absl::FailedPreconditionError("the communicator was destroyed");
+  if (daemon_gone_.load(std::memory_order_acquire)) return DaemonGone();
+  // An earlier op's failure is returned here only when it ends the job
+  // (peer failed, timeout, daemon stopping); others come back from Wait().
+  const uint32_t n = abi::LoadAcquire(&view_.completion->error_count);
+  for (uint32_t i = errors_seen_; i != n; ++i) {
+    if (n - i > abi::kErrorSlotsV1) continue;
+    if (kFatalMask & (1u << view_.completion->errors[i % abi::kErrorSlotsV1].status)) return CollectErrors();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CommImpl::WaitDone(uint32_t seq) {
+  abi::CompletionV1* c = view_.completion;
+  Backoff backoff;
+  for (;;) {
+    uint32_t done = abi::LoadAcquire(&c->done_seq);
+    if (abi::SeqGeq(done, seq)) return absl::OkStatus();
+    if (daemon_gone_.load(std::memory_order_acquire)) return DaemonGone();
+    if (!backoff.Pause()) continue;
+    abi::FetchAdd(&c->done_waiters, 1u);
+    done = abi::LoadSeqCst(&c->done_seq);
+    if (!abi::SeqGeq(done, seq) && !daemon_gone_.load()) FutexWait(&c->done_seq, done, 50'000'000);
+    abi::FetchAdd(&c->done_waiters, ~0u);
+  }
+}
+
+absl::Status CommImpl::Publish(abi::DescriptorV1* d) {
+  const uint32_t seq = submitted_seq_ + 1;
+  // At most kRingSlotsV1 ops outstanding: the daemon's matcher has one slot each.
+  DMAG_RETURN_IF_ERROR(WaitDone(seq - abi::kRingSlotsV1));
+  abi::RingV1* ring = view_.ring;
+  const uint64_t tail = ring->tail;
+  Backoff backoff;
+  while (tail - abi::LoadAcquire(&ring->head) >= abi::kRingSlotsV1) {
+    if (daemon_gone_.load()) return DaemonGone();
+    if (backoff.Pause()) usleep(50);
+  }
+  d->stamp = d->stamp != 0 ? d->stamp : abi::kDescriptorStampV1;
+  d->seq = seq;
+  d->submit_ns = MonotonicNs();
+  const size_t used = offsetof(abi::DescriptorV1, recv) + sizeof(abi::BufferRefV1) * std::min(d->num_recv, abi::kMaxRanksV1);
+  std::memcpy(&view_.slots[tail % abi::kRingSlotsV1], d, used);
+  abi::StoreRelease(&view_.completion->ready_seq, seq);
+  abi::StoreSeqCst(&ring->tail, tail + 1);
+  if (abi::LoadSeqCst(&bell_->sleeping) != 0) {
+    abi::FetchAdd(&bell_->seq, 1u);
+    FutexWakeAll(&bell_->seq);
+  }
+  submitted_seq_ = seq;
+  return absl::OkStatus();
+}
+
+absl::Status CommImpl::AllGather(const void* send, void* recv, size_t count, dmagather_dtype_t dtype, void* stream) {
+  DMAG_RETURN_IF_ERROR(CheckHealthy());
+  if (static_cast<uint32_t>(dtype) >= kNumDtypes) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, ": unknown dtype ", int(dtype)));
+  }
+  if (stream != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, ": the ", backend_,
+                                                   " backend takes no stream (pass NULL)"));
+  }
+  const uint64_t bytes = uint64_t(count) * DtypeSize(dtype);
+  abi::DescriptorV1 d;
+  d.stamp = abi::kDescriptorStampV1;
+  d.op = abi::kOpAllGather;
+  d.dtype = dtype;
+  d.count = count;
+  d.num_recv = 1;
+  d.reserved = 0;
+  DMAG_ASSIGN_OR_RETURN(d.send, Resolve(send, bytes, "send"));
+  DMAG_ASSIGN_OR_RETURN(d.recv[0], Resolve(recv, bytes * uint64_t(options_.world_size), "recv"));
+  return Publish(&d);
+}
+
+absl::Status CommImpl::AllGatherList(const void* send, void* const* recvs, size_t count, dmagather_dtype_t dtype,
+                                     void* stream) {
+  DMAG_RETURN_IF_ERROR(CheckHealthy());
+  if (static_cast<uint32_t>(dtype) >= kNumDtypes) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, ": unknown dtype ", int(dtype)));
+  }
+  if (recvs == nullptr) return absl::InvalidArgumentError("recvs is NULL");
+  if (stream != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, ": the ", backend_,
+                                                   " backend takes no stream (pass NULL)"));
+  }
+  const uint64_t bytes = uint64_t(count) * DtypeSize(dtype);
+  abi::DescriptorV1 d;
+  d.stamp = abi::kDescriptorStampV1;
+  d.op = abi::kOpAllGatherList;
+  d.dtype = dtype;
+  d.count = count;
+  d.num_recv = static_cast<uint32_t>(options_.world_size);
+  d.reserved = 0;
+  DMAG_ASSIGN_OR_RETURN(d.send, Resolve(send, bytes, "send"));
+  for (int r = 0; r < options_.world_size; ++r) {
+    DMAG_ASSIGN_OR_RETURN(d.recv[r], Resolve(recvs[r], bytes, "recv"));
+  }
+  return Publish(&d);
+}
+
+absl::Status CommImpl::SubmitRawForTesting(const abi::DescriptorV1& d) {
+  abi::DescriptorV1 copy = d;
+  DMAG_RETURN_IF_ERROR(CheckHealthy());
+  return Publish(&copy);
+}
+
+absl::Status CommImpl::Wait() {
+  if (closed_) return absl::FailedPreconditionError("the communicator was destroyed");
+  absl::Status st = WaitDone(submitted_seq_);
+  absl::Status errors = CollectErrors();
+  return errors.ok() ? st : errors;
+}
+
+}  // namespace dmagather::client
