@@ -70,19 +70,7 @@ absl::Status CommImpl::Join() {
   view_ = abi::SegmentViewV1::At(segment_.data());
   std::random_device rd;
   const uint64_t token = (uint64_t(rd()) << 32) | rd();
-  abi::SegmentHeaderV1& h = *view_.header;
-  h.magic = abi::kMagic;
-  h.token = token;
-  h.ring_slots = abi::kRingSlotsV1;
-  h.descriptor_stamp = abi::kDescriptorStampV1;
-  h.completion_stamp = abi::kCompletionStampV1;
-  h.max_ranks = abi::kMaxRanksV1;
-  h.completion_offset = abi::SegmentLayoutV1::kCompletionOffset;
-  h.ring_offset = abi::SegmentLayoutV1::kRingOffset;
-  h.descriptors_offset = abi::SegmentLayoutV1::kDescriptorsOffset;
-  h.segment_bytes = abi::SegmentLayoutV1::kBytes;
-  view_.completion->stamp = abi::kCompletionStampV1;
-  abi::StoreRelease(&h.stamp, abi::kSegmentStampV1);
+  abi::InitSegmentV1(segment_.data(), token);
 
   channel_ = grpc::CreateChannel("unix:" + options_.socket_path, grpc::InsecureChannelCredentials());
   if (!channel_->WaitForConnected(In(1000))) {

@@ -162,27 +162,29 @@ bool Ingress::AnyPending() const {
   return false;
 }
 
+int Ingress::PollOnce(uint64_t now_ns, bool sweep) {
+  const uint64_t v = hooks_.version();
+  if (v != version_) {
+    jobs_ = hooks_.snapshot();
+    version_ = v;
+  }
+  int consumed = 0;
+  for (const auto& job : jobs_) {
+    if (!job->all_joined()) continue;
+    consumed += PollJob(job.get(), now_ns);
+    if (sweep) job->Sweep(now_ns, options_.op_timeout);
+  }
+  return consumed;
+}
+
 void Ingress::Loop() {
-  uint64_t version = ~uint64_t{0};
   uint64_t last_sweep = 0, last_reap = 0;
   Backoff backoff(options_.spin_iterations);
   while (!stop_.load(std::memory_order_relaxed)) {
-    uint64_t v = hooks_.version();
-    if (v != version) {
-      jobs_ = hooks_.snapshot();
-      version = v;
-    }
     const uint64_t now = MonotonicNs();
-    int consumed = 0;
-    for (const auto& job : jobs_) {
-      if (job->all_joined()) consumed += PollJob(job.get(), now);
-    }
-    if (now - last_sweep > 2'000'000) {
-      for (const auto& job : jobs_) {
-        if (job->all_joined()) job->Sweep(now, options_.op_timeout);
-      }
-      last_sweep = now;
-    }
+    const bool sweep = now - last_sweep > 2'000'000;
+    if (sweep) last_sweep = now;
+    const int consumed = PollOnce(now, sweep);
     if (now - last_reap > 20'000'000) {
       hooks_.reap();
       last_reap = now;
