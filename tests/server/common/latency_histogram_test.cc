@@ -13,7 +13,9 @@ TEST(LatencyHistogramTest, BucketsCoverEveryValueAndAreOrdered) {
   for (uint64_t v : {0ull, 1ull, 7ull, 8ull, 9ull, 1000ull, 123456789ull, ~0ull >> 1}) {
     int b = LatencyHistogram::BucketOf(v);
     EXPECT_GE(LatencyHistogram::BucketUpper(b), v) << v;
-    if (b > 0) EXPECT_LT(LatencyHistogram::BucketUpper(b - 1), v) << v;
+    if (b > 0) {
+      EXPECT_LT(LatencyHistogram::BucketUpper(b - 1), v) << v;
+    }
   }
 }
 
