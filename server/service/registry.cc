@@ -178,7 +178,10 @@ void Registry::Reap() {
       Session::State st = s->state();
       if (st == Session::State::kActive || st == Session::State::kJoining) {
         any_live = true;
-      } else if (s->inflight.load() == 0 && !s->memory_released() && job.all_joined()) {
+      } else if (s->inflight.load() == 0 && job.ops_in_flight() == 0 && !s->memory_released() &&
+                 job.all_joined()) {
+        // No op can write its completion block any more: ops created from
+        // now on never include a rank that is gone.
         s->ReleaseMemory();
       }
     }

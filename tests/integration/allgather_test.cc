@@ -133,6 +133,26 @@ TEST_F(AllGatherTest, ManyOpsInFlightBeforeWait) {
   for (int r = 0; r < world; ++r) EXPECT_EQ(reports[r].exit_code, 0) << reports[r].message;
 }
 
+TEST_F(AllGatherTest, BufferCanBeFreedRightAfterWait) {
+  // The daemon counts an op out of a buffer before the client can see it
+  // done, so free() after wait() never finds the buffer busy.
+  const std::string job = UniqueJob("free");
+  auto reports = RunRanks(2, [&](int rank, const Reporter& rep) {
+    Comm comm(daemon_->socket().c_str(), job, 2, rank);
+    if (!comm.ok()) return rep.Say(comm.error()), 2;
+    for (int i = 0; i < 200; ++i) {
+      char* buf = static_cast<char*>(comm.Alloc(8192));
+      if (buf == nullptr) return rep.Say(comm.error()), 1;
+      if (comm.AllGather(buf + rank * 4096, buf, 4096, DMAGATHER_UINT8) != DMAGATHER_OK ||
+          comm.Wait() != DMAGATHER_OK || comm.Free(buf) != DMAGATHER_OK) {
+        return rep.Say(absl::StrCat("iteration ", i, ": ", comm.error())), 1;
+      }
+    }
+    return 0;
+  });
+  for (const auto& r : reports) EXPECT_EQ(r.exit_code, 0) << r.message;
+}
+
 TEST_F(AllGatherTest, FourJobsOfFourRanksAtOnce) {
   const int jobs = 4, world = 4;
   std::vector<std::unique_ptr<RankProcess>> procs;
