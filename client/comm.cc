@@ -41,7 +41,11 @@ std::string ResolveSocket(const std::string& explicit_path) {
 
 }  // namespace
 
-CommImpl::CommImpl(const CommOptions& options) : options_(options) {}
+CommImpl::CommImpl(const CommOptions& options) : options_(options) {
+  // Pause iterations before a waiting rank sleeps on the futex. Short: the
+  // daemon's copy threads need the cores more than a spinning rank does.
+  if (const char* s = std::getenv("DMAGATHER_SPIN"); s != nullptr && std::atoi(s) >= 0) spin_ = std::atoi(s);
+}
 
 absl::StatusOr<std::unique_ptr<CommImpl>> CommImpl::Create(const CommOptions& in) {
   CommOptions o = in;
@@ -276,7 +280,7 @@ absl::Status CommImpl::CheckHealthy() {
 
 absl::Status CommImpl::WaitDone(uint32_t seq) {
   abi::CompletionV1* c = view_.completion;
-  Backoff backoff;
+  Backoff backoff(spin_);
   for (;;) {
     uint32_t done = abi::LoadAcquire(&c->done_seq);
     if (abi::SeqGeq(done, seq)) return absl::OkStatus();
