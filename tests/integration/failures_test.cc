@@ -176,36 +176,53 @@ TEST(FailuresTest, OpTimeoutNamesTheMissingRank) {
   EXPECT_LT(reports[0].seconds, 1.5);
 }
 
+// A 2-rank job in which rank 0 has submitted an op and waits for it while
+// rank 1 has joined but never submits: something else must end the wait.
+class StuckOp {
+ public:
+  explicit StuckOp(DaemonProcess* daemon) {
+    struct Shared {
+      std::atomic<int> submitted{0};
+    };
+    auto* sh = SharedPage<Shared>();
+    const std::string job = UniqueJob("stuck");
+    const std::string socket = daemon->socket();
+    waiter_ = std::make_unique<RankProcess>(0, [=](int rank, const Reporter& rep) {
+      Comm comm(socket.c_str(), job, 2, rank);
+      if (!comm.ok()) return rep.Say(comm.error()), 2;
+      char* s = static_cast<char*>(comm.Alloc(1 << 16));
+      char* r = static_cast<char*>(comm.Alloc(1 << 18));
+      dmagather_status_t st = comm.AllGather(s, r, 10, DMAGATHER_UINT8);
+      sh->submitted = 1;
+      auto t0 = std::chrono::steady_clock::now();
+      if (st == DMAGATHER_OK) st = comm.Wait();
+      return Report(rep, st, comm.error(),
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    });
+    idler_ = std::make_unique<RankProcess>(1, [=](int rank, const Reporter&) {
+      Comm comm(socket.c_str(), job, 2, rank);
+      std::this_thread::sleep_for(std::chrono::seconds(5));  // Joins, never submits.
+      return 0;
+    });
+    for (int i = 0; i < 500 && sh->submitted == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    submitted_ = sh->submitted == 1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // Rank 0 is in its wait now.
+  }
+  bool submitted() const { return submitted_; }
+  RankReport Waiter() { return waiter_->Reap(10); }
+
+ private:
+  std::unique_ptr<RankProcess> waiter_, idler_;
+  bool submitted_ = false;
+};
+
 TEST(FailuresTest, DaemonKilledGivesUnavailable) {
   auto daemon = DaemonProcess::Start();
   ASSERT_NE(daemon, nullptr);
-  struct Shared {
-    std::atomic<int> submitted{0};
-  };
-  Shared* sh = SharedPage<Shared>();
-  const std::string job = UniqueJob("daemon-killed");
-  RankProcess rank0(0, [&](int rank, const Reporter& rep) {
-    Comm comm(daemon->socket().c_str(), job, 2, rank);
-    if (!comm.ok()) return rep.Say(comm.error()), 2;
-    char* s = static_cast<char*>(comm.Alloc(1 << 16));
-    char* r = static_cast<char*>(comm.Alloc(1 << 18));
-    dmagather_status_t st = comm.AllGather(s, r, 10, DMAGATHER_UINT8);
-    sh->submitted = 1;
-    auto t0 = std::chrono::steady_clock::now();
-    if (st == DMAGATHER_OK) st = comm.Wait();
-    return Report(rep, st, comm.error(),
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  });
-  RankProcess rank1(1, [&](int rank, const Reporter& rep) {
-    Comm comm(daemon->socket().c_str(), job, 2, rank);
-    std::this_thread::sleep_for(std::chrono::seconds(5));  // Joins, never submits.
-    return 0;
-  });
-  for (int i = 0; i < 500 && sh->submitted == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ASSERT_EQ(sh->submitted.load(), 1);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  StuckOp stuck(daemon.get());
+  ASSERT_TRUE(stuck.submitted());
   daemon->Stop(SIGKILL);
-  RankReport r0 = rank0.Reap(10);
+  RankReport r0 = stuck.Waiter();
   EXPECT_EQ(r0.status, DMAGATHER_UNAVAILABLE) << r0.message;
   EXPECT_NE(r0.message.find("dmagatherd"), std::string::npos) << r0.message;
   EXPECT_LT(r0.seconds, 1.5);
@@ -214,32 +231,12 @@ TEST(FailuresTest, DaemonKilledGivesUnavailable) {
 TEST(FailuresTest, SigtermFailsWaitingOpsAndExitsCleanly) {
   auto daemon = DaemonProcess::Start();
   ASSERT_NE(daemon, nullptr);
-  struct Shared {
-    std::atomic<int> submitted{0};
-  };
-  Shared* sh = SharedPage<Shared>();
-  const std::string job = UniqueJob("sigterm");
-  RankProcess rank0(0, [&](int rank, const Reporter& rep) {
-    Comm comm(daemon->socket().c_str(), job, 2, rank);
-    if (!comm.ok()) return rep.Say(comm.error()), 2;
-    char* s = static_cast<char*>(comm.Alloc(1 << 16));
-    char* r = static_cast<char*>(comm.Alloc(1 << 18));
-    dmagather_status_t st = comm.AllGather(s, r, 10, DMAGATHER_UINT8);
-    sh->submitted = 1;
-    if (st == DMAGATHER_OK) st = comm.Wait();
-    return Report(rep, st, comm.error());
-  });
-  RankProcess rank1(1, [&](int rank, const Reporter&) {
-    Comm comm(daemon->socket().c_str(), job, 2, rank);
-    std::this_thread::sleep_for(std::chrono::seconds(5));
-    return 0;
-  });
-  for (int i = 0; i < 500 && sh->submitted == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  StuckOp stuck(daemon.get());
+  ASSERT_TRUE(stuck.submitted());
   const std::string socket = daemon->socket();
   int status = daemon->Stop(SIGTERM);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "exit status " << status;
-  RankReport r0 = rank0.Reap(10);
+  RankReport r0 = stuck.Waiter();
   EXPECT_EQ(r0.status, DMAGATHER_UNAVAILABLE) << r0.message;
   EXPECT_NE(r0.message.find("shutting down"), std::string::npos) << r0.message;
   EXPECT_NE(access(socket.c_str(), F_OK), 0) << "socket left behind";
