@@ -37,11 +37,11 @@ class DmagatherAllGather:
     def all_gather_into_tensor(self, output, input):
         if self.comm is not None:
             try:
-                stream = None
-                if output.is_cuda:
-                    self.comm.register(output)
-                    self.comm.register(input)
-                    stream = torch.cuda.current_stream(output.device).cuda_stream
+                # Reachable memory only: FALLBACK (not an error) where the backend
+                # cannot reach these tensors, e.g. private CPU memory on the host backend.
+                self.comm.register(output)
+                self.comm.register(input)
+                stream = torch.cuda.current_stream(output.device).cuda_stream if output.is_cuda else None
                 self.comm.allgather(input, output, count=input.numel(), dtype=input.dtype, stream=stream)
                 if not output.is_cuda:
                     self.comm.wait()
