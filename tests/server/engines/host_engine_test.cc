@@ -1,6 +1,7 @@
 // The host engine cuts copies into chunks shared by its workers; every byte
 // must land exactly once, whatever the sizes and chunking.
 #include "server/engines/host/host_engine.h"
+#include "server/engines/host/stream_copy.h"
 
 #include <gtest/gtest.h>
 
@@ -57,6 +58,24 @@ TEST(HostEngineTest, ChunkedCopiesAreBitExact) {
     }
   }
   EXPECT_EQ((*engine)->stats().bytes, op.plan.bytes);
+}
+
+TEST(StreamCopyTest, EveryAlignmentAndTailIsBitExact) {
+  std::mt19937 rng(11);
+  const size_t n = kStreamMinBytes * 3 + 77;
+  std::vector<char> src(n + 128), dst(n + 256);
+  for (auto& c : src) c = char(rng());
+  for (size_t so = 0; so < 64; so += 7) {
+    for (size_t d_off = 0; d_off < 64; d_off += 5) {
+      for (size_t len : {size_t{1}, kStreamMinBytes - 1, kStreamMinBytes, kStreamMinBytes + 63, n}) {
+        std::fill(dst.begin(), dst.end(), char(0x3C));
+        StreamCopy(dst.data() + d_off, src.data() + so, len);
+        ASSERT_EQ(std::memcmp(dst.data() + d_off, src.data() + so, len), 0) << so << " " << d_off << " " << len;
+        for (size_t g = 0; g < d_off; ++g) ASSERT_EQ(dst[g], char(0x3C));
+        ASSERT_EQ(dst[d_off + len], char(0x3C)) << "wrote past the end";
+      }
+    }
+  }
 }
 
 TEST(HostEngineTest, EmptyPlanCompletesImmediately) {
