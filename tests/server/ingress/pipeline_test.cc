@@ -206,6 +206,17 @@ TEST_F(PipelineTest, BusySlotLeavesDescriptorsInTheRing) {
   EXPECT_EQ(ranks_[0]->view().ring->head, uint64_t{abi::kRingSlotsV1} + 1);
 }
 
+TEST_F(PipelineTest, ClientCannotRewindTheDaemonsRingIndex) {
+  Make(1);
+  ranks_[0]->Submit(10);
+  EXPECT_EQ(Poll(), 1);
+  ranks_[0]->view().ring->head = 0;  // A client scribbling on the consumer index...
+  EXPECT_EQ(Poll(), 0);              // ...does not make the daemon replay descriptors.
+  ranks_[0]->Submit(10);
+  EXPECT_EQ(Poll(), 1);
+  EXPECT_EQ(engine_.pending.size(), 2u);
+}
+
 TEST_F(PipelineTest, RanksThatDisagreeAreNamed) {
   Make(3);
   ranks_[0]->Submit(10);
