@@ -29,7 +29,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
-import dmagather  # noqa: E402
+import dmagather  # noqa: E402  (PYTHONPATH from multi_gpu.sh, or the source tree)
 
 DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32,
           torch.float64]
