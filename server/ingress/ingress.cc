@@ -145,6 +145,15 @@ void Ingress::Dispatch(Job* job, Op* op) {
     return;
   }
   scheduler::BuildPlan(op);
+  const int world = job->world_size();
+  op->flag_seq = op->seq;
+  op->ready_flags.resize(world);
+  op->devices.resize(world);
+  for (int r = 0; r < world; ++r) {
+    const Session* s = job->session(r);
+    op->ready_flags[r] = s->ready_flag_device;
+    op->devices[r] = s->cuda_device;
+  }
   op->state.store(Op::kRunning, std::memory_order_release);
   engine_->Execute(op);
   op->enqueued_ns = MonotonicNs();

@@ -10,7 +10,15 @@
 
 namespace dmagather::server::scheduler {
 
-void Op::OnEngineDone(absl::Status status) { job->FinishOp(this, status, -1); }
+void Op::OnEngineDone(absl::Status status) {
+  // Copies that finished after the job failed may have read a dead rank's
+  // buffer (the cuda engine lets such waits go on): report the job's failure.
+  if (status.ok() && job->failed()) {
+    job->FinishOp(this, job->failure(), job->failed_rank());
+    return;
+  }
+  job->FinishOp(this, status, -1);
+}
 
 Job::Job(std::string key, int world_size, uid_t uid)
     : key_(std::move(key)), world_size_(world_size), uid_(uid), ranks_(world_size), slots_(abi::kRingSlotsV1) {
