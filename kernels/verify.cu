@@ -57,6 +57,13 @@ __global__ void CompareKernel(const unsigned char* src, size_t bytes, uint64_t s
   }
 }
 
+__global__ void Bf16Kernel(unsigned short* dst, size_t n, uint64_t s0) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float u = float(Word(s0, i) >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;  // [-1, 1)
+    dst[i] = static_cast<unsigned short>(__float_as_uint(u) >> 16);
+  }
+}
+
 __global__ void DelayKernel(uint64_t ns) {
   uint64_t t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
@@ -86,6 +93,13 @@ int ComparePattern(const void* src, size_t bytes, uint64_t seed, int rank, unsig
   if (bytes == 0) return 0;
   CompareKernel<<<Blocks(bytes), 256, 0, static_cast<cudaStream_t>(stream)>>>(
       static_cast<const unsigned char*>(src), bytes, Seed0(seed, rank), d_mismatches, d_first_bad);
+  return int(cudaGetLastError());
+}
+
+int FillRandomBf16(void* dst, size_t n, uint64_t seed, void* stream) {
+  if (n == 0) return 0;
+  Bf16Kernel<<<Blocks(n * 8), 256, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<unsigned short*>(dst), n,
+                                                                        Seed0(seed, 0));
   return int(cudaGetLastError());
 }
 

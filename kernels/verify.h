@@ -23,6 +23,10 @@ int FillPattern(void* dst, size_t bytes, uint64_t seed, int rank, void* stream);
 int ComparePattern(const void* src, size_t bytes, uint64_t seed, int rank, unsigned long long* d_mismatches,
                    unsigned long long* d_first_bad, void* stream);
 
+// Benchmark support: n bfloat16 values uniform in [-1, 1) (no NaN/Inf, not
+// zeros, so matrix-product timings are those of real data).
+int FillRandomBf16(void* dst, size_t n, uint64_t seed, void* stream);
+
 // Test support: a kernel that spins for `ns` nanoseconds (globaltimer), to
 // hold a stream back (e.g. so a ready write comes late).
 int Delay(uint64_t ns, void* stream);
