@@ -29,6 +29,7 @@ stage() {
     while read -r so; do cp -L "$so" "$dir/lib/"; done
   strip --strip-unneeded "$dir"/lib/*.so* 2>/dev/null || true
   install -m 0755 "$here/run.sh" "$dir/run.sh"
+  install -m 0755 "$root/bench/cuda_bench.sh" "$dir/cuda_bench.sh"
   du -sh "$dir"
 }
 
