@@ -73,7 +73,8 @@ struct Shared {  // MAP_SHARED between the launcher and its rank processes.
   // cuda extras (written by rank 0, printed by the launcher).
   std::atomic<int> barrier_count;
   std::atomic<int> barrier_gen;
-  std::atomic<int> stop;
+  std::atomic<int> stop;  // Overlap test: 0 = go on, n = the last op is number n.
+  std::atomic<int> gemm_ok;
   int latency_rows;
   double lat_shard_kib[kMaxLatencyRows], lat_p50_us[kMaxLatencyRows], lat_p99_us[kMaxLatencyRows];
   double memcpy_p50_us[kMaxLatencyRows];
@@ -420,17 +421,21 @@ int RunRankCuda(dmagather::Comm& comm, const std::string& job, Shared* sh) {
   if (phase_s > 0) {
     const size_t count = overlap_shard / 2;  // bfloat16
     const double ag_bytes = double(overlap_shard) * world;  // algo bytes per op (output size)
+    // Every rank must run the same number of ops (each op needs all of
+    // them): rank 0 decides when time is up and names the last op.
     auto ag_loop = [&](double seconds, double* gbps, int* ops) -> bool {
       int n = 0;
       auto t0 = std::chrono::steady_clock::now();
       double el = 0;
-      do {
+      for (;;) {
         if (comm.AllGather(recvbuf + rank * overlap_shard, recvbuf, count, DMAGATHER_BFLOAT16, s) != DMAGATHER_OK) return false;
         if (cudaStreamSynchronize(s) != cudaSuccess) return false;
         ++n;
         el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      } while ((rank == 0 ? el < seconds : sh->stop.load() == 0));
-      if (rank == 0) sh->stop.store(1);
+        if (rank == 0 && sh->stop.load() == 0 && el >= seconds) sh->stop.store(n + 1);
+        const int last = sh->stop.load();
+        if (last != 0 && n >= last) break;
+      }
       *gbps = ag_bytes * n / el / 1e9;
       *ops = n;
       return true;
@@ -438,10 +443,9 @@ int RunRankCuda(dmagather::Comm& comm, const std::string& job, Shared* sh) {
     Cublas cb;
     std::string why;
     bool have_gemm = rank != 0 || cb.Load(&why);
-    int have_all = 0;
-    if (rank == 0) sh->stop.store(have_gemm ? 0 : 2);
+    if (rank == 0) sh->gemm_ok.store(have_gemm ? 1 : 0);
     Barrier(sh, world);
-    have_all = sh->stop.load() != 2;
+    const bool have_all = sh->gemm_ok.load() == 1;
     if (!have_all) {
       if (rank == 0) snprintf(sh->overlap, sizeof(sh->overlap), "GEMM overlap skipped: %s", why.c_str());
     } else {
@@ -480,6 +484,15 @@ int RunRankCuda(dmagather::Comm& comm, const std::string& job, Shared* sh) {
         dmagather::kernels::FillRandomBf16(B, elems, 12, gs);
         cb.create(&h);
         cb.set_stream(h, gs);
+        {
+          const float alpha = 1.f, beta = 0.f;
+          cublasStatus_t cs = cb.gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, A, CUDA_R_16BF, n, B, CUDA_R_16BF,
+                                      n, &beta, C, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+          if (cs != CUBLAS_STATUS_SUCCESS || cudaStreamSynchronize(gs) != cudaSuccess) {
+            std::cerr << "rank 0: cublasGemmEx failed (status " << int(cs) << ")\n";
+            sh->rank_errors++;
+          }
+        }
         // Warm-up, then GEMM alone.
         gemm_stop = true;
         double t;
