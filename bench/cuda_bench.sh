@@ -28,6 +28,11 @@ run_one() {  # name, then allgather_perf flags
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
 run_one r4 --ranks=4 --sizes_mib=1,16,64,256 --iters=20 --overlap_s=3
+# The daemon hop per op size: jobs with one op size each (the hop histogram is per job).
+run_one hop4k --ranks=4 --check_counts=1 --sizes_mib= --latency_kib=4 --latency_iters=2000 --overlap_s=0
+run_one hop64m --ranks=4 --check_counts=1 --sizes_mib= --latency_kib=65536 --latency_iters=200 --overlap_s=0
+DMAGATHER_CUDA_CHUNK_MIB=64 run_one hop64m_chunk64 --ranks=4 --check_counts=1 --sizes_mib= --latency_kib=65536 \
+  --latency_iters=200 --overlap_s=0
 run_one r8 --ranks=8 --sizes_mib=1,16,64 --iters=20 --overlap_s=0 --latency_kib=4,1024,16384
 if [ "${WITH_MPS:-1}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null; then
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
@@ -39,3 +44,5 @@ if [ "${WITH_MPS:-1}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null; th
     sleep 1
   fi
 fi
+echo "=== engine breakdown (logged at daemon stop)"
+grep -H "cuda engine:" "$out"/daemon_*.log | sed 's/.*daemon_/daemon_/'

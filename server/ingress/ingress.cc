@@ -156,7 +156,9 @@ void Ingress::Dispatch(Job* job, Op* op) {
   }
   op->state.store(Op::kRunning, std::memory_order_release);
   engine_->Execute(op);
-  op->enqueued_ns = MonotonicNs();
+  // Recorded here, not in FinishOp: the engine may finish the op (and the
+  // slot be reused) before Execute returns, so the op is not touched again.
+  job->counters.hop_latency.Record(MonotonicNs() - op->matched_ns);
 }
 
 bool Ingress::AnyPending() const {

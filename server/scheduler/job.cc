@@ -178,7 +178,6 @@ void Job::FinishOp(Op* op, const absl::Status& status, int failed_rank) {
     counters.ops.fetch_add(1, std::memory_order_relaxed);
     counters.bytes.fetch_add(shard_bytes * world_size_ * world_size_, std::memory_order_relaxed);
     counters.latency.Record(now - op->first_arrival_ns);
-    if (op->enqueued_ns != 0) counters.hop_latency.Record(op->enqueued_ns - op->matched_ns);
   }
   {
     absl::MutexLock lock(&completion_mu_);

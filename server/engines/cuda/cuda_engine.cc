@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -63,7 +64,11 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const Options& op
 }
 
 CudaEngine::CudaEngine(const Options& options, const ::dmagather::cuda::DriverApi* api, int num_devices)
-    : options_(options), api_(api), num_devices_(num_devices), batch_copies_ok_(options.use_batch_api) {}
+    : options_(options),
+      api_(api),
+      num_devices_(num_devices),
+      chunk_bytes_(std::min(options.chunk_bytes, kMaxChunkBytes)),
+      batch_copies_ok_(options.use_batch_api) {}
 
 absl::Status CudaEngine::Init() {
   devices_.resize(num_devices_);
@@ -110,8 +115,11 @@ absl::Status CudaEngine::Init() {
   pending_.resize(kPendingSlots);
   const char* env = std::getenv("DMAGATHER_CUDA_BATCH");
   if (env != nullptr && std::strcmp(env, "0") == 0) batch_copies_ok_ = false;
+  if (const char* c = std::getenv("DMAGATHER_CUDA_CHUNK_MIB"); c != nullptr && std::atoi(c) > 0) {
+    chunk_bytes_ = std::min<uint64_t>(uint64_t(std::atoi(c)) << 20, kMaxChunkBytes);
+  }
   LOG(INFO) << "cuda engine: " << num_devices_ << " device(s), " << ns << " streams each, chunks of "
-            << std::min(options_.chunk_bytes, kMaxChunkBytes) << " bytes, " << options_.max_batch
+            << chunk_bytes_ << " bytes, " << options_.max_batch
             << " chunks per batch, " << (batch_copies_ok_ ? "cudaMemcpyBatchAsync" : "cudaMemcpyAsync");
   completion_ = std::thread([this] { CompletionLoop(); });
   return absl::OkStatus();
@@ -272,14 +280,22 @@ absl::Status CudaEngine::EnqueueDevice(Device& dev, const EngineOp& op, cudaEven
   *end = nullptr;
   DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(dev.ordinal));
   WavePlanOptions wo;
-  wo.chunk_bytes = std::min(options_.chunk_bytes, kMaxChunkBytes);
-  wo.streams = options_.streams_per_device;
+  wo.chunk_bytes = chunk_bytes_;
+  // Small ops stay on stream 0 (fewer calls = lower hop latency); a stream
+  // is added per chunk_bytes of payload, up to streams_per_device.
+  uint64_t dev_bytes = 0;
+  for (const CopyCmd& c : dev.copies) dev_bytes += c.bytes;
+  wo.streams = static_cast<int>(std::min<uint64_t>(options_.streams_per_device,
+                                                   std::max<uint64_t>(1, dev_bytes / wo.chunk_bytes)));
   wo.max_batch = options_.max_batch;
   wo.world_size = static_cast<int>(op.devices.size());
   PlanWaves(dev.copies, wo, &chunks_, &batches_);
   chunks_stat_.fetch_add(chunks_.size(), std::memory_order_relaxed);
   cudaStream_t s0 = dev.streams[0];
+  const uint64_t t_plan = MonotonicNs();
   absl::Status st = WaitReady(dev, op);
+  const uint64_t t_waits = MonotonicNs();
+  memops_ns_.Record(t_waits - t_plan);
   if (st.ok()) {
     std::fill(stream_used_.begin(), stream_used_.end(), 0);
     for (const WaveBatch& b : batches_) stream_used_[b.stream] = 1;
@@ -291,10 +307,12 @@ absl::Status CudaEngine::EnqueueDevice(Device& dev, const EngineOp& op, cudaEven
         if (stream_used_[s]) st.Update(CudaStatus("cudaStreamWaitEvent(gate)", cudaStreamWaitEvent(dev.streams[s], dev.gate, 0)));
       }
     }
+    const uint64_t t_copies = MonotonicNs();
     for (const WaveBatch& b : batches_) {
       if (!st.ok()) break;
       st.Update(IssueBatch(dev, dev.streams[b.stream], chunks_.data() + b.begin, b.end - b.begin));
     }
+    copies_ns_.Record(MonotonicNs() - t_copies);
     // Join every stream back into stream 0 (also after an error: the end
     // event must follow everything that was enqueued).
     for (size_t s = 1; fan_out && s < stream_used_.size(); ++s) {
@@ -320,6 +338,7 @@ absl::Status CudaEngine::EnqueueDevice(Device& dev, const EngineOp& op, cudaEven
 }
 
 void CudaEngine::Execute(EngineOp* op) {
+  const uint64_t t_start = MonotonicNs();
   ops_.fetch_add(1, std::memory_order_relaxed);
   bytes_.fetch_add(op->plan.bytes, std::memory_order_relaxed);
   if (op->plan.copies.empty()) {  // Nothing to move (one rank in place, or count 0).
@@ -374,9 +393,11 @@ void CudaEngine::Execute(EngineOp* op) {
     ++tail_;
   }
   cv_.notify_one();
+  execute_ns_.Record(MonotonicNs() - t_start);
 }
 
 void CudaEngine::CompletionLoop() {
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // 1 us: short sleeps stay short.
   int current = -1;
   for (;;) {
     Pending* p;
@@ -404,11 +425,15 @@ void CudaEngine::CompletionLoop() {
           st.Update(absl::UnavailableError("dmagatherd stopped while the op's copies were still queued"));
           break;
         }
-        // Spin for ~50 us (latency), then poll every ~20 us.
-        if (MonotonicNs() - t0 < 50'000) {
-          CpuRelax();
+        // Spin (latency: a sleep costs ~60 us of timer slack), yielding
+        // after 200 us; sleep between polls only after 5 ms.
+        const uint64_t waited = MonotonicNs() - t0;
+        if (waited < 200'000) {
+          for (int i = 0; i < 32; ++i) CpuRelax();
+        } else if (waited < 5'000'000) {
+          sched_yield();
         } else {
-          usleep(20);
+          usleep(50);
         }
       }
     }
@@ -422,7 +447,9 @@ void CudaEngine::CompletionLoop() {
       ++head_;
     }
     space_cv_.notify_one();
+    const uint64_t t_seen = MonotonicNs();
     op->OnEngineDone(st);
+    complete_ns_.Record(MonotonicNs() - t_seen);
   }
 }
 
@@ -434,6 +461,15 @@ void CudaEngine::Stop() {
   }
   cv_.notify_all();
   space_cv_.notify_all();
+  if (execute_ns_.Summary().count != 0) {
+    auto us = [](const LatencyHistogram& h) {
+      LatencySummaryNs x = h.Summary();
+      return absl::StrCat("p50 ", x.p50 / 1e3, " us, p99 ", x.p99 / 1e3, " us");
+    };
+    LOG(INFO) << "cuda engine: " << execute_ns_.Summary().count << " ops; Execute " << us(execute_ns_)
+              << "; ready waits (per device) " << us(memops_ns_) << "; copy calls (per device) " << us(copies_ns_)
+              << "; completion: end event seen -> OnEngineDone done " << us(complete_ns_);
+  }
   if (completion_.joinable()) {
     // Give queued copies 5 s to finish; after that, report them failed.
     const uint64_t deadline = MonotonicNs() + 5'000'000'000ull;

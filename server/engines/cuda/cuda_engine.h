@@ -38,6 +38,7 @@
 #include <cuda_runtime_api.h>
 
 #include "server/common/cuda_api.h"
+#include "server/common/latency_histogram.h"
 #include "server/engines/copy_engine.h"
 #include "server/engines/cuda/wave_plan.h"
 
@@ -96,6 +97,7 @@ class CudaEngine : public CopyEngine {
   const Options options_;
   const ::dmagather::cuda::DriverApi* const api_;
   const int num_devices_;
+  uint64_t chunk_bytes_;  // Options (or $DMAGATHER_CUDA_CHUNK_MIB), capped at 64 MiB.
   std::vector<Device> devices_;
 
   // Ingress-thread scratch.
@@ -124,6 +126,8 @@ class CudaEngine : public CopyEngine {
   std::map<std::string, std::weak_ptr<ImportedRegion>> imports_;  // By IPC handle bytes.
 
   std::atomic<uint64_t> ops_{0}, bytes_{0}, chunks_stat_{0}, same_device_{0};
+  // Where the daemon hop goes (logged at Stop).
+  LatencyHistogram execute_ns_, memops_ns_, copies_ns_, complete_ns_;
   std::once_flag same_device_logged_;
 };
 
