@@ -271,7 +271,7 @@ absl::Status CudaEngine::IssueBatch(Device& dev, cudaStream_t stream, const Copy
   }
   for (size_t i = 0; i < n; ++i) {
     DMAG_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(chunks[i].dst, chunks[i].src, chunks[i].bytes, cudaMemcpyDefault, stream));
+        cudaMemcpyAsync(chunks[i].dst, chunks[i].src, chunks[i].bytes, cudaMemcpyDeviceToDevice, stream));
   }
   return absl::OkStatus();
 }

@@ -48,7 +48,7 @@ class CudaEngine : public CopyEngine {
  public:
   struct Options {
     int streams_per_device = 4;
-    uint64_t chunk_bytes = 8 << 20;  // Capped at 64 MiB.
+    uint64_t chunk_bytes = 32 << 20;  // Capped at 64 MiB.
     int max_batch = 16;              // Chunks per cudaMemcpyBatchAsync.
     bool use_batch_api = true;       // false: one cudaMemcpyAsync per chunk.
   };
