@@ -29,7 +29,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "bench/pattern.h"
+#include "bench/verify.h"
 #include "dmagather/client.h"
 #include "dmagather/v1/telemetry.grpc.pb.h"
 #include "kernels/verify.h"
@@ -55,7 +55,9 @@ ABSL_FLAG(int, gemm_n, 8192, "cuda: the overlap test's GEMM is bf16 n x n x n th
 
 namespace {
 
+using dmagather::bench::CheckAllGather;
 using dmagather::bench::FillPattern;
+using dmagather::bench::Variant;
 
 constexpr int kMaxRanks = 64;
 constexpr int kMaxRows = 64;
@@ -125,43 +127,6 @@ void Fail(Shared* sh, int dtype, const std::string& what) {
     snprintf(sh->first_failure, sizeof(sh->first_failure), "%s", what.c_str());
   }
 }
-
-// Runs one AllGather variant and compares the output with the reference.
-// variant 0: out of place; 1: in place; 2: list output; 3: sub-buffers at odd offsets.
-bool CheckOne(dmagather::Comm& comm, char* sendbuf, char* recvbuf, dmagather_dtype_t dt, size_t count, int variant,
-              uint64_t seed, std::vector<char>& expect, std::string* why) {
-  const int world = comm.size(), rank = comm.rank();
-  const size_t es = dmagather_dtype_size(dt), shard = count * es;
-  const size_t offset = variant == 3 ? 4096 + 3 * es : 0;  // Misaligned inside the allocation.
-  char* recv = recvbuf + offset;
-  char* send = variant == 1 ? recv + rank * shard : sendbuf + offset;
-  expect.resize(shard * world);
-  for (int r = 0; r < world; ++r) FillPattern(expect.data() + r * shard, shard, seed, r);
-  std::memset(recvbuf, 0xA5, shard * world + offset + 64);  // Poison.
-  std::memcpy(send, expect.data() + rank * shard, shard);
-  dmagather_status_t st;
-  if (variant == 2) {
-    std::vector<void*> outs(world);
-    for (int r = 0; r < world; ++r) outs[r] = recv + r * shard;
-    st = comm.AllGatherList(send, outs, count, dt);
-  } else {
-    st = comm.AllGather(send, recv, count, dt);
-  }
-  if (st == DMAGATHER_OK) st = comm.Wait();
-  if (st != DMAGATHER_OK) {
-    *why = absl::StrFormat("%s: %s", dmagather_status_string(st), comm.error());
-    return false;
-  }
-  if (std::memcmp(recv, expect.data(), shard * world) != 0) {
-    size_t i = 0;
-    while (recv[i] == expect[i]) ++i;
-    *why = absl::StrFormat("rank %d %s count=%u variant=%d: first wrong byte at %u (shard of rank %u)", rank,
-                           dmagather_dtype_name(dt), count, variant, i, i / std::max<size_t>(shard, 1));
-    return false;
-  }
-  return true;
-}
-
 
 // ---------------------------------------------------------------------------
 // cuda backend: buffers are device memory; checks run on the GPU with the
@@ -578,12 +543,12 @@ int RunRank(int rank, int world, const std::string& job, Shared* sh) {
   uint64_t seed = 0x5eed;
   for (int d = 0; d < DMAGATHER_NUM_DTYPES; ++d) {
     for (size_t count : counts) {
-      for (int variant = 0; variant < 4; ++variant) {
+      for (Variant variant : dmagather::bench::kAllVariants) {
         std::string why;
         ++seed;
         if (rank == 0) sh->check_ran[d]++;
-        if (!CheckOne(comm, sendbuf, recvbuf, static_cast<dmagather_dtype_t>(d), count, variant, seed, expect,
-                      &why)) {
+        if (!CheckAllGather(comm, sendbuf, recvbuf, static_cast<dmagather_dtype_t>(d), count, variant, seed, &expect,
+                            &why)) {
           Fail(sh, d, why);
         }
       }

@@ -41,7 +41,11 @@ std::string ResolveSocket(const std::string& explicit_path) {
 
 }  // namespace
 
-CommImpl::CommImpl(const CommOptions& options) : options_(options) {}
+CommImpl::CommImpl(const CommOptions& options) : options_(options) {
+  // Pause iterations before a waiting rank sleeps on the futex. Short: the
+  // daemon's copy threads need the cores more than a spinning rank does.
+  if (const char* s = std::getenv("DMAGATHER_SPIN"); s != nullptr && std::atoi(s) >= 0) spin_ = std::atoi(s);
+}
 
 absl::StatusOr<std::unique_ptr<CommImpl>> CommImpl::Create(const CommOptions& in) {
   CommOptions o = in;
@@ -70,19 +74,7 @@ absl::Status CommImpl::Join() {
   view_ = abi::SegmentViewV1::At(segment_.data());
   std::random_device rd;
   const uint64_t token = (uint64_t(rd()) << 32) | rd();
-  abi::SegmentHeaderV1& h = *view_.header;
-  h.magic = abi::kMagic;
-  h.token = token;
-  h.ring_slots = abi::kRingSlotsV1;
-  h.descriptor_stamp = abi::kDescriptorStampV1;
-  h.completion_stamp = abi::kCompletionStampV1;
-  h.max_ranks = abi::kMaxRanksV1;
-  h.completion_offset = abi::SegmentLayoutV1::kCompletionOffset;
-  h.ring_offset = abi::SegmentLayoutV1::kRingOffset;
-  h.descriptors_offset = abi::SegmentLayoutV1::kDescriptorsOffset;
-  h.segment_bytes = abi::SegmentLayoutV1::kBytes;
-  view_.completion->stamp = abi::kCompletionStampV1;
-  abi::StoreRelease(&h.stamp, abi::kSegmentStampV1);
+  abi::InitSegmentV1(segment_.data(), token);
 
   channel_ = grpc::CreateChannel("unix:" + options_.socket_path, grpc::InsecureChannelCredentials());
   if (!channel_->WaitForConnected(In(1000))) {
@@ -338,7 +330,7 @@ absl::Status CommImpl::CheckHealthy() {
 
 absl::Status CommImpl::WaitDone(uint32_t seq) {
   abi::CompletionV1* c = view_.completion;
-  Backoff backoff;
+  Backoff backoff(spin_);
   for (;;) {
     if (cuda_ != nullptr && daemon_gone_.load(std::memory_order_acquire)) {
       // done_seq was moved ahead to release the stream; only ops finished

@@ -109,6 +109,7 @@ class CommImpl {
   ShmMapping doorbell_;
   abi::DoorbellV1* bell_ = nullptr;
 
+  uint32_t spin_ = 256;
   uint32_t submitted_seq_ = 0;
   uint32_t errors_seen_ = 0;
   bool closed_ = false;

@@ -1,6 +1,6 @@
 // Verification kernels, run in the caller's (a rank's, a test's, the
 // benchmark's) CUDA context - never in dmagatherd. They fill a buffer with
-// the deterministic pattern of bench/pattern.h (byte for byte the same as
+// the deterministic pattern of bench/verify.h (byte for byte the same as
 // FillPattern on the CPU) and compare a buffer against it on the GPU, so a
 // multi-GiB AllGather result is checked without copying it to the host.
 //

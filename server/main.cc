@@ -5,11 +5,14 @@
 #include <systemd/sd-daemon.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "server/daemon.h"
@@ -44,6 +47,10 @@ int main(int argc, char** argv) {
       "dmagatherd --socket=PATH [--backend=host|cuda|hip|auto] [flags]\n"
       "The per-node AllGather daemon: ranks join over the gRPC socket, submit AllGathers through shared-memory "
       "rings, and the daemon moves the bytes (copy engines on GPUs, worker threads on the host backend).");
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) { return absl::EndsWith(file, "server/main.cc"); };
+  usage.version_string = [] { return std::string("dmagatherd ") + dmagather::server::Daemon::Version() + "\n"; };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = MinLogLevel(absl::GetFlag(FLAGS_log_level));
@@ -59,7 +66,13 @@ int main(int argc, char** argv) {
 
   dmagather::server::DaemonOptions o;
   o.socket_path = absl::GetFlag(FLAGS_socket);
-  o.socket_mode = static_cast<unsigned>(std::stoul(absl::GetFlag(FLAGS_socket_mode), nullptr, 8));
+  const std::string mode = absl::GetFlag(FLAGS_socket_mode);
+  char* end = nullptr;
+  o.socket_mode = static_cast<unsigned>(std::strtoul(mode.c_str(), &end, 8));
+  if (mode.empty() || *end != '\0' || o.socket_mode > 0777) {
+    std::cerr << "dmagatherd: --socket_mode must be octal permissions like 0660, got '" << mode << "'\n";
+    return 2;
+  }
   o.engine.backend = absl::GetFlag(FLAGS_backend);
   o.engine.workers = absl::GetFlag(FLAGS_workers);
   o.engine.chunk_bytes = uint64_t(absl::GetFlag(FLAGS_chunk_kib)) << 10;

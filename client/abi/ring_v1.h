@@ -85,4 +85,23 @@ struct SegmentViewV1 {
   }
 };
 
+// Writes a fresh segment header (the creator, i.e. the client, calls this
+// once before Join; the stamp is stored last).
+inline void InitSegmentV1(void* base, uint64_t token) {
+  SegmentViewV1 v = SegmentViewV1::At(base);
+  SegmentHeaderV1& h = *v.header;
+  h.magic = kMagic;
+  h.token = token;
+  h.ring_slots = kRingSlotsV1;
+  h.descriptor_stamp = kDescriptorStampV1;
+  h.completion_stamp = kCompletionStampV1;
+  h.max_ranks = kMaxRanksV1;
+  h.completion_offset = SegmentLayoutV1::kCompletionOffset;
+  h.ring_offset = SegmentLayoutV1::kRingOffset;
+  h.descriptors_offset = SegmentLayoutV1::kDescriptorsOffset;
+  h.segment_bytes = SegmentLayoutV1::kBytes;
+  v.completion->stamp = kCompletionStampV1;
+  StoreRelease(&h.stamp, kSegmentStampV1);
+}
+
 }  // namespace dmagather::abi

@@ -2,6 +2,10 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "server/common/clock.h"
@@ -32,6 +36,13 @@ void Ingress::Stop() {
 namespace {
 
 bool Overlaps(const char* a, uint64_t an, const char* b, uint64_t bn) { return a < b + bn && b < a + an; }
+
+// Copies the fixed part and the output entries the descriptor says it uses.
+void CopyDescriptor(const abi::DescriptorV1& shared, abi::DescriptorV1* d) {
+  std::memcpy(d, &shared, offsetof(abi::DescriptorV1, recv));
+  d->num_recv = std::min(d->num_recv, abi::kMaxRanksV1 + 1);  // kMaxRanksV1 + 1 fails validation.
+  std::memcpy(d->recv, shared.recv, sizeof(abi::BufferRefV1) * std::min(d->num_recv, abi::kMaxRanksV1));
+}
 
 }  // namespace
 
@@ -98,7 +109,7 @@ int Ingress::PollJob(Job* job, uint64_t now_ns) {
     Session* s = job->session(r);
     if (s->state() != Session::State::kActive) continue;
     abi::RingV1* ring = s->view().ring;
-    uint64_t head = ring->head;  // Only this thread writes head.
+    uint64_t head = s->ring_head;  // The daemon's own copy: the client cannot move it.
     const uint64_t tail = abi::LoadAcquire(&ring->tail);
     if (tail - head > abi::kRingSlotsV1) {
       // A client cannot publish more than the ring holds: its segment is corrupt.
@@ -109,17 +120,19 @@ int Ingress::PollJob(Job* job, uint64_t now_ns) {
       continue;
     }
     while (head != tail) {
-      const abi::DescriptorV1& d = s->view().slots[head % abi::kRingSlotsV1];
       const uint32_t seq = s->next_seq;
       Op* op = job->SlotFor(seq, now_ns);
       if (op == nullptr) break;  // An older op still holds the slot: leave it in the ring.
+      // Validate a private copy: the client could rewrite the slot while it is read.
+      abi::DescriptorV1 d;
+      CopyDescriptor(s->view().slots[head % abi::kRingSlotsV1], &d);
       s->inflight.fetch_add(1, std::memory_order_acq_rel);
       RankPart& part = op->parts[r];
       Validate(d, seq, *s, world, &part);
       part.arrived = true;
       ++op->arrived;
       ++s->next_seq;
-      ++head;
+      s->ring_head = ++head;
       abi::StoreRelease(&ring->head, head);
       ++consumed;
       if (op->arrived == world && !job->failed()) Dispatch(job, op);
@@ -167,33 +180,35 @@ bool Ingress::AnyPending() const {
     for (int r = 0; r < job->world_size(); ++r) {
       Session* s = job->session(r);
       if (s->state() != Session::State::kActive) continue;
-      if (abi::LoadSeqCst(&s->view().ring->tail) != s->view().ring->head) return true;
+      if (abi::LoadSeqCst(&s->view().ring->tail) != s->ring_head) return true;
     }
   }
   return false;
 }
 
+int Ingress::PollOnce(uint64_t now_ns, bool sweep) {
+  const uint64_t v = hooks_.version();
+  if (v != version_) {
+    jobs_ = hooks_.snapshot();
+    version_ = v;
+  }
+  int consumed = 0;
+  for (const auto& job : jobs_) {
+    if (!job->all_joined()) continue;
+    consumed += PollJob(job.get(), now_ns);
+    if (sweep) job->Sweep(now_ns, options_.op_timeout);
+  }
+  return consumed;
+}
+
 void Ingress::Loop() {
-  uint64_t version = ~uint64_t{0};
   uint64_t last_sweep = 0, last_reap = 0;
   Backoff backoff(options_.spin_iterations);
   while (!stop_.load(std::memory_order_relaxed)) {
-    uint64_t v = hooks_.version();
-    if (v != version) {
-      jobs_ = hooks_.snapshot();
-      version = v;
-    }
     const uint64_t now = MonotonicNs();
-    int consumed = 0;
-    for (const auto& job : jobs_) {
-      if (job->all_joined()) consumed += PollJob(job.get(), now);
-    }
-    if (now - last_sweep > 2'000'000) {
-      for (const auto& job : jobs_) {
-        if (job->all_joined()) job->Sweep(now, options_.op_timeout);
-      }
-      last_sweep = now;
-    }
+    const bool sweep = now - last_sweep > 2'000'000;
+    if (sweep) last_sweep = now;
+    const int consumed = PollOnce(now, sweep);
     if (now - last_reap > 20'000'000) {
       hooks_.reap();
       last_reap = now;

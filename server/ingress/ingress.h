@@ -41,6 +41,12 @@ class Ingress {
   // Stops the thread (after Daemon has failed every job and drained).
   void Stop();
 
+  // One pass of the loop: refresh the job snapshot, drain every ring, and
+  // (if `sweep`) fail timed-out ops and the pending ops of failed jobs.
+  // Returns descriptors consumed. Called by the thread; tests call it
+  // directly instead of Start().
+  int PollOnce(uint64_t now_ns, bool sweep);
+
   // Validates one descriptor of `session` (rank `rank` of a job of
   // `world_size`) into `part`. Public for tests.
   static void Validate(const abi::DescriptorV1& d, uint32_t expected_seq, const Session& session,
@@ -60,6 +66,7 @@ class Ingress {
   std::atomic<bool> stop_{false};
   std::thread thread_;
   std::vector<std::shared_ptr<scheduler::Job>> jobs_;  // Ingress thread only.
+  uint64_t version_ = ~uint64_t{0};
 };
 
 }  // namespace dmagather::server::ingress

@@ -39,7 +39,8 @@ Session::Session(uint64_t id, int rank, int pid, ShmMapping segment)
   abi::StoreRelease(&view_.completion->done_seq, 0u);
   abi::StoreRelease(&view_.completion->error_count, 0u);
   abi::StoreRelease(&view_.completion->daemon_state, static_cast<uint32_t>(abi::kDaemonServing));
-  abi::StoreRelease(&view_.ring->head, abi::LoadAcquire(&view_.ring->tail));
+  ring_head = abi::LoadAcquire(&view_.ring->tail);
+  abi::StoreRelease(&view_.ring->head, ring_head);
 }
 
 const char* Session::state_name() const {

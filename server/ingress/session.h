@@ -83,8 +83,10 @@ class Session {
   void* flag_pages() const { return view_.completion; }
   static constexpr uint64_t kFlagPagesBytes = abi::SegmentLayoutV1::kRingOffset - abi::SegmentLayoutV1::kCompletionOffset;
 
-  // Ingress thread only.
+  // Ingress thread only: the next sequence number and the ring's consumer
+  // index (mirrored to the shared `head` for the client, never read back).
   uint32_t next_seq = 1;
+  uint64_t ring_head = 0;
 
   // Under the job's completion lock: in-order publishing of done flags.
   uint32_t next_publish = 1;

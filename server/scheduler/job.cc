@@ -192,8 +192,10 @@ void Job::FinishOp(Op* op, const absl::Status& status, int failed_rank) {
         ++published;
       }
       if (published != 0) {
-        completion::PublishDone(s->view().completion, s->next_publish - 1);
+        // Count the ops out before the client can see them done: a client
+        // that frees a buffer right after its wait must find it unused.
         s->inflight.fetch_sub(published, std::memory_order_acq_rel);
+        completion::PublishDone(s->view().completion, s->next_publish - 1);
       }
     }
   }

@@ -31,6 +31,62 @@ absl::Status CheckJoinRequest(const v1::JoinRequest& req) {
   return absl::OkStatus();
 }
 
+
+void FillLatency(const LatencyHistogram& h, v1::LatencySummary* out) {
+  LatencySummaryNs s = h.Summary();
+  out->set_p50_us(s.p50 / 1e3);
+  out->set_p99_us(s.p99 / 1e3);
+  out->set_max_us(s.max / 1e3);
+  out->set_count(s.count);
+}
+
+template <typename Counters, typename Msg>
+void FillErrors(const Counters& errors, Msg* out) {
+  for (int c = 1; c < ingress::kNumApiStatus; ++c) {
+    uint64_t n = errors[c].load(std::memory_order_relaxed);
+    if (n == 0) continue;
+    auto* e = out->add_errors();
+    e->set_code(dmagather::ApiStatusName(c));
+    e->set_count(n);
+  }
+}
+
+v1::JobStats StatsOf(const Job& job) {
+  v1::JobStats js;
+  js.set_job_key(job.key());
+  js.set_world_size(job.world_size());
+  js.set_ops(job.counters.ops.load());
+  js.set_bytes(job.counters.bytes.load());
+  FillErrors(job.counters.errors, &js);
+  FillLatency(job.counters.latency, js.mutable_latency());
+  FillLatency(job.counters.hop_latency, js.mutable_hop_latency());
+  int active = 0;
+  uint64_t registered = 0;
+  auto sessions = job.sessions();
+  for (int r = 0; r < job.world_size(); ++r) {
+    auto* rs = js.add_ranks();
+    rs->set_rank(r);
+    const auto& s = sessions[r];
+    if (s == nullptr) {
+      rs->set_state("missing");
+      continue;
+    }
+    rs->set_pid(s->pid());
+    rs->set_state(s->state_name());
+    if (s->state() == Session::State::kActive) ++active;
+    rs->set_ops(s->counters.ops.load());
+    rs->set_bytes(s->counters.bytes.load());
+    FillErrors(s->counters.errors, rs);
+    FillLatency(s->counters.latency, rs->mutable_latency());
+    rs->set_registered_bytes(s->registered_bytes());
+    rs->set_regions(s->num_regions());
+    registered += s->registered_bytes();
+  }
+  js.set_registered_bytes(registered);
+  js.set_state(job.failed() ? (active == 0 ? "finished" : "failed") : (job.all_joined() ? "running" : "joining"));
+  return js;
+}
+
 }  // namespace
 
 absl::StatusOr<Joined> Registry::Join(const v1::JoinRequest& req) {
@@ -214,12 +270,18 @@ void Registry::Reap() {
       Session::State st = s->state();
       if (st == Session::State::kActive || st == Session::State::kJoining) {
         any_live = true;
-      } else if (s->inflight.load() == 0 && !s->memory_released() && job.all_joined()) {
+      } else if (s->inflight.load() == 0 && job.ops_in_flight() == 0 && !s->memory_released() &&
+                 job.all_joined()) {
+        // No op can write its completion block any more: ops created from
+        // now on never include a rank that is gone.
         ReleaseSessionMemory(s.get());
       }
     }
     if (any_live || job.ops_in_flight() != 0) continue;
     if (job.all_joined()) {
+      recent_.push_front(StatsOf(job));
+      recent_.front().set_state(job.failed() && !absl::IsAborted(job.failure()) ? "failed" : "ended");
+      if (recent_.size() > kRecentJobs) recent_.pop_back();
       for (const auto& s : job.sessions()) ReleaseSessionMemory(s.get());
       ++jobs_completed_;
       retired_ops_ += job.counters.ops.load();
@@ -244,28 +306,6 @@ int Registry::num_sessions() const {
   return static_cast<int>(sessions_.size());
 }
 
-namespace {
-
-void FillLatency(const LatencyHistogram& h, v1::LatencySummary* out) {
-  LatencySummaryNs s = h.Summary();
-  out->set_p50_us(s.p50 / 1e3);
-  out->set_p99_us(s.p99 / 1e3);
-  out->set_max_us(s.max / 1e3);
-  out->set_count(s.count);
-}
-
-template <typename Counters, typename Msg>
-void FillErrors(const Counters& errors, Msg* out) {
-  for (int c = 1; c < ingress::kNumApiStatus; ++c) {
-    uint64_t n = errors[c].load(std::memory_order_relaxed);
-    if (n == 0) continue;
-    auto* e = out->add_errors();
-    e->set_code(dmagather::ApiStatusName(c));
-    e->set_count(n);
-  }
-}
-
-}  // namespace
 
 void Registry::FillStats(const std::string& job_key, v1::StatsReply* out) const {
   absl::MutexLock lock(&mu_);
@@ -275,41 +315,12 @@ void Registry::FillStats(const std::string& job_key, v1::StatsReply* out) const 
     ops += job->counters.ops.load();
     bytes += job->counters.bytes.load();
     for (int c = 0; c < ingress::kNumApiStatus; ++c) errors[c] += job->counters.errors[c].load();
-    uint64_t job_registered = 0;
-    v1::JobStats js;
-    js.set_job_key(key);
-    js.set_world_size(job->world_size());
-    js.set_ops(job->counters.ops.load());
-    js.set_bytes(job->counters.bytes.load());
-    FillErrors(job->counters.errors, &js);
-    FillLatency(job->counters.latency, js.mutable_latency());
-    FillLatency(job->counters.hop_latency, js.mutable_hop_latency());
-    int active = 0;
-    auto sessions = job->sessions();
-    for (int r = 0; r < job->world_size(); ++r) {
-      auto* rs = js.add_ranks();
-      rs->set_rank(r);
-      const auto& s = sessions[r];
-      if (s == nullptr) {
-        rs->set_state("missing");
-        continue;
-      }
-      rs->set_pid(s->pid());
-      rs->set_state(s->state_name());
-      if (s->state() == Session::State::kActive) ++active;
-      rs->set_ops(s->counters.ops.load());
-      rs->set_bytes(s->counters.bytes.load());
-      FillErrors(s->counters.errors, rs);
-      FillLatency(s->counters.latency, rs->mutable_latency());
-      rs->set_registered_bytes(s->registered_bytes());
-      rs->set_regions(s->num_regions());
-      job_registered += s->registered_bytes();
-    }
-    js.set_registered_bytes(job_registered);
-    registered += job_registered;
-    js.set_state(job->failed() ? (active == 0 ? "finished" : "failed")
-                               : (job->all_joined() ? "running" : "joining"));
+    v1::JobStats js = StatsOf(*job);
+    registered += js.registered_bytes();
     if (job_key.empty() || job_key == key) *out->add_jobs() = std::move(js);
+  }
+  for (const v1::JobStats& js : recent_) {
+    if (job_key.empty() || job_key == js.job_key()) *out->add_jobs() = js;
   }
   out->set_total_ops(ops);
   out->set_total_bytes(bytes);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <string>
 #include <utility>
@@ -76,6 +77,9 @@ class Registry {
   uint64_t retired_ops_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t retired_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::array<uint64_t, ingress::kNumApiStatus> retired_errors_ ABSL_GUARDED_BY(mu_){};
+  // Telemetry of the last jobs that ended, newest first.
+  static constexpr size_t kRecentJobs = 16;
+  std::deque<v1::JobStats> recent_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint32_t> next_region_id_{1};
   std::atomic<uint64_t> version_{0};
   std::atomic<bool> stopping_{false};

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/common/shm.h"
 #include "server/common/status.h"
+#include "server/engines/host/stream_copy.h"
 
 namespace dmagather::server::engines {
 namespace {
@@ -87,7 +88,7 @@ void HostEngine::WorkerLoop() {
       if (idx + 1 >= op->chunks.size()) queue_.pop_front();
     }
     const CopyCmd& c = op->chunks[idx];
-    std::memcpy(c.dst, c.src, c.bytes);
+    StreamCopy(c.dst, c.src, c.bytes);
     if (op->chunks_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       op->OnEngineDone(absl::OkStatus());
     }

@@ -1,0 +1,80 @@
+// The CPU alternative to dmagather: MPI_Allgather (in place) of Open MPI on
+// the same node, timed the way allgather_perf times dmagather (an iteration
+// lasts as long as its slowest rank). Prints CSV rows on rank 0.
+//
+//   mpirun -np 4 mpi_allgather --sizes_mib=1,16,64 --iters=20 --warmup=3
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::vector<size_t> ParseSizes(const char* s) {
+  std::vector<size_t> out;
+  std::string str(s);
+  size_t pos = 0;
+  while (pos < str.size()) {
+    size_t end = str.find(',', pos);
+    if (end == std::string::npos) end = str.size();
+    out.push_back(std::stoul(str.substr(pos, end - pos)));
+    pos = end + 1;
+  }
+  return out;
+}
+
+const char* Arg(int argc, char** argv, const char* name, const char* dflt) {
+  const size_t n = std::strlen(name);
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], name, n) == 0 && argv[i][n] == '=') return argv[i] + n + 1;
+  }
+  return dflt;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const std::vector<size_t> sizes = ParseSizes(Arg(argc, argv, "--sizes_mib", "1,16,64"));
+  const int iters = std::atoi(Arg(argc, argv, "--iters", "20"));
+  const int warmup = std::atoi(Arg(argc, argv, "--warmup", "3"));
+  if (rank == 0) std::printf("impl,ranks,shard_MiB,data_MB,avg_ms,min_ms,max_ms,algo_BW_GBps\n");
+  for (size_t mib : sizes) {
+    const size_t shard = mib << 20;
+    std::vector<char> buf(shard * world);
+    for (size_t i = 0; i < shard; ++i) buf[rank * shard + i] = char(i * 131 + rank);
+    double sum = 0, mn = 1e30, mx = 0;
+    for (int it = -warmup; it < iters; ++it) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double t0 = MPI_Wtime();
+      MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, buf.data(), int(shard), MPI_BYTE, MPI_COMM_WORLD);
+      double t = (MPI_Wtime() - t0) * 1e3, tmax = 0;
+      MPI_Reduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+      if (it < 0) continue;
+      sum += tmax;
+      mn = std::min(mn, tmax);
+      mx = std::max(mx, tmax);
+    }
+    for (int r = 0; r < world; ++r) {  // The result must be right to count.
+      for (size_t i = 0; i < shard; i += 4093) {
+        if (buf[r * shard + i] != char(i * 131 + r)) {
+          std::fprintf(stderr, "rank %d: MPI_Allgather output wrong at shard %d byte %zu\n", rank, r, i);
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+      }
+    }
+    if (rank == 0) {
+      const double avg = sum / iters, data_mb = double(shard * world) / 1e6;
+      std::printf("openmpi,%d,%zu,%.3f,%.4f,%.4f,%.4f,%.3f\n", world, mib, data_mb, avg, mn, mx, data_mb / avg);
+    }
+  }
+  MPI_Finalize();
+  return 0;
+}

@@ -1,0 +1,43 @@
+// Deterministic test data and the bit-exact AllGather check shared by the
+// main job (allgather_perf) and the integration tests. Every rank can
+// compute every other rank's shard, so outputs are checked without
+// communication.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dmagather/client.h"
+
+namespace dmagather::bench {
+
+inline uint64_t SplitMix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Fills `bytes` with the pattern of (seed, rank).
+void FillPattern(char* dst, size_t bytes, uint64_t seed, int rank);
+
+enum class Variant {
+  kOutOfPlace,  // send and recv are separate buffers.
+  kInPlace,     // send == recv + rank*count.
+  kList,        // one output pointer per rank.
+  kOffsets,     // send and recv at odd offsets inside their allocations.
+};
+inline constexpr Variant kAllVariants[] = {Variant::kOutOfPlace, Variant::kInPlace, Variant::kList,
+                                           Variant::kOffsets};
+const char* VariantName(Variant v);
+
+// Runs one AllGather of `count` elements per rank (send from `sendbuf`,
+// output into `recvbuf`, both from comm.Alloc with room for
+// world*count*size + 8 KiB), waits, and compares the output bit-exact with
+// the reference; poisons the output first. On failure *why says where.
+bool CheckAllGather(Comm& comm, char* sendbuf, char* recvbuf, dmagather_dtype_t dtype, size_t count, Variant variant,
+                    uint64_t seed, std::vector<char>* scratch, std::string* why);
+
+}  // namespace dmagather::bench

@@ -1,0 +1,182 @@
+#include "tests/integration/harness.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <thread>
+
+namespace dmagather::testing {
+namespace {
+
+struct SharedReport {
+  int status;
+  double seconds;
+  char message[2048];
+};
+
+bool CanConnect(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  close(fd);
+  return ok;
+}
+
+int WaitWithTimeout(pid_t pid, double timeout_s) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  int status = 0;
+  for (;;) {
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+}  // namespace
+
+void Reporter::Say(const std::string& s) const { snprintf(message, 2048, "%s", s.c_str()); }
+
+std::unique_ptr<DaemonProcess> DaemonProcess::Start(const std::vector<std::string>& flags) {
+  char tmpl[] = "/tmp/dmagather-test-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) {
+    perror("mkdtemp");
+    return nullptr;
+  }
+  auto d = std::unique_ptr<DaemonProcess>(new DaemonProcess());
+  d->dir_ = tmpl;
+  d->socket_ = d->dir_ + "/dmagatherd.sock";
+  std::vector<std::string> args = {"server/dmagatherd", "--socket=" + d->socket_, "--backend=host",
+                                   "--log_level=warning"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  const std::string log = d->dir_ + "/dmagatherd.log";
+  d->pid_ = fork();
+  if (d->pid_ == 0) {
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 2);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    perror("execv server/dmagatherd");
+    _exit(127);
+  }
+  for (int i = 0; i < 500; ++i) {
+    if (CanConnect(d->socket_)) return d;
+    int status;
+    if (waitpid(d->pid_, &status, WNOHANG) == d->pid_) {
+      std::cerr << "dmagatherd exited at start; log in " << log << "\n";
+      d->pid_ = -1;
+      return nullptr;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::cerr << "dmagatherd did not listen within 5 s\n";
+  return nullptr;
+}
+
+int DaemonProcess::Stop(int sig) {
+  if (pid_ <= 0) return -1;
+  kill(pid_, sig);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return status;
+}
+
+DaemonProcess::~DaemonProcess() {
+  if (pid_ > 0) Stop(SIGTERM);
+  std::string cmd = "rm -rf '" + dir_ + "'";
+  if (system(cmd.c_str()) != 0) {
+  }
+}
+
+RankProcess::RankProcess(int rank, const std::function<int(int, const Reporter&)>& fn) {
+  shared_ = mmap(nullptr, sizeof(SharedReport), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  auto* sh = static_cast<SharedReport*>(shared_);
+  sh->status = -1;
+  pid_ = fork();
+  if (pid_ == 0) {
+    Reporter rep{&sh->status, &sh->seconds, sh->message};
+    std::cout.flush();
+    _exit(fn(rank, rep));
+  }
+}
+
+RankProcess::~RankProcess() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  munmap(shared_, sizeof(SharedReport));
+}
+
+RankReport RankProcess::Reap(double timeout_s) {
+  RankReport r;
+  r.exit_code = WaitWithTimeout(pid_, timeout_s);
+  pid_ = -1;
+  auto* sh = static_cast<SharedReport*>(shared_);
+  r.status = sh->status;
+  r.seconds = sh->seconds;
+  r.message = sh->message;
+  return r;
+}
+
+std::vector<RankReport> RunRanks(int world, const std::function<int(int, const Reporter&)>& fn, double timeout_s) {
+  std::vector<std::unique_ptr<RankProcess>> procs;
+  for (int r = 0; r < world; ++r) procs.push_back(std::make_unique<RankProcess>(r, fn));
+  std::vector<RankReport> out;
+  for (auto& p : procs) out.push_back(p->Reap(timeout_s));
+  return out;
+}
+
+std::string UniqueJob(const std::string& prefix) {
+  static int n = 0;
+  return prefix + "-" + std::to_string(getpid()) + "-" + std::to_string(n++);
+}
+
+std::string RunProgram(const std::vector<std::string>& argv_in, int* exit_code) {
+  int pipefd[2];
+  if (pipe(pipefd) != 0) return "";
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(pipefd[1], 1);
+    close(pipefd[0]);
+    std::vector<std::string> args = argv_in;
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(pipefd[1]);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(pipefd[0], buf, sizeof(buf))) > 0) out.append(buf, n);
+  close(pipefd[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return out;
+}
+
+}  // namespace dmagather::testing

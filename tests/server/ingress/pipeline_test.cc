@@ -1,0 +1,235 @@
+// Ingress -> matcher -> planner -> (fake) engine -> completion, driven one
+// poll at a time: descriptors are written into real shm rings, buffers are
+// fake regions, and the engine completes ops when and how the test says.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "client/abi/ring_v1.h"
+#include "server/common/clock.h"
+#include "server/common/shm.h"
+#include "server/ingress/ingress.h"
+#include "server/scheduler/job.h"
+#include "tests/fakes/fake_copy_engine.h"
+
+namespace dmagather::testing {
+namespace {
+
+using server::ingress::Ingress;
+using server::ingress::Session;
+using server::scheduler::Job;
+
+// A rank as the daemon sees it: a segment written the way a client writes
+// it, and one 64 KiB buffer as region (100 + rank).
+struct FakeRank {
+  FakeRank(int rank, FakeCopyEngine* engine) {
+    seg = *ShmMapping::Create(ShmMapping::UniqueName("test-seg"), abi::SegmentLayoutV1::kBytes);
+    abi::InitSegmentV1(seg.data(), 42 + rank);
+    session = *Session::Open(rank + 1, rank, 1000 + rank, seg.name(), 42 + rank);
+    seg.Unlink();
+    region = std::make_shared<FakeRegion>(1 << 16);
+    EXPECT_TRUE(session->AddRegion(100 + rank, region).ok());
+  }
+  abi::SegmentViewV1 view() { return abi::SegmentViewV1::At(seg.data()); }
+  // Publishes an in-place flat allgather of `count` uint8 at output offset `out`.
+  void Submit(uint64_t count, uint64_t out = 0, uint32_t region_id = 0) {
+    abi::DescriptorV1 d{};
+    d.stamp = abi::kDescriptorStampV1;
+    d.op = abi::kOpAllGather;
+    d.seq = ++seq;
+    d.dtype = 0;
+    d.count = count;
+    d.submit_ns = MonotonicNs();
+    const uint32_t rid = region_id != 0 ? region_id : 100 + session->rank();
+    d.send = {rid, 0, out + session->rank() * count};
+    d.num_recv = 1;
+    d.recv[0] = {rid, 0, out};
+    abi::RingV1* ring = view().ring;
+    view().slots[ring->tail % abi::kRingSlotsV1] = d;
+    abi::StoreRelease(&ring->tail, ring->tail + 1);
+  }
+  uint32_t done() { return abi::LoadAcquire(&view().completion->done_seq); }
+  uint32_t errors() { return abi::LoadAcquire(&view().completion->error_count); }
+  const abi::ErrorRecordV1& error(uint32_t i) { return view().completion->errors[i % abi::kErrorSlotsV1]; }
+
+  ShmMapping seg;
+  std::shared_ptr<Session> session;
+  std::shared_ptr<FakeRegion> region;
+  uint32_t seq = 0;
+};
+
+class PipelineTest : public ::testing::Test {
+ protected:
+  void Make(int world, absl::Duration op_timeout = absl::Seconds(60)) {
+    job_ = std::make_shared<Job>("job", world, 0);
+    for (int r = 0; r < world; ++r) {
+      ranks_.push_back(std::make_unique<FakeRank>(r, &engine_));
+      ASSERT_TRUE(job_->AddRank(ranks_.back()->session).ok());
+    }
+    ASSERT_TRUE(job_->all_joined());
+    Ingress::Options o;
+    o.op_timeout = op_timeout;
+    ingress_ = std::make_unique<Ingress>(o, &engine_, &bell_,
+                                         Ingress::Hooks{[] { return uint64_t{1}; },
+                                                        [this] { return std::vector<std::shared_ptr<Job>>{job_}; },
+                                                        [] {}});
+  }
+  int Poll(bool sweep = false, uint64_t now = 0) { return ingress_->PollOnce(now ? now : MonotonicNs(), sweep); }
+  std::string Message(FakeRank& r, uint32_t i) { return r.error(i).message; }
+
+  FakeCopyEngine engine_;
+  abi::DoorbellV1 bell_{};
+  std::shared_ptr<Job> job_;
+  std::vector<std::unique_ptr<FakeRank>> ranks_;
+  std::unique_ptr<Ingress> ingress_;
+};
+
+TEST_F(PipelineTest, WaitsForEveryRankThenCopiesBitExact) {
+  Make(3);
+  for (int r = 0; r < 3; ++r) {
+    for (int i = 0; i < 100; ++i) ranks_[r]->region->base()[r * 100 + i] = char(r * 31 + i);
+  }
+  ranks_[0]->Submit(100);
+  ranks_[2]->Submit(100);
+  EXPECT_EQ(Poll(), 2);
+  EXPECT_TRUE(engine_.pending.empty());  // Rank 1 has not asked yet.
+  ranks_[1]->Submit(100);
+  EXPECT_EQ(Poll(), 1);
+  ASSERT_EQ(engine_.pending.size(), 1u);
+  EXPECT_EQ(engine_.pending[0]->plan.copies.size(), 6u);  // 3x3 minus the in-place self shards.
+  engine_.Complete(0);
+  for (int d = 0; d < 3; ++d) {
+    EXPECT_EQ(ranks_[d]->done(), 1u);
+    EXPECT_EQ(ranks_[d]->errors(), 0u);
+    for (int r = 0; r < 3; ++r) {
+      for (int i = 0; i < 100; ++i) ASSERT_EQ(ranks_[d]->region->base()[r * 100 + i], char(r * 31 + i));
+    }
+  }
+}
+
+TEST_F(PipelineTest, DoneFlagsArePublishedInOrder) {
+  Make(2);
+  for (auto& r : ranks_) {
+    r->Submit(10, 0);
+    r->Submit(10, 1000);
+  }
+  Poll();
+  ASSERT_EQ(engine_.pending.size(), 2u);
+  engine_.Complete(1);  // Op 2 finishes first...
+  EXPECT_EQ(ranks_[0]->done(), 0u);  // ...but is not published before op 1.
+  EXPECT_EQ(ranks_[1]->done(), 0u);
+  engine_.Complete(0);
+  EXPECT_EQ(ranks_[0]->done(), 2u);
+  EXPECT_EQ(ranks_[1]->done(), 2u);
+  EXPECT_EQ(ranks_[0]->session->inflight.load(), 0u);
+}
+
+TEST_F(PipelineTest, EngineErrorReachesEveryRank) {
+  Make(2);
+  for (auto& r : ranks_) r->Submit(10);
+  Poll();
+  engine_.Complete(0, absl::InternalError("cudaMemcpyBatchAsync: an illegal memory access (700)"));
+  for (auto& r : ranks_) {
+    EXPECT_EQ(r->done(), 1u);
+    ASSERT_EQ(r->errors(), 1u);
+    EXPECT_EQ(r->error(0).status, 6);
+    EXPECT_EQ(r->error(0).seq, 1u);
+    EXPECT_NE(Message(*r, 0).find("illegal memory access"), std::string::npos);
+  }
+}
+
+TEST_F(PipelineTest, InvalidPartFailsTheOpOnEveryRank) {
+  Make(2);
+  ranks_[0]->Submit(10);
+  ranks_[1]->Submit(10, 0, /*region_id=*/100);  // Rank 0's region.
+  Poll();
+  EXPECT_TRUE(engine_.pending.empty());
+  for (auto& r : ranks_) {
+    EXPECT_EQ(r->done(), 1u);
+    ASSERT_EQ(r->errors(), 1u);
+    EXPECT_EQ(r->error(0).status, 2);  // INVALID_ARGUMENT
+    EXPECT_EQ(r->error(0).failed_rank, 1);
+    EXPECT_NE(Message(*r, 0).find("region 100, which rank 1 has not registered"), std::string::npos)
+        << Message(*r, 0);
+  }
+}
+
+TEST_F(PipelineTest, PeerFailureFailsWaitingAndLaterOps) {
+  Make(3);
+  ranks_[0]->Submit(10);
+  ranks_[1]->Submit(10);
+  Poll();
+  job_->Fail(absl::AbortedError("rank 2 (pid 1002) of job 'job' exited or was killed"), 2);
+  Poll(/*sweep=*/true);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ranks_[r]->done(), 1u);
+    ASSERT_EQ(ranks_[r]->errors(), 1u);
+    EXPECT_EQ(ranks_[r]->error(0).status, 4);  // PEER_FAILED
+    EXPECT_EQ(ranks_[r]->error(0).failed_rank, 2);
+  }
+  ranks_[0]->Submit(10);  // Later ops fail at once.
+  Poll(true);
+  EXPECT_EQ(ranks_[0]->done(), 2u);
+  EXPECT_EQ(ranks_[0]->errors(), 2u);
+  EXPECT_EQ(ranks_[2]->done(), 0u);  // Never submitted: never told it finished.
+}
+
+TEST_F(PipelineTest, TimeoutNamesMissingRanksAndStopsTheJob) {
+  Make(3, absl::Milliseconds(100));
+  ranks_[1]->Submit(10);
+  const uint64_t t0 = MonotonicNs();
+  Poll(true, t0);
+  EXPECT_EQ(ranks_[1]->done(), 0u);  // Not yet timed out.
+  Poll(true, t0 + 200'000'000);
+  EXPECT_EQ(ranks_[1]->done(), 1u);
+  ASSERT_EQ(ranks_[1]->errors(), 1u);
+  EXPECT_EQ(ranks_[1]->error(0).status, 5);  // TIMEOUT
+  EXPECT_NE(Message(*ranks_[1], 0).find("rank(s) 0,2 never submitted it (rank(s) 1 did)"), std::string::npos)
+      << Message(*ranks_[1], 0);
+  EXPECT_TRUE(job_->failed());
+}
+
+TEST_F(PipelineTest, BusySlotLeavesDescriptorsInTheRing) {
+  Make(2);
+  for (uint32_t i = 0; i < abi::kRingSlotsV1; ++i) ranks_[0]->Submit(1, 0);
+  EXPECT_EQ(Poll(), int(abi::kRingSlotsV1));
+  ranks_[0]->Submit(1, 0);  // Seq 257 maps to op 1's slot, still waiting for rank 1.
+  EXPECT_EQ(Poll(), 0);
+  EXPECT_EQ(ranks_[0]->view().ring->head, uint64_t{abi::kRingSlotsV1});
+  ranks_[1]->Submit(1, 0);  // Op 1 matches...
+  Poll();
+  ASSERT_EQ(engine_.pending.size(), 1u);
+  engine_.Complete(0);  // ...finishes, frees the slot, and seq 257 moves in.
+  EXPECT_EQ(Poll(), 1);
+  EXPECT_EQ(ranks_[0]->view().ring->head, uint64_t{abi::kRingSlotsV1} + 1);
+}
+
+TEST_F(PipelineTest, ClientCannotRewindTheDaemonsRingIndex) {
+  Make(1);
+  ranks_[0]->Submit(10);
+  EXPECT_EQ(Poll(), 1);
+  ranks_[0]->view().ring->head = 0;  // A client scribbling on the consumer index...
+  EXPECT_EQ(Poll(), 0);              // ...does not make the daemon replay descriptors.
+  ranks_[0]->Submit(10);
+  EXPECT_EQ(Poll(), 1);
+  EXPECT_EQ(engine_.pending.size(), 2u);
+}
+
+TEST_F(PipelineTest, RanksThatDisagreeAreNamed) {
+  Make(3);
+  ranks_[0]->Submit(10);
+  ranks_[1]->Submit(10);
+  ranks_[2]->Submit(11);
+  Poll();
+  EXPECT_TRUE(engine_.pending.empty());
+  for (auto& r : ranks_) {
+    ASSERT_EQ(r->errors(), 1u);
+    EXPECT_EQ(r->error(0).status, 2);
+    EXPECT_NE(Message(*r, 0).find("ranks 2 differ from rank 0"), std::string::npos) << Message(*r, 0);
+  }
+}
+
+}  // namespace
+}  // namespace dmagather::testing

@@ -1,0 +1,150 @@
+// dmagatherctl: the operator's view of a node's dmagatherd over its gRPC
+// control socket.
+//
+//   dmagatherctl health            daemon version, backend and why, uptime
+//   dmagatherctl jobs              one line per job
+//   dmagatherctl stats [--job=K]   per job and per rank: ops, bytes, errors, latency, memory
+//   dmagatherctl metrics           Prometheus text (for a textfile collector or a scrape shim)
+// --json prints the reply as JSON instead of a table.
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "dmagather/v1/telemetry.grpc.pb.h"
+
+ABSL_FLAG(std::string, socket, "", "dmagatherd socket (default: $DMAGATHER_SOCKET, then /run/dmagather/dmagatherd.sock).");
+ABSL_FLAG(bool, json, false, "Print JSON instead of a table.");
+ABSL_FLAG(std::string, job, "", "stats: only this job.");
+ABSL_FLAG(double, timeout_s, 3.0, "RPC deadline in seconds.");
+
+namespace {
+
+using dmagather::v1::Telemetry;
+
+std::string Socket() {
+  std::string s = absl::GetFlag(FLAGS_socket);
+  if (!s.empty()) return s;
+  const char* env = std::getenv("DMAGATHER_SOCKET");
+  return env != nullptr && *env ? env : "/run/dmagather/dmagatherd.sock";
+}
+
+std::string HumanBytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (b >= 1024 && u < 5) {
+    b /= 1024;
+    ++u;
+  }
+  return absl::StrFormat(u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
+}
+
+template <typename M>
+std::string ErrorsText(const M& errors) {
+  std::string s;
+  for (const auto& e : errors) s += absl::StrFormat("%s%s=%u", s.empty() ? "" : ",", e.code(), e.count());
+  return s.empty() ? "-" : s;
+}
+
+template <typename Msg>
+int PrintJson(const Msg& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.always_print_primitive_fields = true;
+  o.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  std::cout << out;
+  return 0;
+}
+
+int Fail(const grpc::Status& st, const std::string& socket) {
+  std::cerr << "dmagatherctl: " << socket << ": " << st.error_message() << "\n";
+  if (st.error_code() == grpc::StatusCode::UNAVAILABLE || st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    std::cerr << "is dmagatherd running? (systemctl status dmagatherd)\n";
+    return 3;
+  }
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "dmagatherctl [--socket=PATH] [--json] health|jobs|stats [--job=KEY]|metrics\n"
+      "Reads the telemetry of the node's dmagatherd.");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) {
+    std::cerr << "usage: dmagatherctl [--socket=PATH] [--json] health|jobs|stats|metrics\n";
+    return 2;
+  }
+  const std::string cmd = args[1];
+  const std::string socket = Socket();
+  auto channel = grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
+  auto stub = Telemetry::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(int64_t(absl::GetFlag(FLAGS_timeout_s) * 1000)));
+  const bool json = absl::GetFlag(FLAGS_json);
+
+  if (cmd == "health") {
+    dmagather::v1::HealthReply h;
+    grpc::Status st = stub->Health(&ctx, {}, &h);
+    if (!st.ok()) return Fail(st, socket);
+    if (json) return PrintJson(h);
+    std::printf("status:   %s\nversion:  %s\nbackend:  %s (%s)\nuptime:   %.1f s\njobs:     %d\nsessions: %d\nworkers:  %d\n",
+                h.status().c_str(), h.version().c_str(), h.backend().c_str(), h.backend_reason().c_str(),
+                h.uptime_s(), h.jobs(), h.sessions(), h.worker_threads());
+    return 0;
+  }
+  if (cmd == "metrics") {
+    dmagather::v1::MetricsReply m;
+    grpc::Status st = stub->Metrics(&ctx, {}, &m);
+    if (!st.ok()) return Fail(st, socket);
+    std::cout << m.text();
+    return 0;
+  }
+  if (cmd == "jobs" || cmd == "stats") {
+    dmagather::v1::StatsRequest req;
+    req.set_job_key(absl::GetFlag(FLAGS_job));
+    dmagather::v1::StatsReply s;
+    grpc::Status st = stub->Stats(&ctx, req, &s);
+    if (!st.ok()) return Fail(st, socket);
+    if (json) return PrintJson(s);
+    std::printf("%-24s %5s %-8s %10s %11s %10s %10s %10s  %s\n", "JOB", "RANKS", "STATE", "OPS", "BYTES", "p50_us",
+                "p99_us", "hop_p50", "ERRORS");
+    for (const auto& j : s.jobs()) {
+      std::printf("%-24s %5d %-8s %10llu %11s %10.1f %10.1f %10.2f  %s\n", j.job_key().c_str(), j.world_size(),
+                  j.state().c_str(), (unsigned long long)j.ops(), HumanBytes(double(j.bytes())).c_str(),
+                  j.latency().p50_us(), j.latency().p99_us(), j.hop_latency().p50_us(), ErrorsText(j.errors()).c_str());
+      if (cmd != "stats") continue;
+      std::printf("  %4s %8s %-8s %10s %11s %10s %10s %11s  %s\n", "RANK", "PID", "STATE", "OPS", "BYTES", "p50_us",
+                  "p99_us", "REGISTERED", "ERRORS");
+      for (const auto& r : j.ranks()) {
+        std::printf("  %4d %8d %-8s %10llu %11s %10.1f %10.1f %11s  %s\n", r.rank(), r.pid(), r.state().c_str(),
+                    (unsigned long long)r.ops(), HumanBytes(double(r.bytes())).c_str(), r.latency().p50_us(),
+                    r.latency().p99_us(), HumanBytes(double(r.registered_bytes())).c_str(),
+                    ErrorsText(r.errors()).c_str());
+      }
+    }
+    if (cmd == "stats") {
+      std::printf("node: %llu ops, %s moved, %s registered, %llu jobs completed, errors %s, fallbacks ",
+                  (unsigned long long)s.total_ops(), HumanBytes(double(s.total_bytes())).c_str(),
+                  HumanBytes(double(s.registered_bytes())).c_str(), (unsigned long long)s.jobs_completed(),
+                  ErrorsText(s.errors()).c_str());
+      std::string fb;
+      for (const auto& f : s.fallbacks()) fb += absl::StrFormat("%s%s=%u", fb.empty() ? "" : ",", f.reason(), f.count());
+      std::printf("%s\n", fb.empty() ? "-" : fb.c_str());
+    }
+    return 0;
+  }
+  std::cerr << "dmagatherctl: unknown command '" << cmd << "' (health, jobs, stats, metrics)\n";
+  return 2;
+}

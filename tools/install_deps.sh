@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages dmagather builds and tests with, only those
+# that are missing (idempotent; a no-op on a prepared machine).
+set -euo pipefail
+
+PKGS=(
+  bazel-bootstrap bazel-platforms bazel-rules-java   # Bazel 4.2.3, offline
+  g++ pkg-config
+  libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
+  libabsl-dev libgoogle-glog-dev libgtest-dev libgmock-dev
+  libsystemd-dev libibverbs-dev
+  python3 python3-numpy
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
