@@ -91,7 +91,8 @@ absl::Status CommImpl::Join() {
   req.set_segment_name(segment_.name());
   req.set_segment_token(token);
   req.set_join_timeout_ms(options_.join_timeout_ms);
-  req.set_cuda_device(-1);
+  const int cuda_device = CudaClient::CurrentDevice();
+  req.set_cuda_device(cuda_device);
   join_ctx_ = std::make_unique<grpc::ClientContext>();
   join_stream_ = stub_->Join(join_ctx_.get(), req);
   v1::JoinEvent ev;
@@ -116,6 +117,23 @@ absl::Status CommImpl::Join() {
   }
   doorbell_ = *std::move(bell);
   bell_ = static_cast<abi::DoorbellV1*>(doorbell_.data());
+  if (backend_ == "cuda") {
+    // The rank's stream writes ready_seq and waits on done_seq: both live in
+    // the completion block, registered with CUDA here and in the daemon.
+    auto cuda = cuda_device < 0
+                    ? absl::StatusOr<std::unique_ptr<CudaClient>>(absl::FailedPreconditionError(
+                          "dmagatherd runs the cuda backend but this process has no usable CUDA device"))
+                    : CudaClient::Create(cuda_device, view_.completion,
+                                         abi::SegmentLayoutV1::kRingOffset - abi::SegmentLayoutV1::kCompletionOffset);
+    if (!cuda.ok()) {
+      join_ctx_->TryCancel();
+      join_stream_->Finish();
+      join_stream_.reset();
+      return absl::Status(cuda.status().code(),
+                          absl::StrCat("rank ", options_.rank, ": cuda backend: ", cuda.status().message()));
+    }
+    cuda_ = *std::move(cuda);
+  }
   watcher_ = std::thread([this] {
     v1::JoinEvent e;
     std::string reason = absl::StrCat("the connection to dmagatherd at ", options_.socket_path, " was lost");
@@ -126,7 +144,13 @@ absl::Status CommImpl::Join() {
       absl::MutexLock lock(&gone_mu_);
       gone_reason_ = reason;
     }
+    released_done_ = abi::LoadAcquire(&view_.completion->done_seq);
     daemon_gone_.store(true, std::memory_order_release);
+    if (cuda_ != nullptr) {
+      // No daemon will ever publish done again: release the rank's stream
+      // (its done waits pass); the calls report UNAVAILABLE.
+      abi::StoreSeqCst(&view_.completion->done_seq, released_done_ + (1u << 30));
+    }
     FutexWakeAll(&view_.completion->done_seq);
   });
   return absl::OkStatus();
@@ -159,7 +183,13 @@ absl::Status CommImpl::Close() {
     join_stream_->Finish();
     join_stream_.reset();
   }
+  if (cuda_ != nullptr) {
+    for (auto& [base, r] : regions_) {
+      if (r.device_owned) cuda_->Free(reinterpret_cast<void*>(base)).IgnoreError();
+    }
+  }
   regions_.clear();
+  cuda_.reset();
   return st;
 }
 
@@ -189,6 +219,16 @@ absl::StatusOr<abi::BufferRefV1> CommImpl::Resolve(const void* ptr, uint64_t byt
 absl::StatusOr<void*> CommImpl::Alloc(size_t bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("dmagather_alloc of 0 bytes");
   if (daemon_gone_.load()) return DaemonGone();
+  if (cuda_ != nullptr) {
+    DMAG_ASSIGN_OR_RETURN(void* p, cuda_->Malloc(bytes));
+    absl::Status st = RegisterDevice(p, bytes);
+    if (!st.ok()) {
+      cuda_->Free(p).IgnoreError();
+      return st;
+    }
+    regions_[reinterpret_cast<uintptr_t>(p)].device_owned = true;
+    return p;
+  }
   const uint64_t rounded = (uint64_t(bytes) + 4095) & ~uint64_t{4095};
   DMAG_ASSIGN_OR_RETURN(ShmMapping m, ShmMapping::Create(ShmMapping::UniqueName("buf"), rounded));
   grpc::ClientContext ctx;
@@ -213,6 +253,7 @@ absl::StatusOr<void*> CommImpl::Alloc(size_t bytes) {
 
 absl::Status CommImpl::Register(void* ptr, size_t bytes) {
   if (ptr == nullptr || bytes == 0) return absl::InvalidArgumentError("dmagather_register of a null or empty buffer");
+  if (cuda_ != nullptr) return RegisterDevice(ptr, bytes);
   if (Resolve(ptr, bytes, "registered").ok()) return absl::OkStatus();  // Already reachable.
   return absl::FailedPreconditionError(absl::StrFormat(
       "rank %d: the host backend reaches only memory from dmagather_alloc; %p (%u bytes) is private to this "
@@ -240,6 +281,15 @@ absl::Status CommImpl::Deregister(void* ptr) {
 
 absl::Status CommImpl::Free(void* ptr) {
   auto it = regions_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (cuda_ != nullptr) {
+    if (it == regions_.end() || !it->second.device_owned) {
+      return absl::InvalidArgumentError(absl::StrFormat("rank %d: %p was not returned by dmagather_alloc",
+                                                        options_.rank, ptr));
+    }
+    absl::Status st = Deregister(ptr);
+    absl::Status freed = cuda_->Free(ptr);
+    return st.ok() ? freed : st;
+  }
   if (it == regions_.end() || !it->second.mapping.valid()) {
     return absl::InvalidArgumentError(absl::StrFormat("rank %d: %p was not returned by dmagather_alloc",
                                                       options_.rank, ptr));
@@ -282,6 +332,11 @@ absl::Status CommImpl::WaitDone(uint32_t seq) {
   abi::CompletionV1* c = view_.completion;
   Backoff backoff(spin_);
   for (;;) {
+    if (cuda_ != nullptr && daemon_gone_.load(std::memory_order_acquire)) {
+      // done_seq was moved ahead to release the stream; only ops finished
+      // before the daemon went away really are done.
+      return abi::SeqGeq(released_done_, seq) ? absl::OkStatus() : DaemonGone();
+    }
     uint32_t done = abi::LoadAcquire(&c->done_seq);
     if (abi::SeqGeq(done, seq)) return absl::OkStatus();
     if (daemon_gone_.load(std::memory_order_acquire)) return DaemonGone();
@@ -293,7 +348,7 @@ absl::Status CommImpl::WaitDone(uint32_t seq) {
   }
 }
 
-absl::Status CommImpl::Publish(abi::DescriptorV1* d) {
+absl::Status CommImpl::Publish(abi::DescriptorV1* d, bool cpu_ready) {
   const uint32_t seq = submitted_seq_ + 1;
   // At most kRingSlotsV1 ops outstanding: the daemon's matcher has one slot each.
   DMAG_RETURN_IF_ERROR(WaitDone(seq - abi::kRingSlotsV1));
@@ -309,7 +364,7 @@ absl::Status CommImpl::Publish(abi::DescriptorV1* d) {
   d->submit_ns = MonotonicNs();
   const size_t used = offsetof(abi::DescriptorV1, recv) + sizeof(abi::BufferRefV1) * std::min(d->num_recv, abi::kMaxRanksV1);
   std::memcpy(&view_.slots[tail % abi::kRingSlotsV1], d, used);
-  abi::StoreRelease(&view_.completion->ready_seq, seq);
+  if (cpu_ready) abi::StoreRelease(&view_.completion->ready_seq, seq);
   abi::StoreSeqCst(&ring->tail, tail + 1);
   if (abi::LoadSeqCst(&bell_->sleeping) != 0) {
     abi::FetchAdd(&bell_->seq, 1u);
@@ -324,6 +379,7 @@ absl::Status CommImpl::AllGather(const void* send, void* recv, size_t count, dma
   if (static_cast<uint32_t>(dtype) >= kNumDtypes) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, ": unknown dtype ", int(dtype)));
   }
+  if (cuda_ != nullptr) return SubmitCuda(abi::kOpAllGather, send, &recv, count, dtype, stream);
   if (stream != nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, ": the ", backend_,
                                                    " backend takes no stream (pass NULL)"));
@@ -348,6 +404,7 @@ absl::Status CommImpl::AllGatherList(const void* send, void* const* recvs, size_
     return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, ": unknown dtype ", int(dtype)));
   }
   if (recvs == nullptr) return absl::InvalidArgumentError("recvs is NULL");
+  if (cuda_ != nullptr) return SubmitCuda(abi::kOpAllGatherList, send, recvs, count, dtype, stream);
   if (stream != nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, ": the ", backend_,
                                                    " backend takes no stream (pass NULL)"));
@@ -365,6 +422,120 @@ absl::Status CommImpl::AllGatherList(const void* send, void* const* recvs, size_
     DMAG_ASSIGN_OR_RETURN(d.recv[r], Resolve(recvs[r], bytes, "recv"));
   }
   return Publish(&d);
+}
+
+// --- cuda backend ---
+
+absl::Status CommImpl::RegisterDevice(const void* ptr, uint64_t bytes) {
+  DMAG_ASSIGN_OR_RETURN(CudaClient::Allocation a, cuda_->Describe(ptr));
+  if (a.device != cuda_->device()) {
+    return absl::InvalidArgumentError(absl::StrFormat("rank %d: buffer %p is on CUDA device %d, but the rank uses device %d",
+                                                      options_.rank, ptr, a.device, cuda_->device()));
+  }
+  const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+  if (p - a.base > a.bytes || bytes > a.bytes - (p - a.base)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rank %d: buffer %p + %u bytes runs past the end of its CUDA allocation (%u bytes at 0x%x)", options_.rank,
+        ptr, bytes, a.bytes, a.base));
+  }
+  auto same = regions_.find(a.base);
+  if (same != regions_.end() && same->second.buffer_id == a.buffer_id && same->second.bytes == a.bytes) {
+    return absl::OkStatus();  // Already registered (the cache hit).
+  }
+  // Registrations overlapping this allocation belong to memory that was
+  // freed and reused: drop them first.
+  bool stale = false;
+  for (auto it = regions_.begin(); it != regions_.end(); ++it) {
+    if (it->first < a.base + a.bytes && a.base < it->first + it->second.bytes) stale = true;
+  }
+  if (stale) {
+    DMAG_RETURN_IF_ERROR(WaitDone(submitted_seq_));  // Ops in flight may still name them.
+    for (auto it = regions_.begin(); it != regions_.end();) {
+      auto cur = it++;
+      if (!(cur->first < a.base + a.bytes && a.base < cur->first + cur->second.bytes)) continue;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(10000));
+      v1::DeregisterRequest req;
+      req.set_session_id(session_id_);
+      req.set_region_id(cur->second.id);
+      v1::DeregisterReply reply;
+      stub_->Deregister(&ctx, req, &reply);  // Best effort: the daemon drops it at the latest at Leave.
+      regions_.erase(cur);
+    }
+  }
+  DMAG_ASSIGN_OR_RETURN(std::string handle, cuda_->IpcHandle(a.base));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(10000));
+  v1::RegisterRequest req;
+  req.set_session_id(session_id_);
+  req.set_kind(v1::MEMORY_KIND_CUDA_IPC);
+  req.set_bytes(a.bytes);
+  req.set_ipc_handle(handle);
+  req.set_client_base(a.base);
+  v1::RegisterReply reply;
+  DMAG_RETURN_IF_ERROR(FromGrpc(stub_->Register(&ctx, req, &reply),
+                                absl::StrCat("rank ", options_.rank, ": registering CUDA allocation of ", a.bytes,
+                                             " bytes")));
+  Region& r = regions_[a.base];
+  r.bytes = a.bytes;
+  r.id = reply.region_id();
+  r.buffer_id = a.buffer_id;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<abi::BufferRefV1> CommImpl::ResolveDevice(const void* ptr, uint64_t bytes, const char* what) {
+  auto ref = Resolve(ptr, bytes, what);
+  if (ref.ok()) {
+    // The cached registration is valid only while its allocation lives.
+    auto it = regions_.upper_bound(reinterpret_cast<uintptr_t>(ptr));
+    --it;
+    if (cuda_->BufferId(ptr) == it->second.buffer_id) return ref;
+  }
+  DMAG_RETURN_IF_ERROR(RegisterDevice(ptr, bytes));
+  return Resolve(ptr, bytes, what);
+}
+
+absl::Status CommImpl::SubmitCuda(uint32_t opcode, const void* send, void* const* recvs, size_t count,
+                                  dmagather_dtype_t dtype, void* stream) {
+  const int world = options_.world_size, rank = options_.rank;
+  const uint64_t bytes = uint64_t(count) * DtypeSize(dtype);
+  abi::DescriptorV1 d;
+  d.stamp = abi::kDescriptorStampV1;
+  d.op = opcode;
+  d.dtype = dtype;
+  d.count = count;
+  d.reserved = 0;
+  char* own = nullptr;
+  if (opcode == abi::kOpAllGather) {
+    d.num_recv = 1;
+    DMAG_ASSIGN_OR_RETURN(d.recv[0], ResolveDevice(recvs[0], bytes * uint64_t(world), "recv"));
+    own = static_cast<char*>(recvs[0]) + uint64_t(rank) * bytes;
+    const char* s = static_cast<const char*>(send);
+    const char* r0 = static_cast<const char*>(recvs[0]);
+    if (s != own && bytes != 0 && s < r0 + bytes * world && r0 < s + bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, ": send buffer overlaps the output but is not this rank's own slot of it (in place "
+          "means send == recv + rank*count)"));
+    }
+  } else {
+    d.num_recv = static_cast<uint32_t>(world);
+    for (int r = 0; r < world; ++r) {
+      DMAG_ASSIGN_OR_RETURN(d.recv[r], ResolveDevice(recvs[r], bytes, "recv"));
+    }
+    own = static_cast<char*>(recvs[rank]);
+  }
+  // The daemon never copies a rank's own shard (that would be a same-device
+  // copy on SMs): out of place, the caller's stream copies it, and the
+  // descriptor names the output slot as the (in-place) send buffer.
+  if (send != own && bytes != 0) {
+    if (send == nullptr) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, ": send is NULL"));
+    DMAG_RETURN_IF_ERROR(cuda_->CopyAsync(own, send, bytes, stream));
+  }
+  DMAG_ASSIGN_OR_RETURN(d.send, ResolveDevice(own, bytes, "send"));
+  const uint32_t seq = submitted_seq_ + 1;
+  DMAG_RETURN_IF_ERROR(cuda_->WriteReady(stream, seq));
+  DMAG_RETURN_IF_ERROR(Publish(&d, /*cpu_ready=*/false));
+  return cuda_->WaitDone(stream, seq);
 }
 
 absl::Status CommImpl::SubmitRawForTesting(const abi::DescriptorV1& d) {

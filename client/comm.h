@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "client/abi/ring_v1.h"
+#include "client/cuda_client.h"
 #include "dmagather/v1/control.grpc.pb.h"
 #include "dmagather/dmagather.h"
 #include "server/common/shm.h"
@@ -63,13 +64,27 @@ class CommImpl {
     uint64_t bytes = 0;
     uint32_t id = 0;
     ShmMapping mapping;  // Set when the library allocated it.
+    // cuda: the allocation's buffer id (changes when the address range is
+    // freed and reused) and whether dmagather_alloc made it.
+    uint64_t buffer_id = 0;
+    bool device_owned = false;
   };
 
   explicit CommImpl(const CommOptions& options);
   absl::Status Join();
   absl::StatusOr<abi::BufferRefV1> Resolve(const void* ptr, uint64_t bytes, const char* what) const;
   absl::Status CheckHealthy();  // Daemon alive, no pending error records.
-  absl::Status Publish(abi::DescriptorV1* d);
+  // cpu_ready: also move ready_seq from the CPU (host backend); on cuda the
+  // caller's stream writes it.
+  absl::Status Publish(abi::DescriptorV1* d, bool cpu_ready = true);
+  // --- cuda backend ---
+  // Registers the device allocation containing [ptr, ptr+bytes) (its base,
+  // once; again when the range was freed and reused).
+  absl::Status RegisterDevice(const void* ptr, uint64_t bytes);
+  // Resolve() that registers unknown or reused device memory on the way.
+  absl::StatusOr<abi::BufferRefV1> ResolveDevice(const void* ptr, uint64_t bytes, const char* what);
+  absl::Status SubmitCuda(uint32_t opcode, const void* send, void* const* recvs, size_t count,
+                          dmagather_dtype_t dtype, void* stream);
   // Blocks until done_seq >= seq (cyclically) or the daemon is gone.
   absl::Status WaitDone(uint32_t seq);
   absl::Status CollectErrors();
@@ -99,6 +114,10 @@ class CommImpl {
   uint32_t errors_seen_ = 0;
   bool closed_ = false;
   std::map<uintptr_t, Region> regions_;  // By client base address.
+
+  // cuda backend (null on host). Declared last: released before the segment.
+  std::unique_ptr<CudaClient> cuda_;
+  uint32_t released_done_ = 0;  // done_seq when the daemon went away (cuda).
 };
 
 }  // namespace dmagather::client

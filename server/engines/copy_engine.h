@@ -72,6 +72,14 @@ class EngineOp {
   std::vector<CopyCmd> chunks;
   std::atomic<size_t> next_chunk{0};
   std::atomic<size_t> chunks_left{0};
+
+  // For engines that order copies on the GPU (cuda), filled by the
+  // scheduler before Execute(): the op's sequence number and, per rank, the
+  // device address of its ready flag (0: none) and its CUDA device (-1).
+  // Copies start once every rank's ready flag has reached flag_seq.
+  uint32_t flag_seq = 0;
+  std::vector<uint64_t> ready_flags;
+  std::vector<int> devices;
 };
 
 struct EngineStats {
@@ -92,6 +100,20 @@ class CopyEngine {
   virtual void Stop() = 0;
   virtual EngineStats stats() const = 0;
   virtual int worker_threads() const = 0;
+
+  // A rank's completion block (page-aligned `bytes` at `pages`, mapped in
+  // the daemon) is about to be used: returns the address at which the
+  // engine's streams see the 32-bit word `ready_word` inside it (cuda:
+  // cudaHostRegister + device pointer), or 0 when the engine does not use
+  // GPU flags (host). DetachFlags undoes it before the block is unmapped.
+  // Called on gRPC threads (Join) and the ingress thread (reaping).
+  virtual absl::StatusOr<uint64_t> AttachFlags(void* pages, uint64_t bytes, const uint32_t* ready_word) {
+    (void)pages;
+    (void)bytes;
+    (void)ready_word;
+    return uint64_t{0};
+  }
+  virtual void DetachFlags(void* pages) { (void)pages; }
 };
 
 }  // namespace dmagather::server::engines

@@ -15,6 +15,7 @@ struct EngineOptions {
   int workers = 4;
   uint64_t chunk_bytes = 1 << 20;
   int streams_per_device = 4;
+  uint64_t cuda_chunk_bytes = 32 << 20;  // cuda: copies cut into chunks of this size (max 64 MiB).
 };
 
 struct CreatedEngine {

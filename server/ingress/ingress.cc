@@ -158,9 +158,20 @@ void Ingress::Dispatch(Job* job, Op* op) {
     return;
   }
   scheduler::BuildPlan(op);
+  const int world = job->world_size();
+  op->flag_seq = op->seq;
+  op->ready_flags.resize(world);
+  op->devices.resize(world);
+  for (int r = 0; r < world; ++r) {
+    const Session* s = job->session(r);
+    op->ready_flags[r] = s->ready_flag_device;
+    op->devices[r] = s->cuda_device;
+  }
   op->state.store(Op::kRunning, std::memory_order_release);
   engine_->Execute(op);
-  op->enqueued_ns = MonotonicNs();
+  // Recorded here, not in FinishOp: the engine may finish the op (and the
+  // slot be reused) before Execute returns, so the op is not touched again.
+  job->counters.hop_latency.Record(MonotonicNs() - op->matched_ns);
 }
 
 bool Ingress::AnyPending() const {

@@ -75,6 +75,14 @@ class Session {
   void ReleaseMemory();
   bool memory_released() const { return released_.load(std::memory_order_acquire); }
 
+  // Set once at Join, before the session is added to its job.
+  int cuda_device = -1;            // The rank's CUDA device (-1: none).
+  uint64_t ready_flag_device = 0;  // Engine-visible address of ready_seq (0: not used).
+  bool flags_attached = false;     // The engine has the completion block registered.
+  // The page-aligned completion block (what the engine registers).
+  void* flag_pages() const { return view_.completion; }
+  static constexpr uint64_t kFlagPagesBytes = abi::SegmentLayoutV1::kRingOffset - abi::SegmentLayoutV1::kCompletionOffset;
+
   // Ingress thread only: the next sequence number and the ring's consumer
   // index (mirrored to the shared `head` for the client, never read back).
   uint32_t next_seq = 1;

@@ -10,7 +10,15 @@
 
 namespace dmagather::server::scheduler {
 
-void Op::OnEngineDone(absl::Status status) { job->FinishOp(this, status, -1); }
+void Op::OnEngineDone(absl::Status status) {
+  // Copies that finished after the job failed may have read a dead rank's
+  // buffer (the cuda engine lets such waits go on): report the job's failure.
+  if (status.ok() && job->failed()) {
+    job->FinishOp(this, job->failure(), job->failed_rank());
+    return;
+  }
+  job->FinishOp(this, status, -1);
+}
 
 Job::Job(std::string key, int world_size, uid_t uid)
     : key_(std::move(key)), world_size_(world_size), uid_(uid), ranks_(world_size), slots_(abi::kRingSlotsV1) {
@@ -170,7 +178,6 @@ void Job::FinishOp(Op* op, const absl::Status& status, int failed_rank) {
     counters.ops.fetch_add(1, std::memory_order_relaxed);
     counters.bytes.fetch_add(shard_bytes * world_size_ * world_size_, std::memory_order_relaxed);
     counters.latency.Record(now - op->first_arrival_ns);
-    if (op->enqueued_ns != 0) counters.hop_latency.Record(op->enqueued_ns - op->matched_ns);
   }
   {
     absl::MutexLock lock(&completion_mu_);

@@ -115,8 +115,22 @@ absl::StatusOr<Joined> Registry::Join(const v1::JoinRequest& req) {
     return absl::PermissionDeniedError(absl::StrCat("job '", req.job_key(), "' belongs to uid ", job->uid(),
                                                     "; rank ", req.rank(), " runs as uid ", (*session)->uid()));
   }
+  (*session)->cuda_device = req.cuda_device();
+  if (std::string(engine_->name()) == "cuda" && req.cuda_device() < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this dmagatherd runs the cuda backend but rank ", req.rank(),
+        " has no CUDA device (no GPU visible to it, or its libdmagather has no CUDA support)"));
+  }
+  auto flag = engine_->AttachFlags((*session)->flag_pages(), Session::kFlagPagesBytes,
+                                   &(*session)->view().completion->ready_seq);
+  if (!flag.ok()) return flag.status();
+  (*session)->ready_flag_device = *flag;
+  (*session)->flags_attached = *flag != 0;
   absl::Status added = job->AddRank(*session);
-  if (!added.ok()) return added;
+  if (!added.ok()) {
+    ReleaseSessionMemory(session->get());
+    return added;
+  }
   sessions_[id] = *session;
   LOG(INFO) << "job '" << req.job_key() << "': rank " << req.rank() << " (pid " << req.pid() << ") joined, "
             << job->joined() << "/" << job->world_size();
@@ -130,11 +144,13 @@ void Registry::EndSession(const Joined& j) {
     j.job->RemoveRank(&s);
     s.set_state(Session::State::kLeft);
   } else if (clean) {
+    ReleaseGpuWaits(&s);
     j.job->Fail(absl::AbortedError(absl::StrCat("rank ", s.rank(), " (pid ", s.pid(), ") left job '",
                                                 j.job->key(), "'")),
                 s.rank());
   } else {
     s.set_state(Session::State::kGone);
+    ReleaseGpuWaits(&s);
     LOG(WARNING) << "job '" << j.job->key() << "': rank " << s.rank() << " (pid " << s.pid()
                  << ") went away without leaving; failing the job's pending operations";
     j.job->Fail(absl::AbortedError(absl::StrCat("rank ", s.rank(), " (pid ", s.pid(), ") of job '",
@@ -151,6 +167,25 @@ absl::Status Registry::Leave(uint64_t session_id) {
   if (s == nullptr) return absl::NotFoundError(absl::StrCat("no session ", session_id));
   s->set_state(Session::State::kLeft);
   return absl::OkStatus();
+}
+
+void Registry::ReleaseSessionMemory(Session* s) {
+  if (s == nullptr || s->memory_released()) return;
+  if (s->flags_attached) {
+    engine_->DetachFlags(s->flag_pages());
+    s->flags_attached = false;
+  }
+  s->ReleaseMemory();
+}
+
+void Registry::ReleaseGpuWaits(Session* s) {
+  // The rank is gone, so its stream will never write ready_seq: move it past
+  // every op it may still have in flight (at most kRingSlotsV1 after the
+  // last published done), so engine streams waiting on it (cuda) drain. The
+  // job has failed by now, so those ops complete with its error.
+  if (s->memory_released() || !s->flags_attached) return;
+  abi::CompletionV1* c = s->view().completion;
+  abi::StoreSeqCst(&c->ready_seq, abi::LoadAcquire(&c->done_seq) + abi::kRingSlotsV1 + 1);
 }
 
 std::shared_ptr<Session> Registry::FindSession(uint64_t id) const {
@@ -172,6 +207,7 @@ absl::StatusOr<uint32_t> Registry::Register(const v1::RegisterRequest& req) {
     case v1::MEMORY_KIND_CUDA_IPC:
       spec.kind = engines::MemoryKind::kCudaIpc;
       spec.ipc_handle = req.ipc_handle();
+      spec.device = s->cuda_device;
       break;
     default:
       return absl::InvalidArgumentError("unknown memory kind");
@@ -238,7 +274,7 @@ void Registry::Reap() {
                  job.all_joined()) {
         // No op can write its completion block any more: ops created from
         // now on never include a rank that is gone.
-        s->ReleaseMemory();
+        ReleaseSessionMemory(s.get());
       }
     }
     if (any_live || job.ops_in_flight() != 0) continue;
@@ -246,7 +282,7 @@ void Registry::Reap() {
       recent_.push_front(StatsOf(job));
       recent_.front().set_state(job.failed() && !absl::IsAborted(job.failure()) ? "failed" : "ended");
       if (recent_.size() > kRecentJobs) recent_.pop_back();
-      for (const auto& s : job.sessions()) s->ReleaseMemory();
+      for (const auto& s : job.sessions()) ReleaseSessionMemory(s.get());
       ++jobs_completed_;
       retired_ops_ += job.counters.ops.load();
       retired_bytes_ += job.counters.bytes.load();

@@ -62,6 +62,10 @@ class Registry {
 
  private:
   std::shared_ptr<ingress::Session> FindSession(uint64_t id) const;
+  // Unregisters the completion block from the engine, then unmaps.
+  void ReleaseSessionMemory(ingress::Session* s);
+  // A rank went away: lets engine streams waiting on its ready flag go on.
+  void ReleaseGpuWaits(ingress::Session* s);
 
   engines::CopyEngine* const engine_;
   mutable absl::Mutex mu_;

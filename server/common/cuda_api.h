@@ -1,0 +1,51 @@
+// The CUDA edge shared by dmagatherd's cuda engine and libdmagather: CUDA
+// errors become absl::Status once, here, naming the call and the code; and
+// the few driver functions we need (stream memory operations, address
+// ranges, pointer attributes) are reached through cudaGetDriverEntryPoint,
+// so nothing links libcuda.so and the binaries start on machines without a
+// driver (there, CudaAvailable() says why not).
+//
+// Threads: everything here is thread-safe; the entry points are resolved
+// once (first caller) and immutable after.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace dmagather::cuda {
+
+// "cudaIpcOpenMemHandle: cudaErrorInvalidValue (invalid argument)".
+absl::Status CudaStatus(const char* call, cudaError_t err);
+absl::Status CuStatus(const char* call, CUresult res);
+
+#define DMAG_CUDA_RETURN_IF_ERROR(call)                                      \
+  do {                                                                       \
+    cudaError_t dmag_cuda_err_ = (call);                                     \
+    if (dmag_cuda_err_ != cudaSuccess) {                                     \
+      return ::dmagather::cuda::CudaStatus(#call, dmag_cuda_err_);           \
+    }                                                                        \
+  } while (0)
+
+// Driver functions, by entry point (versions as of CUDA 12/13).
+struct DriverApi {
+  CUresult (*cuStreamWriteValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned int) = nullptr;
+  CUresult (*cuStreamWaitValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned int) = nullptr;
+  CUresult (*cuStreamBatchMemOp)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int) = nullptr;
+  CUresult (*cuMemGetAddressRange)(CUdeviceptr*, size_t*, CUdeviceptr) = nullptr;
+  CUresult (*cuPointerGetAttribute)(void*, CUpointer_attribute, CUdeviceptr) = nullptr;
+  CUresult (*cuGetErrorName)(CUresult, const char**) = nullptr;
+};
+
+// OK with the number of devices (>= 1), or why CUDA cannot be used here
+// (no driver, no device). Cheap after the first call.
+absl::StatusOr<int> CudaAvailable();
+
+// The driver functions; an error if CUDA is unavailable or one is missing.
+absl::StatusOr<const DriverApi*> Driver();
+
+}  // namespace dmagather::cuda

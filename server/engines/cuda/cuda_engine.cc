@@ -1,0 +1,500 @@
+#include "server/engines/cuda/cuda_engine.h"
+
+#include <glog/logging.h>
+#include <sched.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "server/common/clock.h"
+#include "server/common/status.h"
+
+namespace dmagather::server::engines::cuda {
+namespace {
+
+using ::dmagather::cuda::CudaStatus;
+using ::dmagather::cuda::CuStatus;
+
+constexpr uint64_t kMaxChunkBytes = uint64_t{64} << 20;
+
+// A rank's allocation opened through CUDA IPC; closed with the last reference.
+class CudaRegion : public ImportedRegion {
+ public:
+  CudaRegion(char* base, uint64_t bytes, int device) : base_(base), bytes_(bytes), device_(device) {}
+  ~CudaRegion() override {
+    cudaSetDevice(device_);
+    cudaError_t err = cudaIpcCloseMemHandle(base_);
+    if (err != cudaSuccess) LOG(WARNING) << CudaStatus("cudaIpcCloseMemHandle", err).message();
+  }
+  char* base() const override { return base_; }
+  uint64_t bytes() const override { return bytes_; }
+  int device() const override { return device_; }
+
+ private:
+  char* const base_;
+  const uint64_t bytes_;
+  const int device_;
+};
+
+inline void CpuRelax() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const Options& options) {
+  if (options.streams_per_device < 1 || options.streams_per_device > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("streams per device must be 1..64, got ",
+                                                   options.streams_per_device));
+  }
+  if (options.chunk_bytes < 4096) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk bytes must be >= 4096, got ", options.chunk_bytes));
+  }
+  DMAG_ASSIGN_OR_RETURN(int n, ::dmagather::cuda::CudaAvailable());
+  DMAG_ASSIGN_OR_RETURN(const ::dmagather::cuda::DriverApi* api, ::dmagather::cuda::Driver());
+  auto engine = std::unique_ptr<CudaEngine>(new CudaEngine(options, api, n));
+  DMAG_RETURN_IF_ERROR(engine->Init());
+  return engine;
+}
+
+CudaEngine::CudaEngine(const Options& options, const ::dmagather::cuda::DriverApi* api, int num_devices)
+    : options_(options),
+      api_(api),
+      num_devices_(num_devices),
+      chunk_bytes_(std::min(options.chunk_bytes, kMaxChunkBytes)),
+      batch_copies_ok_(options.use_batch_api) {}
+
+absl::Status CudaEngine::Init() {
+  devices_.resize(num_devices_);
+  const int ns = options_.streams_per_device;
+  for (int d = 0; d < num_devices_; ++d) {
+    Device& dev = devices_[d];
+    dev.ordinal = d;
+    DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(d));
+    dev.streams.resize(ns);
+    dev.joins.resize(ns);
+    for (int s = 0; s < ns; ++s) {
+      DMAG_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&dev.streams[s], cudaStreamNonBlocking));
+      DMAG_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&dev.joins[s], cudaEventDisableTiming));
+    }
+    DMAG_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&dev.gate, cudaEventDisableTiming));
+    for (int i = 0; i < 64; ++i) {
+      cudaEvent_t e;
+      DMAG_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      dev.free_end.push_back(e);
+    }
+    dev.copies.reserve(64);
+  }
+  // Peer access between every pair of devices that allows it (NVLink/PCIe
+  // peer copies stay on copy engines).
+  for (int a = 0; a < num_devices_; ++a) {
+    for (int b = 0; b < num_devices_; ++b) {
+      if (a == b) continue;
+      int can = 0;
+      DMAG_CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can, a, b));
+      if (!can) {
+        LOG(WARNING) << "device " << a << " cannot access device " << b << " as a peer; copies between them are staged by the driver";
+        continue;
+      }
+      DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(a));
+      cudaError_t err = cudaDeviceEnablePeerAccess(b, 0);
+      if (err == cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();
+      } else if (err != cudaSuccess) {
+        return CudaStatus(absl::StrCat("cudaDeviceEnablePeerAccess(", a, "->", b, ")").c_str(), err);
+      }
+    }
+  }
+  stream_used_.resize(ns);
+  pending_.resize(kPendingSlots);
+  const char* env = std::getenv("DMAGATHER_CUDA_BATCH");
+  if (env != nullptr && std::strcmp(env, "0") == 0) batch_copies_ok_ = false;
+  if (const char* c = std::getenv("DMAGATHER_CUDA_CHUNK_MIB"); c != nullptr && std::atoi(c) > 0) {
+    chunk_bytes_ = std::min<uint64_t>(uint64_t(std::atoi(c)) << 20, kMaxChunkBytes);
+  }
+  LOG(INFO) << "cuda engine: " << num_devices_ << " device(s), " << ns << " streams each, chunks of "
+            << chunk_bytes_ << " bytes, " << options_.max_batch
+            << " chunks per batch, " << (batch_copies_ok_ ? "cudaMemcpyBatchAsync" : "cudaMemcpyAsync");
+  completion_ = std::thread([this] { CompletionLoop(); });
+  return absl::OkStatus();
+}
+
+CudaEngine::~CudaEngine() {
+  Stop();
+  for (Device& dev : devices_) {
+    cudaSetDevice(dev.ordinal);
+    for (cudaStream_t s : dev.streams) cudaStreamDestroy(s);
+    for (cudaEvent_t e : dev.joins) cudaEventDestroy(e);
+    for (cudaEvent_t e : dev.free_end) cudaEventDestroy(e);
+    if (dev.gate != nullptr) cudaEventDestroy(dev.gate);
+  }
+}
+
+absl::StatusOr<std::shared_ptr<ImportedRegion>> CudaEngine::Import(const RegionSpec& spec) {
+  if (spec.kind != MemoryKind::kCudaIpc) {
+    return absl::FailedPreconditionError(
+        "this dmagatherd runs the cuda backend, which imports CUDA IPC handles of device memory; the client "
+        "offered a host shared-memory buffer");
+  }
+  if (spec.ipc_handle.size() != sizeof(cudaIpcMemHandle_t)) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA IPC handle has ", spec.ipc_handle.size(),
+                                                   " bytes, expected ", sizeof(cudaIpcMemHandle_t)));
+  }
+  if (spec.device < 0 || spec.device >= num_devices_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the rank's CUDA device ", spec.device, " is not visible to dmagatherd, which sees ", num_devices_,
+        " device(s): run the daemon and the ranks with the same CUDA_VISIBLE_DEVICES"));
+  }
+  std::lock_guard<std::mutex> lock(import_mu_);
+  auto it = imports_.find(spec.ipc_handle);
+  if (it != imports_.end()) {
+    if (auto region = it->second.lock(); region != nullptr && region->bytes() >= spec.bytes) return region;
+  }
+  for (auto i = imports_.begin(); i != imports_.end();) i = i->second.expired() ? imports_.erase(i) : std::next(i);
+  DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(spec.device));
+  cudaIpcMemHandle_t handle;
+  std::memcpy(&handle, spec.ipc_handle.data(), sizeof(handle));
+  void* p = nullptr;
+  DMAG_CUDA_RETURN_IF_ERROR(cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess));
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  CUresult r = api_->cuMemGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(p));
+  if (r != CUDA_SUCCESS || size < spec.bytes) {
+    cudaIpcCloseMemHandle(p);
+    if (r != CUDA_SUCCESS) return CuStatus("cuMemGetAddressRange", r);
+    return absl::InvalidArgumentError(absl::StrCat("the client registered ", spec.bytes,
+                                                   " bytes but its CUDA allocation has only ", size));
+  }
+  auto region = std::make_shared<CudaRegion>(static_cast<char*>(p), spec.bytes, spec.device);
+  imports_[spec.ipc_handle] = region;
+  return std::shared_ptr<ImportedRegion>(std::move(region));
+}
+
+absl::StatusOr<uint64_t> CudaEngine::AttachFlags(void* pages, uint64_t bytes, const uint32_t* ready_word) {
+  cudaError_t err = cudaHostRegister(pages, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+  if (err == cudaErrorHostMemoryAlreadyRegistered) {
+    cudaGetLastError();
+  } else if (err != cudaSuccess) {
+    return CudaStatus("cudaHostRegister(completion flags)", err);
+  }
+  void* dptr = nullptr;
+  err = cudaHostGetDevicePointer(&dptr, const_cast<uint32_t*>(ready_word), 0);
+  if (err != cudaSuccess) {
+    cudaHostUnregister(pages);
+    return CudaStatus("cudaHostGetDevicePointer(ready flag)", err);
+  }
+  return reinterpret_cast<uint64_t>(dptr);
+}
+
+void CudaEngine::DetachFlags(void* pages) {
+  cudaError_t err = cudaHostUnregister(pages);
+  if (err != cudaSuccess && err != cudaErrorHostMemoryNotRegistered) {
+    LOG(WARNING) << CudaStatus("cudaHostUnregister(completion flags)", err).message();
+  }
+  if (err != cudaSuccess) cudaGetLastError();
+}
+
+cudaEvent_t CudaEngine::TakeEndEvent(Device& dev) {
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    if (!dev.free_end.empty()) {
+      cudaEvent_t e = dev.free_end.back();
+      dev.free_end.pop_back();
+      return e;
+    }
+  }
+  cudaEvent_t e = nullptr;
+  if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) return nullptr;
+  return e;
+}
+
+absl::Status CudaEngine::WaitReady(Device& dev, const EngineOp& op) {
+  cudaStream_t s0 = dev.streams[0];
+  memops_.clear();
+  for (uint64_t addr : op.ready_flags) {
+    if (addr == 0) continue;
+    CUstreamBatchMemOpParams p;
+    std::memset(&p, 0, sizeof(p));
+    p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    p.waitValue.address = static_cast<CUdeviceptr>(addr);
+    p.waitValue.value = op.flag_seq;
+    p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    memops_.push_back(p);
+  }
+  if (memops_.empty()) return absl::OkStatus();
+  if (batch_memops_ok_) {
+    CUresult r = api_->cuStreamBatchMemOp(reinterpret_cast<CUstream>(s0), static_cast<unsigned>(memops_.size()),
+                                          memops_.data(), 0);
+    if (r == CUDA_SUCCESS) return absl::OkStatus();
+    LOG(WARNING) << CuStatus("cuStreamBatchMemOp", r).message() << "; using one cuStreamWaitValue32 per rank";
+    batch_memops_ok_ = false;
+  }
+  for (const CUstreamBatchMemOpParams& p : memops_) {
+    CUresult r = api_->cuStreamWaitValue32(reinterpret_cast<CUstream>(s0), p.waitValue.address,
+                                           p.waitValue.value, CU_STREAM_WAIT_VALUE_GEQ);
+    if (r != CUDA_SUCCESS) return CuStatus("cuStreamWaitValue32(ready flag)", r);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::IssueBatch(Device& dev, cudaStream_t stream, const CopyCmd* chunks, size_t n) {
+  if (batch_copies_ok_) {
+    dsts_.clear();
+    srcs_.clear();
+    sizes_.clear();
+    for (size_t i = 0; i < n; ++i) {
+      dsts_.push_back(chunks[i].dst);
+      srcs_.push_back(const_cast<char*>(chunks[i].src));
+      sizes_.push_back(chunks[i].bytes);
+    }
+    cudaMemcpyAttributes attr;
+    std::memset(&attr, 0, sizeof(attr));
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.srcLocHint.type = cudaMemLocationTypeDevice;
+    attr.srcLocHint.id = dev.ordinal;
+    attr.dstLocHint.type = cudaMemLocationTypeDevice;
+    attr.dstLocHint.id = dev.ordinal;
+    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t attr_idx = 0;
+    cudaError_t err = cudaMemcpyBatchAsync(dsts_.data(), srcs_.data(), sizes_.data(), n, &attr, &attr_idx, 1, stream);
+    if (err == cudaSuccess) return absl::OkStatus();
+    if (err != cudaErrorNotSupported && err != cudaErrorInvalidValue) return CudaStatus("cudaMemcpyBatchAsync", err);
+    cudaGetLastError();
+    LOG(WARNING) << CudaStatus("cudaMemcpyBatchAsync", err).message() << "; using cudaMemcpyAsync per chunk from now on";
+    batch_copies_ok_ = false;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    DMAG_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(chunks[i].dst, chunks[i].src, chunks[i].bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::EnqueueDevice(Device& dev, const EngineOp& op, cudaEvent_t* end) {
+  *end = nullptr;
+  DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(dev.ordinal));
+  WavePlanOptions wo;
+  wo.chunk_bytes = chunk_bytes_;
+  // Small ops stay on stream 0 (fewer calls = lower hop latency); a stream
+  // is added per chunk_bytes of payload, up to streams_per_device.
+  uint64_t dev_bytes = 0;
+  for (const CopyCmd& c : dev.copies) dev_bytes += c.bytes;
+  wo.streams = static_cast<int>(std::min<uint64_t>(options_.streams_per_device,
+                                                   std::max<uint64_t>(1, dev_bytes / wo.chunk_bytes)));
+  wo.max_batch = options_.max_batch;
+  wo.world_size = static_cast<int>(op.devices.size());
+  PlanWaves(dev.copies, wo, &chunks_, &batches_);
+  chunks_stat_.fetch_add(chunks_.size(), std::memory_order_relaxed);
+  cudaStream_t s0 = dev.streams[0];
+  const uint64_t t_plan = MonotonicNs();
+  absl::Status st = WaitReady(dev, op);
+  const uint64_t t_waits = MonotonicNs();
+  memops_ns_.Record(t_waits - t_plan);
+  if (st.ok()) {
+    std::fill(stream_used_.begin(), stream_used_.end(), 0);
+    for (const WaveBatch& b : batches_) stream_used_[b.stream] = 1;
+    bool fan_out = false;
+    for (size_t s = 1; s < stream_used_.size(); ++s) fan_out |= stream_used_[s] != 0;
+    if (fan_out) {
+      st.Update(CudaStatus("cudaEventRecord(gate)", cudaEventRecord(dev.gate, s0)));
+      for (size_t s = 1; st.ok() && s < stream_used_.size(); ++s) {
+        if (stream_used_[s]) st.Update(CudaStatus("cudaStreamWaitEvent(gate)", cudaStreamWaitEvent(dev.streams[s], dev.gate, 0)));
+      }
+    }
+    const uint64_t t_copies = MonotonicNs();
+    for (const WaveBatch& b : batches_) {
+      if (!st.ok()) break;
+      st.Update(IssueBatch(dev, dev.streams[b.stream], chunks_.data() + b.begin, b.end - b.begin));
+    }
+    copies_ns_.Record(MonotonicNs() - t_copies);
+    // Join every stream back into stream 0 (also after an error: the end
+    // event must follow everything that was enqueued).
+    for (size_t s = 1; fan_out && s < stream_used_.size(); ++s) {
+      if (!stream_used_[s]) continue;
+      st.Update(CudaStatus("cudaEventRecord(join)", cudaEventRecord(dev.joins[s], dev.streams[s])));
+      st.Update(CudaStatus("cudaStreamWaitEvent(join)", cudaStreamWaitEvent(s0, dev.joins[s], 0)));
+    }
+  }
+  cudaEvent_t e = TakeEndEvent(dev);
+  if (e == nullptr) {
+    st.Update(absl::ResourceExhaustedError("cudaEventCreateWithFlags: no event for the end of an op"));
+    return st;
+  }
+  cudaError_t err = cudaEventRecord(e, s0);
+  if (err != cudaSuccess) {
+    st.Update(CudaStatus("cudaEventRecord(end)", err));
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    dev.free_end.push_back(e);
+    return st;
+  }
+  *end = e;
+  return st;
+}
+
+void CudaEngine::Execute(EngineOp* op) {
+  const uint64_t t_start = MonotonicNs();
+  ops_.fetch_add(1, std::memory_order_relaxed);
+  bytes_.fetch_add(op->plan.bytes, std::memory_order_relaxed);
+  if (op->plan.copies.empty()) {  // Nothing to move (one rank in place, or count 0).
+    op->OnEngineDone(absl::OkStatus());
+    return;
+  }
+  absl::Status st;
+  for (Device& dev : devices_) dev.copies.clear();
+  uint64_t same = 0;
+  for (const CopyCmd& c : op->plan.copies) {
+    const int dd = c.dst_rank < int(op->devices.size()) ? op->devices[c.dst_rank] : -1;
+    const int sd = c.src_rank < int(op->devices.size()) ? op->devices[c.src_rank] : -1;
+    if (dd < 0 || dd >= num_devices_) {
+      st = absl::InternalError(absl::StrCat("rank ", c.dst_rank, " has no CUDA device known to the engine"));
+      break;
+    }
+    devices_[dd].copies.push_back(c);
+    if (sd == dd) ++same;
+  }
+  if (same != 0) {
+    same_device_.fetch_add(same, std::memory_order_relaxed);
+    std::call_once(same_device_logged_, [] {
+      LOG(WARNING) << "ranks share a GPU: their AllGather copies are same-device copies, which the driver runs on "
+                      "SMs (not copy engines) when issued from dmagatherd; they time-slice with the ranks' "
+                      "kernels. Counted as fallback 'same_device_copy_on_sm'. Run one rank per GPU to avoid it.";
+    });
+  }
+  // Reserve a pending slot (back-pressure if the completion thread lags).
+  Pending* p;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    space_cv_.wait(lock, [this] { return tail_ - head_ < kPendingSlots || stopping_; });
+    p = &pending_[tail_ % kPendingSlots];
+  }
+  p->op = op;
+  p->status = st;
+  p->ends.clear();
+  if (st.ok()) {
+    for (Device& dev : devices_) {
+      if (dev.copies.empty()) continue;
+      cudaEvent_t end = nullptr;
+      absl::Status ds = EnqueueDevice(dev, *op, &end);
+      if (end != nullptr) p->ends.emplace_back(dev.ordinal, end);
+      if (!ds.ok()) {
+        p->status = ds;
+        break;
+      }
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++tail_;
+  }
+  cv_.notify_one();
+  execute_ns_.Record(MonotonicNs() - t_start);
+}
+
+void CudaEngine::CompletionLoop() {
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // 1 us: short sleeps stay short.
+  int current = -1;
+  for (;;) {
+    Pending* p;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return head_ != tail_ || stopping_; });
+      if (head_ == tail_) return;  // Stopping and drained.
+      p = &pending_[head_ % kPendingSlots];
+    }
+    absl::Status st = p->status;
+    for (auto& [dev, ev] : p->ends) {
+      if (dev != current) {
+        cudaSetDevice(dev);
+        current = dev;
+      }
+      const uint64_t t0 = MonotonicNs();
+      for (uint64_t spins = 0;; ++spins) {
+        cudaError_t err = cudaEventQuery(ev);
+        if (err == cudaSuccess) break;
+        if (err != cudaErrorNotReady) {
+          st.Update(CudaStatus("cudaEventQuery(end of op)", err));
+          break;
+        }
+        if (abandon_.load(std::memory_order_relaxed)) {
+          st.Update(absl::UnavailableError("dmagatherd stopped while the op's copies were still queued"));
+          break;
+        }
+        // Spin (latency: a sleep costs ~60 us of timer slack), yielding
+        // after 200 us; sleep between polls only after 5 ms.
+        const uint64_t waited = MonotonicNs() - t0;
+        if (waited < 200'000) {
+          for (int i = 0; i < 32; ++i) CpuRelax();
+        } else if (waited < 5'000'000) {
+          sched_yield();
+        } else {
+          usleep(50);
+        }
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(pool_mu_);
+      for (auto& [dev, ev] : p->ends) devices_[dev].free_end.push_back(ev);
+    }
+    EngineOp* op = p->op;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++head_;
+    }
+    space_cv_.notify_one();
+    const uint64_t t_seen = MonotonicNs();
+    op->OnEngineDone(st);
+    complete_ns_.Record(MonotonicNs() - t_seen);
+  }
+}
+
+void CudaEngine::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !completion_.joinable()) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  space_cv_.notify_all();
+  if (execute_ns_.Summary().count != 0) {
+    auto us = [](const LatencyHistogram& h) {
+      LatencySummaryNs x = h.Summary();
+      return absl::StrCat("p50 ", x.p50 / 1e3, " us, p99 ", x.p99 / 1e3, " us");
+    };
+    LOG(INFO) << "cuda engine: " << execute_ns_.Summary().count << " ops; Execute " << us(execute_ns_)
+              << "; ready waits (per device) " << us(memops_ns_) << "; copy calls (per device) " << us(copies_ns_)
+              << "; completion: end event seen -> OnEngineDone done " << us(complete_ns_);
+  }
+  if (completion_.joinable()) {
+    // Give queued copies 5 s to finish; after that, report them failed.
+    const uint64_t deadline = MonotonicNs() + 5'000'000'000ull;
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (head_ == tail_) break;
+      }
+      if (MonotonicNs() > deadline) {
+        abandon_.store(true);
+        break;
+      }
+      usleep(1000);
+    }
+    completion_.join();
+  }
+}
+
+EngineStats CudaEngine::stats() const {
+  EngineStats s;
+  s.ops = ops_.load(std::memory_order_relaxed);
+  s.bytes = bytes_.load(std::memory_order_relaxed);
+  s.chunks = chunks_stat_.load(std::memory_order_relaxed);
+  s.same_device_copies = same_device_.load(std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace dmagather::server::engines::cuda

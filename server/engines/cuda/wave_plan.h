@@ -1,0 +1,45 @@
+// WavePlan: how the cuda engine cuts one device's share of an op into
+// copy-engine work. A pure function (no CUDA), so it is tested on CPU-only
+// machines.
+//
+//  - Every copy is cut into chunks of at most chunk_bytes (single copies of
+//    256 MiB and more were seen to hang a copy engine).
+//  - Chunks are ordered in ring steps: step s carries, for every
+//    destination rank d, the copy from source (d + s) % world. Consecutive
+//    chunks therefore target different peers instead of all copies hitting
+//    one peer at once (incast).
+//  - The ordered chunks are dealt round-robin to the device's streams, and
+//    each stream's share is issued in batches (waves) of at most max_batch
+//    chunks, one cudaMemcpyBatchAsync call each.
+//
+// Threads: called on the ingress thread; the output vectors are the
+// caller's scratch and keep their capacity (no allocation after warm-up).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "server/engines/copy_engine.h"
+
+namespace dmagather::server::engines::cuda {
+
+struct WavePlanOptions {
+  uint64_t chunk_bytes = 8 << 20;
+  int streams = 4;
+  int max_batch = 16;
+  int world_size = 1;  // For the ring order (ranks of the op).
+};
+
+// One cudaMemcpyBatchAsync: chunks[begin, end) on `stream`.
+struct WaveBatch {
+  int stream = 0;
+  uint32_t begin = 0;
+  uint32_t end = 0;
+};
+
+// Fills `chunks` (ordered so that every batch is contiguous) and `batches`
+// (in issue order) from `copies`. Both outputs are cleared first.
+void PlanWaves(const std::vector<CopyCmd>& copies, const WavePlanOptions& options, std::vector<CopyCmd>* chunks,
+               std::vector<WaveBatch>* batches);
+
+}  // namespace dmagather::server::engines::cuda

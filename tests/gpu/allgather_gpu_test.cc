@@ -1,0 +1,374 @@
+// GPU tests of the cuda backend, against a running dmagatherd
+// --backend=cuda (DMAGATHER_SOCKET). Each --mode forks its ranks as
+// processes (all on the current GPU), checks results on the GPU with the
+// verification kernels, and exits 0 only if every check held. Prints one
+// "PASS <mode>" or "FAIL <mode>: why" line. tests/gpu/run.sh runs them all.
+//
+//   dtypes    every dtype x counts {1,3,4095,1Mi+7,256 MiB of elements} x
+//             {out of place, in place, list}, 4 ranks
+//   suballoc  two tensors inside one cudaMalloc at odd offsets, registered
+//             with dmagather_register; then the allocation freed and a new
+//             one registered in its place (buffer id changes)
+//   stream    producer kernel -> allgather -> consumer kernel, 300 times on
+//             one stream, no host synchronisation until the end
+//   eight     8 ranks, out of place and list
+//   kill      3 ranks; rank 2 is SIGKILLed while an op waits on its stream;
+//             ranks 0,1 get DMAGATHER_PEER_FAILED within 1 s and their
+//             streams do not hang; then a second job is served correctly
+//   mismatch  ranks disagree on count: every rank gets an error on wait and
+//             its stream does not hang
+#include <cuda_runtime.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dmagather/client.h"
+#include "kernels/verify.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Shared {
+  std::atomic<int> step[8];
+  std::atomic<int> failures;
+  char why[512];
+  double kill_to_error_ms[8];
+  int status_seen[8];
+};
+Shared* sh = nullptr;
+
+void Fail(const std::string& why) {
+  if (sh->failures.fetch_add(1) == 0) snprintf(sh->why, sizeof(sh->why), "%s", why.c_str());
+  fprintf(stderr, "  check failed: %s\n", why.c_str());
+}
+
+#define CK(x)                                                                                   \
+  do {                                                                                          \
+    cudaError_t e_ = (x);                                                                       \
+    if (e_ != cudaSuccess) {                                                                    \
+      Fail(std::string(#x) + " -> " + cudaGetErrorName(e_));                                    \
+      return 1;                                                                                 \
+    }                                                                                           \
+  } while (0)
+
+std::string Job(const char* mode) { return std::string("gputest-") + mode + "-" + std::to_string(getppid()); }
+
+// Runs fn(rank, world) in `world` processes; returns how many failed.
+int Launch(int world, const std::function<int(int, int)>& fn) {
+  std::vector<pid_t> kids;
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      const int rc = fn(r, world);
+      fflush(stdout);
+      fflush(stderr);
+      _exit(rc);
+    }
+    kids.push_back(pid);
+  }
+  int bad = 0;
+  for (pid_t p : kids) {
+    int st = 0;
+    waitpid(p, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ++bad;
+  }
+  return bad;
+}
+
+struct Checker {
+  unsigned long long* d = nullptr;  // [0] mismatches, [1] first bad offset
+  int Init() {
+    if (cudaMalloc(&d, 16) != cudaSuccess) return 1;
+    return Reset(nullptr);
+  }
+  int Reset(cudaStream_t s) {
+    unsigned long long h[2] = {0, ~0ull};
+    return cudaMemcpyAsync(d, h, 16, cudaMemcpyHostToDevice, s) == cudaSuccess && cudaStreamSynchronize(s) == cudaSuccess ? 0 : 1;
+  }
+  int Compare(const void* p, size_t bytes, uint64_t seed, int rank, cudaStream_t s) {
+    return dmagather::kernels::ComparePattern(p, bytes, seed, rank, d, d + 1, s);
+  }
+  // Syncs the stream and returns the mismatch count (first offset in *first).
+  unsigned long long Read(cudaStream_t s, unsigned long long* first) {
+    unsigned long long h[2] = {~0ull, ~0ull};
+    if (cudaStreamSynchronize(s) != cudaSuccess || cudaMemcpy(h, d, 16, cudaMemcpyDeviceToHost) != cudaSuccess) return ~0ull;
+    if (first) *first = h[1];
+    return h[0];
+  }
+};
+
+bool Ok(dmagather::Comm& c, dmagather_status_t st, const std::string& what) {
+  if (st == DMAGATHER_OK) return true;
+  Fail("rank " + std::to_string(c.rank()) + " " + what + ": " + dmagather_status_string(st) + ": " + c.error());
+  return false;
+}
+
+// One checked AllGather. variant 0: out of place, 1: in place, 2: list.
+// recv holds world*bytes; send holds bytes (unused in place).
+int CheckOne(dmagather::Comm& c, Checker& ck, cudaStream_t s, char* send, char* recv, dmagather_dtype_t dt,
+             size_t count, int variant, uint64_t seed, const std::string& label) {
+  const int world = c.size(), rank = c.rank();
+  const size_t shard = count * dmagather_dtype_size(dt);
+  char* own = recv + rank * shard;
+  char* in = variant == 1 ? own : send;
+  CK(cudaMemsetAsync(recv, 0xA5, shard * world, s));  // Poison.
+  if (dmagather::kernels::FillPattern(in, shard, seed, rank, s) != 0) { Fail("fill"); return 1; }
+  dmagather_status_t st;
+  if (variant == 2) {
+    std::vector<void*> outs(world);
+    for (int r = 0; r < world; ++r) outs[r] = recv + r * shard;
+    st = c.AllGatherList(in, outs, count, dt, s);
+  } else {
+    st = c.AllGather(in, recv, count, dt, s);
+  }
+  if (!Ok(c, st, label + " submit")) return 1;
+  for (int r = 0; r < world; ++r) ck.Compare(recv + r * shard, shard, seed, r, s);
+  unsigned long long first = 0;
+  unsigned long long bad = ck.Read(s, &first);
+  if (!Ok(c, c.Wait(), label + " wait")) return 1;
+  if (bad != 0) {
+    Fail("rank " + std::to_string(rank) + " " + label + ": " + std::to_string(bad) + " wrong words, first at byte " +
+         std::to_string(first) + " (shard of rank " + std::to_string(shard ? first / shard : 0) + ")");
+    ck.Reset(s);
+    return 1;
+  }
+  return 0;
+}
+
+int ModeDtypes(int rank, int world) {
+  dmagather::Comm c(nullptr, Job("dtypes"), world, rank);
+  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  if (c.backend() != "cuda") { Fail("backend is " + c.backend()); return 1; }
+  const size_t max_shard = size_t(256) << 20;
+  char* send = static_cast<char*>(c.Alloc(max_shard));
+  char* recv = static_cast<char*>(c.Alloc(max_shard * world));
+  if (!send || !recv) { Fail("alloc: " + c.error()); return 1; }
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  Checker ck;
+  if (ck.Init()) { Fail("checker"); return 1; }
+  int bad = 0;
+  uint64_t seed = 1000;
+  for (int d = 0; d < DMAGATHER_NUM_DTYPES; ++d) {
+    const auto dt = static_cast<dmagather_dtype_t>(d);
+    const size_t es = dmagather_dtype_size(dt);
+    for (size_t count : {size_t(1), size_t(3), size_t(4095), size_t((1 << 20) + 7), max_shard / es}) {
+      for (int v = 0; v < 3; ++v) {
+        std::string label = std::string(dmagather_dtype_name(dt)) + " count=" + std::to_string(count) +
+                            (v == 0 ? " out-of-place" : v == 1 ? " in-place" : " list");
+        bad += CheckOne(c, ck, s, send, recv, dt, count, v, ++seed, label);
+      }
+    }
+  }
+  if (rank == 0) printf("  dtypes: %d checks per rank, %d failed on rank 0\n", DMAGATHER_NUM_DTYPES * 5 * 3, bad);
+  return bad != 0;
+}
+
+int ModeSuballoc(int rank, int world) {
+  dmagather::Comm c(nullptr, Job("suballoc"), world, rank);
+  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  Checker ck;
+  if (ck.Init()) return 1;
+  const size_t count = 300007;  // int8: odd sizes everywhere
+  const size_t arena_bytes = 16 << 20;
+  int bad = 0;
+  for (int round = 0; round < 3; ++round) {
+    char* arena = nullptr;
+    CK(cudaMalloc(&arena, arena_bytes));
+    // Two tensors inside one allocation at odd offsets: the IPC handle
+    // opens at the allocation base, so offsets must be applied.
+    char* send = arena + 1000003 + 2 * round;
+    char* recv = arena + 5000011 + round;
+    if (!Ok(c, c.Register(send, count), "register send") || !Ok(c, c.Register(recv, count * world), "register recv")) return 1;
+    for (int v = 0; v < 3; ++v) {
+      bad += CheckOne(c, ck, s, send, recv, DMAGATHER_INT8, count, v, 7000 + round * 10 + v,
+                      "suballoc round " + std::to_string(round) + " variant " + std::to_string(v));
+    }
+    // Free and allocate again: the address range is often reused, and the
+    // client must notice (buffer id) and register the new allocation.
+    CK(cudaFree(arena));
+  }
+  return bad != 0;
+}
+
+int ModeStream(int rank, int world) {
+  dmagather::Comm c(nullptr, Job("stream"), world, rank);
+  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  const size_t count = (4 << 20) / 4 + 5;  // float32
+  const size_t shard = count * 4;
+  char* send = static_cast<char*>(c.Alloc(shard));
+  char* recv = static_cast<char*>(c.Alloc(shard * world));
+  if (!send || !recv) { Fail("alloc: " + c.error()); return 1; }
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  Checker ck;
+  if (ck.Init()) return 1;
+  const int iters = 300;
+  // Everything below is enqueued without a host synchronisation: the
+  // producer writes this iteration's shard, the allgather's ready write
+  // follows it on the stream, the consumer checks after the done wait.
+  for (int i = 0; i < iters; ++i) {
+    const bool in_place = (i % 2) == 1;
+    char* in = in_place ? recv + rank * shard : send;
+    if (i % 7 == 0) dmagather::kernels::Delay(50'000 * (rank + 1), s);  // Ready comes late, unevenly.
+    dmagather::kernels::FillPattern(in, shard, 90000 + i, rank, s);
+    if (!Ok(c, c.AllGather(in, recv, count, DMAGATHER_FLOAT32, s), "allgather " + std::to_string(i))) return 1;
+    for (int r = 0; r < world; ++r) ck.Compare(recv + r * shard, shard, 90000 + i, r, s);
+  }
+  unsigned long long first = 0;
+  unsigned long long bad = ck.Read(s, &first);
+  if (!Ok(c, c.Wait(), "wait")) return 1;
+  if (rank == 0) printf("  stream: %d iterations x %d shards, %llu wrong words (rank 0)\n", iters, world, bad);
+  if (bad != 0) {
+    Fail("rank " + std::to_string(rank) + ": " + std::to_string(bad) + " wrong words with stream ordering");
+    return 1;
+  }
+  return 0;
+}
+
+int ModeEight(int rank, int world) {
+  dmagather::Comm c(nullptr, Job("eight"), world, rank);
+  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  const size_t count = (1 << 20) + 7;
+  char* send = static_cast<char*>(c.Alloc(count * 4));
+  char* recv = static_cast<char*>(c.Alloc(count * 4 * world));
+  if (!send || !recv) { Fail("alloc: " + c.error()); return 1; }
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  Checker ck;
+  if (ck.Init()) return 1;
+  int bad = 0;
+  bad += CheckOne(c, ck, s, send, recv, DMAGATHER_FLOAT32, count, 0, 51, "eight float32 out-of-place");
+  bad += CheckOne(c, ck, s, send, recv, DMAGATHER_BFLOAT16, count, 1, 52, "eight bfloat16 in-place");
+  bad += CheckOne(c, ck, s, send, recv, DMAGATHER_FLOAT32, count, 2, 53, "eight float32 list");
+  return bad != 0;
+}
+
+int ModeKill(int rank, int world) {
+  dmagather::Comm c(nullptr, Job("kill"), world, rank);
+  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  const size_t count = 1 << 20;
+  char* recv = static_cast<char*>(c.Alloc(count * world));
+  if (!recv) { Fail("alloc: " + c.error()); return 1; }
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int i = 0; i < 2; ++i) {
+    if (!Ok(c, c.AllGather(recv + rank * count, recv, count, DMAGATHER_UINT8, s), "warm-up")) return 1;
+  }
+  CK(cudaStreamSynchronize(s));
+  if (!Ok(c, c.Wait(), "warm-up wait")) return 1;
+  if (rank == world - 1) {
+    // Hold the stream back so the op's ready write never happens, submit,
+    // then die with the daemon's streams waiting on this rank.
+    dmagather::kernels::Delay(20'000'000'000ull, s);
+    c.AllGather(recv + rank * count, recv, count, DMAGATHER_UINT8, s);
+    sh->step[0].store(1);
+    usleep(200'000);
+    sh->kill_to_error_ms[7] = std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
+    raise(SIGKILL);
+  }
+  while (sh->step[0].load() == 0) usleep(1000);
+  if (!Ok(c, c.AllGather(recv + rank * count, recv, count, DMAGATHER_UINT8, s), "op 3 submit")) return 1;
+  dmagather_status_t st = c.Wait();
+  const double now = std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
+  while (sh->kill_to_error_ms[7] == 0) usleep(100);
+  sh->kill_to_error_ms[rank] = now - sh->kill_to_error_ms[7];
+  sh->status_seen[rank] = st;
+  // The stream must drain (done was published with the error).
+  auto t0 = Clock::now();
+  cudaError_t q;
+  while ((q = cudaStreamQuery(s)) == cudaErrorNotReady && Clock::now() - t0 < std::chrono::seconds(10)) usleep(1000);
+  if (q != cudaSuccess) {
+    Fail("rank " + std::to_string(rank) + ": stream still blocked 10 s after the peer died (" + cudaGetErrorName(q) + ")");
+    return 1;
+  }
+  if (st != DMAGATHER_PEER_FAILED) {
+    Fail("rank " + std::to_string(rank) + ": wait returned " + dmagather_status_string(st) + " (" + c.error() +
+         "), expected DMAGATHER_PEER_FAILED");
+    return 1;
+  }
+  printf("  kill: rank %d got %s %.0f ms after the kill: %s\n", rank, dmagather_status_string(st), sh->kill_to_error_ms[rank],
+         c.error().c_str());
+  if (sh->kill_to_error_ms[rank] > 1000) {
+    Fail("rank " + std::to_string(rank) + ": peer failure reported after " + std::to_string(sh->kill_to_error_ms[rank]) + " ms (> 1 s)");
+    return 1;
+  }
+  return 0;
+}
+
+int ModeMismatch(int rank, int world) {
+  dmagather::Comm c(nullptr, Job("mismatch"), world, rank);
+  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  char* recv = static_cast<char*>(c.Alloc(4096 * world));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const size_t count = rank == 0 ? 100 : 101;
+  if (!Ok(c, c.AllGather(recv + rank * count, recv, count, DMAGATHER_UINT8, s), "submit")) return 1;
+  auto t0 = Clock::now();
+  cudaError_t q;
+  while ((q = cudaStreamQuery(s)) == cudaErrorNotReady && Clock::now() - t0 < std::chrono::seconds(10)) usleep(1000);
+  if (q != cudaSuccess) { Fail("stream blocked after a failed op"); return 1; }
+  dmagather_status_t st = c.Wait();
+  if (st != DMAGATHER_INVALID_ARGUMENT) {
+    Fail("rank " + std::to_string(rank) + ": wait returned " + dmagather_status_string(st) + ", expected INVALID_ARGUMENT");
+    return 1;
+  }
+  if (rank == 0) printf("  mismatch: %s: %s\n", dmagather_status_string(st), c.error().c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode = argc > 1 ? argv[1] : "";
+  sh = static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  new (sh) Shared();
+  int bad = 0;
+  if (mode == "dtypes") {
+    bad = Launch(4, ModeDtypes);
+  } else if (mode == "suballoc") {
+    bad = Launch(3, ModeSuballoc);
+  } else if (mode == "stream") {
+    bad = Launch(4, ModeStream);
+  } else if (mode == "eight") {
+    bad = Launch(8, ModeEight);
+  } else if (mode == "kill") {
+    int dead = Launch(3, ModeKill);
+    bad = dead == 1 ? 0 : 1;  // Exactly the killed rank exits abnormally.
+    if (dead != 1 && sh->failures.load() == 0) Fail(std::to_string(dead) + " rank(s) ended abnormally, expected 1");
+    if (bad == 0) {
+      // The daemon serves a new job afterwards.
+      int second = Launch(2, [](int r, int w) { return ModeEight(r, w); });
+      if (second != 0) {
+        bad = 1;
+        Fail("second job after the kill failed");
+      } else {
+        printf("  kill: a second job ran correctly afterwards\n");
+      }
+    }
+  } else if (mode == "mismatch") {
+    bad = Launch(2, ModeMismatch);
+  } else {
+    fprintf(stderr, "usage: allgather_gpu_test dtypes|suballoc|stream|eight|kill|mismatch\n");
+    return 2;
+  }
+  if (bad != 0 || sh->failures.load() != 0) {
+    printf("FAIL %s: %s\n", mode.c_str(), sh->why[0] ? sh->why : "a rank failed");
+    return 1;
+  }
+  printf("PASS %s\n", mode.c_str());
+  return 0;
+}

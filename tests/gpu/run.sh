@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# GPU tests of the cuda backend.
+#
+#   tests/gpu/run.sh stage DIR   (build machine) bazel build the daemon, the
+#                                GPU tests and the benchmark; copy them, their
+#                                .so closure and this script into DIR.
+#   DIR/run.sh run               (GPU machine) start dmagatherd --backend=cuda
+#                                on a private socket, run every GPU test,
+#                                print "N passed, N failed".
+#   tests/gpu/run.sh             both, on a machine that has a GPU and Bazel.
+set -u
+here="$(cd "$(dirname "$0")" && pwd)"
+
+stage() {
+  local dir="$1" root
+  root="$(cd "$here/../.." && pwd)"
+  (cd "$root" && bazel build -c opt //server:dmagatherd //tests/gpu:allgather_gpu_test //bench:allgather_perf \
+      //client:libdmagather.so) || exit 1
+  mkdir -p "$dir/bin" "$dir/lib"
+  local bins=(server/dmagatherd tests/gpu/allgather_gpu_test bench/allgather_perf client/libdmagather.so)
+  for b in "${bins[@]}"; do
+    install -m 0755 "$root/bazel-bin/$b" "$dir/bin/$(basename "$b")"
+    strip "$dir/bin/$(basename "$b")" 2>/dev/null || true
+  done
+  # The shared libraries the GPU machine lacks (gRPC, protobuf, Abseil,
+  # glog, gflags...): everything but the C library itself and the driver.
+  for b in "${bins[@]}"; do ldd "$root/bazel-bin/$b"; done | awk '/=>/ {print $3}' | sort -u |
+    grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libcuda|libgcc_s|libstdc\+\+)\.so' |
+    while read -r so; do cp -L "$so" "$dir/lib/"; done
+  strip --strip-unneeded "$dir"/lib/*.so* 2>/dev/null || true
+  install -m 0755 "$here/run.sh" "$dir/run.sh"
+  install -m 0755 "$root/bench/cuda_bench.sh" "$dir/cuda_bench.sh"
+  du -sh "$dir"
+}
+
+run() {
+  export LD_LIBRARY_PATH="$here/lib:${LD_LIBRARY_PATH:-}"
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  local tmp; tmp="$(mktemp -d)"
+  export DMAGATHER_SOCKET="$tmp/dmagatherd.sock"
+  "$here/bin/dmagatherd" --socket="$DMAGATHER_SOCKET" --backend=cuda --socket_mode=0666 >"$tmp/daemon.log" 2>&1 &
+  local dpid=$!
+  for _ in $(seq 1 100); do [ -S "$DMAGATHER_SOCKET" ] && break; sleep 0.1; done
+  local passed=0 failed=0
+  for mode in ${GPU_TESTS:-dtypes suballoc stream eight kill mismatch}; do
+    echo "=== allgather_gpu_test $mode"
+    if timeout 300 "$here/bin/allgather_gpu_test" "$mode"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+  done
+  kill -TERM "$dpid"; wait "$dpid"
+  echo "=== dmagatherd log (last 40 lines)"
+  tail -n 40 "$tmp/daemon.log"
+  [ -n "${OUT:-}" ] && cp "$tmp/daemon.log" "$OUT/daemon_tests.log"
+  echo "$passed passed, $failed failed"
+  [ "$failed" -eq 0 ]
+}
+
+case "${1:-all}" in
+  stage) stage "${2:?stage DIR}" ;;
+  run) run ;;
+  all) d="$(mktemp -d)"; stage "$d" && "$d/run.sh" run ;;
+  *) echo "usage: $0 [stage DIR | run]" >&2; exit 2 ;;
+esac
