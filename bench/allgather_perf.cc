@@ -513,6 +513,10 @@ int RunRankCuda(dmagather::Comm& comm, const std::string& job, Shared* sh) {
 }
 
 int RunRank(int rank, int world, const std::string& job, Shared* sh) {
+  // One rank per GPU where there are several (round-robin); on a machine
+  // without a driver this fails quietly and the daemon decides the backend.
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 1) cudaSetDevice(rank % devices);
   dmagather::Comm comm(absl::GetFlag(FLAGS_socket).empty() ? nullptr : absl::GetFlag(FLAGS_socket).c_str(), job,
                        world, rank);
   if (!comm.ok()) {

@@ -70,6 +70,9 @@ int Launch(int world, const std::function<int(int, int)>& fn) {
   for (int r = 0; r < world; ++r) {
     pid_t pid = fork();
     if (pid == 0) {
+      // One rank per GPU where there are several (ranks share GPUs round-robin).
+      int devices = 0;
+      if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 1) cudaSetDevice(r % devices);
       const int rc = fn(r, world);
       fflush(stdout);
       fflush(stderr);
