@@ -375,51 +375,39 @@ absl::Status CommImpl::Publish(abi::DescriptorV1* d, bool cpu_ready) {
 }
 
 absl::Status CommImpl::AllGather(const void* send, void* recv, size_t count, dmagather_dtype_t dtype, void* stream) {
-  DMAG_RETURN_IF_ERROR(CheckHealthy());
-  if (static_cast<uint32_t>(dtype) >= kNumDtypes) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, ": unknown dtype ", int(dtype)));
-  }
-  if (cuda_ != nullptr) return SubmitCuda(abi::kOpAllGather, send, &recv, count, dtype, stream);
-  if (stream != nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, ": the ", backend_,
-                                                   " backend takes no stream (pass NULL)"));
-  }
-  const uint64_t bytes = uint64_t(count) * DtypeSize(dtype);
-  abi::DescriptorV1 d;
-  d.stamp = abi::kDescriptorStampV1;
-  d.op = abi::kOpAllGather;
-  d.dtype = dtype;
-  d.count = count;
-  d.num_recv = 1;
-  d.reserved = 0;
-  DMAG_ASSIGN_OR_RETURN(d.send, Resolve(send, bytes, "send"));
-  DMAG_ASSIGN_OR_RETURN(d.recv[0], Resolve(recv, bytes * uint64_t(options_.world_size), "recv"));
-  return Publish(&d);
+  return Submit(abi::kOpAllGather, send, &recv, count, dtype, stream);
 }
 
 absl::Status CommImpl::AllGatherList(const void* send, void* const* recvs, size_t count, dmagather_dtype_t dtype,
                                      void* stream) {
+  if (recvs == nullptr) return absl::InvalidArgumentError("recvs is NULL");
+  return Submit(abi::kOpAllGatherList, send, recvs, count, dtype, stream);
+}
+
+absl::Status CommImpl::Submit(uint32_t op, const void* send, void* const* recvs, size_t count,
+                              dmagather_dtype_t dtype, void* stream) {
   DMAG_RETURN_IF_ERROR(CheckHealthy());
   if (static_cast<uint32_t>(dtype) >= kNumDtypes) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, ": unknown dtype ", int(dtype)));
   }
-  if (recvs == nullptr) return absl::InvalidArgumentError("recvs is NULL");
-  if (cuda_ != nullptr) return SubmitCuda(abi::kOpAllGatherList, send, recvs, count, dtype, stream);
+  if (cuda_ != nullptr) return SubmitCuda(op, send, recvs, count, dtype, stream);
   if (stream != nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, ": the ", backend_,
                                                    " backend takes no stream (pass NULL)"));
   }
+  const bool list = op == abi::kOpAllGatherList;
   const uint64_t bytes = uint64_t(count) * DtypeSize(dtype);
   abi::DescriptorV1 d;
   d.stamp = abi::kDescriptorStampV1;
-  d.op = abi::kOpAllGatherList;
+  d.op = op;
   d.dtype = dtype;
   d.count = count;
-  d.num_recv = static_cast<uint32_t>(options_.world_size);
+  d.num_recv = list ? static_cast<uint32_t>(options_.world_size) : 1;
   d.reserved = 0;
   DMAG_ASSIGN_OR_RETURN(d.send, Resolve(send, bytes, "send"));
-  for (int r = 0; r < options_.world_size; ++r) {
-    DMAG_ASSIGN_OR_RETURN(d.recv[r], Resolve(recvs[r], bytes, "recv"));
+  const uint64_t out_bytes = list ? bytes : bytes * uint64_t(options_.world_size);
+  for (uint32_t r = 0; r < d.num_recv; ++r) {
+    DMAG_ASSIGN_OR_RETURN(d.recv[r], Resolve(recvs[r], out_bytes, "recv"));
   }
   return Publish(&d);
 }

@@ -76,6 +76,9 @@ class CommImpl {
   absl::Status CheckHealthy();  // Daemon alive, no pending error records.
   // cpu_ready: also move ready_seq from the CPU (host backend); on cuda the
   // caller's stream writes it.
+  // The common submit path of AllGather (recvs = &recv) and AllGatherList.
+  absl::Status Submit(uint32_t op, const void* send, void* const* recvs, size_t count, dmagather_dtype_t dtype,
+                      void* stream);
   absl::Status Publish(abi::DescriptorV1* d, bool cpu_ready = true);
   // --- cuda backend ---
   // Registers the device allocation containing [ptr, ptr+bytes) (its base,
