@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -134,6 +135,25 @@ void Fail(Shared* sh, int dtype, const std::string& what) {
 // a CUDA stream. Adds: end-to-end latency per size vs an in-process
 // cudaMemcpyAsync, the daemon's hop latency (telemetry), and a cuBLAS GEMM
 // running in rank 0 while AllGathers run.
+
+// Times bandwidth row `row`: --warmup untimed ops, then `iters` timed ones,
+// each submitted and completed by run_op. False (after saying why) on error.
+bool TimeRow(dmagather::Comm& comm, Shared* sh, size_t row, int iters,
+             const std::function<dmagather_status_t()>& run_op) {
+  const int rank = comm.rank();
+  for (int it = -absl::GetFlag(FLAGS_warmup); it < iters; ++it) {
+    auto t0 = std::chrono::steady_clock::now();
+    dmagather_status_t st = run_op();
+    auto t1 = std::chrono::steady_clock::now();
+    if (st != DMAGATHER_OK) {
+      std::cerr << "rank " << rank << ": " << dmagather_status_string(st) << ": " << comm.error() << "\n";
+      sh->rank_errors++;
+      return false;
+    }
+    if (it >= 0) sh->iter_ms[row][it][rank] = std::chrono::duration<double, std::milli>(t1 - t0).count();
+  }
+  return true;
+}
 
 void Barrier(Shared* sh, int world) {
   const int gen = sh->barrier_gen.load();
@@ -316,18 +336,12 @@ int RunRankCuda(dmagather::Comm& comm, const std::string& job, Shared* sh) {
     CUDA_OR_RETURN(cudaStreamSynchronize(s));
     char* send = recvbuf + rank * shard;  // In place, as ZeRO-3/FSDP2 lay it out.
     Barrier(sh, world);
-    for (int it = -absl::GetFlag(FLAGS_warmup); it < iters; ++it) {
-      auto t0 = std::chrono::steady_clock::now();
+    const bool ok = TimeRow(comm, sh, i, iters, [&] {
       dmagather_status_t st = comm.AllGather(send, recvbuf, row.count, row.dtype, s);
       if (st == DMAGATHER_OK && cudaStreamSynchronize(s) != cudaSuccess) st = DMAGATHER_INTERNAL;
-      auto t1 = std::chrono::steady_clock::now();
-      if (st != DMAGATHER_OK) {
-        std::cerr << "rank " << rank << ": " << dmagather_status_string(st) << ": " << comm.error() << "\n";
-        sh->rank_errors++;
-        return 4;
-      }
-      if (it >= 0) sh->iter_ms[i][it][rank] = std::chrono::duration<double, std::milli>(t1 - t0).count();
-    }
+      return st;
+    });
+    if (!ok) return 4;
   }
 
   // --- End-to-end latency per size vs an in-process cudaMemcpyAsync ---
@@ -566,18 +580,11 @@ int RunRank(int rank, int world, const std::string& job, Shared* sh) {
     const size_t shard = row.count * dmagather_dtype_size(row.dtype);
     FillPattern(recvbuf + rank * shard, shard, seed + i, rank);
     char* send = recvbuf + rank * shard;  // In place, as ZeRO-3/FSDP2 lay it out.
-    for (int it = -absl::GetFlag(FLAGS_warmup); it < iters; ++it) {
-      auto t0 = std::chrono::steady_clock::now();
+    const bool ok = TimeRow(comm, sh, i, iters, [&] {
       dmagather_status_t st = comm.AllGather(send, recvbuf, row.count, row.dtype);
-      if (st == DMAGATHER_OK) st = comm.Wait();
-      auto t1 = std::chrono::steady_clock::now();
-      if (st != DMAGATHER_OK) {
-        std::cerr << "rank " << rank << ": " << dmagather_status_string(st) << ": " << comm.error() << "\n";
-        sh->rank_errors++;
-        return 4;
-      }
-      if (it >= 0) sh->iter_ms[i][it][rank] = std::chrono::duration<double, std::milli>(t1 - t0).count();
-    }
+      return st == DMAGATHER_OK ? comm.Wait() : st;
+    });
+    if (!ok) return 4;
   }
   comm.Free(sendbuf);
   comm.Free(recvbuf);
