@@ -136,6 +136,25 @@ void Fail(Shared* sh, int dtype, const std::string& what) {
 // cudaMemcpyAsync, the daemon's hop latency (telemetry), and a cuBLAS GEMM
 // running in rank 0 while AllGathers run.
 
+// Bytes of the largest shard the checks (8-byte dtypes) and the bandwidth rows use.
+size_t LargestShard(const std::vector<size_t>& counts, const std::vector<Row>& rows) {
+  size_t max_shard = 0;
+  for (size_t c : counts) max_shard = std::max(max_shard, c * 8);
+  for (const Row& r : rows) max_shard = std::max(max_shard, r.count * dmagather_dtype_size(r.dtype));
+  return max_shard;
+}
+
+// A send buffer of one shard and an output of world shards (+8 KiB each for
+// the odd-offset checks). False (after saying why) when allocation fails.
+bool AllocBuffers(dmagather::Comm& comm, size_t max_shard, char** send, char** recv) {
+  const size_t slack = 8192;
+  *send = static_cast<char*>(comm.Alloc(max_shard + slack));
+  *recv = static_cast<char*>(comm.Alloc(max_shard * comm.size() + slack));
+  if (*send != nullptr && *recv != nullptr) return true;
+  std::cerr << "rank " << comm.rank() << ": alloc: " << comm.error() << "\n";
+  return false;
+}
+
 // Times bandwidth row `row`: --warmup untimed ops, then `iters` timed ones,
 // each submitted and completed by run_op. False (after saying why) on error.
 bool TimeRow(dmagather::Comm& comm, Shared* sh, size_t row, int iters,
@@ -296,17 +315,10 @@ int RunRankCuda(dmagather::Comm& comm, const std::string& job, Shared* sh) {
   const std::vector<Row> rows = BandwidthRows();
   const std::vector<size_t> lat_kib = ParseList(absl::GetFlag(FLAGS_latency_kib));
   const size_t overlap_shard = size_t(absl::GetFlag(FLAGS_overlap_mib)) << 20;
-  size_t max_shard = overlap_shard;
-  for (size_t c : counts) max_shard = std::max(max_shard, c * 8);
-  for (const Row& r : rows) max_shard = std::max(max_shard, r.count * dmagather_dtype_size(r.dtype));
+  size_t max_shard = std::max(overlap_shard, LargestShard(counts, rows));
   for (size_t k : lat_kib) max_shard = std::max(max_shard, k << 10);
-  const size_t slack = 8192;
-  char* sendbuf = static_cast<char*>(comm.Alloc(max_shard + slack));
-  char* recvbuf = static_cast<char*>(comm.Alloc(max_shard * world + slack));
-  if (sendbuf == nullptr || recvbuf == nullptr) {
-    std::cerr << "rank " << rank << ": alloc: " << comm.error() << "\n";
-    return 3;
-  }
+  char *sendbuf = nullptr, *recvbuf = nullptr;
+  if (!AllocBuffers(comm, max_shard, &sendbuf, &recvbuf)) return 3;
   cudaStream_t s;
   CUDA_OR_RETURN(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   GpuCheck ck;
@@ -545,16 +557,9 @@ int RunRank(int rank, int world, const std::string& job, Shared* sh) {
   if (comm.backend() == "cuda") return RunRankCuda(comm, job, sh);
   const std::vector<size_t> counts = ParseList(absl::GetFlag(FLAGS_check_counts));
   const std::vector<Row> rows = BandwidthRows();
-  size_t max_shard = 0;
-  for (size_t c : counts) max_shard = std::max(max_shard, c * 8);
-  for (const Row& r : rows) max_shard = std::max(max_shard, r.count * dmagather_dtype_size(r.dtype));
-  const size_t slack = 8192;
-  char* sendbuf = static_cast<char*>(comm.Alloc(max_shard + slack));
-  char* recvbuf = static_cast<char*>(comm.Alloc(max_shard * world + slack));
-  if (sendbuf == nullptr || recvbuf == nullptr) {
-    std::cerr << "rank " << rank << ": alloc: " << comm.error() << "\n";
-    return 3;
-  }
+  const size_t max_shard = LargestShard(counts, rows);
+  char *sendbuf = nullptr, *recvbuf = nullptr;
+  if (!AllocBuffers(comm, max_shard, &sendbuf, &recvbuf)) return 3;
 
   // --- Correctness ---
   std::vector<char> expect;

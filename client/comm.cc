@@ -261,6 +261,16 @@ absl::Status CommImpl::Register(void* ptr, size_t bytes) {
       options_.rank, ptr, bytes));
 }
 
+absl::Status CommImpl::DeregisterRegion(uint32_t region_id) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(10000));
+  v1::DeregisterRequest req;
+  req.set_session_id(session_id_);
+  req.set_region_id(region_id);
+  v1::DeregisterReply reply;
+  return FromGrpc(stub_->Deregister(&ctx, req, &reply), "deregister");
+}
+
 absl::Status CommImpl::Deregister(void* ptr) {
   auto it = regions_.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == regions_.end()) {
@@ -268,13 +278,7 @@ absl::Status CommImpl::Deregister(void* ptr) {
                                                       options_.rank, ptr));
   }
   DMAG_RETURN_IF_ERROR(Wait());  // Outstanding ops may still use it.
-  grpc::ClientContext ctx;
-  ctx.set_deadline(In(10000));
-  v1::DeregisterRequest req;
-  req.set_session_id(session_id_);
-  req.set_region_id(it->second.id);
-  v1::DeregisterReply reply;
-  absl::Status st = FromGrpc(stub_->Deregister(&ctx, req, &reply), "deregister");
+  absl::Status st = DeregisterRegion(it->second.id);
   regions_.erase(it);  // Unmapped here; the daemon unmaps its side at the latest when the rank leaves.
   return daemon_gone_.load() ? absl::OkStatus() : st;
 }
@@ -441,13 +445,7 @@ absl::Status CommImpl::RegisterDevice(const void* ptr, uint64_t bytes) {
     for (auto it = regions_.begin(); it != regions_.end();) {
       auto cur = it++;
       if (!(cur->first < a.base + a.bytes && a.base < cur->first + cur->second.bytes)) continue;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(In(10000));
-      v1::DeregisterRequest req;
-      req.set_session_id(session_id_);
-      req.set_region_id(cur->second.id);
-      v1::DeregisterReply reply;
-      stub_->Deregister(&ctx, req, &reply);  // Best effort: the daemon drops it at the latest at Leave.
+      DeregisterRegion(cur->second.id).IgnoreError();  // Best effort: the daemon drops it at Leave at the latest.
       regions_.erase(cur);
     }
   }

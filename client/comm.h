@@ -79,6 +79,8 @@ class CommImpl {
   // The common submit path of AllGather (recvs = &recv) and AllGatherList.
   absl::Status Submit(uint32_t op, const void* send, void* const* recvs, size_t count, dmagather_dtype_t dtype,
                       void* stream);
+  // The Deregister RPC for one region id.
+  absl::Status DeregisterRegion(uint32_t region_id);
   absl::Status Publish(abi::DescriptorV1* d, bool cpu_ready = true);
   // --- cuda backend ---
   // Registers the device allocation containing [ptr, ptr+bytes) (its base,
