@@ -4,8 +4,8 @@
 
 #include "client/comm.h"
 #include "dmagather/dmagather.h"
-#include "server/common/api_names.h"
-#include "server/common/dtype.h"
+#include "common/api_names.h"
+#include "common/dtype.h"
 
 struct dmagather_comm {
   std::unique_ptr<dmagather::client::CommImpl> impl;
@@ -24,7 +24,7 @@ dmagather_status_t Report(dmagather_comm_t comm, const absl::Status& s) {
       g_init_error = std::string(s.message());
     }
   }
-  return static_cast<dmagather_status_t>(dmagather::ToApiStatus(s));
+  return static_cast<dmagather_status_t>(dmagather::common::ToApiStatus(s));
 }
 
 #define DMAG_CHECK_COMM(comm) \
@@ -103,7 +103,7 @@ dmagather_status_t dmagather_wait(dmagather_comm_t comm) {
   return Report(comm, comm->impl->Wait());
 }
 
-const char* dmagather_status_string(dmagather_status_t status) { return dmagather::ApiStatusName(status); }
+const char* dmagather_status_string(dmagather_status_t status) { return dmagather::common::ApiStatusName(status); }
 
 const char* dmagather_last_error(dmagather_comm_t comm) {
   return comm != nullptr ? comm->last_error.c_str() : g_init_error.c_str();
@@ -115,9 +115,9 @@ int dmagather_comm_rank(dmagather_comm_t comm) { return comm != nullptr ? comm->
 
 int dmagather_comm_size(dmagather_comm_t comm) { return comm != nullptr ? comm->impl->world_size() : -1; }
 
-size_t dmagather_dtype_size(dmagather_dtype_t dtype) { return dmagather::DtypeSize(dtype); }
+size_t dmagather_dtype_size(dmagather_dtype_t dtype) { return dmagather::common::DtypeSize(dtype); }
 
-const char* dmagather_dtype_name(dmagather_dtype_t dtype) { return dmagather::DtypeName(dtype); }
+const char* dmagather_dtype_name(dmagather_dtype_t dtype) { return dmagather::common::DtypeName(dtype); }
 
 const char* dmagather_version(void) { return "0.1.0"; }
 

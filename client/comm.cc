@@ -11,11 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "dmagather/v1/control.grpc.pb.h"
-#include "server/common/api_names.h"
-#include "server/common/clock.h"
-#include "server/common/dtype.h"
-#include "server/common/futex.h"
-#include "server/common/status.h"
+#include "common/api_names.h"
+#include "common/clock.h"
+#include "common/dtype.h"
+#include "common/futex.h"
+#include "common/status.h"
 
 namespace dmagather::client {
 namespace {
@@ -70,7 +70,7 @@ absl::StatusOr<std::unique_ptr<CommImpl>> CommImpl::Create(const CommOptions& in
 absl::Status CommImpl::Join() {
   // The rank segment: created here (0600), mapped by the daemon at Join,
   // unlinked once both have it mapped.
-  DMAG_ASSIGN_OR_RETURN(segment_, ShmMapping::Create(ShmMapping::UniqueName("seg"), abi::SegmentLayoutV1::kBytes));
+  DMAG_ASSIGN_OR_RETURN(segment_, common::ShmMapping::Create(common::ShmMapping::UniqueName("seg"), abi::SegmentLayoutV1::kBytes));
   view_ = abi::SegmentViewV1::At(segment_.data());
   std::random_device rd;
   const uint64_t token = (uint64_t(rd()) << 32) | rd();
@@ -108,7 +108,7 @@ absl::Status CommImpl::Join() {
   session_id_ = reply.session_id();
   backend_ = reply.backend().empty() ? "host" : reply.backend();
   daemon_version_ = reply.daemon_version();
-  auto bell = ShmMapping::Open(reply.doorbell_name(), sizeof(abi::DoorbellV1));
+  auto bell = common::ShmMapping::Open(reply.doorbell_name(), sizeof(abi::DoorbellV1));
   if (!bell.ok()) {
     join_ctx_->TryCancel();
     join_stream_->Finish();
@@ -151,7 +151,7 @@ absl::Status CommImpl::Join() {
       // (its done waits pass); the calls report UNAVAILABLE.
       abi::StoreSeqCst(&view_.completion->done_seq, released_done_ + (1u << 30));
     }
-    FutexWakeAll(&view_.completion->done_seq);
+    common::FutexWakeAll(&view_.completion->done_seq);
   });
   return absl::OkStatus();
 }
@@ -230,7 +230,7 @@ absl::StatusOr<void*> CommImpl::Alloc(size_t bytes) {
     return p;
   }
   const uint64_t rounded = (uint64_t(bytes) + 4095) & ~uint64_t{4095};
-  DMAG_ASSIGN_OR_RETURN(ShmMapping m, ShmMapping::Create(ShmMapping::UniqueName("buf"), rounded));
+  DMAG_ASSIGN_OR_RETURN(common::ShmMapping m, common::ShmMapping::Create(common::ShmMapping::UniqueName("buf"), rounded));
   grpc::ClientContext ctx;
   ctx.set_deadline(In(10000));
   v1::RegisterRequest req;
@@ -316,7 +316,7 @@ absl::Status CommImpl::CollectErrors() {
   if (more != 0) absl::StrAppend(&msg, " (and ", more, " more failed operation(s) since the last wait)");
   (void)lost;
   errors_seen_ = n;
-  return FromApiStatus(rec.status, msg);
+  return common::FromApiStatus(rec.status, msg);
 }
 
 absl::Status CommImpl::CheckHealthy() {
@@ -334,7 +334,7 @@ absl::Status CommImpl::CheckHealthy() {
 
 absl::Status CommImpl::WaitDone(uint32_t seq) {
   abi::CompletionV1* c = view_.completion;
-  Backoff backoff(spin_);
+  common::Backoff backoff(spin_);
   for (;;) {
     if (cuda_ != nullptr && daemon_gone_.load(std::memory_order_acquire)) {
       // done_seq was moved ahead to release the stream; only ops finished
@@ -347,7 +347,7 @@ absl::Status CommImpl::WaitDone(uint32_t seq) {
     if (!backoff.Pause()) continue;
     abi::FetchAdd(&c->done_waiters, 1u);
     done = abi::LoadSeqCst(&c->done_seq);
-    if (!abi::SeqGeq(done, seq) && !daemon_gone_.load()) FutexWait(&c->done_seq, done, 50'000'000);
+    if (!abi::SeqGeq(done, seq) && !daemon_gone_.load()) common::FutexWait(&c->done_seq, done, 50'000'000);
     abi::FetchAdd(&c->done_waiters, ~0u);
   }
 }
@@ -358,21 +358,21 @@ absl::Status CommImpl::Publish(abi::DescriptorV1* d, bool cpu_ready) {
   DMAG_RETURN_IF_ERROR(WaitDone(seq - abi::kRingSlotsV1));
   abi::RingV1* ring = view_.ring;
   const uint64_t tail = ring->tail;
-  Backoff backoff;
+  common::Backoff backoff;
   while (tail - abi::LoadAcquire(&ring->head) >= abi::kRingSlotsV1) {
     if (daemon_gone_.load()) return DaemonGone();
     if (backoff.Pause()) usleep(50);
   }
   d->stamp = d->stamp != 0 ? d->stamp : abi::kDescriptorStampV1;
   d->seq = seq;
-  d->submit_ns = MonotonicNs();
+  d->submit_ns = common::MonotonicNs();
   const size_t used = offsetof(abi::DescriptorV1, recv) + sizeof(abi::BufferRefV1) * std::min(d->num_recv, abi::kMaxRanksV1);
   std::memcpy(&view_.slots[tail % abi::kRingSlotsV1], d, used);
   if (cpu_ready) abi::StoreRelease(&view_.completion->ready_seq, seq);
   abi::StoreSeqCst(&ring->tail, tail + 1);
   if (abi::LoadSeqCst(&bell_->sleeping) != 0) {
     abi::FetchAdd(&bell_->seq, 1u);
-    FutexWakeAll(&bell_->seq);
+    common::FutexWakeAll(&bell_->seq);
   }
   submitted_seq_ = seq;
   return absl::OkStatus();
@@ -391,7 +391,7 @@ absl::Status CommImpl::AllGatherList(const void* send, void* const* recvs, size_
 absl::Status CommImpl::Submit(uint32_t op, const void* send, void* const* recvs, size_t count,
                               dmagather_dtype_t dtype, void* stream) {
   DMAG_RETURN_IF_ERROR(CheckHealthy());
-  if (static_cast<uint32_t>(dtype) >= kNumDtypes) {
+  if (static_cast<uint32_t>(dtype) >= common::kNumDtypes) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, ": unknown dtype ", int(dtype)));
   }
   if (cuda_ != nullptr) return SubmitCuda(op, send, recvs, count, dtype, stream);
@@ -400,7 +400,7 @@ absl::Status CommImpl::Submit(uint32_t op, const void* send, void* const* recvs,
                                                    " backend takes no stream (pass NULL)"));
   }
   const bool list = op == abi::kOpAllGatherList;
-  const uint64_t bytes = uint64_t(count) * DtypeSize(dtype);
+  const uint64_t bytes = uint64_t(count) * common::DtypeSize(dtype);
   abi::DescriptorV1 d;
   d.stamp = abi::kDescriptorStampV1;
   d.op = op;
@@ -484,7 +484,7 @@ absl::StatusOr<abi::BufferRefV1> CommImpl::ResolveDevice(const void* ptr, uint64
 absl::Status CommImpl::SubmitCuda(uint32_t opcode, const void* send, void* const* recvs, size_t count,
                                   dmagather_dtype_t dtype, void* stream) {
   const int world = options_.world_size, rank = options_.rank;
-  const uint64_t bytes = uint64_t(count) * DtypeSize(dtype);
+  const uint64_t bytes = uint64_t(count) * common::DtypeSize(dtype);
   abi::DescriptorV1 d;
   d.stamp = abi::kDescriptorStampV1;
   d.op = opcode;

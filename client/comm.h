@@ -16,11 +16,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "client/abi/ring_v1.h"
+#include "abi/ring_v1.h"
 #include "client/cuda_client.h"
 #include "dmagather/v1/control.grpc.pb.h"
 #include "dmagather/dmagather.h"
-#include "server/common/shm.h"
+#include "common/shm.h"
 
 namespace dmagather::client {
 
@@ -63,7 +63,7 @@ class CommImpl {
   struct Region {
     uint64_t bytes = 0;
     uint32_t id = 0;
-    ShmMapping mapping;  // Set when the library allocated it.
+    common::ShmMapping mapping;  // Set when the library allocated it.
     // cuda: the allocation's buffer id (changes when the address range is
     // freed and reused) and whether dmagather_alloc made it.
     uint64_t buffer_id = 0;
@@ -109,9 +109,9 @@ class CommImpl {
   mutable absl::Mutex gone_mu_;
   std::string gone_reason_;
 
-  ShmMapping segment_;
+  common::ShmMapping segment_;
   abi::SegmentViewV1 view_;
-  ShmMapping doorbell_;
+  common::ShmMapping doorbell_;
   abi::DoorbellV1* bell_ = nullptr;
 
   uint32_t spin_ = 256;

@@ -6,16 +6,16 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
-#include "server/common/cuda_api.h"
-#include "server/common/status.h"
+#include "common/cuda/cuda_api.h"
+#include "common/status.h"
 
 namespace dmagather::client {
 
-using ::dmagather::cuda::CudaStatus;
-using ::dmagather::cuda::CuStatus;
+using ::dmagather::common::cuda::CudaStatus;
+using ::dmagather::common::cuda::CuStatus;
 
 int CudaClient::CurrentDevice() {
-  if (!::dmagather::cuda::CudaAvailable().ok()) return -1;
+  if (!::dmagather::common::cuda::CudaAvailable().ok()) return -1;
   int d = -1;
   if (cudaGetDevice(&d) != cudaSuccess) {
     cudaGetLastError();
@@ -26,7 +26,7 @@ int CudaClient::CurrentDevice() {
 
 absl::StatusOr<std::unique_ptr<CudaClient>> CudaClient::Create(int device, abi::CompletionV1* block,
                                                                uint64_t bytes) {
-  DMAG_RETURN_IF_ERROR(::dmagather::cuda::Driver().status());
+  DMAG_RETURN_IF_ERROR(::dmagather::common::cuda::Driver().status());
   DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   DMAG_CUDA_RETURN_IF_ERROR(cudaHostRegister(block, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
   void* ready = nullptr;
@@ -46,7 +46,7 @@ CudaClient::~CudaClient() {
 }
 
 absl::StatusOr<CudaClient::Allocation> CudaClient::Describe(const void* ptr) const {
-  DMAG_ASSIGN_OR_RETURN(const ::dmagather::cuda::DriverApi* api, ::dmagather::cuda::Driver());
+  DMAG_ASSIGN_OR_RETURN(const ::dmagather::common::cuda::DriverApi* api, ::dmagather::common::cuda::Driver());
   const CUdeviceptr p = reinterpret_cast<CUdeviceptr>(ptr);
   unsigned int type = 0;
   CUresult r = api->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
@@ -74,7 +74,7 @@ absl::StatusOr<CudaClient::Allocation> CudaClient::Describe(const void* ptr) con
 }
 
 uint64_t CudaClient::BufferId(const void* ptr) const {
-  auto api = ::dmagather::cuda::Driver();
+  auto api = ::dmagather::common::cuda::Driver();
   if (!api.ok()) return 0;
   unsigned long long id = 0;
   if ((*api)->cuPointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, reinterpret_cast<CUdeviceptr>(ptr)) !=
@@ -116,13 +116,13 @@ absl::Status CudaClient::CopyAsync(void* dst, const void* src, uint64_t bytes, v
 }
 
 absl::Status CudaClient::WriteReady(void* stream, uint32_t seq) {
-  DMAG_ASSIGN_OR_RETURN(const ::dmagather::cuda::DriverApi* api, ::dmagather::cuda::Driver());
+  DMAG_ASSIGN_OR_RETURN(const ::dmagather::common::cuda::DriverApi* api, ::dmagather::common::cuda::Driver());
   CUresult r = api->cuStreamWriteValue32(static_cast<CUstream>(stream), ready_dev_, seq, 0);
   return CuStatus("cuStreamWriteValue32(ready flag)", r);
 }
 
 absl::Status CudaClient::WaitDone(void* stream, uint32_t seq) {
-  DMAG_ASSIGN_OR_RETURN(const ::dmagather::cuda::DriverApi* api, ::dmagather::cuda::Driver());
+  DMAG_ASSIGN_OR_RETURN(const ::dmagather::common::cuda::DriverApi* api, ::dmagather::common::cuda::Driver());
   CUresult r = api->cuStreamWaitValue32(static_cast<CUstream>(stream), done_dev_, seq, CU_STREAM_WAIT_VALUE_GEQ);
   return CuStatus("cuStreamWaitValue32(done flag)", r);
 }

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "client/abi/completion_v1.h"
+#include "abi/completion_v1.h"
 
 namespace dmagather::client {
 

@@ -11,8 +11,8 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
-#include "client/abi/ring_v1.h"
-#include "server/common/status.h"
+#include "abi/ring_v1.h"
+#include "common/status.h"
 #include "server/ingress/ingress.h"
 #include "server/service/control_service.h"
 #include "server/service/registry.h"
@@ -68,7 +68,7 @@ absl::Status Daemon::Start() {
   unlink(path.c_str());  // A stale socket of a daemon that died.
   const std::string bell = DoorbellName(path);
   shm_unlink(bell.c_str());
-  DMAG_ASSIGN_OR_RETURN(doorbell_, ShmMapping::Create(bell, sizeof(abi::DoorbellV1), 0666));
+  DMAG_ASSIGN_OR_RETURN(doorbell_, common::ShmMapping::Create(bell, sizeof(abi::DoorbellV1), 0666));
   auto* db = static_cast<abi::DoorbellV1*>(doorbell_.data());
   db->stamp = abi::kDoorbellStampV1;
   db->magic = abi::kMagic;

@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/common/shm.h"
+#include "common/shm.h"
 #include "server/engines/factory.h"
 
 namespace grpc {
@@ -55,7 +55,7 @@ class Daemon {
   DaemonOptions options_;
   std::unique_ptr<engines::CopyEngine> engine_;
   std::string engine_reason_;
-  ShmMapping doorbell_;
+  common::ShmMapping doorbell_;
   std::unique_ptr<service::Registry> registry_;
   std::unique_ptr<ingress::Ingress> ingress_;
   std::unique_ptr<service::ControlService> control_;

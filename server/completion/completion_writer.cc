@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "server/common/futex.h"
+#include "common/futex.h"
 
 namespace dmagather::server::completion {
 
@@ -23,7 +23,7 @@ void RecordError(abi::CompletionV1* c, uint32_t seq, int32_t api_status, int32_t
 
 void PublishDone(abi::CompletionV1* c, uint32_t seq) {
   abi::StoreSeqCst(&c->done_seq, seq);
-  if (abi::LoadSeqCst(&c->done_waiters) != 0) FutexWakeAll(&c->done_seq);
+  if (abi::LoadSeqCst(&c->done_waiters) != 0) common::FutexWakeAll(&c->done_seq);
 }
 
 }  // namespace dmagather::server::completion

@@ -10,7 +10,7 @@
 #include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
-#include "client/abi/completion_v1.h"
+#include "abi/completion_v1.h"
 
 namespace dmagather::server::completion {
 

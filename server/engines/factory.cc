@@ -34,10 +34,10 @@ absl::StatusOr<CreatedEngine> CreateEngine(const EngineOptions& options) {
     }
     why_not_cuda = std::string(engine.status().message());
   }
-  HostEngine::Options ho;
+  host::HostEngine::Options ho;
   ho.workers = options.workers;
   ho.chunk_bytes = options.chunk_bytes;
-  auto host = HostEngine::Create(ho);
+  auto host = host::HostEngine::Create(ho);
   if (!host.ok()) return host.status();
   CreatedEngine out;
   out.engine = *std::move(host);

@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "server/common/clock.h"
-#include "server/common/dtype.h"
-#include "server/common/futex.h"
+#include "common/clock.h"
+#include "common/dtype.h"
+#include "common/futex.h"
 #include "server/scheduler/planner.h"
 
 namespace dmagather::server::ingress {
@@ -29,7 +29,7 @@ void Ingress::Start() { thread_ = std::thread([this] { Loop(); }); }
 void Ingress::Stop() {
   stop_.store(true);
   abi::FetchAdd(&doorbell_->seq, 1u);
-  FutexWakeAll(&doorbell_->seq);
+  common::FutexWakeAll(&doorbell_->seq);
   if (thread_.joinable()) thread_.join();
 }
 
@@ -65,13 +65,13 @@ void Ingress::Validate(const abi::DescriptorV1& d, uint32_t expected_seq, const 
   if (d.op != abi::kOpAllGather && d.op != abi::kOpAllGatherList) {
     return invalid(absl::StrCat("unknown operation ", d.op));
   }
-  if (d.dtype >= kNumDtypes) return invalid(absl::StrCat("unknown dtype ", d.dtype));
+  if (d.dtype >= common::kNumDtypes) return invalid(absl::StrCat("unknown dtype ", d.dtype));
   const uint32_t want_recv = d.op == abi::kOpAllGather ? 1u : static_cast<uint32_t>(world_size);
   if (d.num_recv != want_recv) {
     return invalid(absl::StrCat("descriptor has ", d.num_recv, " output buffers, expected ", want_recv));
   }
   if (d.count > (uint64_t{1} << 44)) return invalid(absl::StrCat("count ", d.count, " is too large"));
-  const uint64_t bytes = d.count * DtypeSize(d.dtype);
+  const uint64_t bytes = d.count * common::DtypeSize(d.dtype);
   const uint64_t out_bytes = d.op == abi::kOpAllGather ? bytes * uint64_t(world_size) : bytes;
 
   auto send = session.Resolve(d.send.region_id, d.send.offset, bytes, "send");
@@ -142,7 +142,7 @@ int Ingress::PollJob(Job* job, uint64_t now_ns) {
 }
 
 void Ingress::Dispatch(Job* job, Op* op) {
-  op->matched_ns = MonotonicNs();
+  op->matched_ns = common::MonotonicNs();
   for (int r = 0; r < job->world_size(); ++r) {
     const RankPart& p = op->parts[r];
     if (!p.status.ok()) {
@@ -171,7 +171,7 @@ void Ingress::Dispatch(Job* job, Op* op) {
   engine_->Execute(op);
   // Recorded here, not in FinishOp: the engine may finish the op (and the
   // slot be reused) before Execute returns, so the op is not touched again.
-  job->counters.hop_latency.Record(MonotonicNs() - op->matched_ns);
+  job->counters.hop_latency.Record(common::MonotonicNs() - op->matched_ns);
 }
 
 bool Ingress::AnyPending() const {
@@ -203,9 +203,9 @@ int Ingress::PollOnce(uint64_t now_ns, bool sweep) {
 
 void Ingress::Loop() {
   uint64_t last_sweep = 0, last_reap = 0;
-  Backoff backoff(options_.spin_iterations);
+  common::Backoff backoff(options_.spin_iterations);
   while (!stop_.load(std::memory_order_relaxed)) {
-    const uint64_t now = MonotonicNs();
+    const uint64_t now = common::MonotonicNs();
     const bool sweep = now - last_sweep > 2'000'000;
     if (sweep) last_sweep = now;
     const int consumed = PollOnce(now, sweep);
@@ -220,7 +220,7 @@ void Ingress::Loop() {
     if (!backoff.Pause()) continue;
     const uint32_t bell = abi::LoadSeqCst(&doorbell_->seq);
     abi::StoreSeqCst(&doorbell_->sleeping, 1u);
-    if (!AnyPending() && !stop_.load()) FutexWait(&doorbell_->seq, bell, 10'000'000);
+    if (!AnyPending() && !stop_.load()) common::FutexWait(&doorbell_->seq, bell, 10'000'000);
     abi::StoreSeqCst(&doorbell_->sleeping, 0u);
     backoff.Reset();
   }

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "client/abi/ring_v1.h"
+#include "abi/ring_v1.h"
 #include "server/engines/copy_engine.h"
 #include "server/scheduler/job.h"
 

@@ -2,13 +2,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "server/common/status.h"
+#include "common/status.h"
 
 namespace dmagather::server::ingress {
 
 absl::StatusOr<std::shared_ptr<Session>> Session::Open(uint64_t id, int rank, int pid,
                                                        const std::string& name, uint64_t token) {
-  DMAG_ASSIGN_OR_RETURN(ShmMapping m, ShmMapping::Open(name, abi::SegmentLayoutV1::kBytes));
+  DMAG_ASSIGN_OR_RETURN(common::ShmMapping m, common::ShmMapping::Open(name, abi::SegmentLayoutV1::kBytes));
   abi::SegmentViewV1 v = abi::SegmentViewV1::At(m.data());
   const abi::SegmentHeaderV1& h = *v.header;
   if (h.magic != abi::kMagic || h.stamp != abi::kSegmentStampV1) {
@@ -31,7 +31,7 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(uint64_t id, int rank, in
   return s;
 }
 
-Session::Session(uint64_t id, int rank, int pid, ShmMapping segment)
+Session::Session(uint64_t id, int rank, int pid, common::ShmMapping segment)
     : id_(id), rank_(rank), pid_(pid), uid_(segment.owner_uid()), segment_(std::move(segment)) {
   view_ = abi::SegmentViewV1::At(segment_.data());
   finished.assign(abi::kRingSlotsV1, 0);
@@ -118,7 +118,7 @@ void Session::ReleaseMemory() {
   }
   regions.clear();
   view_ = abi::SegmentViewV1{};
-  segment_ = ShmMapping();
+  segment_ = common::ShmMapping();
 }
 
 }  // namespace dmagather::server::ingress

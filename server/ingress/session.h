@@ -20,21 +20,21 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "client/abi/ring_v1.h"
-#include "server/common/api_names.h"
-#include "server/common/latency_histogram.h"
-#include "server/common/shm.h"
+#include "abi/ring_v1.h"
+#include "common/api_names.h"
+#include "common/latency_histogram.h"
+#include "common/shm.h"
 #include "server/engines/copy_engine.h"
 
 namespace dmagather::server::ingress {
 
-using ::dmagather::kNumApiStatus;
+using common::kNumApiStatus;
 
 struct RankCounters {
   std::atomic<uint64_t> ops{0};
   std::atomic<uint64_t> bytes{0};
-  std::array<std::atomic<uint64_t>, kNumApiStatus> errors{};
-  LatencyHistogram latency;  // Descriptor submitted -> done flag written.
+  std::array<std::atomic<uint64_t>, common::kNumApiStatus> errors{};
+  common::LatencyHistogram latency;  // Descriptor submitted -> done flag written.
 };
 
 class Session {
@@ -95,13 +95,13 @@ class Session {
   RankCounters counters;
 
  private:
-  Session(uint64_t id, int rank, int pid, ShmMapping segment);
+  Session(uint64_t id, int rank, int pid, common::ShmMapping segment);
 
   const uint64_t id_;
   const int rank_;
   const int pid_;
   uid_t uid_;
-  ShmMapping segment_;
+  common::ShmMapping segment_;
   abi::SegmentViewV1 view_;
   std::atomic<int> state_{0};
   std::atomic<bool> released_{false};

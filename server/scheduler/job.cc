@@ -2,10 +2,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/abi/ring_v1.h"
-#include "server/common/api_names.h"
-#include "server/common/clock.h"
-#include "server/common/dtype.h"
+#include "abi/ring_v1.h"
+#include "common/api_names.h"
+#include "common/clock.h"
+#include "common/dtype.h"
 #include "server/completion/completion_writer.h"
 
 namespace dmagather::server::scheduler {
@@ -153,8 +153,8 @@ void Job::Sweep(uint64_t now_ns, absl::Duration op_timeout) {
 }
 
 void Job::FinishOp(Op* op, const absl::Status& status, int failed_rank) {
-  const uint64_t now = MonotonicNs();
-  const uint64_t shard_bytes = op->parts[0].count * DtypeSize(op->parts[0].dtype);
+  const uint64_t now = common::MonotonicNs();
+  const uint64_t shard_bytes = op->parts[0].count * common::DtypeSize(op->parts[0].dtype);
   bool all_ok = true;
   for (int r = 0; r < world_size_; ++r) {
     RankPart& p = op->parts[r];
@@ -163,7 +163,7 @@ void Job::FinishOp(Op* op, const absl::Status& status, int failed_rank) {
     const absl::Status& st = p.status.ok() ? status : p.status;
     if (!st.ok()) {
       all_ok = false;
-      int32_t code = ToApiStatus(st);
+      int32_t code = common::ToApiStatus(st);
       completion::RecordError(s->view().completion, op->seq, code, p.status.ok() ? failed_rank : r,
                               st.message());
       s->counters.errors[code].fetch_add(1, std::memory_order_relaxed);

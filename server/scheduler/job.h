@@ -21,7 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/common/latency_histogram.h"
+#include "common/latency_histogram.h"
 #include "server/engines/copy_engine.h"
 #include "server/ingress/session.h"
 #include "server/scheduler/op.h"
@@ -32,8 +32,8 @@ struct JobCounters {
   std::atomic<uint64_t> ops{0};
   std::atomic<uint64_t> bytes{0};  // Payload bytes written into outputs.
   std::array<std::atomic<uint64_t>, ingress::kNumApiStatus> errors{};
-  LatencyHistogram latency;      // First descriptor seen -> all done flags written.
-  LatencyHistogram hop_latency;  // Last descriptor seen -> copies enqueued on the engine.
+  common::LatencyHistogram latency;      // First descriptor seen -> all done flags written.
+  common::LatencyHistogram hop_latency;  // Last descriptor seen -> copies enqueued on the engine.
 };
 
 class Job {

@@ -2,8 +2,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/abi/descriptor_v1.h"
-#include "server/common/dtype.h"
+#include "abi/descriptor_v1.h"
+#include "common/dtype.h"
 
 namespace dmagather::server::scheduler {
 namespace {
@@ -13,7 +13,7 @@ const char* OpName(uint32_t opcode) {
 }
 
 std::string Shape(const RankPart& p) {
-  return absl::StrCat(OpName(p.opcode), " count=", p.count, " dtype=", DtypeName(p.dtype));
+  return absl::StrCat(OpName(p.opcode), " count=", p.count, " dtype=", common::DtypeName(p.dtype));
 }
 
 }  // namespace
@@ -36,7 +36,7 @@ absl::Status CheckAgreement(const Op& op) {
 void BuildPlan(Op* op) {
   op->plan.Clear();
   const int world = static_cast<int>(op->parts.size());
-  const uint64_t bytes = op->parts[0].count * DtypeSize(op->parts[0].dtype);
+  const uint64_t bytes = op->parts[0].count * common::DtypeSize(op->parts[0].dtype);
   if (bytes == 0) return;
   const bool list = op->parts[0].opcode == abi::kOpAllGatherList;
   for (int dst = 0; dst < world; ++dst) {

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/common/api_names.h"
+#include "common/api_names.h"
 
 namespace dmagather::server::service {
 
@@ -32,8 +32,8 @@ absl::Status CheckJoinRequest(const v1::JoinRequest& req) {
 }
 
 
-void FillLatency(const LatencyHistogram& h, v1::LatencySummary* out) {
-  LatencySummaryNs s = h.Summary();
+void FillLatency(const common::LatencyHistogram& h, v1::LatencySummary* out) {
+  common::LatencySummaryNs s = h.Summary();
   out->set_p50_us(s.p50 / 1e3);
   out->set_p99_us(s.p99 / 1e3);
   out->set_max_us(s.max / 1e3);
@@ -46,7 +46,7 @@ void FillErrors(const Counters& errors, Msg* out) {
     uint64_t n = errors[c].load(std::memory_order_relaxed);
     if (n == 0) continue;
     auto* e = out->add_errors();
-    e->set_code(dmagather::ApiStatusName(c));
+    e->set_code(common::ApiStatusName(c));
     e->set_count(n);
   }
 }
@@ -327,7 +327,7 @@ void Registry::FillStats(const std::string& job_key, v1::StatsReply* out) const 
   for (int c = 1; c < ingress::kNumApiStatus; ++c) {
     if (errors[c] == 0) continue;
     auto* e = out->add_errors();
-    e->set_code(dmagather::ApiStatusName(c));
+    e->set_code(common::ApiStatusName(c));
     e->set_count(errors[c]);
   }
   out->set_registered_bytes(registered);

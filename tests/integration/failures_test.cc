@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/verify.h"
 #include "dmagather/client.h"
-#include "server/common/clock.h"
+#include "common/clock.h"
 #include "tests/integration/harness.h"
 
 namespace dmagather::testing {
@@ -127,12 +127,12 @@ TEST(FailuresTest, RankKilledMidOpGivesPeerFailedWithinOneSecond) {
     }
     if (rank == 2) {  // Dies while ranks 0 and 1 wait for it in op #2.
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      sh->kill_ns = MonotonicNs();
+      sh->kill_ns = common::MonotonicNs();
       raise(SIGKILL);
     }
     dmagather_status_t st = comm.AllGather(s, r, 1000, DMAGATHER_INT64);
     if (st == DMAGATHER_OK) st = comm.Wait();
-    sh->error_ns[rank] = MonotonicNs();
+    sh->error_ns[rank] = common::MonotonicNs();
     Report(rep, st, comm.error());
     // Later calls fail fast too, with the same reason.
     dmagather_status_t again = comm.AllGather(s, r, 1000, DMAGATHER_INT64);

@@ -10,14 +10,14 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "server/common/clock.h"
-#include "server/common/status.h"
+#include "common/clock.h"
+#include "common/status.h"
 
 namespace dmagather::server::engines::cuda {
 namespace {
 
-using ::dmagather::cuda::CudaStatus;
-using ::dmagather::cuda::CuStatus;
+using ::dmagather::common::cuda::CudaStatus;
+using ::dmagather::common::cuda::CuStatus;
 
 constexpr uint64_t kMaxChunkBytes = uint64_t{64} << 20;
 
@@ -56,14 +56,14 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const Options& op
   if (options.chunk_bytes < 4096) {
     return absl::InvalidArgumentError(absl::StrCat("chunk bytes must be >= 4096, got ", options.chunk_bytes));
   }
-  DMAG_ASSIGN_OR_RETURN(int n, ::dmagather::cuda::CudaAvailable());
-  DMAG_ASSIGN_OR_RETURN(const ::dmagather::cuda::DriverApi* api, ::dmagather::cuda::Driver());
+  DMAG_ASSIGN_OR_RETURN(int n, ::dmagather::common::cuda::CudaAvailable());
+  DMAG_ASSIGN_OR_RETURN(const ::dmagather::common::cuda::DriverApi* api, ::dmagather::common::cuda::Driver());
   auto engine = std::unique_ptr<CudaEngine>(new CudaEngine(options, api, n));
   DMAG_RETURN_IF_ERROR(engine->Init());
   return engine;
 }
 
-CudaEngine::CudaEngine(const Options& options, const ::dmagather::cuda::DriverApi* api, int num_devices)
+CudaEngine::CudaEngine(const Options& options, const ::dmagather::common::cuda::DriverApi* api, int num_devices)
     : options_(options),
       api_(api),
       num_devices_(num_devices),
@@ -292,9 +292,9 @@ absl::Status CudaEngine::EnqueueDevice(Device& dev, const EngineOp& op, cudaEven
   PlanWaves(dev.copies, wo, &chunks_, &batches_);
   chunks_stat_.fetch_add(chunks_.size(), std::memory_order_relaxed);
   cudaStream_t s0 = dev.streams[0];
-  const uint64_t t_plan = MonotonicNs();
+  const uint64_t t_plan = common::MonotonicNs();
   absl::Status st = WaitReady(dev, op);
-  const uint64_t t_waits = MonotonicNs();
+  const uint64_t t_waits = common::MonotonicNs();
   memops_ns_.Record(t_waits - t_plan);
   if (st.ok()) {
     std::fill(stream_used_.begin(), stream_used_.end(), 0);
@@ -307,12 +307,12 @@ absl::Status CudaEngine::EnqueueDevice(Device& dev, const EngineOp& op, cudaEven
         if (stream_used_[s]) st.Update(CudaStatus("cudaStreamWaitEvent(gate)", cudaStreamWaitEvent(dev.streams[s], dev.gate, 0)));
       }
     }
-    const uint64_t t_copies = MonotonicNs();
+    const uint64_t t_copies = common::MonotonicNs();
     for (const WaveBatch& b : batches_) {
       if (!st.ok()) break;
       st.Update(IssueBatch(dev, dev.streams[b.stream], chunks_.data() + b.begin, b.end - b.begin));
     }
-    copies_ns_.Record(MonotonicNs() - t_copies);
+    copies_ns_.Record(common::MonotonicNs() - t_copies);
     // Join every stream back into stream 0 (also after an error: the end
     // event must follow everything that was enqueued).
     for (size_t s = 1; fan_out && s < stream_used_.size(); ++s) {
@@ -338,7 +338,7 @@ absl::Status CudaEngine::EnqueueDevice(Device& dev, const EngineOp& op, cudaEven
 }
 
 void CudaEngine::Execute(EngineOp* op) {
-  const uint64_t t_start = MonotonicNs();
+  const uint64_t t_start = common::MonotonicNs();
   ops_.fetch_add(1, std::memory_order_relaxed);
   bytes_.fetch_add(op->plan.bytes, std::memory_order_relaxed);
   if (op->plan.copies.empty()) {  // Nothing to move (one rank in place, or count 0).
@@ -393,7 +393,7 @@ void CudaEngine::Execute(EngineOp* op) {
     ++tail_;
   }
   cv_.notify_one();
-  execute_ns_.Record(MonotonicNs() - t_start);
+  execute_ns_.Record(common::MonotonicNs() - t_start);
 }
 
 void CudaEngine::CompletionLoop() {
@@ -413,7 +413,7 @@ void CudaEngine::CompletionLoop() {
         cudaSetDevice(dev);
         current = dev;
       }
-      const uint64_t t0 = MonotonicNs();
+      const uint64_t t0 = common::MonotonicNs();
       for (uint64_t spins = 0;; ++spins) {
         cudaError_t err = cudaEventQuery(ev);
         if (err == cudaSuccess) break;
@@ -427,7 +427,7 @@ void CudaEngine::CompletionLoop() {
         }
         // Spin (latency: a sleep costs ~60 us of timer slack), yielding
         // after 200 us; sleep between polls only after 5 ms.
-        const uint64_t waited = MonotonicNs() - t0;
+        const uint64_t waited = common::MonotonicNs() - t0;
         if (waited < 200'000) {
           for (int i = 0; i < 32; ++i) CpuRelax();
         } else if (waited < 5'000'000) {
@@ -447,9 +447,9 @@ void CudaEngine::CompletionLoop() {
       ++head_;
     }
     space_cv_.notify_one();
-    const uint64_t t_seen = MonotonicNs();
+    const uint64_t t_seen = common::MonotonicNs();
     op->OnEngineDone(st);
-    complete_ns_.Record(MonotonicNs() - t_seen);
+    complete_ns_.Record(common::MonotonicNs() - t_seen);
   }
 }
 
@@ -462,8 +462,8 @@ void CudaEngine::Stop() {
   cv_.notify_all();
   space_cv_.notify_all();
   if (execute_ns_.Summary().count != 0) {
-    auto us = [](const LatencyHistogram& h) {
-      LatencySummaryNs x = h.Summary();
+    auto us = [](const common::LatencyHistogram& h) {
+      common::LatencySummaryNs x = h.Summary();
       return absl::StrCat("p50 ", x.p50 / 1e3, " us, p99 ", x.p99 / 1e3, " us");
     };
     LOG(INFO) << "cuda engine: " << execute_ns_.Summary().count << " ops; Execute " << us(execute_ns_)
@@ -472,13 +472,13 @@ void CudaEngine::Stop() {
   }
   if (completion_.joinable()) {
     // Give queued copies 5 s to finish; after that, report them failed.
-    const uint64_t deadline = MonotonicNs() + 5'000'000'000ull;
+    const uint64_t deadline = common::MonotonicNs() + 5'000'000'000ull;
     for (;;) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (head_ == tail_) break;
       }
-      if (MonotonicNs() > deadline) {
+      if (common::MonotonicNs() > deadline) {
         abandon_.store(true);
         break;
       }

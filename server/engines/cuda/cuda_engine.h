@@ -37,8 +37,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "server/common/cuda_api.h"
-#include "server/common/latency_histogram.h"
+#include "common/cuda/cuda_api.h"
+#include "common/latency_histogram.h"
 #include "server/engines/copy_engine.h"
 #include "server/engines/cuda/wave_plan.h"
 
@@ -83,7 +83,7 @@ class CudaEngine : public CopyEngine {
   };
   static constexpr size_t kPendingSlots = 4096;
 
-  CudaEngine(const Options& options, const ::dmagather::cuda::DriverApi* api, int num_devices);
+  CudaEngine(const Options& options, const ::dmagather::common::cuda::DriverApi* api, int num_devices);
   absl::Status Init();
   // Enqueues one device's share of `op`; sets *end to the end event when
   // one was recorded (also after an error, so completion waits for what
@@ -95,7 +95,7 @@ class CudaEngine : public CopyEngine {
   void CompletionLoop();
 
   const Options options_;
-  const ::dmagather::cuda::DriverApi* const api_;
+  const ::dmagather::common::cuda::DriverApi* const api_;
   const int num_devices_;
   uint64_t chunk_bytes_;  // Options (or $DMAGATHER_CUDA_CHUNK_MIB), capped at 64 MiB.
   std::vector<Device> devices_;
@@ -127,7 +127,7 @@ class CudaEngine : public CopyEngine {
 
   std::atomic<uint64_t> ops_{0}, bytes_{0}, chunks_stat_{0}, same_device_{0};
   // Where the daemon hop goes (logged at Stop).
-  LatencyHistogram execute_ns_, memops_ns_, copies_ns_, complete_ns_;
+  common::LatencyHistogram execute_ns_, memops_ns_, copies_ns_, complete_ns_;
   std::once_flag same_device_logged_;
 };
 

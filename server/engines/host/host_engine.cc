@@ -3,22 +3,22 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "server/common/shm.h"
-#include "server/common/status.h"
+#include "common/shm.h"
+#include "common/status.h"
 #include "server/engines/host/stream_copy.h"
 
-namespace dmagather::server::engines {
+namespace dmagather::server::engines::host {
 namespace {
 
 class HostRegion : public ImportedRegion {
  public:
-  explicit HostRegion(ShmMapping m) : mapping_(std::move(m)) {}
+  explicit HostRegion(common::ShmMapping m) : mapping_(std::move(m)) {}
   char* base() const override { return static_cast<char*>(mapping_.data()); }
   uint64_t bytes() const override { return mapping_.size(); }
   int64_t owner_uid() const override { return mapping_.owner_uid(); }
 
  private:
-  ShmMapping mapping_;
+  common::ShmMapping mapping_;
 };
 
 }  // namespace
@@ -43,7 +43,7 @@ absl::StatusOr<std::shared_ptr<ImportedRegion>> HostEngine::Import(const RegionS
   if (spec.kind != MemoryKind::kHostShm) {
     return absl::FailedPreconditionError("the host backend imports only shared-memory buffers");
   }
-  DMAG_ASSIGN_OR_RETURN(ShmMapping m, ShmMapping::Open(spec.shm_name, spec.bytes));
+  DMAG_ASSIGN_OR_RETURN(common::ShmMapping m, common::ShmMapping::Open(spec.shm_name, spec.bytes));
   return std::make_shared<HostRegion>(std::move(m));
 }
 
@@ -114,4 +114,4 @@ EngineStats HostEngine::stats() const {
   return s;
 }
 
-}  // namespace dmagather::server::engines
+}  // namespace dmagather::server::engines::host

@@ -13,7 +13,7 @@
 
 #include "server/engines/copy_engine.h"
 
-namespace dmagather::server::engines {
+namespace dmagather::server::engines::host {
 
 class HostEngine : public CopyEngine {
  public:
@@ -44,4 +44,4 @@ class HostEngine : public CopyEngine {
   std::atomic<uint64_t> ops_{0}, bytes_{0}, chunks_{0};
 };
 
-}  // namespace dmagather::server::engines
+}  // namespace dmagather::server::engines::host

@@ -7,7 +7,7 @@
 #include <immintrin.h>
 #endif
 
-namespace dmagather::server::engines {
+namespace dmagather::server::engines::host {
 #if defined(__x86_64__)
 namespace {
 
@@ -65,4 +65,4 @@ void StreamCopy(void* dst, const void* src, size_t n) {
 #endif
 }
 
-}  // namespace dmagather::server::engines
+}  // namespace dmagather::server::engines::host

@@ -9,7 +9,7 @@
 
 #include <cstddef>
 
-namespace dmagather::server::engines {
+namespace dmagather::server::engines::host {
 
 // Copies n bytes; below kStreamMinBytes it is plain memcpy. Ends with a
 // store fence, so the bytes are globally visible before the caller
@@ -18,4 +18,4 @@ void StreamCopy(void* dst, const void* src, size_t n);
 
 constexpr size_t kStreamMinBytes = 64 * 1024;
 
-}  // namespace dmagather::server::engines
+}  // namespace dmagather::server::engines::host

@@ -12,7 +12,7 @@
 
 #include "absl/synchronization/notification.h"
 
-namespace dmagather::server::engines {
+namespace dmagather::server::engines::host {
 namespace {
 
 class TestOp : public EngineOp {
@@ -108,4 +108,4 @@ TEST(HostEngineTest, ImportsOnlySharedMemory) {
 }
 
 }  // namespace
-}  // namespace dmagather::server::engines
+}  // namespace dmagather::server::engines::host

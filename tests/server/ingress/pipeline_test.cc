@@ -7,9 +7,9 @@
 #include <memory>
 #include <vector>
 
-#include "client/abi/ring_v1.h"
-#include "server/common/clock.h"
-#include "server/common/shm.h"
+#include "abi/ring_v1.h"
+#include "common/clock.h"
+#include "common/shm.h"
 #include "server/ingress/ingress.h"
 #include "server/scheduler/job.h"
 #include "tests/fakes/fake_copy_engine.h"
@@ -25,7 +25,7 @@ using server::scheduler::Job;
 // it, and one 64 KiB buffer as region (100 + rank).
 struct FakeRank {
   FakeRank(int rank, FakeCopyEngine* engine) {
-    seg = *ShmMapping::Create(ShmMapping::UniqueName("test-seg"), abi::SegmentLayoutV1::kBytes);
+    seg = *common::ShmMapping::Create(common::ShmMapping::UniqueName("test-seg"), abi::SegmentLayoutV1::kBytes);
     abi::InitSegmentV1(seg.data(), 42 + rank);
     session = *Session::Open(rank + 1, rank, 1000 + rank, seg.name(), 42 + rank);
     seg.Unlink();
@@ -41,7 +41,7 @@ struct FakeRank {
     d.seq = ++seq;
     d.dtype = 0;
     d.count = count;
-    d.submit_ns = MonotonicNs();
+    d.submit_ns = common::MonotonicNs();
     const uint32_t rid = region_id != 0 ? region_id : 100 + session->rank();
     d.send = {rid, 0, out + session->rank() * count};
     d.num_recv = 1;
@@ -54,7 +54,7 @@ struct FakeRank {
   uint32_t errors() { return abi::LoadAcquire(&view().completion->error_count); }
   const abi::ErrorRecordV1& error(uint32_t i) { return view().completion->errors[i % abi::kErrorSlotsV1]; }
 
-  ShmMapping seg;
+  common::ShmMapping seg;
   std::shared_ptr<Session> session;
   std::shared_ptr<FakeRegion> region;
   uint32_t seq = 0;
@@ -76,7 +76,7 @@ class PipelineTest : public ::testing::Test {
                                                         [this] { return std::vector<std::shared_ptr<Job>>{job_}; },
                                                         [] {}});
   }
-  int Poll(bool sweep = false, uint64_t now = 0) { return ingress_->PollOnce(now ? now : MonotonicNs(), sweep); }
+  int Poll(bool sweep = false, uint64_t now = 0) { return ingress_->PollOnce(now ? now : common::MonotonicNs(), sweep); }
   std::string Message(FakeRank& r, uint32_t i) { return r.error(i).message; }
 
   FakeCopyEngine engine_;
@@ -179,7 +179,7 @@ TEST_F(PipelineTest, PeerFailureFailsWaitingAndLaterOps) {
 TEST_F(PipelineTest, TimeoutNamesMissingRanksAndStopsTheJob) {
   Make(3, absl::Milliseconds(100));
   ranks_[1]->Submit(10);
-  const uint64_t t0 = MonotonicNs();
+  const uint64_t t0 = common::MonotonicNs();
   Poll(true, t0);
   EXPECT_EQ(ranks_[1]->done(), 0u);  // Not yet timed out.
   Poll(true, t0 + 200'000'000);

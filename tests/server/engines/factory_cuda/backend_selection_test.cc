@@ -2,13 +2,13 @@
 
 #include <string>
 
-#include "server/common/cuda_api.h"
+#include "common/cuda/cuda_api.h"
 #include "server/engines/factory.h"
 
 namespace dmagather::server::engines {
 namespace {
 
-bool HaveGpu() { return ::dmagather::cuda::CudaAvailable().ok(); }
+bool HaveGpu() { return ::dmagather::common::cuda::CudaAvailable().ok(); }
 
 TEST(BackendSelection, AutoPicksHostWithTheReasonWhenNoGpu) {
   if (HaveGpu()) GTEST_SKIP() << "a CUDA GPU is present";

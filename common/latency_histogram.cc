@@ -1,8 +1,8 @@
-#include "server/common/latency_histogram.h"
+#include "common/latency_histogram.h"
 
 #include <algorithm>
 
-namespace dmagather {
+namespace dmagather::common {
 
 int LatencyHistogram::BucketOf(uint64_t ns) {
   if (ns < (1u << kSubBits)) return static_cast<int>(ns);
@@ -63,4 +63,4 @@ void LatencyHistogram::Merge(const LatencyHistogram& o) {
   }
 }
 
-}  // namespace dmagather
+}  // namespace dmagather::common

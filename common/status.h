@@ -28,7 +28,7 @@
   if (!tmp.ok()) return tmp.status();              \
   lhs = std::move(tmp).value()
 
-namespace dmagather {
+namespace dmagather::common {
 
 // "shm_open(/dmagather-1): Permission denied (errno 13)".
 inline absl::Status ErrnoStatus(absl::string_view call, int err = errno) {
@@ -49,4 +49,4 @@ inline absl::Status ErrnoStatus(absl::string_view call, int err = errno) {
   }
 }
 
-}  // namespace dmagather
+}  // namespace dmagather::common

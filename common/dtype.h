@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace dmagather {
+namespace dmagather::common {
 
 constexpr int kNumDtypes = 8;
 
@@ -20,4 +20,4 @@ inline const char* DtypeName(uint32_t dtype) {
   return dtype < kNumDtypes ? kNames[dtype] : "unknown";
 }
 
-}  // namespace dmagather
+}  // namespace dmagather::common

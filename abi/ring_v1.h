@@ -15,9 +15,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "client/abi/abi_v1.h"
-#include "client/abi/completion_v1.h"
-#include "client/abi/descriptor_v1.h"
+#include "abi/abi_v1.h"
+#include "abi/completion_v1.h"
+#include "abi/descriptor_v1.h"
 
 namespace dmagather::abi {
 

@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace dmagather {
+namespace dmagather::common {
 
 class ShmMapping {
  public:
@@ -50,4 +50,4 @@ class ShmMapping {
   std::string name_;
 };
 
-}  // namespace dmagather
+}  // namespace dmagather::common

@@ -1,10 +1,10 @@
-#include "server/common/cuda_api.h"
+#include "common/cuda/cuda_api.h"
 
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
 
-namespace dmagather::cuda {
+namespace dmagather::common::cuda {
 namespace {
 
 absl::StatusCode CodeOf(cudaError_t err) {
@@ -104,4 +104,4 @@ absl::StatusOr<const DriverApi*> Driver() {
   return &s.api;
 }
 
-}  // namespace dmagather::cuda
+}  // namespace dmagather::common::cuda

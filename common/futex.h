@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-namespace dmagather {
+namespace dmagather::common {
 
 // Sleeps while *word == expected, at most timeout_ns. Spurious wake-ups are
 // fine: callers re-check their condition.
@@ -50,4 +50,4 @@ class Backoff {
   uint32_t n_ = 0;
 };
 
-}  // namespace dmagather
+}  // namespace dmagather::common

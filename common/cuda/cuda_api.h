@@ -17,7 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace dmagather::cuda {
+namespace dmagather::common::cuda {
 
 // "cudaIpcOpenMemHandle: cudaErrorInvalidValue (invalid argument)".
 absl::Status CudaStatus(const char* call, cudaError_t err);
@@ -27,7 +27,7 @@ absl::Status CuStatus(const char* call, CUresult res);
   do {                                                                       \
     cudaError_t dmag_cuda_err_ = (call);                                     \
     if (dmag_cuda_err_ != cudaSuccess) {                                     \
-      return ::dmagather::cuda::CudaStatus(#call, dmag_cuda_err_);           \
+      return ::dmagather::common::cuda::CudaStatus(#call, dmag_cuda_err_);           \
     }                                                                        \
   } while (0)
 
@@ -48,4 +48,4 @@ absl::StatusOr<int> CudaAvailable();
 // The driver functions; an error if CUDA is unavailable or one is missing.
 absl::StatusOr<const DriverApi*> Driver();
 
-}  // namespace dmagather::cuda
+}  // namespace dmagather::common::cuda

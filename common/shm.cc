@@ -1,4 +1,4 @@
-#include "server/common/shm.h"
+#include "common/shm.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -9,9 +9,9 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "server/common/status.h"
+#include "common/status.h"
 
-namespace dmagather {
+namespace dmagather::common {
 
 ShmMapping& ShmMapping::operator=(ShmMapping&& o) noexcept {
   if (this != &o) {
@@ -100,4 +100,4 @@ absl::StatusOr<ShmMapping> ShmMapping::Open(const std::string& name, size_t min_
   return m;
 }
 
-}  // namespace dmagather
+}  // namespace dmagather::common

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-namespace dmagather {
+namespace dmagather::common {
 
 inline uint64_t MonotonicNs() {
   timespec ts;
@@ -14,4 +14,4 @@ inline uint64_t MonotonicNs() {
   return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 }
 
-}  // namespace dmagather
+}  // namespace dmagather::common

@@ -1,4 +1,4 @@
-#include "server/common/latency_histogram.h"
+#include "common/latency_histogram.h"
 
 #include <gtest/gtest.h>
 
@@ -6,15 +6,15 @@
 #include <random>
 #include <vector>
 
-namespace dmagather {
+namespace dmagather::common {
 namespace {
 
 TEST(LatencyHistogramTest, BucketsCoverEveryValueAndAreOrdered) {
   for (uint64_t v : {0ull, 1ull, 7ull, 8ull, 9ull, 1000ull, 123456789ull, ~0ull >> 1}) {
-    int b = LatencyHistogram::BucketOf(v);
-    EXPECT_GE(LatencyHistogram::BucketUpper(b), v) << v;
+    int b = common::LatencyHistogram::BucketOf(v);
+    EXPECT_GE(common::LatencyHistogram::BucketUpper(b), v) << v;
     if (b > 0) {
-      EXPECT_LT(LatencyHistogram::BucketUpper(b - 1), v) << v;
+      EXPECT_LT(common::LatencyHistogram::BucketUpper(b - 1), v) << v;
     }
   }
 }
@@ -23,7 +23,7 @@ TEST(LatencyHistogramTest, QuantilesWithinBucketErrorOfExact) {
   std::mt19937_64 rng(7);
   std::lognormal_distribution<double> dist(9.0, 1.2);  // ~8 us median, long tail.
   std::vector<uint64_t> v;
-  LatencyHistogram h;
+  common::LatencyHistogram h;
   for (int i = 0; i < 100000; ++i) {
     uint64_t x = static_cast<uint64_t>(dist(rng));
     v.push_back(x);
@@ -36,13 +36,13 @@ TEST(LatencyHistogramTest, QuantilesWithinBucketErrorOfExact) {
     EXPECT_GE(got, exact) << q;          // Upper edge of the bucket...
     EXPECT_LE(got, exact * 1.13) << q;   // ...at most one 1/8-octave bucket above.
   }
-  LatencySummaryNs s = h.Summary();
+  common::LatencySummaryNs s = h.Summary();
   EXPECT_EQ(s.count, 100000u);
   EXPECT_EQ(s.max, double(v.back()));
 }
 
 TEST(LatencyHistogramTest, MergeAddsCounts) {
-  LatencyHistogram a, b;
+  common::LatencyHistogram a, b;
   for (int i = 0; i < 10; ++i) a.Record(100);
   for (int i = 0; i < 30; ++i) b.Record(5000);
   a.Merge(b);
@@ -52,4 +52,4 @@ TEST(LatencyHistogramTest, MergeAddsCounts) {
 }
 
 }  // namespace
-}  // namespace dmagather
+}  // namespace dmagather::common

@@ -7,7 +7,7 @@
 #include <atomic>
 #include <cstdint>
 
-namespace dmagather {
+namespace dmagather::common {
 
 struct LatencySummaryNs {
   double p50 = 0, p99 = 0, max = 0;
@@ -34,4 +34,4 @@ class LatencyHistogram {
   std::atomic<uint64_t> max_{0};
 };
 
-}  // namespace dmagather
+}  // namespace dmagather::common

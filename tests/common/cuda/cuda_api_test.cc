@@ -1,10 +1,10 @@
 // CUDA errors become statuses naming the call and the code; without a
 // driver, availability and the driver table fail cleanly (no crash).
-#include "server/common/cuda_api.h"
+#include "common/cuda/cuda_api.h"
 
 #include <gtest/gtest.h>
 
-namespace dmagather::cuda {
+namespace dmagather::common::cuda {
 namespace {
 
 TEST(CudaApi, StatusNamesCallAndCode) {
@@ -25,4 +25,4 @@ TEST(CudaApi, NoDriverFailsCleanly) {
 }
 
 }  // namespace
-}  // namespace dmagather::cuda
+}  // namespace dmagather::common::cuda

@@ -7,7 +7,7 @@
 
 #include "absl/status/status.h"
 
-namespace dmagather {
+namespace dmagather::common {
 
 constexpr int kNumApiStatus = 7;
 
@@ -63,4 +63,4 @@ inline absl::Status FromApiStatus(int code, const std::string& message) {
   }
 }
 
-}  // namespace dmagather
+}  // namespace dmagather::common

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "client/abi/abi_v1.h"
+#include "abi/abi_v1.h"
 
 namespace dmagather::abi {
 
