@@ -86,14 +86,16 @@ struct SegmentViewV1 {
 };
 
 // Writes a fresh segment header (the creator, i.e. the client, calls this
-// once before Join; the stamp is stored last).
-inline void InitSegmentV1(void* base, uint64_t token) {
+// once before Join; the stamp is stored last). `descriptor_stamp` names the
+// descriptor version the client writes into the ring (v1 or later; all fill
+// one slot).
+inline void InitSegmentV1(void* base, uint64_t token, uint32_t descriptor_stamp = kDescriptorStampV1) {
   SegmentViewV1 v = SegmentViewV1::At(base);
   SegmentHeaderV1& h = *v.header;
   h.magic = kMagic;
   h.token = token;
   h.ring_slots = kRingSlotsV1;
-  h.descriptor_stamp = kDescriptorStampV1;
+  h.descriptor_stamp = descriptor_stamp;
   h.completion_stamp = kCompletionStampV1;
   h.max_ranks = kMaxRanksV1;
   h.completion_offset = SegmentLayoutV1::kCompletionOffset;

@@ -1,11 +1,13 @@
 // The stable C ABI of libdmagather: thin wrappers over CommImpl that turn
 // absl::Status into dmagather_status_t and keep the last error's sentence.
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "client/comm.h"
-#include "dmagather/dmagather.h"
 #include "common/api_names.h"
 #include "common/dtype.h"
+#include "dmagather/dmagather.h"
 
 struct dmagather_comm {
   std::unique_ptr<dmagather::client::CommImpl> impl;
@@ -27,29 +29,55 @@ dmagather_status_t Report(dmagather_comm_t comm, const absl::Status& s) {
   return static_cast<dmagather_status_t>(dmagather::common::ToApiStatus(s));
 }
 
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::atoi(v) > 0 ? std::atoi(v) : fallback;
+}
+
 #define DMAG_CHECK_COMM(comm) \
   if ((comm) == nullptr) return Report(nullptr, absl::InvalidArgumentError("comm is NULL"))
+
+// The fields of a caller's config that its version has (size says which).
+#define DMAG_CONFIG_HAS(cfg, field) \
+  ((cfg)->size >= offsetof(dmagather_config_t, field) + sizeof((cfg)->field))
 
 }  // namespace
 
 extern "C" {
 
-dmagather_status_t dmagather_comm_init(const char* socket_path, const char* job_key, int world_size, int rank,
-                                       dmagather_comm_t* comm) {
+dmagather_status_t dmagather_comm_init_config(const char* job_key, int world_size, int rank,
+                                              const dmagather_config_t* config, dmagather_comm_t* comm) {
   if (comm == nullptr) return Report(nullptr, absl::InvalidArgumentError("comm (output) is NULL"));
   *comm = nullptr;
   dmagather::client::CommOptions o;
-  o.socket_path = socket_path != nullptr ? socket_path : "";
   o.job_key = job_key != nullptr ? job_key : "";
   o.world_size = world_size;
   o.rank = rank;
-  if (const char* t = std::getenv("DMAGATHER_JOIN_TIMEOUT_MS"); t != nullptr && std::atoi(t) > 0) {
-    o.join_timeout_ms = std::atoi(t);
+  o.join_timeout_ms = EnvInt("DMAGATHER_JOIN_TIMEOUT_MS", 60000);
+  if (config != nullptr) {
+    if (config->magic != DMAGATHER_CONFIG_MAGIC || config->size < offsetof(dmagather_config_t, socket_path)) {
+      return Report(nullptr, absl::InvalidArgumentError(
+                                 "config was not set up with DMAGATHER_CONFIG_INITIALIZER (bad size or magic)"));
+    }
+    if (DMAG_CONFIG_HAS(config, socket_path) && config->socket_path != nullptr) o.socket_path = config->socket_path;
+    if (DMAG_CONFIG_HAS(config, join_timeout_ms) && config->join_timeout_ms > 0) {
+      o.join_timeout_ms = config->join_timeout_ms;
+    }
+    if (DMAG_CONFIG_HAS(config, spin)) o.spin = config->spin;
+    if (DMAG_CONFIG_HAS(config, local_rank)) o.local_rank = config->local_rank;
+    if (DMAG_CONFIG_HAS(config, local_world_size)) o.local_world_size = config->local_world_size;
   }
   auto impl = dmagather::client::CommImpl::Create(o);
   if (!impl.ok()) return Report(nullptr, impl.status());
   *comm = new dmagather_comm{*std::move(impl), {}};
   return DMAGATHER_OK;
+}
+
+dmagather_status_t dmagather_comm_init(const char* socket_path, const char* job_key, int world_size, int rank,
+                                       dmagather_comm_t* comm) {
+  dmagather_config_t config = DMAGATHER_CONFIG_INITIALIZER;
+  config.socket_path = socket_path;
+  return dmagather_comm_init_config(job_key, world_size, rank, &config, comm);
 }
 
 dmagather_status_t dmagather_comm_destroy(dmagather_comm_t comm) {
@@ -98,6 +126,60 @@ dmagather_status_t dmagather_allgather_list(dmagather_comm_t comm, const void* s
   return Report(comm, comm->impl->AllGatherList(send, recvs, count, dtype, stream));
 }
 
+dmagather_status_t dmagather_allgather_async(dmagather_comm_t comm, const void* send, void* recv, size_t count,
+                                             dmagather_dtype_t dtype, void* stream, dmagather_op_t* op) {
+  DMAG_CHECK_COMM(comm);
+  dmagather::client::GatherItem item{false, send, &recv, count, dtype};
+  uint64_t handle = 0;
+  dmagather_status_t st = Report(comm, comm->impl->Submit(&item, 1, stream, &handle));
+  if (op != nullptr) *op = handle;
+  return st;
+}
+
+dmagather_status_t dmagather_allgather_coalesced(dmagather_comm_t comm, const dmagather_gather_t* items, size_t n,
+                                                 void* stream, dmagather_op_t* op) {
+  DMAG_CHECK_COMM(comm);
+  dmagather::client::GatherItem gi[DMAGATHER_MAX_COALESCED];
+  const size_t m = items == nullptr ? 0 : std::min<size_t>(n, DMAGATHER_MAX_COALESCED);
+  for (size_t i = 0; i < m; ++i) {
+    gi[i] = dmagather::client::GatherItem{false, items[i].send, &items[i].recv, items[i].count, items[i].dtype};
+  }
+  uint64_t handle = 0;
+  dmagather_status_t st =
+      Report(comm, comm->impl->Submit(items == nullptr ? nullptr : gi, n, stream, &handle));
+  if (op != nullptr) *op = handle;
+  return st;
+}
+
+dmagather_status_t dmagather_submit_fallback(dmagather_comm_t comm, const char* reason, dmagather_op_t* op) {
+  DMAG_CHECK_COMM(comm);
+  uint64_t handle = 0;
+  dmagather_status_t st = Report(comm, comm->impl->SubmitFallback(reason != nullptr ? reason : "", &handle));
+  if (op != nullptr) *op = handle;
+  return st;
+}
+
+dmagather_status_t dmagather_op_wait(dmagather_comm_t comm, dmagather_op_t op) {
+  DMAG_CHECK_COMM(comm);
+  return Report(comm, comm->impl->OpWait(op));
+}
+
+dmagather_status_t dmagather_op_test(dmagather_comm_t comm, dmagather_op_t op, int* done) {
+  DMAG_CHECK_COMM(comm);
+  if (done == nullptr) return Report(comm, absl::InvalidArgumentError("done (output) is NULL"));
+  *done = 0;
+  absl::Status op_status;
+  auto finished = comm->impl->OpTest(op, &op_status);
+  if (!finished.ok()) return Report(comm, finished.status());
+  *done = *finished ? 1 : 0;
+  return Report(comm, op_status);
+}
+
+dmagather_status_t dmagather_op_wait_stream(dmagather_comm_t comm, dmagather_op_t op, void* stream) {
+  DMAG_CHECK_COMM(comm);
+  return Report(comm, comm->impl->OpWaitStream(op, stream));
+}
+
 dmagather_status_t dmagather_wait(dmagather_comm_t comm) {
   DMAG_CHECK_COMM(comm);
   return Report(comm, comm->impl->Wait());
@@ -119,6 +201,6 @@ size_t dmagather_dtype_size(dmagather_dtype_t dtype) { return dmagather::common:
 
 const char* dmagather_dtype_name(dmagather_dtype_t dtype) { return dmagather::common::DtypeName(dtype); }
 
-const char* dmagather_version(void) { return "0.1.0"; }
+const char* dmagather_version(void) { return DMAGATHER_VERSION_STRING; }
 
 }  // extern "C"

@@ -8,9 +8,9 @@
 #include <cstring>
 #include <random>
 
+#include "abi/descriptor_v2.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "dmagather/v1/control.grpc.pb.h"
 #include "common/api_names.h"
 #include "common/clock.h"
 #include "common/dtype.h"
@@ -22,10 +22,16 @@ namespace {
 
 constexpr uint32_t kFatalMask = (1u << DMAGATHER_UNAVAILABLE) | (1u << DMAGATHER_PEER_FAILED) |
                                 (1u << DMAGATHER_TIMEOUT);
+// Binary error details by which the daemon marks a FAILED_PRECONDITION as FALLBACK.
+constexpr char kGrpcFallbackDetails[] = "dmagather.fallback";
 
 absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
   if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(what, ": ", s.error_message()));
+  const std::string msg = absl::StrCat(what, ": ", s.error_message());
+  if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION && s.error_details() == kGrpcFallbackDetails) {
+    return common::FallbackError(msg);
+  }
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), msg);
 }
 
 std::chrono::system_clock::time_point In(int ms) {
@@ -39,13 +45,24 @@ std::string ResolveSocket(const std::string& explicit_path) {
   return DMAGATHER_DEFAULT_SOCKET;
 }
 
+// FALLBACK stays FALLBACK; anything else a rank finds wrong before submit
+// is INVALID_ARGUMENT for the op.
+int RefusalCode(const absl::Status& s) { return common::IsFallback(s) ? DMAGATHER_FALLBACK : DMAGATHER_INVALID_ARGUMENT; }
+
 }  // namespace
 
-CommImpl::CommImpl(const CommOptions& options) : options_(options) {
+CommImpl::CommImpl(const CommOptions& options) : options_(options), op_records_(abi::kRingSlotsV1) {
   // Pause iterations before a waiting rank sleeps on the futex. Short: the
   // daemon's copy threads need the cores more than a spinning rank does.
-  if (const char* s = std::getenv("DMAGATHER_SPIN"); s != nullptr && std::atoi(s) >= 0) spin_ = std::atoi(s);
+  if (options.spin >= 0) {
+    spin_ = options.spin;
+  } else if (const char* s = std::getenv("DMAGATHER_SPIN"); s != nullptr && std::atoi(s) >= 0) {
+    spin_ = std::atoi(s);
+  }
+  scratch_.resize(DMAGATHER_MAX_COALESCED);
 }
+
+std::string CommImpl::Rank() const { return absl::StrCat("rank ", options_.rank, ": "); }
 
 absl::StatusOr<std::unique_ptr<CommImpl>> CommImpl::Create(const CommOptions& in) {
   CommOptions o = in;
@@ -70,11 +87,12 @@ absl::StatusOr<std::unique_ptr<CommImpl>> CommImpl::Create(const CommOptions& in
 absl::Status CommImpl::Join() {
   // The rank segment: created here (0600), mapped by the daemon at Join,
   // unlinked once both have it mapped.
-  DMAG_ASSIGN_OR_RETURN(segment_, common::ShmMapping::Create(common::ShmMapping::UniqueName("seg"), abi::SegmentLayoutV1::kBytes));
+  DMAG_ASSIGN_OR_RETURN(segment_, common::ShmMapping::Create(common::ShmMapping::UniqueName("seg"),
+                                                             abi::SegmentLayoutV1::kBytes));
   view_ = abi::SegmentViewV1::At(segment_.data());
   std::random_device rd;
   const uint64_t token = (uint64_t(rd()) << 32) | rd();
-  abi::InitSegmentV1(segment_.data(), token);
+  abi::InitSegmentV1(segment_.data(), token, abi::kDescriptorStampV2);
 
   channel_ = grpc::CreateChannel("unix:" + options_.socket_path, grpc::InsecureChannelCredentials());
   if (!channel_->WaitForConnected(In(1000))) {
@@ -83,6 +101,7 @@ absl::Status CommImpl::Join() {
                                                " within 1 s (stale socket of a daemon that is not running?)"));
   }
   stub_ = v1::Control::NewStub(channel_);
+  const ProbedDevice device = ProbeDevice();
   v1::JoinRequest req;
   req.set_job_key(options_.job_key);
   req.set_world_size(options_.world_size);
@@ -91,13 +110,22 @@ absl::Status CommImpl::Join() {
   req.set_segment_name(segment_.name());
   req.set_segment_token(token);
   req.set_join_timeout_ms(options_.join_timeout_ms);
-  const int cuda_device = CudaClient::CurrentDevice();
-  req.set_cuda_device(cuda_device);
+  req.mutable_device()->set_kind(device.kind);
+  req.mutable_device()->set_ordinal(device.ordinal);
+  req.set_abi_version(2);
+  req.set_capability_version(1);
+  req.set_client_version(DMAGATHER_VERSION_STRING);
   join_ctx_ = std::make_unique<grpc::ClientContext>();
   join_stream_ = stub_->Join(join_ctx_.get(), req);
   v1::JoinEvent ev;
   const bool got = join_stream_->Read(&ev);
   segment_.Unlink();  // Mapped by the daemon now, or never will be.
+  auto abandon = [this](const absl::Status& why) {
+    join_ctx_->TryCancel();
+    join_stream_->Finish();
+    join_stream_.reset();
+    return why;
+  };
   if (!got || !ev.has_joined()) {
     grpc::Status st = join_stream_->Finish();
     join_stream_.reset();
@@ -106,34 +134,22 @@ absl::Status CommImpl::Join() {
   }
   const v1::JoinReply& reply = ev.joined();
   session_id_ = reply.session_id();
-  backend_ = reply.backend().empty() ? "host" : reply.backend();
+  session_secret_ = reply.session_secret();
+  backend_name_ = reply.backend().empty() ? "host" : reply.backend();
   daemon_version_ = reply.daemon_version();
   auto bell = common::ShmMapping::Open(reply.doorbell_name(), sizeof(abi::DoorbellV1));
   if (!bell.ok()) {
-    join_ctx_->TryCancel();
-    join_stream_->Finish();
-    join_stream_.reset();
-    return absl::UnavailableError(absl::StrCat("cannot map the daemon's doorbell: ", bell.status().message()));
+    return abandon(absl::UnavailableError(absl::StrCat("cannot map the daemon's doorbell: ", bell.status().message())));
   }
   doorbell_ = *std::move(bell);
   bell_ = static_cast<abi::DoorbellV1*>(doorbell_.data());
-  if (backend_ == "cuda") {
-    // The rank's stream writes ready_seq and waits on done_seq: both live in
-    // the completion block, registered with CUDA here and in the daemon.
-    auto cuda = cuda_device < 0
-                    ? absl::StatusOr<std::unique_ptr<CudaClient>>(absl::FailedPreconditionError(
-                          "dmagatherd runs the cuda backend but this process has no usable CUDA device"))
-                    : CudaClient::Create(cuda_device, view_.completion,
-                                         abi::SegmentLayoutV1::kRingOffset - abi::SegmentLayoutV1::kCompletionOffset);
-    if (!cuda.ok()) {
-      join_ctx_->TryCancel();
-      join_stream_->Finish();
-      join_stream_.reset();
-      return absl::Status(cuda.status().code(),
-                          absl::StrCat("rank ", options_.rank, ": cuda backend: ", cuda.status().message()));
-    }
-    cuda_ = *std::move(cuda);
-  }
+  ClientBackendContext ctx;
+  ctx.completion = view_.completion;
+  ctx.flag_bytes = abi::SegmentLayoutV1::kRingOffset - abi::SegmentLayoutV1::kCompletionOffset;
+  ctx.device = device.ordinal;
+  auto backend = CreateClientBackend(backend_name_, ctx);
+  if (!backend.ok()) return abandon(common::Annotate(backend.status(), Rank()));
+  backend_ = *std::move(backend);
   watcher_ = std::thread([this] {
     v1::JoinEvent e;
     std::string reason = absl::StrCat("the connection to dmagatherd at ", options_.socket_path, " was lost");
@@ -146,9 +162,9 @@ absl::Status CommImpl::Join() {
     }
     released_done_ = abi::LoadAcquire(&view_.completion->done_seq);
     daemon_gone_.store(true, std::memory_order_release);
-    if (cuda_ != nullptr) {
-      // No daemon will ever publish done again: release the rank's stream
-      // (its done waits pass); the calls report UNAVAILABLE.
+    if (backend_->has_stream_waits()) {
+      // No daemon will ever publish done again: release the rank's streams
+      // (their done waits pass); the calls report UNAVAILABLE.
       abi::StoreSeqCst(&view_.completion->done_seq, released_done_ + (1u << 30));
     }
     common::FutexWakeAll(&view_.completion->done_seq);
@@ -160,7 +176,7 @@ CommImpl::~CommImpl() { Close().IgnoreError(); }
 
 absl::Status CommImpl::DaemonGone() const {
   absl::MutexLock lock(&gone_mu_);
-  return absl::UnavailableError(absl::StrCat("rank ", options_.rank, ": ", gone_reason_));
+  return absl::UnavailableError(absl::StrCat(Rank(), gone_reason_));
 }
 
 absl::Status CommImpl::Close() {
@@ -173,6 +189,7 @@ absl::Status CommImpl::Close() {
       ctx.set_deadline(In(2000));
       v1::LeaveRequest req;
       req.set_session_id(session_id_);
+      req.set_session_secret(session_secret_);
       v1::LeaveReply reply;
       stub_->Leave(&ctx, req, &reply);
     }
@@ -183,17 +200,14 @@ absl::Status CommImpl::Close() {
     join_stream_->Finish();
     join_stream_.reset();
   }
-  if (cuda_ != nullptr) {
-    for (auto& [base, r] : regions_) {
-      if (r.device_owned) cuda_->Free(reinterpret_cast<void*>(base)).IgnoreError();
-    }
-  }
-  regions_.clear();
-  cuda_.reset();
+  regions_.clear();  // Frees what dmagather_alloc made.
+  backend_.reset();
   return st;
 }
 
-absl::StatusOr<abi::BufferRefV1> CommImpl::Resolve(const void* ptr, uint64_t bytes, const char* what) const {
+// --- Registration ---
+
+absl::StatusOr<abi::BufferRefV1> CommImpl::Lookup(const void* ptr, uint64_t bytes, const char* what) const {
   const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
   auto it = regions_.upper_bound(p);
   if (it != regions_.begin()) {
@@ -216,49 +230,84 @@ absl::StatusOr<abi::BufferRefV1> CommImpl::Resolve(const void* ptr, uint64_t byt
       ptr));
 }
 
-absl::StatusOr<void*> CommImpl::Alloc(size_t bytes) {
-  if (bytes == 0) return absl::InvalidArgumentError("dmagather_alloc of 0 bytes");
-  if (daemon_gone_.load()) return DaemonGone();
-  if (cuda_ != nullptr) {
-    DMAG_ASSIGN_OR_RETURN(void* p, cuda_->Malloc(bytes));
-    absl::Status st = RegisterDevice(p, bytes);
-    if (!st.ok()) {
-      cuda_->Free(p).IgnoreError();
-      return st;
-    }
-    regions_[reinterpret_cast<uintptr_t>(p)].device_owned = true;
-    return p;
+absl::StatusOr<abi::BufferRefV1> CommImpl::Resolve(const void* ptr, uint64_t bytes, const char* what) {
+  if (ptr == nullptr) return absl::InvalidArgumentError(absl::StrCat(Rank(), what, " buffer is NULL"));
+  auto ref = Lookup(ptr, bytes, what);
+  if (!backend_->registers_on_submit()) return ref;
+  if (ref.ok()) {
+    // A cached registration is valid only while its allocation lives.
+    auto it = --regions_.upper_bound(reinterpret_cast<uintptr_t>(ptr));
+    if (backend_->BufferId(ptr) == it->second.buffer_id) return ref;
   }
-  const uint64_t rounded = (uint64_t(bytes) + 4095) & ~uint64_t{4095};
-  DMAG_ASSIGN_OR_RETURN(common::ShmMapping m, common::ShmMapping::Create(common::ShmMapping::UniqueName("buf"), rounded));
+  DMAG_RETURN_IF_ERROR(Register(const_cast<void*>(ptr), bytes));
+  return Lookup(ptr, bytes, what);
+}
+
+absl::Status CommImpl::RegisterExport(const MemoryExport& e, std::unique_ptr<OwnedBuffer> owned) {
+  auto same = regions_.find(e.base);
+  if (same != regions_.end() && same->second.buffer_id == e.buffer_id && same->second.bytes == e.bytes) {
+    return absl::OkStatus();  // Already registered (the cache hit).
+  }
+  // Registrations overlapping this allocation belong to memory that was
+  // freed and reused: drop them first (ops in flight may still name them).
+  auto overlaps = [&](const auto& kv) { return kv.first < e.base + e.bytes && e.base < kv.first + kv.second.bytes; };
+  bool stale = false;
+  for (const auto& kv : regions_) stale |= overlaps(kv);
+  if (stale) {
+    DMAG_RETURN_IF_ERROR(WaitDone(static_cast<uint32_t>(submitted_)));
+    for (auto it = regions_.begin(); it != regions_.end();) {
+      auto cur = it++;
+      if (!overlaps(*cur)) continue;
+      DeregisterRegion(cur->second.id).IgnoreError();  // Best effort: the daemon drops it at Leave at the latest.
+      regions_.erase(cur);
+    }
+  }
   grpc::ClientContext ctx;
   ctx.set_deadline(In(10000));
   v1::RegisterRequest req;
   req.set_session_id(session_id_);
-  req.set_kind(v1::MEMORY_KIND_HOST_SHM);
-  req.set_bytes(rounded);
-  req.set_shm_name(m.name());
-  req.set_client_base(reinterpret_cast<uintptr_t>(m.data()));
+  req.set_session_secret(session_secret_);
+  req.set_memory_kind(e.memory_kind);
+  req.set_bytes(e.bytes);
+  req.set_shm_name(e.shm_name);
+  req.set_handle(e.handle);
+  req.set_client_base(e.base);
   v1::RegisterReply reply;
   grpc::Status st = stub_->Register(&ctx, req, &reply);
-  m.Unlink();
-  DMAG_RETURN_IF_ERROR(FromGrpc(st, absl::StrCat("rank ", options_.rank, ": registering ", bytes, " bytes")));
-  void* p = m.data();
-  Region& r = regions_[reinterpret_cast<uintptr_t>(p)];
-  r.bytes = rounded;
+  if (owned != nullptr) owned->Registered();
+  DMAG_RETURN_IF_ERROR(FromGrpc(st, absl::StrCat(Rank(), "registering ", e.memory_kind, " memory of ", e.bytes,
+                                                 " bytes")));
+  Region& r = regions_[e.base];
+  r.bytes = e.bytes;
   r.id = reply.region_id();
-  r.mapping = std::move(m);
+  r.buffer_id = e.buffer_id;
+  r.owned = std::move(owned);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> CommImpl::Alloc(size_t bytes) {
+  if (closed_) return absl::InvalidArgumentError("the communicator was destroyed");
+  if (bytes == 0) return absl::InvalidArgumentError("dmagather_alloc of 0 bytes");
+  if (daemon_gone_.load()) return DaemonGone();
+  DMAG_ASSIGN_OR_RETURN(std::unique_ptr<OwnedBuffer> buf, backend_->Allocate(bytes));
+  void* p = buf->data();
+  const MemoryExport e = buf->export_info();
+  DMAG_RETURN_IF_ERROR(RegisterExport(e, std::move(buf)));
   return p;
 }
 
 absl::Status CommImpl::Register(void* ptr, size_t bytes) {
+  if (closed_) return absl::InvalidArgumentError("the communicator was destroyed");
   if (ptr == nullptr || bytes == 0) return absl::InvalidArgumentError("dmagather_register of a null or empty buffer");
-  if (cuda_ != nullptr) return RegisterDevice(ptr, bytes);
-  if (Resolve(ptr, bytes, "registered").ok()) return absl::OkStatus();  // Already reachable.
-  return absl::FailedPreconditionError(absl::StrFormat(
-      "rank %d: the host backend reaches only memory from dmagather_alloc; %p (%u bytes) is private to this "
-      "process",
-      options_.rank, ptr, bytes));
+  if (daemon_gone_.load()) return DaemonGone();
+  auto known = Lookup(ptr, bytes, "registered");
+  if (known.ok()) {
+    auto it = --regions_.upper_bound(reinterpret_cast<uintptr_t>(ptr));
+    if (it->second.owned != nullptr || backend_->BufferId(ptr) == it->second.buffer_id) return absl::OkStatus();
+  }
+  auto e = backend_->Describe(ptr, bytes);
+  if (!e.ok()) return common::Annotate(e.status(), Rank());
+  return RegisterExport(*e, nullptr);
 }
 
 absl::Status CommImpl::DeregisterRegion(uint32_t region_id) {
@@ -266,12 +315,14 @@ absl::Status CommImpl::DeregisterRegion(uint32_t region_id) {
   ctx.set_deadline(In(10000));
   v1::DeregisterRequest req;
   req.set_session_id(session_id_);
+  req.set_session_secret(session_secret_);
   req.set_region_id(region_id);
   v1::DeregisterReply reply;
   return FromGrpc(stub_->Deregister(&ctx, req, &reply), "deregister");
 }
 
 absl::Status CommImpl::Deregister(void* ptr) {
+  if (closed_) return absl::InvalidArgumentError("the communicator was destroyed");
   auto it = regions_.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == regions_.end()) {
     return absl::InvalidArgumentError(absl::StrFormat("rank %d: %p is not the start of a registered buffer",
@@ -279,48 +330,72 @@ absl::Status CommImpl::Deregister(void* ptr) {
   }
   DMAG_RETURN_IF_ERROR(Wait());  // Outstanding ops may still use it.
   absl::Status st = DeregisterRegion(it->second.id);
-  regions_.erase(it);  // Unmapped here; the daemon unmaps its side at the latest when the rank leaves.
+  regions_.erase(it);  // Freed here (if the library made it); the daemon's side goes with the Deregister.
   return daemon_gone_.load() ? absl::OkStatus() : st;
 }
 
 absl::Status CommImpl::Free(void* ptr) {
   auto it = regions_.find(reinterpret_cast<uintptr_t>(ptr));
-  if (cuda_ != nullptr) {
-    if (it == regions_.end() || !it->second.device_owned) {
-      return absl::InvalidArgumentError(absl::StrFormat("rank %d: %p was not returned by dmagather_alloc",
-                                                        options_.rank, ptr));
-    }
-    absl::Status st = Deregister(ptr);
-    absl::Status freed = cuda_->Free(ptr);
-    return st.ok() ? freed : st;
-  }
-  if (it == regions_.end() || !it->second.mapping.valid()) {
+  if (it == regions_.end() || it->second.owned == nullptr) {
     return absl::InvalidArgumentError(absl::StrFormat("rank %d: %p was not returned by dmagather_alloc",
                                                       options_.rank, ptr));
   }
   return Deregister(ptr);
 }
 
+// --- Completion and errors ---
+
+void CommImpl::ScanErrors() {
+  // done_seq first: every record of an op <= done was written before it.
+  const uint32_t done = abi::LoadAcquire(&view_.completion->done_seq);
+  const uint32_t n = abi::LoadAcquire(&view_.completion->error_count);
+  const uint32_t prev_done = scanned_done_;
+  scanned_done_ = done;
+  if (n == errors_scanned_) return;
+  uint32_t first = errors_scanned_;
+  if (n - first > abi::kErrorSlotsV1) {
+    // Records were overwritten before this rank read them: ops finished
+    // since the last scan may have lost their status.
+    lost_from_ = prev_done;
+    lost_upto_ = done;
+    first = n - abi::kErrorSlotsV1;
+  }
+  for (uint32_t i = first; i != n; ++i) {
+    const abi::ErrorRecordV1& rec = view_.completion->errors[i % abi::kErrorSlotsV1];
+    OpRecord& o = op_records_[rec.seq % op_records_.size()];
+    o.seq = rec.seq;
+    o.status = rec.status;
+    o.message.assign(rec.message, strnlen(rec.message, sizeof(rec.message)));
+  }
+  errors_scanned_ = n;
+}
+
+absl::Status CommImpl::OpStatus(uint32_t seq) {
+  ScanErrors();
+  const OpRecord& o = op_records_[seq % op_records_.size()];
+  if (o.seq == seq && o.status != 0) return common::FromApiStatus(o.status, o.message);
+  if (lost_upto_ != lost_from_ && abi::SeqGeq(lost_upto_, seq) && !abi::SeqGeq(lost_from_, seq)) {
+    return absl::InternalError(absl::StrCat(Rank(), "the status of op ", seq,
+                                            " was lost (more than 16 ops failed before it was read)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CommImpl::CollectErrors() {
   const uint32_t n = abi::LoadAcquire(&view_.completion->error_count);
   if (n == errors_seen_) return absl::OkStatus();
   uint32_t first = errors_seen_;
-  uint32_t lost = 0;
-  if (n - first > abi::kErrorSlotsV1) {
-    lost = n - first - abi::kErrorSlotsV1;
-    first = n - abi::kErrorSlotsV1;
-  }
+  if (n - first > abi::kErrorSlotsV1) first = n - abi::kErrorSlotsV1;
   const abi::ErrorRecordV1& rec = view_.completion->errors[first % abi::kErrorSlotsV1];
   std::string msg(rec.message, strnlen(rec.message, sizeof(rec.message)));
   const uint32_t more = n - errors_seen_ - 1;
   if (more != 0) absl::StrAppend(&msg, " (and ", more, " more failed operation(s) since the last wait)");
-  (void)lost;
   errors_seen_ = n;
   return common::FromApiStatus(rec.status, msg);
 }
 
 absl::Status CommImpl::CheckHealthy() {
-  if (closed_) return absl::FailedPreconditionError("the communicator was destroyed");
+  if (closed_) return absl::InvalidArgumentError("the communicator was destroyed");
   if (daemon_gone_.load(std::memory_order_acquire)) return DaemonGone();
   // An earlier op's failure is returned here only when it ends the job
   // (peer failed, timeout, daemon stopping); others come back from Wait().
@@ -336,8 +411,8 @@ absl::Status CommImpl::WaitDone(uint32_t seq) {
   abi::CompletionV1* c = view_.completion;
   common::Backoff backoff(spin_);
   for (;;) {
-    if (cuda_ != nullptr && daemon_gone_.load(std::memory_order_acquire)) {
-      // done_seq was moved ahead to release the stream; only ops finished
+    if (backend_->has_stream_waits() && daemon_gone_.load(std::memory_order_acquire)) {
+      // done_seq was moved ahead to release the streams; only ops finished
       // before the daemon went away really are done.
       return abi::SeqGeq(released_done_, seq) ? absl::OkStatus() : DaemonGone();
     }
@@ -352,10 +427,9 @@ absl::Status CommImpl::WaitDone(uint32_t seq) {
   }
 }
 
-absl::Status CommImpl::Publish(abi::DescriptorV1* d, bool cpu_ready) {
-  const uint32_t seq = submitted_seq_ + 1;
-  // At most kRingSlotsV1 ops outstanding: the daemon's matcher has one slot each.
-  DMAG_RETURN_IF_ERROR(WaitDone(seq - abi::kRingSlotsV1));
+// --- Submit ---
+
+absl::Status CommImpl::PublishSlot(const void* d, size_t bytes) {
   abi::RingV1* ring = view_.ring;
   const uint64_t tail = ring->tail;
   common::Backoff backoff;
@@ -363,176 +437,205 @@ absl::Status CommImpl::Publish(abi::DescriptorV1* d, bool cpu_ready) {
     if (daemon_gone_.load()) return DaemonGone();
     if (backoff.Pause()) usleep(50);
   }
-  d->stamp = d->stamp != 0 ? d->stamp : abi::kDescriptorStampV1;
-  d->seq = seq;
-  d->submit_ns = common::MonotonicNs();
-  const size_t used = offsetof(abi::DescriptorV1, recv) + sizeof(abi::BufferRefV1) * std::min(d->num_recv, abi::kMaxRanksV1);
-  std::memcpy(&view_.slots[tail % abi::kRingSlotsV1], d, used);
-  if (cpu_ready) abi::StoreRelease(&view_.completion->ready_seq, seq);
+  std::memcpy(&view_.slots[tail % abi::kRingSlotsV1], d, bytes);
   abi::StoreSeqCst(&ring->tail, tail + 1);
   if (abi::LoadSeqCst(&bell_->sleeping) != 0) {
     abi::FetchAdd(&bell_->seq, 1u);
     common::FutexWakeAll(&bell_->seq);
   }
-  submitted_seq_ = seq;
   return absl::OkStatus();
 }
 
+absl::Status CommImpl::Publish(abi::DescriptorV2* ds, size_t n) {
+  const uint32_t seq = static_cast<uint32_t>(submitted_ + 1);
+  // At most kRingSlotsV1 ops outstanding: the daemon's matcher has one slot each.
+  DMAG_RETURN_IF_ERROR(WaitDone(seq - abi::kRingSlotsV1));
+  const uint64_t now = common::MonotonicNs();
+  for (size_t i = 0; i < n; ++i) {
+    abi::DescriptorV2& d = ds[i];
+    d.stamp = abi::kDescriptorStampV2;
+    d.seq = seq;
+    d.submit_ns = now;
+    d.items_following = static_cast<uint32_t>(n - 1 - i);
+    const size_t used = d.op == abi::kOpRefuse
+                            ? sizeof(abi::DescriptorV2)
+                            : offsetof(abi::DescriptorV2, recv) +
+                                  sizeof(abi::BufferRefV1) * std::min(d.num_recv, abi::kMaxRanksV1);
+    DMAG_RETURN_IF_ERROR(PublishSlot(&d, used));
+  }
+  submitted_ = submitted_ + 1;
+  return absl::OkStatus();
+}
+
+absl::Status CommImpl::PublishRefusal(const absl::Status& why) {
+  abi::DescriptorV2& d = scratch_[0];
+  std::memset(&d, 0, sizeof(d));
+  d.op = abi::kOpRefuse;
+  d.refusal.status = RefusalCode(why);
+  const size_t len = std::min(why.message().size(), sizeof(d.refusal.reason) - 1);
+  std::memcpy(d.refusal.reason, why.message().data(), len);
+  d.refusal.reason[len] = '\0';
+  // Host readiness is a CPU store; keep ready_seq moving with the ops.
+  if (!backend_->has_stream_waits()) backend_->WriteReady(nullptr, static_cast<uint32_t>(submitted_ + 1)).IgnoreError();
+  return Publish(&d, 1);
+}
+
+absl::Status CommImpl::PrepareItem(const GatherItem& item, void* stream, abi::DescriptorV2* d) {
+  const int world = options_.world_size, rank = options_.rank;
+  if (static_cast<uint32_t>(item.dtype) >= common::kNumDtypes) {
+    return absl::InvalidArgumentError(absl::StrCat(Rank(), "unknown dtype ", int(item.dtype)));
+  }
+  if (item.recvs == nullptr) return absl::InvalidArgumentError(absl::StrCat(Rank(), "recvs is NULL"));
+  const uint64_t bytes = uint64_t(item.count) * common::DtypeSize(item.dtype);
+  d->op = item.list ? abi::kOpAllGatherListV2 : abi::kOpAllGatherV2;
+  d->dtype = item.dtype;
+  d->count = item.count;
+  d->num_recv = item.list ? static_cast<uint32_t>(world) : 1;
+  const uint64_t out_bytes = item.list ? bytes : bytes * uint64_t(world);
+  for (uint32_t r = 0; r < d->num_recv; ++r) {
+    DMAG_ASSIGN_OR_RETURN(d->recv[r], Resolve(item.recvs[r], out_bytes, "recv"));
+  }
+  const void* send = item.send;
+  if (backend_->copies_own_shard() && bytes != 0) {
+    // The daemon never copies a rank's own shard (that would be a
+    // same-device copy on SMs): out of place, the caller's stream copies
+    // it, and the descriptor names the output slot as the (in-place) send.
+    char* own = item.list ? static_cast<char*>(item.recvs[rank])
+                          : static_cast<char*>(item.recvs[0]) + uint64_t(rank) * bytes;
+    if (send == nullptr) return absl::InvalidArgumentError(absl::StrCat(Rank(), "send is NULL"));
+    if (!item.list) {
+      const char* s = static_cast<const char*>(send);
+      const char* r0 = static_cast<const char*>(item.recvs[0]);
+      if (s != own && s < r0 + out_bytes && r0 < s + bytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Rank(), "send buffer overlaps the output but is not this rank's own slot of it (in place means send == "
+                    "recv + rank*count)"));
+      }
+    }
+    if (send != own) DMAG_RETURN_IF_ERROR(backend_->CopyAsync(own, send, bytes, stream));
+    send = own;
+  }
+  DMAG_ASSIGN_OR_RETURN(d->send, Resolve(send, bytes, "send"));
+  return absl::OkStatus();
+}
+
+absl::Status CommImpl::Submit(const GatherItem* items, size_t n, void* stream, uint64_t* op) {
+  if (op != nullptr) *op = 0;
+  DMAG_RETURN_IF_ERROR(CheckHealthy());
+  absl::Status local;
+  if (n == 0 || n > DMAGATHER_MAX_COALESCED) {
+    local = absl::InvalidArgumentError(absl::StrCat(Rank(), "an op has 1..", DMAGATHER_MAX_COALESCED,
+                                                    " items, not ", n));
+  } else if (items == nullptr) {
+    local = absl::InvalidArgumentError(absl::StrCat(Rank(), "items is NULL"));
+  } else {
+    local = common::Annotate(backend_->CheckStream(stream), Rank());
+  }
+  for (size_t i = 0; local.ok() && i < n; ++i) {
+    std::memset(&scratch_[i], 0, offsetof(abi::DescriptorV2, recv));
+    local = PrepareItem(items[i], stream, &scratch_[i]);
+  }
+  if (!local.ok()) {
+    // This rank cannot take part: the op still takes its sequence number and
+    // fails on every rank with this status, so no rank waits for it.
+    DMAG_RETURN_IF_ERROR(PublishRefusal(local));
+    if (op != nullptr) *op = submitted_;
+    return local;
+  }
+  DMAG_RETURN_IF_ERROR(backend_->WriteReady(stream, static_cast<uint32_t>(submitted_ + 1)));
+  DMAG_RETURN_IF_ERROR(Publish(scratch_.data(), n));
+  if (op != nullptr) *op = submitted_;
+  return absl::OkStatus();
+}
+
+absl::Status CommImpl::SubmitFallback(const std::string& reason, uint64_t* op) {
+  if (op != nullptr) *op = 0;
+  DMAG_RETURN_IF_ERROR(CheckHealthy());
+  const absl::Status why = common::FallbackError(absl::StrCat(Rank(), reason.empty() ? "fallback requested" : reason));
+  DMAG_RETURN_IF_ERROR(PublishRefusal(why));
+  if (op != nullptr) *op = submitted_;
+  return why;
+}
+
 absl::Status CommImpl::AllGather(const void* send, void* recv, size_t count, dmagather_dtype_t dtype, void* stream) {
-  return Submit(abi::kOpAllGather, send, &recv, count, dtype, stream);
+  GatherItem item{false, send, &recv, count, dtype};
+  uint64_t op = 0;
+  DMAG_RETURN_IF_ERROR(Submit(&item, 1, stream, &op));
+  return backend_->has_stream_waits() ? OpWaitStream(op, stream) : absl::OkStatus();
 }
 
 absl::Status CommImpl::AllGatherList(const void* send, void* const* recvs, size_t count, dmagather_dtype_t dtype,
                                      void* stream) {
-  if (recvs == nullptr) return absl::InvalidArgumentError("recvs is NULL");
-  return Submit(abi::kOpAllGatherList, send, recvs, count, dtype, stream);
+  GatherItem item{true, send, recvs, count, dtype};
+  uint64_t op = 0;
+  DMAG_RETURN_IF_ERROR(Submit(&item, 1, stream, &op));
+  return backend_->has_stream_waits() ? OpWaitStream(op, stream) : absl::OkStatus();
 }
 
-absl::Status CommImpl::Submit(uint32_t op, const void* send, void* const* recvs, size_t count,
-                              dmagather_dtype_t dtype, void* stream) {
-  DMAG_RETURN_IF_ERROR(CheckHealthy());
-  if (static_cast<uint32_t>(dtype) >= common::kNumDtypes) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, ": unknown dtype ", int(dtype)));
+absl::StatusOr<uint32_t> CommImpl::OpSeq(uint64_t op) const {
+  if (closed_) return absl::InvalidArgumentError("the communicator was destroyed");
+  if (op == 0 || op > submitted_) {
+    return absl::InvalidArgumentError(absl::StrCat(Rank(), "op ", op, " was not submitted on this communicator (",
+                                                   submitted_, " ops so far)"));
   }
-  if (cuda_ != nullptr) return SubmitCuda(op, send, recvs, count, dtype, stream);
-  if (stream != nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, ": the ", backend_,
-                                                   " backend takes no stream (pass NULL)"));
+  if (submitted_ - op >= (uint64_t{1} << 31)) {
+    return absl::InvalidArgumentError(absl::StrCat(Rank(), "op ", op, " is too old to be waited for"));
   }
-  const bool list = op == abi::kOpAllGatherList;
-  const uint64_t bytes = uint64_t(count) * common::DtypeSize(dtype);
-  abi::DescriptorV1 d;
-  d.stamp = abi::kDescriptorStampV1;
-  d.op = op;
-  d.dtype = dtype;
-  d.count = count;
-  d.num_recv = list ? static_cast<uint32_t>(options_.world_size) : 1;
-  d.reserved = 0;
-  DMAG_ASSIGN_OR_RETURN(d.send, Resolve(send, bytes, "send"));
-  const uint64_t out_bytes = list ? bytes : bytes * uint64_t(options_.world_size);
-  for (uint32_t r = 0; r < d.num_recv; ++r) {
-    DMAG_ASSIGN_OR_RETURN(d.recv[r], Resolve(recvs[r], out_bytes, "recv"));
-  }
-  return Publish(&d);
+  return static_cast<uint32_t>(op);
 }
 
-// --- cuda backend ---
+absl::Status CommImpl::OpWait(uint64_t op) {
+  DMAG_ASSIGN_OR_RETURN(uint32_t seq, OpSeq(op));
+  DMAG_RETURN_IF_ERROR(WaitDone(seq));
+  return OpStatus(seq);
+}
 
-absl::Status CommImpl::RegisterDevice(const void* ptr, uint64_t bytes) {
-  DMAG_ASSIGN_OR_RETURN(CudaClient::Allocation a, cuda_->Describe(ptr));
-  if (a.device != cuda_->device()) {
-    return absl::InvalidArgumentError(absl::StrFormat("rank %d: buffer %p is on CUDA device %d, but the rank uses device %d",
-                                                      options_.rank, ptr, a.device, cuda_->device()));
-  }
-  const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
-  if (p - a.base > a.bytes || bytes > a.bytes - (p - a.base)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "rank %d: buffer %p + %u bytes runs past the end of its CUDA allocation (%u bytes at 0x%x)", options_.rank,
-        ptr, bytes, a.bytes, a.base));
-  }
-  auto same = regions_.find(a.base);
-  if (same != regions_.end() && same->second.buffer_id == a.buffer_id && same->second.bytes == a.bytes) {
-    return absl::OkStatus();  // Already registered (the cache hit).
-  }
-  // Registrations overlapping this allocation belong to memory that was
-  // freed and reused: drop them first.
-  bool stale = false;
-  for (auto it = regions_.begin(); it != regions_.end(); ++it) {
-    if (it->first < a.base + a.bytes && a.base < it->first + it->second.bytes) stale = true;
-  }
-  if (stale) {
-    DMAG_RETURN_IF_ERROR(WaitDone(submitted_seq_));  // Ops in flight may still name them.
-    for (auto it = regions_.begin(); it != regions_.end();) {
-      auto cur = it++;
-      if (!(cur->first < a.base + a.bytes && a.base < cur->first + cur->second.bytes)) continue;
-      DeregisterRegion(cur->second.id).IgnoreError();  // Best effort: the daemon drops it at Leave at the latest.
-      regions_.erase(cur);
+absl::StatusOr<bool> CommImpl::OpTest(uint64_t op, absl::Status* op_status) {
+  DMAG_ASSIGN_OR_RETURN(uint32_t seq, OpSeq(op));
+  *op_status = absl::OkStatus();
+  if (backend_->has_stream_waits() && daemon_gone_.load(std::memory_order_acquire)) {
+    if (!abi::SeqGeq(released_done_, seq)) {
+      *op_status = DaemonGone();
+      return true;
     }
+  } else if (!abi::SeqGeq(abi::LoadAcquire(&view_.completion->done_seq), seq)) {
+    if (daemon_gone_.load(std::memory_order_acquire)) {
+      *op_status = DaemonGone();
+      return true;
+    }
+    return false;
   }
-  DMAG_ASSIGN_OR_RETURN(std::string handle, cuda_->IpcHandle(a.base));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(In(10000));
-  v1::RegisterRequest req;
-  req.set_session_id(session_id_);
-  req.set_kind(v1::MEMORY_KIND_CUDA_IPC);
-  req.set_bytes(a.bytes);
-  req.set_ipc_handle(handle);
-  req.set_client_base(a.base);
-  v1::RegisterReply reply;
-  DMAG_RETURN_IF_ERROR(FromGrpc(stub_->Register(&ctx, req, &reply),
-                                absl::StrCat("rank ", options_.rank, ": registering CUDA allocation of ", a.bytes,
-                                             " bytes")));
-  Region& r = regions_[a.base];
-  r.bytes = a.bytes;
-  r.id = reply.region_id();
-  r.buffer_id = a.buffer_id;
-  return absl::OkStatus();
+  *op_status = OpStatus(seq);
+  return true;
 }
 
-absl::StatusOr<abi::BufferRefV1> CommImpl::ResolveDevice(const void* ptr, uint64_t bytes, const char* what) {
-  auto ref = Resolve(ptr, bytes, what);
-  if (ref.ok()) {
-    // The cached registration is valid only while its allocation lives.
-    auto it = regions_.upper_bound(reinterpret_cast<uintptr_t>(ptr));
-    --it;
-    if (cuda_->BufferId(ptr) == it->second.buffer_id) return ref;
+absl::Status CommImpl::OpWaitStream(uint64_t op, void* stream) {
+  DMAG_ASSIGN_OR_RETURN(uint32_t seq, OpSeq(op));
+  if (!backend_->has_stream_waits()) {
+    DMAG_RETURN_IF_ERROR(common::Annotate(backend_->CheckStream(stream), Rank()));
+    DMAG_RETURN_IF_ERROR(WaitDone(seq));
+    return OpStatus(seq);
   }
-  DMAG_RETURN_IF_ERROR(RegisterDevice(ptr, bytes));
-  return Resolve(ptr, bytes, what);
-}
-
-absl::Status CommImpl::SubmitCuda(uint32_t opcode, const void* send, void* const* recvs, size_t count,
-                                  dmagather_dtype_t dtype, void* stream) {
-  const int world = options_.world_size, rank = options_.rank;
-  const uint64_t bytes = uint64_t(count) * common::DtypeSize(dtype);
-  abi::DescriptorV1 d;
-  d.stamp = abi::kDescriptorStampV1;
-  d.op = opcode;
-  d.dtype = dtype;
-  d.count = count;
-  d.reserved = 0;
-  char* own = nullptr;
-  if (opcode == abi::kOpAllGather) {
-    d.num_recv = 1;
-    DMAG_ASSIGN_OR_RETURN(d.recv[0], ResolveDevice(recvs[0], bytes * uint64_t(world), "recv"));
-    own = static_cast<char*>(recvs[0]) + uint64_t(rank) * bytes;
-    const char* s = static_cast<const char*>(send);
-    const char* r0 = static_cast<const char*>(recvs[0]);
-    if (s != own && bytes != 0 && s < r0 + bytes * world && r0 < s + bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": send buffer overlaps the output but is not this rank's own slot of it (in place "
-          "means send == recv + rank*count)"));
-    }
-  } else {
-    d.num_recv = static_cast<uint32_t>(world);
-    for (int r = 0; r < world; ++r) {
-      DMAG_ASSIGN_OR_RETURN(d.recv[r], ResolveDevice(recvs[r], bytes, "recv"));
-    }
-    own = static_cast<char*>(recvs[rank]);
-  }
-  // The daemon never copies a rank's own shard (that would be a same-device
-  // copy on SMs): out of place, the caller's stream copies it, and the
-  // descriptor names the output slot as the (in-place) send buffer.
-  if (send != own && bytes != 0) {
-    if (send == nullptr) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, ": send is NULL"));
-    DMAG_RETURN_IF_ERROR(cuda_->CopyAsync(own, send, bytes, stream));
-  }
-  DMAG_ASSIGN_OR_RETURN(d.send, ResolveDevice(own, bytes, "send"));
-  const uint32_t seq = submitted_seq_ + 1;
-  DMAG_RETURN_IF_ERROR(cuda_->WriteReady(stream, seq));
-  DMAG_RETURN_IF_ERROR(Publish(&d, /*cpu_ready=*/false));
-  return cuda_->WaitDone(stream, seq);
+  return backend_->WaitDoneOnStream(stream, seq);
 }
 
 absl::Status CommImpl::SubmitRawForTesting(const abi::DescriptorV1& d) {
   abi::DescriptorV1 copy = d;
   DMAG_RETURN_IF_ERROR(CheckHealthy());
-  return Publish(&copy);
+  const uint32_t seq = static_cast<uint32_t>(submitted_ + 1);
+  DMAG_RETURN_IF_ERROR(WaitDone(seq - abi::kRingSlotsV1));
+  copy.stamp = copy.stamp != 0 ? copy.stamp : abi::kDescriptorStampV1;
+  copy.seq = seq;
+  copy.submit_ns = common::MonotonicNs();
+  backend_->WriteReady(nullptr, seq).IgnoreError();
+  DMAG_RETURN_IF_ERROR(PublishSlot(&copy, sizeof(copy)));
+  submitted_ = submitted_ + 1;
+  return absl::OkStatus();
 }
 
 absl::Status CommImpl::Wait() {
-  if (closed_) return absl::FailedPreconditionError("the communicator was destroyed");
-  absl::Status st = WaitDone(submitted_seq_);
+  if (closed_) return absl::InvalidArgumentError("the communicator was destroyed");
+  absl::Status st = WaitDone(static_cast<uint32_t>(submitted_));
   absl::Status errors = CollectErrors();
   return errors.ok() ? st : errors;
 }

@@ -1,11 +1,13 @@
 // The public status codes (dmagather_status_t) as the daemon and the client
 // library use them internally: names, and the mapping to and from
-// absl::Status (Aborted means "a peer failed", FailedPrecondition "fall back").
+// absl::Status (Aborted means "a peer failed"; FALLBACK is the payload-marked
+// FailedPrecondition of status.h, any other FailedPrecondition is misuse).
 #pragma once
 
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/status.h"
 
 namespace dmagather::common {
 
@@ -23,8 +25,7 @@ inline int ToApiStatus(const absl::Status& s) {
     case absl::StatusCode::kOk:
       return 0;
     case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kUnimplemented:
-      return 1;
+      return IsFallback(s) ? 1 : 2;
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kOutOfRange:
     case absl::StatusCode::kNotFound:
@@ -49,7 +50,7 @@ inline absl::Status FromApiStatus(int code, const std::string& message) {
     case 0:
       return absl::OkStatus();
     case 1:
-      return absl::FailedPreconditionError(message);
+      return FallbackError(message);
     case 2:
       return absl::InvalidArgumentError(message);
     case 3:

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "abi/ring_v1.h"
+#include "dmagather/dmagather.h"
 #include "common/status.h"
 #include "server/ingress/ingress.h"
 #include "server/service/control_service.h"
@@ -39,7 +40,7 @@ std::string DoorbellName(const std::string& socket_path) {
 
 }  // namespace
 
-const char* Daemon::Version() { return "0.1.0"; }
+const char* Daemon::Version() { return DMAGATHER_VERSION_STRING; }
 
 Daemon::Daemon(const DaemonOptions& options) : options_(options) {}
 
@@ -79,8 +80,9 @@ absl::Status Daemon::Start() {
   io.op_timeout = options_.op_timeout;
   ingress_ = std::make_unique<ingress::Ingress>(
       io, engine_.get(), db,
-      ingress::Ingress::Hooks{[reg] { return reg->version(); }, [reg] { return reg->Snapshot(); },
-                              [reg] { reg->Reap(); }});
+      ingress::Ingress::Hooks{[reg] { return reg->version(); }, [reg] { return reg->Snapshot(); }});
+  ingress::Ingress* ing = ingress_.get();
+  registry_->StartReaper([ing] { return ing->epoch(); });
   control_ = std::make_unique<service::ControlService>(reg, Version(), bell, engine_->name());
   started_ = absl::Now();
   telemetry_ = std::make_unique<service::TelemetryService>(reg, [this](v1::HealthReply* h) {
@@ -117,6 +119,7 @@ void Daemon::Stop(const std::string& reason) {
     LOG(WARNING) << registry_->total_ops_in_flight() << " op(s) still in flight after the drain timeout";
   }
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  registry_->StopReaper();
   ingress_->Stop();
   engine_->Stop();
   server_->Wait();

@@ -1,10 +1,17 @@
 // CopyEngine: the stage that moves bytes. The scheduler hands it a plan of
 // (src, dst, bytes) copies in the daemon's address space (host pointers for
 // the host backend, IPC-mapped device pointers for cuda) and is called back
-// once all of them have landed. Backends: host/ (worker threads), cuda/.
+// once all of them have landed. Backends (host/, cuda/) register themselves
+// by name in engine_registry.h; nothing above this layer names a backend.
 //
-// Threads: Import() runs on gRPC threads (Register); Execute() on the
-// ingress thread; OnEngineDone() is called on an engine thread.
+// Per-rank state that only an engine understands (a GPU rank's device and
+// the engine-visible address of its ready flag) lives in the EngineRank the
+// engine returns from AttachRank; the scheduler passes those back with each
+// op without looking inside.
+//
+// Threads: AttachRank()/Import() run on gRPC threads (Join/Register);
+// Execute() on the ingress thread; OnEngineDone() on an engine thread (or,
+// for empty plans, inside Execute()).
 #pragma once
 
 #include <sys/types.h>
@@ -17,18 +24,46 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/memory_kinds.h"
 
 namespace dmagather::server::engines {
 
-enum class MemoryKind { kHostShm = 1, kCudaIpc = 2 };
+// Where a rank runs: "cpu", or an accelerator kind ("cuda", "hip") and its
+// ordinal as the rank's process numbers it.
+struct DeviceRef {
+  std::string kind = "cpu";
+  int ordinal = -1;
+};
+
+using common::kMemoryCudaIpc;
+using common::kMemoryHostShm;
+
+// The engine's own state for one rank (device, flag mappings). Created at
+// Join by AttachRank, destroyed (undoing what AttachRank did) before the
+// rank's segment is unmapped.
+class EngineRank {
+ public:
+  virtual ~EngineRank() = default;
+};
+
+// What AttachRank gets: the rank's device and its completion block (the
+// page-aligned `flag_bytes` at `flag_pages`, mapped in the daemon), in which
+// `ready_word` is the rank's ready flag.
+struct RankAttach {
+  int rank = -1;
+  DeviceRef device;
+  void* flag_pages = nullptr;
+  uint64_t flag_bytes = 0;
+  const uint32_t* ready_word = nullptr;
+};
 
 // What a client asks the daemon to import.
 struct RegionSpec {
-  MemoryKind kind = MemoryKind::kHostShm;
+  std::string kind;     // kMemoryHostShm, kMemoryCudaIpc, ...
   uint64_t bytes = 0;
-  std::string shm_name;    // kHostShm
-  std::string ipc_handle;  // kCudaIpc
-  int device = -1;         // Device of the owning rank (cuda).
+  std::string name;     // kMemoryHostShm: the object's name.
+  std::string handle;   // Opaque export handle (kMemoryCudaIpc: 64 bytes).
+  const EngineRank* rank = nullptr;  // The owning rank (its device).
 };
 
 // A rank's memory as the daemon sees it. Unmapped when the last reference goes.
@@ -39,7 +74,6 @@ class ImportedRegion {
   virtual uint64_t bytes() const = 0;
   // Owner of the memory (host: the shm object's uid). -1 when unknown.
   virtual int64_t owner_uid() const { return -1; }
-  virtual int device() const { return -1; }
 };
 
 struct CopyCmd {
@@ -64,22 +98,18 @@ struct CopyPlan {
 class EngineOp {
  public:
   virtual ~EngineOp() = default;
-  // Called exactly once per Execute(), from an engine thread.
+  // Called exactly once per Execute().
   virtual void OnEngineDone(absl::Status status) = 0;
 
   CopyPlan plan;
+  // The op's sequence number (what the ranks' ready flags count to) and,
+  // per rank, the EngineRank from AttachRank. Set before Execute().
+  uint32_t seq = 0;
+  std::vector<const EngineRank*> ranks;
   // Engine scratch space: the plan cut into chunks and the claim counters.
   std::vector<CopyCmd> chunks;
   std::atomic<size_t> next_chunk{0};
   std::atomic<size_t> chunks_left{0};
-
-  // For engines that order copies on the GPU (cuda), filled by the
-  // scheduler before Execute(): the op's sequence number and, per rank, the
-  // device address of its ready flag (0: none) and its CUDA device (-1).
-  // Copies start once every rank's ready flag has reached flag_seq.
-  uint32_t flag_seq = 0;
-  std::vector<uint64_t> ready_flags;
-  std::vector<int> devices;
 };
 
 struct EngineStats {
@@ -93,6 +123,12 @@ class CopyEngine {
  public:
   virtual ~CopyEngine() = default;
   virtual const char* name() const = 0;
+  // The engine's context for a joining rank (cuda: checks the device,
+  // registers the completion block so streams can read the ready flag).
+  virtual absl::StatusOr<std::unique_ptr<EngineRank>> AttachRank(const RankAttach& attach) {
+    (void)attach;
+    return std::make_unique<EngineRank>();
+  }
   virtual absl::StatusOr<std::shared_ptr<ImportedRegion>> Import(const RegionSpec& spec) = 0;
   // Starts the op's copies and returns; never blocks on them.
   virtual void Execute(EngineOp* op) = 0;
@@ -100,20 +136,6 @@ class CopyEngine {
   virtual void Stop() = 0;
   virtual EngineStats stats() const = 0;
   virtual int worker_threads() const = 0;
-
-  // A rank's completion block (page-aligned `bytes` at `pages`, mapped in
-  // the daemon) is about to be used: returns the address at which the
-  // engine's streams see the 32-bit word `ready_word` inside it (cuda:
-  // cudaHostRegister + device pointer), or 0 when the engine does not use
-  // GPU flags (host). DetachFlags undoes it before the block is unmapped.
-  // Called on gRPC threads (Join) and the ingress thread (reaping).
-  virtual absl::StatusOr<uint64_t> AttachFlags(void* pages, uint64_t bytes, const uint32_t* ready_word) {
-    (void)pages;
-    (void)bytes;
-    (void)ready_word;
-    return uint64_t{0};
-  }
-  virtual void DetachFlags(void* pages) { (void)pages; }
 };
 
 }  // namespace dmagather::server::engines

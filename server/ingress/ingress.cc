@@ -6,18 +6,23 @@
 #include <cstddef>
 #include <cstring>
 
+#include "abi/descriptor_v2.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "common/dtype.h"
 #include "common/futex.h"
-#include "server/scheduler/planner.h"
+#include "server/ingress/decoder.h"
 
 namespace dmagather::server::ingress {
 
+using scheduler::Item;
 using scheduler::Job;
 using scheduler::Op;
+using scheduler::OpKind;
+using scheduler::Rank;
 using scheduler::RankPart;
+using scheduler::Request;
 
 Ingress::Ingress(const Options& options, engines::CopyEngine* engine, abi::DoorbellV1* doorbell, Hooks hooks)
     : options_(options), engine_(engine), doorbell_(doorbell), hooks_(std::move(hooks)) {}
@@ -37,150 +42,145 @@ namespace {
 
 bool Overlaps(const char* a, uint64_t an, const char* b, uint64_t bn) { return a < b + bn && b < a + an; }
 
-// Copies the fixed part and the output entries the descriptor says it uses.
-void CopyDescriptor(const abi::DescriptorV1& shared, abi::DescriptorV1* d) {
-  std::memcpy(d, &shared, offsetof(abi::DescriptorV1, recv));
-  d->num_recv = std::min(d->num_recv, abi::kMaxRanksV1 + 1);  // kMaxRanksV1 + 1 fails validation.
-  std::memcpy(d->recv, shared.recv, sizeof(abi::BufferRefV1) * std::min(d->num_recv, abi::kMaxRanksV1));
-}
-
 }  // namespace
 
-void Ingress::Validate(const abi::DescriptorV1& d, uint32_t expected_seq, const Session& session,
+void Ingress::Validate(const Request& d, uint32_t expected_seq, int rank, const RegionTable& regions,
                        int world_size, RankPart* part) {
-  part->opcode = d.op;
-  part->dtype = d.dtype;
-  part->count = d.count;
-  part->submit_ns = d.submit_ns;
+  if (part->items.empty()) part->submit_ns = d.submit_ns;
+  if (!part->status.ok()) return;  // An earlier item of this op already failed.
   auto invalid = [&](std::string msg) {
-    part->status = absl::InvalidArgumentError(absl::StrCat("rank ", session.rank(), ": ", msg));
+    part->status = absl::InvalidArgumentError(absl::StrCat("rank ", rank, ": ", msg));
   };
-  if (d.stamp != abi::kDescriptorStampV1) {
-    return invalid(absl::StrFormat("descriptor stamp 0x%08x is not v1 (0x%08x): client and daemon versions differ",
-                                   d.stamp, abi::kDescriptorStampV1));
+  if (!d.refusal.ok()) {
+    // The rank's own verdict (or an undecodable descriptor): keep its code.
+    part->status = common::Annotate(d.refusal, absl::StrCat("rank ", rank, ": "));
+    return;
   }
   if (d.seq != expected_seq) {
     return invalid(absl::StrCat("descriptor carries sequence ", d.seq, ", the daemon expected ", expected_seq));
   }
-  if (d.op != abi::kOpAllGather && d.op != abi::kOpAllGatherList) {
-    return invalid(absl::StrCat("unknown operation ", d.op));
+  if (d.raw_op != uint32_t(OpKind::kAllGather) && d.raw_op != uint32_t(OpKind::kAllGatherList)) {
+    return invalid(absl::StrCat("unknown operation ", d.raw_op));
   }
+  const OpKind kind = static_cast<OpKind>(d.raw_op);
   if (d.dtype >= common::kNumDtypes) return invalid(absl::StrCat("unknown dtype ", d.dtype));
-  const uint32_t want_recv = d.op == abi::kOpAllGather ? 1u : static_cast<uint32_t>(world_size);
+  const uint32_t want_recv = kind == OpKind::kAllGather ? 1u : static_cast<uint32_t>(world_size);
   if (d.num_recv != want_recv) {
     return invalid(absl::StrCat("descriptor has ", d.num_recv, " output buffers, expected ", want_recv));
   }
   if (d.count > (uint64_t{1} << 44)) return invalid(absl::StrCat("count ", d.count, " is too large"));
   const uint64_t bytes = d.count * common::DtypeSize(d.dtype);
-  const uint64_t out_bytes = d.op == abi::kOpAllGather ? bytes * uint64_t(world_size) : bytes;
+  const uint64_t out_bytes = kind == OpKind::kAllGather ? bytes * uint64_t(world_size) : bytes;
 
-  auto send = session.Resolve(d.send.region_id, d.send.offset, bytes, "send");
+  auto send = regions.Resolve(d.send.region_id, d.send.offset, bytes, "send");
   if (!send.ok()) {
     part->status = send.status();
     return;
   }
-  part->send = *send;
+  Item item;
+  item.kind = kind;
+  item.dtype = d.dtype;
+  item.count = d.count;
+  item.send = *send;
+  item.recv_begin = static_cast<uint32_t>(part->recv.size());
+  item.num_recv = d.num_recv;
   for (uint32_t i = 0; i < d.num_recv; ++i) {
-    auto recv = session.Resolve(d.recv[i].region_id, d.recv[i].offset, out_bytes, "recv");
+    auto recv = regions.Resolve(d.recv[i].region_id, d.recv[i].offset, out_bytes, "recv");
     if (!recv.ok()) {
+      part->recv.resize(item.recv_begin);
       part->status = recv.status();
       return;
     }
     part->recv.push_back(*recv);
   }
-  if (bytes == 0) return;
-  // The send buffer may be this rank's own slot of the output (in place),
-  // and must not overlap anything else the op writes.
-  const int rank = session.rank();
-  for (uint32_t i = 0; i < d.num_recv; ++i) {
-    if (!Overlaps(part->send, bytes, part->recv[i], out_bytes)) continue;
-    const char* own_slot = d.op == abi::kOpAllGather ? part->recv[0] + uint64_t(rank) * bytes : part->recv[rank];
-    if (part->send == own_slot && (d.op == abi::kOpAllGather || int(i) == rank)) continue;
-    return invalid(absl::StrCat("send buffer overlaps output buffer ", i,
-                                " but is not this rank's own slot of it (in place means send == recv + ",
-                                "rank*count)"));
+  char* const* recv = part->recv.data() + item.recv_begin;
+  if (bytes != 0) {
+    // The send buffer may be this rank's own slot of the output (in place),
+    // and must not overlap anything else the op writes.
+    for (uint32_t i = 0; i < d.num_recv; ++i) {
+      if (!Overlaps(item.send, bytes, recv[i], out_bytes)) continue;
+      const char* own_slot = kind == OpKind::kAllGather ? recv[0] + uint64_t(rank) * bytes : recv[rank];
+      if (item.send == own_slot && (kind == OpKind::kAllGather || int(i) == rank)) continue;
+      part->recv.resize(item.recv_begin);
+      return invalid(absl::StrCat("send buffer overlaps output buffer ", i,
+                                  " but is not this rank's own slot of it (in place means send == recv + ",
+                                  "rank*count)"));
+    }
   }
+  part->items.push_back(item);
 }
 
-int Ingress::PollJob(Job* job, uint64_t now_ns) {
+int Ingress::PollJob(const JobFeed& feed, uint64_t now_ns) {
+  Job* job = feed.job.get();
   int consumed = 0;
   const int world = job->world_size();
   for (int r = 0; r < world; ++r) {
-    Session* s = job->session(r);
-    if (s->state() != Session::State::kActive) continue;
-    abi::RingV1* ring = s->view().ring;
-    uint64_t head = s->ring_head;  // The daemon's own copy: the client cannot move it.
-    const uint64_t tail = abi::LoadAcquire(&ring->tail);
+    RankInput& in = *feed.inputs[r];
+    Rank& rank = *in.rank;
+    if (rank.state() != Rank::State::kActive) continue;
+    uint64_t head = in.ring_head;  // The daemon's own copy: the client cannot move it.
+    const uint64_t tail = abi::LoadAcquire(&in.ring->tail);
     if (tail - head > abi::kRingSlotsV1) {
       // A client cannot publish more than the ring holds: its segment is corrupt.
       job->Fail(absl::InvalidArgumentError(absl::StrCat("rank ", r, " corrupted its request ring (tail ", tail,
                                                         ", head ", head, ")")),
                 r);
-      s->set_state(Session::State::kGone);
+      rank.set_state(Rank::State::kGone);
       continue;
     }
     while (head != tail) {
-      const uint32_t seq = s->next_seq;
-      Op* op = job->SlotFor(seq, now_ns);
-      if (op == nullptr) break;  // An older op still holds the slot: leave it in the ring.
-      // Validate a private copy: the client could rewrite the slot while it is read.
-      abi::DescriptorV1 d;
-      CopyDescriptor(s->view().slots[head % abi::kRingSlotsV1], &d);
-      s->inflight.fetch_add(1, std::memory_order_acq_rel);
+      const uint32_t seq = in.next_seq;
+      Op* op;
+      if (in.items_left == 0) {
+        op = job->SlotFor(seq, now_ns);
+        if (op == nullptr) break;  // An older op still holds the slot: leave it in the ring.
+      } else {
+        op = in.current;  // The rest of a coalesced op.
+      }
+      Request req;
+      DecodeDescriptor(in.slots[head % abi::kRingSlotsV1], &req);
+      in.ring_head = ++head;
+      abi::StoreRelease(&in.ring->head, head);
+      ++consumed;
+      const bool live = op->state.load(std::memory_order_acquire) == Op::kWaiting && op->seq == seq;
       RankPart& part = op->parts[r];
-      Validate(d, seq, *s, world, &part);
+      if (in.items_left == 0) {
+        // First item: the op now counts in the rank's in-flight ops.
+        rank.inflight.fetch_add(1, std::memory_order_acq_rel);
+        part.started = true;
+        const uint32_t following = req.items_following;
+        if (following >= abi::kMaxItemsPerOpV2 && req.refusal.ok()) {
+          part.status = absl::InvalidArgumentError(absl::StrCat(
+              "rank ", r, ": coalesced op of ", following + 1, " items (at most ", abi::kMaxItemsPerOpV2, ")"));
+        }
+        in.items_left = std::min<uint32_t>(following, 4 * abi::kRingSlotsV1) + 1;
+        part.items_expected = in.items_left;
+        in.current = op;
+      } else if (req.items_following + 1 != in.items_left && part.status.ok()) {
+        part.status = absl::InvalidArgumentError(absl::StrCat("rank ", r, ": coalesced op #", seq, " expected ",
+                                                              in.items_left, " more item(s), descriptor says ",
+                                                              req.items_following + 1));
+      }
+      if (live) Validate(req, seq, r, in.regions, world, &part);
+      if (--in.items_left != 0) continue;
+      // Every item of this rank's part is in.
+      in.current = nullptr;
+      ++in.next_seq;
+      if (!live) continue;  // The op was failed (job stopped) before its last items came.
       part.arrived = true;
       ++op->arrived;
-      ++s->next_seq;
-      s->ring_head = ++head;
-      abi::StoreRelease(&ring->head, head);
-      ++consumed;
-      if (op->arrived == world && !job->failed()) Dispatch(job, op);
+      if (op->arrived == world && !job->failed()) job->Dispatch(op, engine_);
     }
   }
   return consumed;
 }
 
-void Ingress::Dispatch(Job* job, Op* op) {
-  op->matched_ns = common::MonotonicNs();
-  for (int r = 0; r < job->world_size(); ++r) {
-    const RankPart& p = op->parts[r];
-    if (!p.status.ok()) {
-      job->FinishOp(op, absl::InvalidArgumentError(absl::StrCat("allgather #", op->seq, " failed: ",
-                                                                p.status.message())),
-                    r);
-      return;
-    }
-  }
-  absl::Status agree = scheduler::CheckAgreement(*op);
-  if (!agree.ok()) {
-    job->FinishOp(op, agree, -1);
-    return;
-  }
-  scheduler::BuildPlan(op);
-  const int world = job->world_size();
-  op->flag_seq = op->seq;
-  op->ready_flags.resize(world);
-  op->devices.resize(world);
-  for (int r = 0; r < world; ++r) {
-    const Session* s = job->session(r);
-    op->ready_flags[r] = s->ready_flag_device;
-    op->devices[r] = s->cuda_device;
-  }
-  op->state.store(Op::kRunning, std::memory_order_release);
-  engine_->Execute(op);
-  // Recorded here, not in FinishOp: the engine may finish the op (and the
-  // slot be reused) before Execute returns, so the op is not touched again.
-  job->counters.hop_latency.Record(common::MonotonicNs() - op->matched_ns);
-}
-
 bool Ingress::AnyPending() const {
-  for (const auto& job : jobs_) {
-    if (!job->all_joined()) continue;
-    for (int r = 0; r < job->world_size(); ++r) {
-      Session* s = job->session(r);
-      if (s->state() != Session::State::kActive) continue;
-      if (abi::LoadSeqCst(&s->view().ring->tail) != s->ring_head) return true;
+  for (const JobFeed& feed : jobs_) {
+    if (!feed.job->all_joined()) continue;
+    for (const auto& in : feed.inputs) {
+      if (in->rank->state() != Rank::State::kActive) continue;
+      if (abi::LoadSeqCst(&in->ring->tail) != in->ring_head) return true;
     }
   }
   return false;
@@ -193,26 +193,23 @@ int Ingress::PollOnce(uint64_t now_ns, bool sweep) {
     version_ = v;
   }
   int consumed = 0;
-  for (const auto& job : jobs_) {
-    if (!job->all_joined()) continue;
-    consumed += PollJob(job.get(), now_ns);
-    if (sweep) job->Sweep(now_ns, options_.op_timeout);
+  for (const JobFeed& feed : jobs_) {
+    if (!feed.job->all_joined()) continue;
+    consumed += PollJob(feed, now_ns);
+    if (sweep) feed.job->Sweep(now_ns, options_.op_timeout);
   }
+  epoch_.fetch_add(1, std::memory_order_acq_rel);
   return consumed;
 }
 
 void Ingress::Loop() {
-  uint64_t last_sweep = 0, last_reap = 0;
+  uint64_t last_sweep = 0;
   common::Backoff backoff(options_.spin_iterations);
   while (!stop_.load(std::memory_order_relaxed)) {
     const uint64_t now = common::MonotonicNs();
     const bool sweep = now - last_sweep > 2'000'000;
     if (sweep) last_sweep = now;
     const int consumed = PollOnce(now, sweep);
-    if (now - last_reap > 20'000'000) {
-      hooks_.reap();
-      last_reap = now;
-    }
     if (consumed != 0) {
       backoff.Reset();
       continue;
@@ -221,6 +218,7 @@ void Ingress::Loop() {
     const uint32_t bell = abi::LoadSeqCst(&doorbell_->seq);
     abi::StoreSeqCst(&doorbell_->sleeping, 1u);
     if (!AnyPending() && !stop_.load()) common::FutexWait(&doorbell_->seq, bell, 10'000'000);
+    epoch_.fetch_add(1, std::memory_order_acq_rel);  // Asleep: no snapshot was being read.
     abi::StoreSeqCst(&doorbell_->sleeping, 0u);
     backoff.Reset();
   }

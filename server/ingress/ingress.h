@@ -1,8 +1,10 @@
 // Ingress: the daemon's single polling thread. It reads every active rank's
-// request ring, validates each descriptor against that rank's own session
-// (region ids, bounds, dtype, sizes), hands it to the job's matcher, and
-// dispatches matched ops: agreement check -> plan -> engine. It also runs the
-// periodic sweeps (timeouts, failed jobs) and the reaper.
+// request ring, decodes each descriptor once (decoder.h), validates it
+// against that rank's own regions (ids, bounds, dtype, sizes), adds it to
+// the job's op for its sequence number, and hands the op to the scheduler
+// (Job::Dispatch) when every rank's part is in. It also runs the periodic
+// sweep (timeouts, failed jobs). Nothing else: teardown is the reaper's
+// (control service), copies are the engine's.
 //
 // When all rings are idle it spins briefly, then sleeps on the doorbell
 // futex; a client that sees `sleeping` rings it after publishing.
@@ -15,19 +17,25 @@
 #include <thread>
 #include <vector>
 
-#include "absl/time/time.h"
 #include "abi/ring_v1.h"
+#include "absl/time/time.h"
 #include "server/engines/copy_engine.h"
+#include "server/ingress/rank_input.h"
 #include "server/scheduler/job.h"
 
 namespace dmagather::server::ingress {
+
+// A job and its ranks' inputs (index = rank), as the ingress thread polls them.
+struct JobFeed {
+  std::shared_ptr<scheduler::Job> job;
+  std::vector<std::shared_ptr<RankInput>> inputs;
+};
 
 class Ingress {
  public:
   struct Hooks {
     std::function<uint64_t()> version;  // Changes whenever the set of jobs changes.
-    std::function<std::vector<std::shared_ptr<scheduler::Job>>()> snapshot;
-    std::function<void()> reap;  // Frees ended sessions and idle jobs.
+    std::function<std::vector<JobFeed>()> snapshot;
   };
   struct Options {
     absl::Duration op_timeout = absl::Seconds(60);
@@ -47,16 +55,20 @@ class Ingress {
   // directly instead of Start().
   int PollOnce(uint64_t now_ns, bool sweep);
 
-  // Validates one descriptor of `session` (rank `rank` of a job of
-  // `world_size`) into `part`. Public for tests.
-  static void Validate(const abi::DescriptorV1& d, uint32_t expected_seq, const Session& session,
+  // Validates one decoded request of rank `rank` (whose regions are
+  // `regions`) in a job of `world_size` into `part` (adds an item, or sets
+  // part->status). Public for tests.
+  // Poll passes completed (the reaper frees a retired rank's segment only
+  // once a pass that began after the retirement has ended).
+  uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
+
+  static void Validate(const scheduler::Request& req, uint32_t expected_seq, int rank, const RegionTable& regions,
                        int world_size, scheduler::RankPart* part);
 
  private:
   void Loop();
   // Consumes what it can from the job's rings; returns descriptors consumed.
-  int PollJob(scheduler::Job* job, uint64_t now_ns);
-  void Dispatch(scheduler::Job* job, scheduler::Op* op);
+  int PollJob(const JobFeed& feed, uint64_t now_ns);
   bool AnyPending() const;
 
   const Options options_;
@@ -65,7 +77,8 @@ class Ingress {
   Hooks hooks_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
-  std::vector<std::shared_ptr<scheduler::Job>> jobs_;  // Ingress thread only.
+  std::vector<JobFeed> jobs_;  // Ingress thread only.
+  std::atomic<uint64_t> epoch_{0};
   uint64_t version_ = ~uint64_t{0};
 };
 

@@ -1,12 +1,14 @@
 #include "server/scheduler/job.h"
 
+#include "abi/ring_v1.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "abi/ring_v1.h"
 #include "common/api_names.h"
 #include "common/clock.h"
 #include "common/dtype.h"
+#include "common/status.h"
 #include "server/completion/completion_writer.h"
+#include "server/scheduler/planner.h"
 
 namespace dmagather::server::scheduler {
 
@@ -25,14 +27,15 @@ Job::Job(std::string key, int world_size, uid_t uid)
   for (Op& op : slots_) {
     op.job = this;
     op.parts.resize(world_size);
+    op.ranks.resize(world_size);
   }
 }
 
 Job::~Job() = default;
 
-absl::Status Job::AddRank(std::shared_ptr<ingress::Session> session) {
+absl::Status Job::AddRank(std::shared_ptr<Rank> rank) {
   absl::MutexLock lock(&mu_);
-  int r = session->rank();
+  int r = rank->rank();
   if (all_joined_.load()) {
     return absl::AlreadyExistsError(absl::StrCat("job '", key_, "' is already complete (all ", world_size_,
                                                  " ranks joined); rank ", r, " cannot join it again"));
@@ -41,19 +44,22 @@ absl::Status Job::AddRank(std::shared_ptr<ingress::Session> session) {
     return absl::AlreadyExistsError(absl::StrCat("rank ", r, " of job '", key_, "' has already joined (pid ",
                                                  ranks_[r]->pid(), ")"));
   }
-  ranks_[r] = std::move(session);
+  ranks_[r] = std::move(rank);
   if (++joined_ == world_size_) {
-    for (auto& s : ranks_) s->set_state(ingress::Session::State::kActive);
+    for (auto& k : ranks_) k->set_state(Rank::State::kActive);
+    for (Op& op : slots_) {
+      for (int i = 0; i < world_size_; ++i) op.ranks[i] = ranks_[i]->engine();
+    }
     all_joined_.store(true, std::memory_order_release);
   }
   return absl::OkStatus();
 }
 
-void Job::RemoveRank(const ingress::Session* session) {
+void Job::RemoveRank(const Rank* rank) {
   absl::MutexLock lock(&mu_);
   if (all_joined_.load()) return;  // Fixed from now on; the session just ends.
-  int r = session->rank();
-  if (ranks_[r].get() == session) {
+  int r = rank->rank();
+  if (ranks_[r].get() == rank) {
     ranks_[r].reset();
     --joined_;
   }
@@ -84,7 +90,7 @@ std::vector<int> Job::missing_ranks() const {
   return missing;
 }
 
-std::vector<std::shared_ptr<ingress::Session>> Job::sessions() const {
+std::vector<std::shared_ptr<Rank>> Job::ranks() const {
   absl::MutexLock lock(&mu_);
   return ranks_;
 }
@@ -115,16 +121,49 @@ Op* Job::SlotFor(uint32_t seq, uint64_t now_ns) {
   op.seq = seq;
   op.arrived = 0;
   op.first_arrival_ns = now_ns;
-  op.matched_ns = op.enqueued_ns = 0;
-  for (RankPart& p : op.parts) {
-    p.arrived = false;
-    p.status = absl::OkStatus();
-    p.send = nullptr;
-    p.recv.clear();
-  }
+  op.matched_ns = 0;
+  for (RankPart& p : op.parts) p.Reset();
   inflight_ops_.fetch_add(1, std::memory_order_acq_rel);
   op.state.store(Op::kWaiting, std::memory_order_release);
   return &op;
+}
+
+void Job::Dispatch(Op* op, engines::CopyEngine* engine) {
+  op->matched_ns = common::MonotonicNs();
+  // One decision for every rank: a rank that refused (or sent something
+  // invalid) fails the op everywhere, so no rank copies while another
+  // takes the framework's path. Invalid parts win over fallbacks.
+  int refused = -1;
+  for (int r = 0; r < world_size_; ++r) {
+    const absl::Status& s = op->parts[r].status;
+    if (s.ok()) continue;
+    if (refused < 0 || (common::IsFallback(op->parts[refused].status) && !common::IsFallback(s))) refused = r;
+  }
+  if (refused >= 0) {
+    const absl::Status& why = op->parts[refused].status;
+    if (common::IsFallback(why)) {
+      counters.fallback_ops.fetch_add(1, std::memory_order_relaxed);
+      FinishOp(op,
+               common::FallbackError(absl::StrCat("allgather #", op->seq, " cannot be served by dmagather: ",
+                                                  why.message())),
+               refused);
+    } else {
+      FinishOp(op, absl::InvalidArgumentError(absl::StrCat("allgather #", op->seq, " failed: ", why.message())),
+               refused);
+    }
+    return;
+  }
+  absl::Status agree = CheckAgreement(*op);
+  if (!agree.ok()) {
+    FinishOp(op, agree, -1);
+    return;
+  }
+  BuildPlan(op);
+  op->state.store(Op::kRunning, std::memory_order_release);
+  engine->Execute(op);
+  // Recorded here, not in FinishOp: the engine may finish the op (and the
+  // slot be reused) before Execute returns, so the op is not touched again.
+  counters.hop_latency.Record(common::MonotonicNs() - op->matched_ns);
 }
 
 void Job::Sweep(uint64_t now_ns, absl::Duration op_timeout) {
@@ -154,50 +193,49 @@ void Job::Sweep(uint64_t now_ns, absl::Duration op_timeout) {
 
 void Job::FinishOp(Op* op, const absl::Status& status, int failed_rank) {
   const uint64_t now = common::MonotonicNs();
-  const uint64_t shard_bytes = op->parts[0].count * common::DtypeSize(op->parts[0].dtype);
   bool all_ok = true;
-  for (int r = 0; r < world_size_; ++r) {
-    RankPart& p = op->parts[r];
-    if (!p.arrived) continue;
-    ingress::Session* s = ranks_[r].get();
-    const absl::Status& st = p.status.ok() ? status : p.status;
-    if (!st.ok()) {
-      all_ok = false;
-      int32_t code = common::ToApiStatus(st);
-      completion::RecordError(s->view().completion, op->seq, code, p.status.ok() ? failed_rank : r,
-                              st.message());
-      s->counters.errors[code].fetch_add(1, std::memory_order_relaxed);
-      counters.errors[code].fetch_add(1, std::memory_order_relaxed);
-    } else {
-      s->counters.ops.fetch_add(1, std::memory_order_relaxed);
-      s->counters.bytes.fetch_add(shard_bytes * world_size_, std::memory_order_relaxed);
-    }
-    s->counters.latency.Record(now - p.submit_ns);
-  }
-  if (all_ok) {
-    counters.ops.fetch_add(1, std::memory_order_relaxed);
-    counters.bytes.fetch_add(shard_bytes * world_size_ * world_size_, std::memory_order_relaxed);
-    counters.latency.Record(now - op->first_arrival_ns);
-  }
+  uint64_t op_bytes = 0;
   {
     absl::MutexLock lock(&completion_mu_);
     const uint32_t n_slots = static_cast<uint32_t>(slots_.size());
     for (int r = 0; r < world_size_; ++r) {
-      if (!op->parts[r].arrived) continue;
-      ingress::Session* s = ranks_[r].get();
-      s->finished[op->seq % n_slots] = op->seq;
+      RankPart& p = op->parts[r];
+      if (!p.started) continue;
+      Rank* k = ranks_[r].get();
+      const absl::Status& st = p.status.ok() ? status : p.status;
+      if (!st.ok()) {
+        all_ok = false;
+        const int32_t code = common::ToApiStatus(st);
+        // Under completion_mu_: error_count is a read-modify-write, and two
+        // threads may finish failed ops of this rank at once.
+        completion::RecordError(k->completion(), op->seq, code, p.status.ok() ? failed_rank : r, st.message());
+        k->counters.errors[code].fetch_add(1, std::memory_order_relaxed);
+        counters.errors[code].fetch_add(1, std::memory_order_relaxed);
+      } else {
+        const uint64_t b = p.payload_bytes(world_size_);
+        k->counters.ops.fetch_add(1, std::memory_order_relaxed);
+        k->counters.bytes.fetch_add(b, std::memory_order_relaxed);
+        op_bytes += b;
+      }
+      k->counters.latency.Record(now - p.submit_ns);
+      k->finished[op->seq % n_slots] = op->seq;
       uint32_t published = 0;
-      while (s->finished[s->next_publish % n_slots] == s->next_publish) {
-        ++s->next_publish;
+      while (k->finished[k->next_publish % n_slots] == k->next_publish) {
+        ++k->next_publish;
         ++published;
       }
       if (published != 0) {
         // Count the ops out before the client can see them done: a client
         // that frees a buffer right after its wait must find it unused.
-        s->inflight.fetch_sub(published, std::memory_order_acq_rel);
-        completion::PublishDone(s->view().completion, s->next_publish - 1);
+        k->inflight.fetch_sub(published, std::memory_order_acq_rel);
+        completion::PublishDone(k->completion(), k->next_publish - 1);
       }
     }
+  }
+  if (all_ok) {
+    counters.ops.fetch_add(1, std::memory_order_relaxed);
+    counters.bytes.fetch_add(op_bytes, std::memory_order_relaxed);
+    counters.latency.Record(now - op->first_arrival_ns);
   }
   op->state.store(Op::kFree, std::memory_order_release);
   inflight_ops_.fetch_sub(1, std::memory_order_acq_rel);  // Last touch of the job.

@@ -1,16 +1,18 @@
 // Job: the ranks of one training job on this node and the matcher that
-// pairs their descriptors by sequence number. Each op lives in slot
+// pairs their requests by sequence number. Each op lives in slot
 // seq % kRingSlotsV1; a rank never has more than that many ops outstanding,
 // so a busy slot means "not yet": the ingress thread leaves the descriptor
 // in the ring (back-pressure) instead of queueing it elsewhere.
 //
-// Threads: ranks join on gRPC threads; SlotFor/Sweep on the ingress thread;
-// FinishOp on an engine thread or the ingress thread. Done flags are
-// published per rank in sequence order under completion_mu_.
+// Threads: ranks join on gRPC threads; SlotFor/Dispatch/Sweep on the
+// ingress thread; FinishOp on an engine thread or the ingress thread. Error
+// records and done flags are written per rank in sequence order under
+// completion_mu_.
 #pragma once
 
 #include <sys/types.h>
 
+#include <array>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -21,19 +23,21 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/api_names.h"
 #include "common/latency_histogram.h"
 #include "server/engines/copy_engine.h"
-#include "server/ingress/session.h"
 #include "server/scheduler/op.h"
+#include "server/scheduler/rank.h"
 
 namespace dmagather::server::scheduler {
 
 struct JobCounters {
   std::atomic<uint64_t> ops{0};
   std::atomic<uint64_t> bytes{0};  // Payload bytes written into outputs.
-  std::array<std::atomic<uint64_t>, ingress::kNumApiStatus> errors{};
+  std::array<std::atomic<uint64_t>, common::kNumApiStatus> errors{};
   common::LatencyHistogram latency;      // First descriptor seen -> all done flags written.
   common::LatencyHistogram hop_latency;  // Last descriptor seen -> copies enqueued on the engine.
+  std::atomic<uint64_t> fallback_ops{0};  // Ops the ranks' refusals turned into FALLBACK.
 };
 
 class Job {
@@ -46,17 +50,17 @@ class Job {
   uid_t uid() const { return uid_; }
 
   // --- Join (gRPC threads) ---
-  absl::Status AddRank(std::shared_ptr<ingress::Session> session);
-  void RemoveRank(const ingress::Session* session);
+  absl::Status AddRank(std::shared_ptr<Rank> rank);
+  void RemoveRank(const Rank* rank);
   // Blocks until every rank has joined, `deadline` passes or cancelled()
   // returns true (polled every 50 ms). Returns whether all joined.
   bool WaitAllJoined(absl::Time deadline, const std::function<bool()>& cancelled);
   bool all_joined() const { return all_joined_.load(std::memory_order_acquire); }
   int joined() const;
   std::vector<int> missing_ranks() const;
-  // After all_joined(): the sessions, fixed for the job's life.
-  ingress::Session* session(int rank) const { return ranks_[rank].get(); }
-  std::vector<std::shared_ptr<ingress::Session>> sessions() const;
+  // After all_joined(): the ranks, fixed for the job's life.
+  Rank* rank(int r) const { return ranks_[r].get(); }
+  std::vector<std::shared_ptr<Rank>> ranks() const;
 
   // --- Failure: the first reason wins and fails every later op. ---
   void Fail(const absl::Status& status, int failed_rank);
@@ -68,6 +72,9 @@ class Job {
   // The op for `seq`, set up if its slot was free; nullptr while the slot is
   // still held by an older op.
   Op* SlotFor(uint32_t seq, uint64_t now_ns);
+  // Every rank's part has arrived: checks them, plans and starts the op on
+  // `engine`, or fails it on every rank (refusal, invalid part, disagreement).
+  void Dispatch(Op* op, engines::CopyEngine* engine);
   // Fails waiting ops if the job has failed, or fails the job when an op has
   // waited longer than op_timeout for its ranks.
   void Sweep(uint64_t now_ns, absl::Duration op_timeout);
@@ -85,7 +92,7 @@ class Job {
   const uid_t uid_;
 
   mutable absl::Mutex mu_;
-  std::vector<std::shared_ptr<ingress::Session>> ranks_;  // Written under mu_ until all_joined_.
+  std::vector<std::shared_ptr<Rank>> ranks_;  // Written under mu_ until all_joined_.
   int joined_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<bool> all_joined_{false};
 
@@ -95,6 +102,8 @@ class Job {
 
   std::vector<Op> slots_;
   std::atomic<int> inflight_ops_{0};
+  // Orders the writes into the ranks' completion blocks (error records,
+  // then done flags) between the threads that finish ops.
   absl::Mutex completion_mu_;
 };
 

@@ -2,18 +2,33 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "abi/descriptor_v1.h"
 #include "common/dtype.h"
 
 namespace dmagather::server::scheduler {
 namespace {
 
-const char* OpName(uint32_t opcode) {
-  return opcode == abi::kOpAllGatherList ? "allgather_list" : "allgather";
-}
+const char* OpName(OpKind kind) { return kind == OpKind::kAllGatherList ? "allgather_list" : "allgather"; }
 
 std::string Shape(const RankPart& p) {
-  return absl::StrCat(OpName(p.opcode), " count=", p.count, " dtype=", common::DtypeName(p.dtype));
+  if (p.items.size() == 1) {
+    const Item& it = p.items[0];
+    return absl::StrCat(OpName(it.kind), " count=", it.count, " dtype=", common::DtypeName(it.dtype));
+  }
+  std::vector<std::string> items;
+  for (const Item& it : p.items) {
+    items.push_back(absl::StrCat(OpName(it.kind), " count=", it.count, " dtype=", common::DtypeName(it.dtype)));
+  }
+  return absl::StrCat(p.items.size(), " items [", absl::StrJoin(items, "; "), "]");
+}
+
+bool SameShape(const RankPart& a, const RankPart& b) {
+  if (a.items.size() != b.items.size()) return false;
+  for (size_t i = 0; i < a.items.size(); ++i) {
+    const Item& x = a.items[i];
+    const Item& y = b.items[i];
+    if (x.kind != y.kind || x.count != y.count || x.dtype != y.dtype) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -22,8 +37,7 @@ absl::Status CheckAgreement(const Op& op) {
   const RankPart& ref = op.parts[0];
   std::vector<int> differ;
   for (size_t r = 1; r < op.parts.size(); ++r) {
-    const RankPart& p = op.parts[r];
-    if (p.opcode != ref.opcode || p.count != ref.count || p.dtype != ref.dtype) differ.push_back(int(r));
+    if (!SameShape(op.parts[r], ref)) differ.push_back(int(r));
   }
   if (differ.empty()) return absl::OkStatus();
   std::string detail = absl::StrCat("rank 0 asked for ", Shape(ref));
@@ -36,17 +50,22 @@ absl::Status CheckAgreement(const Op& op) {
 void BuildPlan(Op* op) {
   op->plan.Clear();
   const int world = static_cast<int>(op->parts.size());
-  const uint64_t bytes = op->parts[0].count * common::DtypeSize(op->parts[0].dtype);
-  if (bytes == 0) return;
-  const bool list = op->parts[0].opcode == abi::kOpAllGatherList;
-  for (int dst = 0; dst < world; ++dst) {
-    const RankPart& d = op->parts[dst];
-    for (int src = 0; src < world; ++src) {
-      char* to = list ? d.recv[src] : d.recv[0] + uint64_t(src) * bytes;
-      const char* from = op->parts[src].send;
-      if (to == from) continue;  // In place: the shard is already where it belongs.
-      op->plan.copies.push_back(engines::CopyCmd{to, from, bytes, src, dst});
-      op->plan.bytes += bytes;
+  const size_t n_items = op->parts[0].items.size();
+  for (size_t i = 0; i < n_items; ++i) {
+    const Item& shape = op->parts[0].items[i];
+    const uint64_t bytes = shape.count * common::DtypeSize(shape.dtype);
+    if (bytes == 0) continue;
+    const bool list = shape.kind == OpKind::kAllGatherList;
+    for (int dst = 0; dst < world; ++dst) {
+      const RankPart& d = op->parts[dst];
+      const Item& out = d.items[i];
+      for (int src = 0; src < world; ++src) {
+        char* to = list ? d.recv[out.recv_begin + src] : d.recv[out.recv_begin] + uint64_t(src) * bytes;
+        const char* from = op->parts[src].items[i].send;
+        if (to == from) continue;  // In place: the shard is already where it belongs.
+        op->plan.copies.push_back(engines::CopyCmd{to, from, bytes, src, dst});
+        op->plan.bytes += bytes;
+      }
     }
   }
 }

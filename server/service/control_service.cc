@@ -4,12 +4,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status.h"
 
 namespace dmagather::server::service {
 
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()),
+                      common::IsFallback(s) ? kGrpcFallbackDetails : "");
 }
 
 grpc::Status ControlService::Join(grpc::ServerContext* ctx, const v1::JoinRequest* req,
@@ -40,13 +42,15 @@ grpc::Status ControlService::Join(grpc::ServerContext* ctx, const v1::JoinReques
   reply->set_backend(backend_);
   reply->set_doorbell_name(doorbell_name_);
   reply->set_world_size(j.job->world_size());
-  for (const auto& s : j.job->sessions()) reply->add_peer_pids(s->pid());
+  reply->set_session_secret(j.session->secret());
+  reply->set_abi_version(j.session->abi_version());
+  for (const auto& r : j.job->ranks()) reply->add_peer_pids(r->pid());
   if (!writer->Write(ev)) {
     registry_->EndSession(j);
     return grpc::Status(grpc::StatusCode::CANCELLED, "client went away during join");
   }
   // Hold the stream: its end is how the daemon learns that the rank is gone.
-  while (!ctx->IsCancelled() && j.session->state() == ingress::Session::State::kActive &&
+  while (!ctx->IsCancelled() && j.session->rank()->state() == scheduler::Rank::State::kActive &&
          !registry_->stopping()) {
     absl::SleepFor(absl::Milliseconds(20));
   }
@@ -60,7 +64,7 @@ grpc::Status ControlService::Join(grpc::ServerContext* ctx, const v1::JoinReques
 }
 
 grpc::Status ControlService::Leave(grpc::ServerContext*, const v1::LeaveRequest* req, v1::LeaveReply*) {
-  return ToGrpc(registry_->Leave(req->session_id()));
+  return ToGrpc(registry_->Leave(req->session_id(), req->session_secret()));
 }
 
 grpc::Status ControlService::Register(grpc::ServerContext*, const v1::RegisterRequest* req,
@@ -73,7 +77,7 @@ grpc::Status ControlService::Register(grpc::ServerContext*, const v1::RegisterRe
 
 grpc::Status ControlService::Deregister(grpc::ServerContext*, const v1::DeregisterRequest* req,
                                         v1::DeregisterReply*) {
-  return ToGrpc(registry_->Deregister(req->session_id(), req->region_id()));
+  return ToGrpc(registry_->Deregister(req->session_id(), req->session_secret(), req->region_id()));
 }
 
 }  // namespace dmagather::server::service

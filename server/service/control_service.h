@@ -31,6 +31,10 @@ class ControlService final : public v1::Control::Service {
   const std::string backend_;
 };
 
+// The binary error details that mark a FAILED_PRECONDITION as FALLBACK.
+inline constexpr char kGrpcFallbackDetails[] = "dmagather.fallback";
+
+// absl::Status -> grpc::Status (code, message; FALLBACK marked in the details).
 grpc::Status ToGrpc(const absl::Status& s);
 
 }  // namespace dmagather::server::service

@@ -2,14 +2,18 @@
 
 #include <glog/logging.h>
 
+#include <chrono>
+
+#include "abi/ring_v1.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/api_names.h"
+#include "common/status.h"
 
 namespace dmagather::server::service {
 
-using ingress::Session;
 using scheduler::Job;
+using scheduler::Rank;
 
 namespace {
 
@@ -31,7 +35,6 @@ absl::Status CheckJoinRequest(const v1::JoinRequest& req) {
   return absl::OkStatus();
 }
 
-
 void FillLatency(const common::LatencyHistogram& h, v1::LatencySummary* out) {
   common::LatencySummaryNs s = h.Summary();
   out->set_p50_us(s.p50 / 1e3);
@@ -42,7 +45,7 @@ void FillLatency(const common::LatencyHistogram& h, v1::LatencySummary* out) {
 
 template <typename Counters, typename Msg>
 void FillErrors(const Counters& errors, Msg* out) {
-  for (int c = 1; c < ingress::kNumApiStatus; ++c) {
+  for (int c = 1; c < common::kNumApiStatus; ++c) {
     uint64_t n = errors[c].load(std::memory_order_relaxed);
     if (n == 0) continue;
     auto* e = out->add_errors();
@@ -51,18 +54,18 @@ void FillErrors(const Counters& errors, Msg* out) {
   }
 }
 
-v1::JobStats StatsOf(const Job& job) {
+v1::JobStats StatsOf(const Job& job, const std::vector<std::shared_ptr<Session>>& sessions) {
   v1::JobStats js;
   js.set_job_key(job.key());
   js.set_world_size(job.world_size());
   js.set_ops(job.counters.ops.load());
   js.set_bytes(job.counters.bytes.load());
+  js.set_fallback_ops(job.counters.fallback_ops.load());
   FillErrors(job.counters.errors, &js);
   FillLatency(job.counters.latency, js.mutable_latency());
   FillLatency(job.counters.hop_latency, js.mutable_hop_latency());
   int active = 0;
   uint64_t registered = 0;
-  auto sessions = job.sessions();
   for (int r = 0; r < job.world_size(); ++r) {
     auto* rs = js.add_ranks();
     rs->set_rank(r);
@@ -71,16 +74,17 @@ v1::JobStats StatsOf(const Job& job) {
       rs->set_state("missing");
       continue;
     }
-    rs->set_pid(s->pid());
-    rs->set_state(s->state_name());
-    if (s->state() == Session::State::kActive) ++active;
-    rs->set_ops(s->counters.ops.load());
-    rs->set_bytes(s->counters.bytes.load());
-    FillErrors(s->counters.errors, rs);
-    FillLatency(s->counters.latency, rs->mutable_latency());
-    rs->set_registered_bytes(s->registered_bytes());
-    rs->set_regions(s->num_regions());
-    registered += s->registered_bytes();
+    const Rank& k = *s->rank();
+    rs->set_pid(k.pid());
+    rs->set_state(k.state_name());
+    if (k.state() == Rank::State::kActive) ++active;
+    rs->set_ops(k.counters.ops.load());
+    rs->set_bytes(k.counters.bytes.load());
+    FillErrors(k.counters.errors, rs);
+    FillLatency(k.counters.latency, rs->mutable_latency());
+    rs->set_registered_bytes(s->input()->regions.registered_bytes());
+    rs->set_regions(s->input()->regions.size());
+    registered += s->input()->regions.registered_bytes();
   }
   js.set_registered_bytes(registered);
   js.set_state(job.failed() ? (active == 0 ? "finished" : "failed") : (job.all_joined() ? "running" : "joining"));
@@ -89,156 +93,160 @@ v1::JobStats StatsOf(const Job& job) {
 
 }  // namespace
 
+Registry::~Registry() { StopReaper(); }
+
+void Registry::StartReaper(std::function<uint64_t()> ingress_epoch) {
+  ingress_epoch_ = std::move(ingress_epoch);
+  reaper_ = std::thread([this] { ReaperLoop(); });
+}
+
+void Registry::StopReaper() {
+  {
+    std::lock_guard<std::mutex> lock(reaper_mu_);
+    reaper_stop_ = true;
+  }
+  reaper_cv_.notify_all();
+  if (reaper_.joinable()) reaper_.join();
+}
+
+void Registry::ReaperLoop() {
+  std::unique_lock<std::mutex> lock(reaper_mu_);
+  while (!reaper_stop_) {
+    reaper_cv_.wait_for(lock, std::chrono::milliseconds(20), [this] { return reaper_stop_; });
+    if (reaper_stop_) break;
+    lock.unlock();
+    Reap();
+    lock.lock();
+  }
+}
+
 absl::StatusOr<Joined> Registry::Join(const v1::JoinRequest& req) {
   if (stopping()) return absl::UnavailableError("dmagatherd is shutting down");
-  absl::Status ok = CheckJoinRequest(req);
-  if (!ok.ok()) return ok;
+  DMAG_RETURN_IF_ERROR(CheckJoinRequest(req));
   if (!req.backend().empty() && req.backend() != engine_->name()) {
-    return absl::FailedPreconditionError(absl::StrCat("the client wants backend '", req.backend(),
-                                                      "' but this dmagatherd runs '", engine_->name(), "'"));
+    return common::FallbackError(absl::StrCat("the client wants backend '", req.backend(),
+                                              "' but this dmagatherd runs '", engine_->name(), "'"));
   }
+  if (req.abi_version() > 2) {
+    return common::FallbackError(absl::StrCat("the client writes shared-memory descriptors v", req.abi_version(),
+                                              "; this dmagatherd reads v1 and v2 (upgrade dmagatherd)"));
+  }
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    id = next_session_id_++;
+  }
+  // Mapping the segment and attaching the rank to the engine (cuda:
+  // cudaHostRegister) happen outside the registry lock.
+  DMAG_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, Session::Open(id, req, engine_));
   absl::MutexLock lock(&mu_);
-  uint64_t id = next_session_id_++;
-  auto session = Session::Open(id, req.rank(), req.pid(), req.segment_name(), req.segment_token());
-  if (!session.ok()) return session.status();
-  std::shared_ptr<Job>& job = jobs_[req.job_key()];
-  if (job == nullptr) {
-    job = std::make_shared<Job>(req.job_key(), req.world_size(), (*session)->uid());
+  JobEntry& entry = jobs_[req.job_key()];
+  if (entry.job == nullptr) {
+    entry.job = std::make_shared<Job>(req.job_key(), req.world_size(), session->uid());
+    entry.sessions.resize(req.world_size());
     version_.fetch_add(1);
-    LOG(INFO) << "job '" << req.job_key() << "' created: " << req.world_size() << " ranks, uid " << job->uid();
+    LOG(INFO) << "job '" << req.job_key() << "' created: " << req.world_size() << " ranks, uid " << entry.job->uid();
   }
+  const std::shared_ptr<Job>& job = entry.job;
   if (job->world_size() != req.world_size()) {
     return absl::InvalidArgumentError(absl::StrCat("job '", req.job_key(), "' has world size ", job->world_size(),
                                                    ", rank ", req.rank(), " asked for ", req.world_size()));
   }
-  if (job->uid() != (*session)->uid()) {
+  if (job->uid() != session->uid()) {
     return absl::PermissionDeniedError(absl::StrCat("job '", req.job_key(), "' belongs to uid ", job->uid(),
-                                                    "; rank ", req.rank(), " runs as uid ", (*session)->uid()));
+                                                    "; rank ", req.rank(), " runs as uid ", session->uid()));
   }
-  (*session)->cuda_device = req.cuda_device();
-  if (std::string(engine_->name()) == "cuda" && req.cuda_device() < 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "this dmagatherd runs the cuda backend but rank ", req.rank(),
-        " has no CUDA device (no GPU visible to it, or its libdmagather has no CUDA support)"));
-  }
-  auto flag = engine_->AttachFlags((*session)->flag_pages(), Session::kFlagPagesBytes,
-                                   &(*session)->view().completion->ready_seq);
-  if (!flag.ok()) return flag.status();
-  (*session)->ready_flag_device = *flag;
-  (*session)->flags_attached = *flag != 0;
-  absl::Status added = job->AddRank(*session);
-  if (!added.ok()) {
-    ReleaseSessionMemory(session->get());
-    return added;
-  }
-  sessions_[id] = *session;
+  DMAG_RETURN_IF_ERROR(job->AddRank(session->rank()));
+  entry.sessions[req.rank()] = session;
+  sessions_[id] = session;
+  if (job->all_joined()) version_.fetch_add(1);  // The ingress thread's snapshot gains the job.
   LOG(INFO) << "job '" << req.job_key() << "': rank " << req.rank() << " (pid " << req.pid() << ") joined, "
             << job->joined() << "/" << job->world_size();
-  return Joined{job, *session};
+  return Joined{job, session};
 }
 
 void Registry::EndSession(const Joined& j) {
   Session& s = *j.session;
-  const bool clean = s.state() == Session::State::kLeft;
+  Rank& k = *s.rank();
+  const bool clean = k.state() == Rank::State::kLeft;
   if (!j.job->all_joined()) {
-    j.job->RemoveRank(&s);
-    s.set_state(Session::State::kLeft);
+    j.job->RemoveRank(&k);
+    k.set_state(Rank::State::kLeft);
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(j.job->key());
+    if (it != jobs_.end() && it->second.job == j.job && it->second.sessions[k.rank()] == j.session) {
+      it->second.sessions[k.rank()].reset();
+    }
   } else if (clean) {
-    ReleaseGpuWaits(&s);
-    j.job->Fail(absl::AbortedError(absl::StrCat("rank ", s.rank(), " (pid ", s.pid(), ") left job '",
+    k.ReleaseReadyWaiters();
+    j.job->Fail(absl::AbortedError(absl::StrCat("rank ", k.rank(), " (pid ", k.pid(), ") left job '",
                                                 j.job->key(), "'")),
-                s.rank());
+                k.rank());
   } else {
-    s.set_state(Session::State::kGone);
-    ReleaseGpuWaits(&s);
-    LOG(WARNING) << "job '" << j.job->key() << "': rank " << s.rank() << " (pid " << s.pid()
+    k.set_state(Rank::State::kGone);
+    k.ReleaseReadyWaiters();
+    LOG(WARNING) << "job '" << j.job->key() << "': rank " << k.rank() << " (pid " << k.pid()
                  << ") went away without leaving; failing the job's pending operations";
-    j.job->Fail(absl::AbortedError(absl::StrCat("rank ", s.rank(), " (pid ", s.pid(), ") of job '",
+    j.job->Fail(absl::AbortedError(absl::StrCat("rank ", k.rank(), " (pid ", k.pid(), ") of job '",
                                                 j.job->key(), "' exited or was killed")),
-                s.rank());
+                k.rank());
   }
   absl::MutexLock lock(&mu_);
   sessions_.erase(s.id());
+  s.ended.store(true, std::memory_order_release);
   version_.fetch_add(1);
 }
 
-absl::Status Registry::Leave(uint64_t session_id) {
-  auto s = FindSession(session_id);
-  if (s == nullptr) return absl::NotFoundError(absl::StrCat("no session ", session_id));
-  s->set_state(Session::State::kLeft);
+std::shared_ptr<Session> Registry::FindSession(uint64_t id, const std::string& secret) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || !it->second->SecretMatches(secret)) return nullptr;
+  return it->second;
+}
+
+absl::Status Registry::Leave(uint64_t session_id, const std::string& secret) {
+  auto s = FindSession(session_id, secret);
+  if (s == nullptr) return absl::NotFoundError(absl::StrCat("no session ", session_id, " with that secret"));
+  s->rank()->set_state(Rank::State::kLeft);
   return absl::OkStatus();
 }
 
-void Registry::ReleaseSessionMemory(Session* s) {
-  if (s == nullptr || s->memory_released()) return;
-  if (s->flags_attached) {
-    engine_->DetachFlags(s->flag_pages());
-    s->flags_attached = false;
-  }
-  s->ReleaseMemory();
-}
-
-void Registry::ReleaseGpuWaits(Session* s) {
-  // The rank is gone, so its stream will never write ready_seq: move it past
-  // every op it may still have in flight (at most kRingSlotsV1 after the
-  // last published done), so engine streams waiting on it (cuda) drain. The
-  // job has failed by now, so those ops complete with its error.
-  if (s->memory_released() || !s->flags_attached) return;
-  abi::CompletionV1* c = s->view().completion;
-  abi::StoreSeqCst(&c->ready_seq, abi::LoadAcquire(&c->done_seq) + abi::kRingSlotsV1 + 1);
-}
-
-std::shared_ptr<Session> Registry::FindSession(uint64_t id) const {
-  absl::MutexLock lock(&mu_);
-  auto it = sessions_.find(id);
-  return it == sessions_.end() ? nullptr : it->second;
-}
-
 absl::StatusOr<uint32_t> Registry::Register(const v1::RegisterRequest& req) {
-  auto s = FindSession(req.session_id());
-  if (s == nullptr) return absl::NotFoundError(absl::StrCat("no session ", req.session_id()));
+  auto s = FindSession(req.session_id(), req.session_secret());
+  if (s == nullptr) return absl::NotFoundError(absl::StrCat("no session ", req.session_id(), " with that secret"));
   engines::RegionSpec spec;
+  spec.kind = req.memory_kind();
   spec.bytes = req.bytes();
-  switch (req.kind()) {
-    case v1::MEMORY_KIND_HOST_SHM:
-      spec.kind = engines::MemoryKind::kHostShm;
-      spec.shm_name = req.shm_name();
-      break;
-    case v1::MEMORY_KIND_CUDA_IPC:
-      spec.kind = engines::MemoryKind::kCudaIpc;
-      spec.ipc_handle = req.ipc_handle();
-      spec.device = s->cuda_device;
-      break;
-    default:
-      return absl::InvalidArgumentError("unknown memory kind");
-  }
+  spec.name = req.shm_name();
+  spec.handle = req.handle();
+  spec.rank = s->rank()->engine();
+  if (spec.kind.empty()) return absl::InvalidArgumentError("register: memory_kind is empty");
   auto region = engine_->Import(spec);
   if (!region.ok()) return region.status();
   if ((*region)->owner_uid() >= 0 && (*region)->owner_uid() != static_cast<int64_t>(s->uid())) {
     return absl::PermissionDeniedError(absl::StrCat("buffer ", req.shm_name(), " belongs to uid ",
-                                                    (*region)->owner_uid(), ", not to rank ", s->rank(),
+                                                    (*region)->owner_uid(), ", not to rank ", s->rank_index(),
                                                     "'s uid ", s->uid()));
   }
   uint32_t id = next_region_id_.fetch_add(1);
-  absl::Status st = s->AddRegion(id, *std::move(region));
-  if (!st.ok()) return st;
+  s->input()->regions.Add(id, *std::move(region));
   return id;
 }
 
-absl::Status Registry::Deregister(uint64_t session_id, uint32_t region_id) {
-  auto s = FindSession(session_id);
-  if (s == nullptr) return absl::NotFoundError(absl::StrCat("no session ", session_id));
-  return s->RemoveRegion(region_id);
+absl::Status Registry::Deregister(uint64_t session_id, const std::string& secret, uint32_t region_id) {
+  auto s = FindSession(session_id, secret);
+  if (s == nullptr) return absl::NotFoundError(absl::StrCat("no session ", session_id, " with that secret"));
+  return s->input()->regions.Remove(region_id, s->rank()->inflight);
 }
 
 void Registry::FailAll(const absl::Status& why) {
   stopping_.store(true, std::memory_order_release);
   absl::MutexLock lock(&mu_);
-  for (auto& [key, job] : jobs_) {
-    job->Fail(why, -1);
-    for (auto& s : job->sessions()) {
+  for (auto& [key, entry] : jobs_) {
+    entry.job->Fail(why, -1);
+    for (auto& s : entry.sessions) {
       if (s != nullptr && !s->memory_released()) {
-        abi::StoreRelease(&s->view().completion->daemon_state, static_cast<uint32_t>(abi::kDaemonStopping));
+        abi::StoreRelease(&s->rank()->completion()->daemon_state, static_cast<uint32_t>(abi::kDaemonStopping));
       }
     }
   }
@@ -247,53 +255,78 @@ void Registry::FailAll(const absl::Status& why) {
 int Registry::total_ops_in_flight() const {
   absl::MutexLock lock(&mu_);
   int n = 0;
-  for (const auto& [key, job] : jobs_) n += job->ops_in_flight();
+  for (const auto& [key, entry] : jobs_) n += entry.job->ops_in_flight();
   return n;
 }
 
-std::vector<std::shared_ptr<Job>> Registry::Snapshot() const {
+std::vector<ingress::JobFeed> Registry::Snapshot() const {
   absl::MutexLock lock(&mu_);
-  std::vector<std::shared_ptr<Job>> out;
+  std::vector<ingress::JobFeed> out;
   out.reserve(jobs_.size());
-  for (const auto& [key, job] : jobs_) out.push_back(job);
+  for (const auto& [key, entry] : jobs_) {
+    if (!entry.job->all_joined()) continue;
+    ingress::JobFeed feed;
+    feed.job = entry.job;
+    for (const auto& s : entry.sessions) feed.inputs.push_back(s->input());
+    out.push_back(std::move(feed));
+  }
   return out;
 }
 
 void Registry::Reap() {
-  absl::MutexLock lock(&mu_);
-  for (auto it = jobs_.begin(); it != jobs_.end();) {
-    auto cur = it++;
-    Job& job = *cur->second;
-    bool any_live = false;
-    for (const auto& s : job.sessions()) {
-      if (s == nullptr) continue;
-      Session::State st = s->state();
-      if (st == Session::State::kActive || st == Session::State::kJoining) {
-        any_live = true;
-      } else if (s->inflight.load() == 0 && job.ops_in_flight() == 0 && !s->memory_released() &&
-                 job.all_joined()) {
-        // No op can write its completion block any more: ops created from
-        // now on never include a rank that is gone.
-        ReleaseSessionMemory(s.get());
+  const uint64_t epoch = ingress_epoch_ ? ingress_epoch_() : 0;
+  std::vector<std::shared_ptr<Session>> to_free;
+  {
+    absl::MutexLock lock(&mu_);
+    auto retire = [&](const std::shared_ptr<Session>& s) {
+      if (s == nullptr || s->memory_released()) return;
+      for (const auto& [e, r] : retired_) {
+        if (r == s) return;
       }
+      retired_.emplace_back(epoch, s);
+    };
+    for (auto it = jobs_.begin(); it != jobs_.end();) {
+      auto cur = it++;
+      JobEntry& entry = cur->second;
+      Job& job = *entry.job;
+      bool any_live = false;
+      for (const auto& s : entry.sessions) {
+        if (s == nullptr) continue;
+        const Rank::State st = s->rank()->state();
+        if (st == Rank::State::kActive || st == Rank::State::kJoining || !s->ended.load()) {
+          any_live = true;
+        } else if (s->rank()->inflight.load() == 0 && job.ops_in_flight() == 0 && job.all_joined()) {
+          // No op can write its completion block any more: ops created from
+          // now on never include a rank that is gone.
+          retire(s);
+        }
+      }
+      if (any_live || job.ops_in_flight() != 0) continue;
+      if (job.all_joined()) {
+        recent_.push_front(StatsOf(job, entry.sessions));
+        recent_.front().set_state(job.failed() && !absl::IsAborted(job.failure()) ? "failed" : "ended");
+        if (recent_.size() > kRecentJobs) recent_.pop_back();
+        for (const auto& s : entry.sessions) retire(s);
+        ++jobs_completed_;
+        retired_ops_ += job.counters.ops.load();
+        retired_bytes_ += job.counters.bytes.load();
+        retired_fallback_ops_ += job.counters.fallback_ops.load();
+        for (int c = 0; c < common::kNumApiStatus; ++c) retired_errors_[c] += job.counters.errors[c].load();
+      } else if (job.joined() != 0) {
+        continue;  // Ranks still joining.
+      }
+      LOG(INFO) << "job '" << job.key() << "' ended (" << job.counters.ops.load() << " ops)";
+      jobs_.erase(cur);
+      version_.fetch_add(1);
     }
-    if (any_live || job.ops_in_flight() != 0) continue;
-    if (job.all_joined()) {
-      recent_.push_front(StatsOf(job));
-      recent_.front().set_state(job.failed() && !absl::IsAborted(job.failure()) ? "failed" : "ended");
-      if (recent_.size() > kRecentJobs) recent_.pop_back();
-      for (const auto& s : job.sessions()) ReleaseSessionMemory(s.get());
-      ++jobs_completed_;
-      retired_ops_ += job.counters.ops.load();
-      retired_bytes_ += job.counters.bytes.load();
-      for (int c = 0; c < ingress::kNumApiStatus; ++c) retired_errors_[c] += job.counters.errors[c].load();
-    } else if (job.joined() != 0) {
-      continue;  // Ranks still joining.
+    // Free what the ingress thread can no longer be reading: it has
+    // completed a whole poll pass since the retirement.
+    while (!retired_.empty() && (!ingress_epoch_ || epoch >= retired_.front().first + 2)) {
+      to_free.push_back(std::move(retired_.front().second));
+      retired_.pop_front();
     }
-    LOG(INFO) << "job '" << job.key() << "' ended (" << job.counters.ops.load() << " ops)";
-    jobs_.erase(cur);
-    version_.fetch_add(1);
   }
+  for (auto& s : to_free) s->ReleaseMemory();  // Engine detach, unmaps: outside the lock.
 }
 
 int Registry::num_jobs() const {
@@ -306,16 +339,17 @@ int Registry::num_sessions() const {
   return static_cast<int>(sessions_.size());
 }
 
-
 void Registry::FillStats(const std::string& job_key, v1::StatsReply* out) const {
   absl::MutexLock lock(&mu_);
-  uint64_t ops = retired_ops_, bytes = retired_bytes_, registered = 0;
-  std::array<uint64_t, ingress::kNumApiStatus> errors = retired_errors_;
-  for (const auto& [key, job] : jobs_) {
-    ops += job->counters.ops.load();
-    bytes += job->counters.bytes.load();
-    for (int c = 0; c < ingress::kNumApiStatus; ++c) errors[c] += job->counters.errors[c].load();
-    v1::JobStats js = StatsOf(*job);
+  uint64_t ops = retired_ops_, bytes = retired_bytes_, registered = 0, fallback_ops = retired_fallback_ops_;
+  std::array<uint64_t, common::kNumApiStatus> errors = retired_errors_;
+  for (const auto& [key, entry] : jobs_) {
+    const Job& job = *entry.job;
+    ops += job.counters.ops.load();
+    bytes += job.counters.bytes.load();
+    fallback_ops += job.counters.fallback_ops.load();
+    for (int c = 0; c < common::kNumApiStatus; ++c) errors[c] += job.counters.errors[c].load();
+    v1::JobStats js = StatsOf(job, entry.sessions);
     registered += js.registered_bytes();
     if (job_key.empty() || job_key == key) *out->add_jobs() = std::move(js);
   }
@@ -324,7 +358,7 @@ void Registry::FillStats(const std::string& job_key, v1::StatsReply* out) const 
   }
   out->set_total_ops(ops);
   out->set_total_bytes(bytes);
-  for (int c = 1; c < ingress::kNumApiStatus; ++c) {
+  for (int c = 1; c < common::kNumApiStatus; ++c) {
     if (errors[c] == 0) continue;
     auto* e = out->add_errors();
     e->set_code(common::ApiStatusName(c));
@@ -338,6 +372,11 @@ void Registry::FillStats(const std::string& job_key, v1::StatsReply* out) const 
     auto* f = out->add_fallbacks();
     f->set_reason("same_device_copy_on_sm");
     f->set_count(es.same_device_copies);
+  }
+  if (fallback_ops != 0) {
+    auto* f = out->add_fallbacks();
+    f->set_reason("op_refused_by_rank");
+    f->set_count(fallback_ops);
   }
 }
 

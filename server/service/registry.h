@@ -1,15 +1,28 @@
 // Registry: the daemon's jobs and sessions. The control service joins,
 // registers and ends sessions through it; the ingress thread takes
-// snapshots of the jobs and calls Reap(); telemetry reads counters.
+// snapshots of the jobs (JobFeed); telemetry reads counters; the reaper
+// thread frees what ended.
+//
+// Teardown runs on the reaper thread, never on the data path: a session
+// whose rank is gone and whose job has nothing in flight is retired into a
+// deferred-free queue, and its memory (engine detach, region unmaps, the
+// segment) is released outside the registry lock once the ingress thread
+// has finished a poll pass that began after the retirement (so no snapshot
+// it still holds can read the segment).
 //
 // Threads: all public methods are thread-safe (mu_ guards the maps; the
-// per-op path never takes it).
+// per-op path never takes it; no system call that maps, unmaps or
+// registers memory runs under it).
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -20,19 +33,26 @@
 #include "dmagather/v1/control.pb.h"
 #include "dmagather/v1/telemetry.pb.h"
 #include "server/engines/copy_engine.h"
-#include "server/ingress/session.h"
+#include "server/ingress/ingress.h"
 #include "server/scheduler/job.h"
+#include "server/service/session.h"
 
 namespace dmagather::server::service {
 
 struct Joined {
   std::shared_ptr<scheduler::Job> job;
-  std::shared_ptr<ingress::Session> session;
+  std::shared_ptr<Session> session;
 };
 
 class Registry {
  public:
   explicit Registry(engines::CopyEngine* engine) : engine_(engine) {}
+  ~Registry();
+
+  // Starts the reaper thread; `ingress_epoch` reports the ingress thread's
+  // completed poll passes (nullptr: no ingress thread, free at once).
+  void StartReaper(std::function<uint64_t()> ingress_epoch);
+  void StopReaper();
 
   // Opens the rank's segment and adds it to its job (created if new).
   absl::StatusOr<Joined> Join(const v1::JoinRequest& req);
@@ -40,10 +60,11 @@ class Registry {
   // completed) or not (the rank died). Fails the job's later ops if it was
   // running.
   void EndSession(const Joined& j);
-  absl::Status Leave(uint64_t session_id);
-
+  // Leave/Register/Deregister act only for the holder of the session's
+  // secret (from the Join reply); anything else is "no session".
+  absl::Status Leave(uint64_t session_id, const std::string& secret);
   absl::StatusOr<uint32_t> Register(const v1::RegisterRequest& req);
-  absl::Status Deregister(uint64_t session_id, uint32_t region_id);
+  absl::Status Deregister(uint64_t session_id, const std::string& secret, uint32_t region_id);
 
   // Shutdown: every running job fails its pending and later ops with `why`.
   void FailAll(const absl::Status& why);
@@ -52,7 +73,8 @@ class Registry {
 
   // Ingress hooks.
   uint64_t version() const { return version_.load(std::memory_order_acquire); }
-  std::vector<std::shared_ptr<scheduler::Job>> Snapshot() const;
+  std::vector<ingress::JobFeed> Snapshot() const;
+  // One reaper pass (the thread calls it every 20 ms; tests call it).
   void Reap();
 
   // Telemetry.
@@ -61,28 +83,39 @@ class Registry {
   int num_sessions() const;
 
  private:
-  std::shared_ptr<ingress::Session> FindSession(uint64_t id) const;
-  // Unregisters the completion block from the engine, then unmaps.
-  void ReleaseSessionMemory(ingress::Session* s);
-  // A rank went away: lets engine streams waiting on its ready flag go on.
-  void ReleaseGpuWaits(ingress::Session* s);
+  struct JobEntry {
+    std::shared_ptr<scheduler::Job> job;
+    std::vector<std::shared_ptr<Session>> sessions;  // By rank; null until joined.
+  };
+  std::shared_ptr<Session> FindSession(uint64_t id, const std::string& secret) const;
+  void ReaperLoop();
 
   engines::CopyEngine* const engine_;
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<scheduler::Job>> jobs_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, std::shared_ptr<ingress::Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t jobs_completed_ ABSL_GUARDED_BY(mu_) = 0;
   // Counters of jobs already reaped, so node totals never go backwards.
   uint64_t retired_ops_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t retired_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  std::array<uint64_t, ingress::kNumApiStatus> retired_errors_ ABSL_GUARDED_BY(mu_){};
+  uint64_t retired_fallback_ops_ ABSL_GUARDED_BY(mu_) = 0;
+  std::array<uint64_t, common::kNumApiStatus> retired_errors_ ABSL_GUARDED_BY(mu_){};
   // Telemetry of the last jobs that ended, newest first.
   static constexpr size_t kRecentJobs = 16;
   std::deque<v1::JobStats> recent_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint32_t> next_region_id_{1};
   std::atomic<uint64_t> version_{0};
   std::atomic<bool> stopping_{false};
+
+  // Reaper thread and its deferred-free queue: (ingress epoch at
+  // retirement, session).
+  std::function<uint64_t()> ingress_epoch_;
+  std::deque<std::pair<uint64_t, std::shared_ptr<Session>>> retired_ ABSL_GUARDED_BY(mu_);
+  std::mutex reaper_mu_;
+  std::condition_variable reaper_cv_;
+  bool reaper_stop_ = false;
+  std::thread reaper_;
 };
 
 }  // namespace dmagather::server::service

@@ -18,9 +18,18 @@
 extern "C" {
 #endif
 
+/* The one place the version is written: the library, the daemon and the
+ * Python package all report it from here. */
 #define DMAGATHER_VERSION_MAJOR 0
-#define DMAGATHER_VERSION_MINOR 1
+#define DMAGATHER_VERSION_MINOR 2
 #define DMAGATHER_VERSION_PATCH 0
+#define DMAGATHER_VERSION_CODE \
+  (DMAGATHER_VERSION_MAJOR * 10000 + DMAGATHER_VERSION_MINOR * 100 + DMAGATHER_VERSION_PATCH)
+#define DMAGATHER_STR_INNER_(x) #x
+#define DMAGATHER_STR_(x) DMAGATHER_STR_INNER_(x)
+#define DMAGATHER_VERSION_STRING                                              \
+  DMAGATHER_STR_(DMAGATHER_VERSION_MAJOR) "." DMAGATHER_STR_(DMAGATHER_VERSION_MINOR) "." \
+  DMAGATHER_STR_(DMAGATHER_VERSION_PATCH)
 
 /* Default control socket of the node's daemon; overridden by the
  * DMAGATHER_SOCKET environment variable or an explicit socket_path. */
@@ -50,9 +59,33 @@ typedef enum {
 
 typedef struct dmagather_comm* dmagather_comm_t;
 
+/* Options of dmagather_comm_init_config. Always start from
+ * DMAGATHER_CONFIG_INITIALIZER: `size`, `magic` and `version` tell the
+ * library which fields the caller knows, so fields added in later versions
+ * (at the end) never break callers built against this header. */
+#define DMAGATHER_CONFIG_MAGIC 0x444d4147u /* "DMAG" */
+typedef struct {
+  size_t size;              /* sizeof(dmagather_config_t) */
+  unsigned int magic;       /* DMAGATHER_CONFIG_MAGIC */
+  unsigned int version;     /* DMAGATHER_VERSION_CODE the caller was built with */
+  const char* socket_path;  /* NULL: $DMAGATHER_SOCKET, then DMAGATHER_DEFAULT_SOCKET */
+  int join_timeout_ms;      /* <= 0: $DMAGATHER_JOIN_TIMEOUT_MS, then 60000 */
+  int spin;                 /* Pause iterations before a waiting rank sleeps; < 0: $DMAGATHER_SPIN, then 256 */
+  int local_rank;           /* Topology hint: rank among the job's ranks on this node (-1: unknown) */
+  int local_world_size;     /* Topology hint: the job's ranks on this node (-1: unknown) */
+} dmagather_config_t;
+
+#define DMAGATHER_CONFIG_INITIALIZER \
+  { sizeof(dmagather_config_t), DMAGATHER_CONFIG_MAGIC, DMAGATHER_VERSION_CODE, NULL, 0, -1, -1, -1 }
+
 /* Joins (or creates) job `job_key` of `world_size` ranks on the node's daemon
- * as `rank`. Blocks until all ranks have joined or the join timeout
- * (DMAGATHER_JOIN_TIMEOUT_MS, default 60000) passes. socket_path may be NULL. */
+ * as `rank`. Blocks until all ranks have joined or the join timeout passes.
+ * config may be NULL (all defaults). */
+dmagather_status_t dmagather_comm_init_config(const char* job_key, int world_size, int rank,
+                                              const dmagather_config_t* config,
+                                              dmagather_comm_t* comm);
+
+/* dmagather_comm_init_config with only a socket path (may be NULL). */
 dmagather_status_t dmagather_comm_init(const char* socket_path, const char* job_key,
                                        int world_size, int rank, dmagather_comm_t* comm);
 
@@ -74,7 +107,8 @@ dmagather_status_t dmagather_deregister(dmagather_comm_t comm, void* ptr);
 
 /* all_gather_into_tensor: recv holds world_size*count elements and rank r's
  * `send` lands at recv + r*count. send may alias recv + rank*count (in place).
- * Asynchronous. `stream` is a cudaStream_t on the CUDA backend, NULL on CPU. */
+ * Asynchronous. `stream` is a cudaStream_t on the CUDA backend (which then
+ * waits for completion on the GPU), NULL on CPU (call dmagather_wait). */
 dmagather_status_t dmagather_allgather(dmagather_comm_t comm, const void* send, void* recv,
                                        size_t count, dmagather_dtype_t dtype, void* stream);
 
@@ -87,6 +121,54 @@ dmagather_status_t dmagather_allgather_list(dmagather_comm_t comm, const void* s
 /* Waits for all outstanding operations of this rank; returns the first error
  * since the last wait. */
 dmagather_status_t dmagather_wait(dmagather_comm_t comm);
+
+/* ---- Per-op handles ----
+ * An op handle names one submitted operation of a comm (1, 2, ...; 0 is
+ * never an op). Every rank of a job gets the same verdict for the same op:
+ * when one rank cannot take part (memory its backend cannot reach, bad
+ * arguments), the op fails on every rank with that rank's status
+ * (DMAGATHER_FALLBACK or DMAGATHER_INVALID_ARGUMENT) and reason. */
+typedef uint64_t dmagather_op_t;
+
+/* One tensor of a coalesced AllGather (flat output, as
+ * dmagather_allgather). */
+typedef struct {
+  const void* send;
+  void* recv;
+  size_t count;
+  dmagather_dtype_t dtype;
+} dmagather_gather_t;
+
+#define DMAGATHER_MAX_COALESCED 64
+
+/* Submits an AllGather and returns its handle in *op without waiting. CUDA:
+ * the inputs are taken as ready at this point of `stream`; nothing waits for
+ * completion until dmagather_op_wait_stream / dmagather_op_wait. When this
+ * rank cannot take part, the op is still submitted (so the other ranks learn
+ * it), *op is set, and the status says why (FALLBACK / INVALID_ARGUMENT). */
+dmagather_status_t dmagather_allgather_async(dmagather_comm_t comm, const void* send, void* recv,
+                                             size_t count, dmagather_dtype_t dtype, void* stream,
+                                             dmagather_op_t* op);
+
+/* n (1..DMAGATHER_MAX_COALESCED) flat AllGathers as one op: one matching and
+ * one completion for the group; items may differ in count and dtype. */
+dmagather_status_t dmagather_allgather_coalesced(dmagather_comm_t comm, const dmagather_gather_t* items,
+                                                 size_t n, void* stream, dmagather_op_t* op);
+
+/* Tells the job that this rank will not take part in its next operation
+ * (e.g. its framework decided the tensors are unsuitable): that op completes
+ * with DMAGATHER_FALLBACK and `reason` on every rank. */
+dmagather_status_t dmagather_submit_fallback(dmagather_comm_t comm, const char* reason, dmagather_op_t* op);
+
+/* Blocks (host) until `op` has completed; returns its status. */
+dmagather_status_t dmagather_op_wait(dmagather_comm_t comm, dmagather_op_t op);
+/* Non-blocking: *done = 1 and the op's status once completed; *done = 0 and
+ * DMAGATHER_OK while it runs. */
+dmagather_status_t dmagather_op_test(dmagather_comm_t comm, dmagather_op_t op, int* done);
+/* CUDA: makes `stream` wait (on the GPU, no host sync) until `op` has
+ * completed. The op's status is read later with dmagather_op_test/op_wait.
+ * CPU backend: stream must be NULL and this is dmagather_op_wait. */
+dmagather_status_t dmagather_op_wait_stream(dmagather_comm_t comm, dmagather_op_t op, void* stream);
 
 const char* dmagather_status_string(dmagather_status_t status);
 /* A sentence about the last failure on this comm: what, which rank, why.

@@ -32,7 +32,6 @@ class CudaRegion : public ImportedRegion {
   }
   char* base() const override { return base_; }
   uint64_t bytes() const override { return bytes_; }
-  int device() const override { return device_; }
 
  private:
   char* const base_;
@@ -45,6 +44,30 @@ inline void CpuRelax() {
   __builtin_ia32_pause();
 #endif
 }
+
+// A rank on this engine: its device, and its completion block registered
+// with CUDA (streams read the ready flag at `ready_flag`); unregistered when
+// the rank is released.
+class CudaRank : public EngineRank {
+ public:
+  CudaRank(int device, void* pages, uint64_t ready_flag) : device_(device), pages_(pages), ready_flag_(ready_flag) {}
+  ~CudaRank() override {
+    cudaError_t err = cudaHostUnregister(pages_);
+    if (err != cudaSuccess && err != cudaErrorHostMemoryNotRegistered) {
+      LOG(WARNING) << CudaStatus("cudaHostUnregister(completion flags)", err).message();
+    }
+    if (err != cudaSuccess) cudaGetLastError();
+  }
+  int device() const { return device_; }
+  uint64_t ready_flag() const { return ready_flag_; }
+
+ private:
+  const int device_;
+  void* const pages_;
+  const uint64_t ready_flag_;
+};
+
+const CudaRank* AsCuda(const EngineRank* r) { return static_cast<const CudaRank*>(r); }
 
 }  // namespace
 
@@ -137,29 +160,26 @@ CudaEngine::~CudaEngine() {
 }
 
 absl::StatusOr<std::shared_ptr<ImportedRegion>> CudaEngine::Import(const RegionSpec& spec) {
-  if (spec.kind != MemoryKind::kCudaIpc) {
-    return absl::FailedPreconditionError(
+  if (spec.kind != kMemoryCudaIpc) {
+    return common::FallbackError(absl::StrCat(
         "this dmagatherd runs the cuda backend, which imports CUDA IPC handles of device memory; the client "
-        "offered a host shared-memory buffer");
+        "offered '", spec.kind, "' memory"));
   }
-  if (spec.ipc_handle.size() != sizeof(cudaIpcMemHandle_t)) {
-    return absl::InvalidArgumentError(absl::StrCat("CUDA IPC handle has ", spec.ipc_handle.size(),
+  if (spec.handle.size() != sizeof(cudaIpcMemHandle_t)) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA IPC handle has ", spec.handle.size(),
                                                    " bytes, expected ", sizeof(cudaIpcMemHandle_t)));
   }
-  if (spec.device < 0 || spec.device >= num_devices_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the rank's CUDA device ", spec.device, " is not visible to dmagatherd, which sees ", num_devices_,
-        " device(s): run the daemon and the ranks with the same CUDA_VISIBLE_DEVICES"));
-  }
+  if (spec.rank == nullptr) return absl::InvalidArgumentError("import without the owning rank");
+  const int device = AsCuda(spec.rank)->device();
   std::lock_guard<std::mutex> lock(import_mu_);
-  auto it = imports_.find(spec.ipc_handle);
+  auto it = imports_.find(spec.handle);
   if (it != imports_.end()) {
     if (auto region = it->second.lock(); region != nullptr && region->bytes() >= spec.bytes) return region;
   }
   for (auto i = imports_.begin(); i != imports_.end();) i = i->second.expired() ? imports_.erase(i) : std::next(i);
-  DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(spec.device));
+  DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   cudaIpcMemHandle_t handle;
-  std::memcpy(&handle, spec.ipc_handle.data(), sizeof(handle));
+  std::memcpy(&handle, spec.handle.data(), sizeof(handle));
   void* p = nullptr;
   DMAG_CUDA_RETURN_IF_ERROR(cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess));
   CUdeviceptr base = 0;
@@ -171,33 +191,35 @@ absl::StatusOr<std::shared_ptr<ImportedRegion>> CudaEngine::Import(const RegionS
     return absl::InvalidArgumentError(absl::StrCat("the client registered ", spec.bytes,
                                                    " bytes but its CUDA allocation has only ", size));
   }
-  auto region = std::make_shared<CudaRegion>(static_cast<char*>(p), spec.bytes, spec.device);
-  imports_[spec.ipc_handle] = region;
+  auto region = std::make_shared<CudaRegion>(static_cast<char*>(p), spec.bytes, device);
+  imports_[spec.handle] = region;
   return std::shared_ptr<ImportedRegion>(std::move(region));
 }
 
-absl::StatusOr<uint64_t> CudaEngine::AttachFlags(void* pages, uint64_t bytes, const uint32_t* ready_word) {
-  cudaError_t err = cudaHostRegister(pages, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+absl::StatusOr<std::unique_ptr<EngineRank>> CudaEngine::AttachRank(const RankAttach& a) {
+  if (a.device.kind != "cuda" || a.device.ordinal < 0) {
+    return common::FallbackError(absl::StrCat(
+        "this dmagatherd runs the cuda backend but the rank has no CUDA device (no GPU visible to it, or its "
+        "libdmagather has no CUDA support)"));
+  }
+  if (a.device.ordinal >= num_devices_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the rank's CUDA device ", a.device.ordinal, " is not visible to dmagatherd, which sees ", num_devices_,
+        " device(s): run the daemon and the ranks with the same CUDA_VISIBLE_DEVICES"));
+  }
+  cudaError_t err = cudaHostRegister(a.flag_pages, a.flag_bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
   if (err == cudaErrorHostMemoryAlreadyRegistered) {
     cudaGetLastError();
   } else if (err != cudaSuccess) {
     return CudaStatus("cudaHostRegister(completion flags)", err);
   }
   void* dptr = nullptr;
-  err = cudaHostGetDevicePointer(&dptr, const_cast<uint32_t*>(ready_word), 0);
+  err = cudaHostGetDevicePointer(&dptr, const_cast<uint32_t*>(a.ready_word), 0);
   if (err != cudaSuccess) {
-    cudaHostUnregister(pages);
+    cudaHostUnregister(a.flag_pages);
     return CudaStatus("cudaHostGetDevicePointer(ready flag)", err);
   }
-  return reinterpret_cast<uint64_t>(dptr);
-}
-
-void CudaEngine::DetachFlags(void* pages) {
-  cudaError_t err = cudaHostUnregister(pages);
-  if (err != cudaSuccess && err != cudaErrorHostMemoryNotRegistered) {
-    LOG(WARNING) << CudaStatus("cudaHostUnregister(completion flags)", err).message();
-  }
-  if (err != cudaSuccess) cudaGetLastError();
+  return std::unique_ptr<EngineRank>(new CudaRank(a.device.ordinal, a.flag_pages, reinterpret_cast<uint64_t>(dptr)));
 }
 
 cudaEvent_t CudaEngine::TakeEndEvent(Device& dev) {
@@ -217,13 +239,14 @@ cudaEvent_t CudaEngine::TakeEndEvent(Device& dev) {
 absl::Status CudaEngine::WaitReady(Device& dev, const EngineOp& op) {
   cudaStream_t s0 = dev.streams[0];
   memops_.clear();
-  for (uint64_t addr : op.ready_flags) {
+  for (const EngineRank* r : op.ranks) {
+    const uint64_t addr = r != nullptr ? AsCuda(r)->ready_flag() : 0;
     if (addr == 0) continue;
     CUstreamBatchMemOpParams p;
     std::memset(&p, 0, sizeof(p));
     p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
     p.waitValue.address = static_cast<CUdeviceptr>(addr);
-    p.waitValue.value = op.flag_seq;
+    p.waitValue.value = op.seq;
     p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
     memops_.push_back(p);
   }
@@ -288,7 +311,7 @@ absl::Status CudaEngine::EnqueueDevice(Device& dev, const EngineOp& op, cudaEven
   wo.streams = static_cast<int>(std::min<uint64_t>(options_.streams_per_device,
                                                    std::max<uint64_t>(1, dev_bytes / wo.chunk_bytes)));
   wo.max_batch = options_.max_batch;
-  wo.world_size = static_cast<int>(op.devices.size());
+  wo.world_size = static_cast<int>(op.ranks.size());
   PlanWaves(dev.copies, wo, &chunks_, &batches_);
   chunks_stat_.fetch_add(chunks_.size(), std::memory_order_relaxed);
   cudaStream_t s0 = dev.streams[0];
@@ -349,8 +372,9 @@ void CudaEngine::Execute(EngineOp* op) {
   for (Device& dev : devices_) dev.copies.clear();
   uint64_t same = 0;
   for (const CopyCmd& c : op->plan.copies) {
-    const int dd = c.dst_rank < int(op->devices.size()) ? op->devices[c.dst_rank] : -1;
-    const int sd = c.src_rank < int(op->devices.size()) ? op->devices[c.src_rank] : -1;
+    const int n = static_cast<int>(op->ranks.size());
+    const int dd = c.dst_rank < n && op->ranks[c.dst_rank] != nullptr ? AsCuda(op->ranks[c.dst_rank])->device() : -1;
+    const int sd = c.src_rank < n && op->ranks[c.src_rank] != nullptr ? AsCuda(op->ranks[c.src_rank])->device() : -1;
     if (dd < 0 || dd >= num_devices_) {
       st = absl::InternalError(absl::StrCat("rank ", c.dst_rank, " has no CUDA device known to the engine"));
       break;

@@ -62,8 +62,7 @@ class CudaEngine : public CopyEngine {
   void Stop() override;
   EngineStats stats() const override;
   int worker_threads() const override { return options_.streams_per_device * num_devices_; }
-  absl::StatusOr<uint64_t> AttachFlags(void* pages, uint64_t bytes, const uint32_t* ready_word) override;
-  void DetachFlags(void* pages) override;
+  absl::StatusOr<std::unique_ptr<EngineRank>> AttachRank(const RankAttach& attach) override;
 
   int num_devices() const { return num_devices_; }
 

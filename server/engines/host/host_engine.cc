@@ -40,10 +40,11 @@ HostEngine::HostEngine(const Options& options) : options_(options) {
 HostEngine::~HostEngine() { Stop(); }
 
 absl::StatusOr<std::shared_ptr<ImportedRegion>> HostEngine::Import(const RegionSpec& spec) {
-  if (spec.kind != MemoryKind::kHostShm) {
-    return absl::FailedPreconditionError("the host backend imports only shared-memory buffers");
+  if (spec.kind != kMemoryHostShm) {
+    return common::FallbackError(absl::StrCat("the host backend imports only shared-memory buffers, not '",
+                                              spec.kind, "' memory"));
   }
-  DMAG_ASSIGN_OR_RETURN(common::ShmMapping m, common::ShmMapping::Open(spec.shm_name, spec.bytes));
+  DMAG_ASSIGN_OR_RETURN(common::ShmMapping m, common::ShmMapping::Open(spec.name, spec.bytes));
   return std::make_shared<HostRegion>(std::move(m));
 }
 

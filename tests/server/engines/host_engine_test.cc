@@ -99,10 +99,10 @@ TEST(HostEngineTest, RejectsBadOptions) {
 TEST(HostEngineTest, ImportsOnlySharedMemory) {
   auto engine = HostEngine::Create({});
   RegionSpec spec;
-  spec.kind = MemoryKind::kCudaIpc;
+  spec.kind = kMemoryCudaIpc;
   EXPECT_EQ((*engine)->Import(spec).status().code(), absl::StatusCode::kFailedPrecondition);
-  spec.kind = MemoryKind::kHostShm;
-  spec.shm_name = "/dmagather-test-does-not-exist";
+  spec.kind = kMemoryHostShm;
+  spec.name = "/dmagather-test-does-not-exist";
   spec.bytes = 4096;
   EXPECT_EQ((*engine)->Import(spec).status().code(), absl::StatusCode::kNotFound);
 }

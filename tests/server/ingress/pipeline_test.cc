@@ -18,19 +18,24 @@ namespace dmagather::testing {
 namespace {
 
 using server::ingress::Ingress;
-using server::ingress::Session;
+using server::ingress::JobFeed;
+using server::ingress::RankInput;
 using server::scheduler::Job;
+using server::scheduler::Rank;
 
 // A rank as the daemon sees it: a segment written the way a client writes
-// it, and one 64 KiB buffer as region (100 + rank).
+// it (the scheduler's Rank and the ingress side's RankInput over it), and
+// one 64 KiB buffer as region (100 + rank).
 struct FakeRank {
   FakeRank(int rank, FakeCopyEngine* engine) {
     seg = *common::ShmMapping::Create(common::ShmMapping::UniqueName("test-seg"), abi::SegmentLayoutV1::kBytes);
     abi::InitSegmentV1(seg.data(), 42 + rank);
-    session = *Session::Open(rank + 1, rank, 1000 + rank, seg.name(), 42 + rank);
     seg.Unlink();
+    session = std::make_shared<Rank>(rank, 1000 + rank, 0, view().completion,
+                                     std::make_unique<server::engines::EngineRank>());
+    input = std::make_shared<RankInput>(session, view());
     region = std::make_shared<FakeRegion>(1 << 16);
-    EXPECT_TRUE(session->AddRegion(100 + rank, region).ok());
+    input->regions.Add(100 + rank, region);
   }
   abi::SegmentViewV1 view() { return abi::SegmentViewV1::At(seg.data()); }
   // Publishes an in-place flat allgather of `count` uint8 at output offset `out`.
@@ -55,7 +60,8 @@ struct FakeRank {
   const abi::ErrorRecordV1& error(uint32_t i) { return view().completion->errors[i % abi::kErrorSlotsV1]; }
 
   common::ShmMapping seg;
-  std::shared_ptr<Session> session;
+  std::shared_ptr<Rank> session;
+  std::shared_ptr<RankInput> input;
   std::shared_ptr<FakeRegion> region;
   uint32_t seq = 0;
 };
@@ -72,9 +78,11 @@ class PipelineTest : public ::testing::Test {
     Ingress::Options o;
     o.op_timeout = op_timeout;
     ingress_ = std::make_unique<Ingress>(o, &engine_, &bell_,
-                                         Ingress::Hooks{[] { return uint64_t{1}; },
-                                                        [this] { return std::vector<std::shared_ptr<Job>>{job_}; },
-                                                        [] {}});
+                                         Ingress::Hooks{[] { return uint64_t{1}; }, [this] {
+                                                          JobFeed feed{job_, {}};
+                                                          for (auto& r : ranks_) feed.inputs.push_back(r->input);
+                                                          return std::vector<JobFeed>{feed};
+                                                        }});
   }
   int Poll(bool sweep = false, uint64_t now = 0) { return ingress_->PollOnce(now ? now : common::MonotonicNs(), sweep); }
   std::string Message(FakeRank& r, uint32_t i) { return r.error(i).message; }

@@ -1,0 +1,109 @@
+// ClientBackend: the part of a rank that depends on the daemon's backend -
+// what memory the daemon can import and how it is exported, and how a
+// submit is ordered against the caller's work (CPU stores, or stream memory
+// operations on a GPU stream). CommImpl holds one, chosen once at Join from
+// the backend the daemon reports; nothing else in the client names a
+// backend. Implementations register themselves by name
+// (RegisterClientBackend, in their own .cc, linked with alwayslink), so a
+// build without CUDA simply has no "cuda" entry.
+//
+// Threads: the rank's submitting thread (CommImpl's caller).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "abi/completion_v1.h"
+#include "absl/status/statusor.h"
+
+namespace dmagather::client {
+
+// How the daemon can import a buffer (the RegisterRequest's fields).
+struct MemoryExport {
+  uintptr_t base = 0;      // Allocation base in this process.
+  uint64_t bytes = 0;      // Allocation size.
+  uint64_t buffer_id = 0;  // Changes when the address range is freed and reused (0: not tracked).
+  std::string memory_kind;  // "host_shm", "cuda_ipc", ...
+  std::string shm_name;
+  std::string handle;
+};
+
+// Memory the library allocated for the caller (dmagather_alloc).
+class OwnedBuffer {
+ public:
+  virtual ~OwnedBuffer() = default;  // Frees the memory.
+  virtual void* data() const = 0;
+  virtual const MemoryExport& export_info() const = 0;
+  // The daemon has imported it (host: the shm name can go now).
+  virtual void Registered() {}
+};
+
+class ClientBackend {
+ public:
+  virtual ~ClientBackend() = default;
+  virtual const char* name() const = 0;
+
+  // --- Memory ---
+  virtual absl::StatusOr<std::unique_ptr<OwnedBuffer>> Allocate(uint64_t bytes) = 0;
+  // How the allocation containing [ptr, ptr+bytes) can be exported:
+  // FALLBACK when the backend cannot reach such memory at all,
+  // INVALID_ARGUMENT when the buffer is wrong (wrong device, past the end).
+  virtual absl::StatusOr<MemoryExport> Describe(const void* ptr, uint64_t bytes) const = 0;
+  // Current buffer id of the allocation containing ptr (0: not tracked).
+  virtual uint64_t BufferId(const void* ptr) const = 0;
+  // Whether an unregistered buffer passed to a submit is registered on the
+  // way (cuda: any device pointer) or is a caller error (host: only
+  // dmagather_alloc memory is reachable).
+  virtual bool registers_on_submit() const = 0;
+
+  // --- Ordering of a submit ---
+  virtual absl::Status CheckStream(void* stream) const = 0;
+  // True when the daemon never copies a rank's own shard (it would be a
+  // same-device copy): the client copies it in the caller's stream.
+  virtual bool copies_own_shard() const = 0;
+  virtual absl::Status CopyAsync(void* dst, const void* src, uint64_t bytes, void* stream) = 0;
+  // Inputs of op `seq` are ready at this point (of `stream`).
+  virtual absl::Status WriteReady(void* stream, uint32_t seq) = 0;
+  // Makes `stream` wait until op `seq` is done. False from
+  // has_stream_waits(): nothing to enqueue (the host waits instead).
+  virtual bool has_stream_waits() const = 0;
+  virtual absl::Status WaitDoneOnStream(void* stream, uint32_t seq) = 0;
+};
+
+// What a backend gets at creation: the rank's completion block (page-
+// aligned, `flag_bytes`) and its device ordinal from the probe.
+struct ClientBackendContext {
+  abi::CompletionV1* completion = nullptr;
+  uint64_t flag_bytes = 0;
+  int device = -1;
+};
+
+struct ClientBackendEntry {
+  std::string name;
+  int priority = 0;
+  // The device this process would use with this backend (-1: none), and
+  // the device kind it reports at Join ("cuda", ...).
+  std::function<int()> probe_device;
+  std::string device_kind;
+  std::function<absl::StatusOr<std::unique_ptr<ClientBackend>>(const ClientBackendContext&)> create;
+};
+
+// Static registration (one per backend .cc).
+bool RegisterClientBackend(ClientBackendEntry entry);
+
+// The device this process reports at Join: the highest-priority backend
+// with a device, else {"cpu", -1}.
+struct ProbedDevice {
+  std::string kind = "cpu";
+  int ordinal = -1;
+};
+ProbedDevice ProbeDevice();
+
+// The backend named by the daemon's Join reply. FALLBACK (with the reason)
+// when this library has no such backend or it cannot run here.
+absl::StatusOr<std::unique_ptr<ClientBackend>> CreateClientBackend(const std::string& name,
+                                                                   const ClientBackendContext& ctx);
+
+}  // namespace dmagather::client

@@ -1,0 +1,80 @@
+// The host (CPU) client backend: buffers are POSIX shm objects created by
+// dmagather_alloc and mapped by the daemon; readiness is a CPU store into
+// the completion block; there are no streams (the host waits).
+#include <cstring>
+
+#include "abi/abi_v1.h"
+#include "absl/strings/str_format.h"
+#include "client/backend.h"
+#include "common/memory_kinds.h"
+#include "common/shm.h"
+#include "common/status.h"
+
+namespace dmagather::client {
+namespace {
+
+class ShmBuffer : public OwnedBuffer {
+ public:
+  explicit ShmBuffer(common::ShmMapping m) : mapping_(std::move(m)) {
+    exp_.base = reinterpret_cast<uintptr_t>(mapping_.data());
+    exp_.bytes = mapping_.size();
+    exp_.memory_kind = common::kMemoryHostShm;
+    exp_.shm_name = mapping_.name();
+  }
+  void* data() const override { return mapping_.data(); }
+  const MemoryExport& export_info() const override { return exp_; }
+  void Registered() override { mapping_.Unlink(); }
+
+ private:
+  common::ShmMapping mapping_;
+  MemoryExport exp_;
+};
+
+class HostBackend : public ClientBackend {
+ public:
+  explicit HostBackend(abi::CompletionV1* completion) : completion_(completion) {}
+
+  const char* name() const override { return "host"; }
+
+  absl::StatusOr<std::unique_ptr<OwnedBuffer>> Allocate(uint64_t bytes) override {
+    const uint64_t rounded = (bytes + 4095) & ~uint64_t{4095};
+    DMAG_ASSIGN_OR_RETURN(common::ShmMapping m,
+                          common::ShmMapping::Create(common::ShmMapping::UniqueName("buf"), rounded));
+    return std::unique_ptr<OwnedBuffer>(new ShmBuffer(std::move(m)));
+  }
+  absl::StatusOr<MemoryExport> Describe(const void* ptr, uint64_t bytes) const override {
+    return common::FallbackError(absl::StrFormat(
+        "the host backend reaches only memory from dmagather_alloc; %p (%u bytes) is private to this process",
+        ptr, bytes));
+  }
+  uint64_t BufferId(const void*) const override { return 0; }
+  bool registers_on_submit() const override { return false; }
+
+  absl::Status CheckStream(void* stream) const override {
+    if (stream == nullptr) return absl::OkStatus();
+    return absl::InvalidArgumentError("the host backend takes no stream (pass NULL)");
+  }
+  bool copies_own_shard() const override { return false; }
+  absl::Status CopyAsync(void* dst, const void* src, uint64_t bytes, void*) override {
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status WriteReady(void*, uint32_t seq) override {
+    abi::StoreRelease(&completion_->ready_seq, seq);
+    return absl::OkStatus();
+  }
+  bool has_stream_waits() const override { return false; }
+  absl::Status WaitDoneOnStream(void*, uint32_t) override { return absl::OkStatus(); }
+
+ private:
+  abi::CompletionV1* const completion_;
+};
+
+const bool kRegistered = RegisterClientBackend(ClientBackendEntry{
+    "host", 0, nullptr, "cpu",
+    [](const ClientBackendContext& ctx) -> absl::StatusOr<std::unique_ptr<ClientBackend>> {
+      return std::unique_ptr<ClientBackend>(new HostBackend(ctx.completion));
+    }});
+
+}  // namespace
+}  // namespace dmagather::client

@@ -1,0 +1,84 @@
+// Request: one rank's part of one op, as the scheduler sees it. Ingress
+// decodes each shared-memory descriptor (v1 or v2) once into a Request and
+// validates it against the rank's own regions; from there on nothing reads
+// the ABI structs.
+//
+// A coalesced op has several items (one per gathered tensor); a plain op has
+// one. Item buffers are daemon-side pointers after validation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+
+namespace dmagather::server::scheduler {
+
+enum class OpKind : uint32_t {
+  kAllGather = 1,      // all_gather_into_tensor: recv[0] holds world*count.
+  kAllGatherList = 2,  // list output: recv[r] receives rank r's shard.
+};
+
+// (region id, byte offset) as the client named a buffer.
+struct BufferRef {
+  uint32_t region_id = 0;
+  uint64_t offset = 0;
+};
+
+// One decoded descriptor: one item of an op, or a refusal.
+struct Request {
+  uint32_t abi_version = 0;
+  uint32_t seq = 0;
+  uint32_t raw_op = 0;  // As written (checked by validation).
+  uint32_t dtype = 0;
+  uint64_t count = 0;
+  uint64_t submit_ns = 0;
+  uint32_t items_following = 0;
+  BufferRef send;
+  uint32_t num_recv = 0;
+  BufferRef recv[64];
+  // Set when the rank refused to take part (kOpRefuse) or the descriptor
+  // could not be decoded: the op fails on every rank with this status.
+  absl::Status refusal;
+};
+
+// One validated item: what the rank's tensor looks like and where it is.
+struct Item {
+  OpKind kind = OpKind::kAllGather;
+  uint32_t dtype = 0;
+  uint64_t count = 0;
+  const char* send = nullptr;
+  uint32_t recv_begin = 0;  // Index into RankPart::recv.
+  uint32_t num_recv = 0;
+};
+
+// What one rank asked for in one op.
+struct RankPart {
+  bool started = false;   // The first item has been read (the op counts in the rank's inflight).
+  bool arrived = false;   // Every item of the op has been read.
+  absl::Status status;    // First problem with this rank's part (refusal or validation).
+  uint64_t submit_ns = 0;
+  uint32_t items_expected = 0;   // From the first descriptor's items_following + 1.
+  std::vector<Item> items;
+  std::vector<char*> recv;  // Daemon-side output pointers of all items.
+
+  void Reset() {
+    started = false;
+    arrived = false;
+    status = absl::OkStatus();
+    submit_ns = 0;
+    items_expected = 0;
+    items.clear();
+    recv.clear();
+  }
+  // Bytes this rank's outputs receive.
+  uint64_t payload_bytes(int world) const {
+    uint64_t n = 0;
+    for (const Item& it : items) n += it.count * common::DtypeSize(it.dtype) * uint64_t(world);
+    return n;
+  }
+};
+
+}  // namespace dmagather::server::scheduler

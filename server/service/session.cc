@@ -1,0 +1,98 @@
+#include "server/service/session.h"
+
+#include <sys/random.h>
+
+#include "abi/descriptor_v2.h"
+#include "abi/ring_v1.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+
+namespace dmagather::server::service {
+namespace {
+
+absl::StatusOr<std::string> RandomSecret() {
+  std::string s(16, '\0');
+  size_t got = 0;
+  while (got < s.size()) {
+    ssize_t n = getrandom(&s[got], s.size() - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return common::ErrnoStatus("getrandom");
+    }
+    got += static_cast<size_t>(n);
+  }
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Session>> Session::Open(uint64_t id, const v1::JoinRequest& req,
+                                                       engines::CopyEngine* engine) {
+  const std::string& name = req.segment_name();
+  DMAG_ASSIGN_OR_RETURN(common::ShmMapping m, common::ShmMapping::Open(name, abi::SegmentLayoutV1::kBytes));
+  abi::SegmentViewV1 v = abi::SegmentViewV1::At(m.data());
+  const abi::SegmentHeaderV1& h = *v.header;
+  if (h.magic != abi::kMagic || h.stamp != abi::kSegmentStampV1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "segment %s is not a v1 dmagather segment (stamp 0x%08x, expected 0x%08x): client and "
+        "daemon versions differ",
+        name, h.stamp, abi::kSegmentStampV1));
+  }
+  if (h.token != req.segment_token()) {
+    return absl::PermissionDeniedError(absl::StrCat("segment ", name, " token does not match the join request"));
+  }
+  if (h.ring_slots != abi::kRingSlotsV1 ||
+      (h.descriptor_stamp != abi::kDescriptorStampV2 && h.descriptor_stamp != abi::kDescriptorStampV1) ||
+      h.completion_stamp != abi::kCompletionStampV1 || h.segment_bytes != abi::SegmentLayoutV1::kBytes ||
+      h.completion_offset != abi::SegmentLayoutV1::kCompletionOffset ||
+      h.ring_offset != abi::SegmentLayoutV1::kRingOffset ||
+      h.descriptors_offset != abi::SegmentLayoutV1::kDescriptorsOffset) {
+    return absl::InvalidArgumentError(absl::StrCat("segment ", name, " has an unexpected v1 layout"));
+  }
+  DMAG_ASSIGN_OR_RETURN(std::string secret, RandomSecret());
+  auto s = std::shared_ptr<Session>(new Session(id, std::move(secret), std::move(m)));
+  s->abi_version_ = h.descriptor_stamp == abi::kDescriptorStampV2 ? 2 : 1;
+  s->device_.kind = req.device().kind().empty() ? "cpu" : req.device().kind();
+  s->device_.ordinal = req.device().ordinal();
+  v = abi::SegmentViewV1::At(s->segment_.data());
+  // Whatever the client left there, the daemon starts the protocol clean.
+  abi::StoreRelease(&v.completion->done_seq, 0u);
+  abi::StoreRelease(&v.completion->error_count, 0u);
+  abi::StoreRelease(&v.completion->daemon_state, static_cast<uint32_t>(abi::kDaemonServing));
+  engines::RankAttach attach;
+  attach.rank = req.rank();
+  attach.device = s->device_;
+  attach.flag_pages = v.completion;
+  attach.flag_bytes = abi::SegmentLayoutV1::kRingOffset - abi::SegmentLayoutV1::kCompletionOffset;
+  attach.ready_word = &v.completion->ready_seq;
+  auto engine_rank = engine->AttachRank(attach);
+  if (!engine_rank.ok()) {
+    return common::Annotate(engine_rank.status(), absl::StrCat("rank ", req.rank(), ": "));
+  }
+  s->rank_ = std::make_shared<scheduler::Rank>(req.rank(), req.pid(), s->uid_, v.completion,
+                                                *std::move(engine_rank));
+  s->input_ = std::make_shared<ingress::RankInput>(s->rank_, v);
+  return s;
+}
+
+Session::Session(uint64_t id, std::string secret, common::ShmMapping segment)
+    : id_(id), secret_(std::move(secret)), uid_(segment.owner_uid()), segment_(std::move(segment)) {}
+
+Session::~Session() { ReleaseMemory(); }
+
+bool Session::SecretMatches(const std::string& presented) const {
+  if (presented.size() != secret_.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < secret_.size(); ++i) diff |= static_cast<unsigned char>(presented[i] ^ secret_[i]);
+  return diff == 0;
+}
+
+void Session::ReleaseMemory() {
+  if (released_.exchange(true)) return;
+  if (rank_ != nullptr) rank_->Release();  // Engine detach (cuda: cudaHostUnregister) before the unmap.
+  if (input_ != nullptr) input_->regions.Clear();
+  segment_ = common::ShmMapping();
+}
+
+}  // namespace dmagather::server::service

@@ -1,0 +1,70 @@
+// Session: one rank of one job, from Join to the end of its Join stream, as
+// the control service holds it. Owns the mapping of the rank's segment
+// (request ring + completion block) and ties together the two views of it
+// that the data path uses: the ingress side's RankInput (ring, regions) and
+// the scheduler's Rank (completion, counters, engine context).
+//
+// Threads: created on a gRPC thread (Join); Leave/Register/Deregister on
+// gRPC threads; ReleaseMemory on the reaper thread once nothing can touch
+// the segment any more.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/shm.h"
+#include "dmagather/v1/control.pb.h"
+#include "server/engines/copy_engine.h"
+#include "server/ingress/rank_input.h"
+#include "server/scheduler/rank.h"
+
+namespace dmagather::server::service {
+
+class Session {
+ public:
+  // Maps the segment named in `req`, checks its header and token, attaches
+  // the rank to `engine`. No registry lock is held while this runs.
+  static absl::StatusOr<std::shared_ptr<Session>> Open(uint64_t id, const v1::JoinRequest& req,
+                                                       engines::CopyEngine* engine);
+  ~Session();
+
+  uint64_t id() const { return id_; }
+  uid_t uid() const { return uid_; }
+  int rank_index() const { return rank_->rank(); }
+  const std::string& secret() const { return secret_; }
+  // Constant-time comparison with a secret a caller presented.
+  bool SecretMatches(const std::string& presented) const;
+  uint32_t abi_version() const { return abi_version_; }
+  const engines::DeviceRef& device() const { return device_; }
+
+  const std::shared_ptr<scheduler::Rank>& rank() const { return rank_; }
+  const std::shared_ptr<ingress::RankInput>& input() const { return input_; }
+
+  // The Join stream ended and the job was told (set by EndSession last).
+  std::atomic<bool> ended{false};
+
+  // Undoes the engine's attach, drops the regions, unmaps the segment.
+  // Safe to call more than once.
+  void ReleaseMemory();
+  bool memory_released() const { return released_.load(std::memory_order_acquire); }
+
+ private:
+  Session(uint64_t id, std::string secret, common::ShmMapping segment);
+
+  const uint64_t id_;
+  const std::string secret_;
+  uid_t uid_;
+  uint32_t abi_version_ = 1;
+  engines::DeviceRef device_;
+  common::ShmMapping segment_;
+  std::shared_ptr<scheduler::Rank> rank_;
+  std::shared_ptr<ingress::RankInput> input_;
+  std::atomic<bool> released_{false};
+};
+
+}  // namespace dmagather::server::service
