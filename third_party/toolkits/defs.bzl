@@ -26,9 +26,10 @@ def cuda_cc_binary(**kwargs):
     if _HAS_CUDA:
         native.cc_binary(**kwargs)
 
-def cuda_cc_test(**kwargs):
+def cuda_cc_test(tags = [], **kwargs):
+    """A cc_test that needs CUDA; tagged "cuda" (tools/test_tsan.sh skips those)."""
     if _HAS_CUDA:
-        native.cc_test(**kwargs)
+        native.cc_test(tags = tags + ["cuda"], **kwargs)
 
 def cuda_genrule(**kwargs):
     if _HAS_CUDA:
