@@ -47,7 +47,7 @@ def _toolkits_impl(rctx):
     if has_cuda:
         # The toolkit's directories, linked (not copied) into this repository,
         # and the targets over them (its package() makes them public).
-        for d in ["bin", "include", "lib64", "nvvm"]:
+        for d in ["bin", "include", "lib64"]:
             if _exists(rctx, cuda_path + "/" + d):
                 rctx.symlink(cuda_path + "/" + d, d)
         build.append(rctx.read(Label("//third_party/cuda:cuda.BUILD")))
