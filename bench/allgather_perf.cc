@@ -4,8 +4,10 @@
 // results table (and writes it as CSV).
 //
 //   allgather_perf --socket=/tmp/x/dmagatherd.sock --ranks=4
+#if DMAGATHER_WITH_CUDA
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#endif
 #include <dlfcn.h>
 #include <grpcpp/grpcpp.h>
 #include <sys/mman.h>
@@ -33,7 +35,9 @@
 #include "bench/verify.h"
 #include "dmagather/client.h"
 #include "dmagather/v1/telemetry.grpc.pb.h"
+#if DMAGATHER_WITH_CUDA
 #include "kernels/verify.h"
+#endif
 
 ABSL_FLAG(std::string, socket, "", "dmagatherd socket (default: $DMAGATHER_SOCKET, then /run/dmagather/dmagatherd.sock).");
 ABSL_FLAG(int, ranks, 4, "Rank processes to start (ignored with --rank).");
@@ -173,6 +177,8 @@ bool TimeRow(dmagather::Comm& comm, Shared* sh, size_t row, int iters,
   }
   return true;
 }
+
+#if DMAGATHER_WITH_CUDA  // The cuda mode, where the build has the CUDA toolkit.
 
 void Barrier(Shared* sh, int world) {
   const int gen = sh->barrier_gen.load();
@@ -538,11 +544,24 @@ int RunRankCuda(dmagather::Comm& comm, const std::string& job, Shared* sh) {
   return 0;
 }
 
+#else  // !DMAGATHER_WITH_CUDA
+
+int RunRankCuda(dmagather::Comm& comm, const std::string&, Shared* sh) {
+  std::cerr << "rank " << comm.rank() << ": dmagatherd runs the cuda backend, but this allgather_perf was built "
+            << "without the CUDA toolkit\n";
+  sh->rank_errors++;
+  return 5;
+}
+
+#endif  // DMAGATHER_WITH_CUDA
+
 int RunRank(int rank, int world, const std::string& job, Shared* sh) {
+#if DMAGATHER_WITH_CUDA
   // One rank per GPU where there are several (round-robin); on a machine
   // without a driver this fails quietly and the daemon decides the backend.
   int devices = 0;
   if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 1) cudaSetDevice(rank % devices);
+#endif
   dmagather::Comm comm(absl::GetFlag(FLAGS_socket).empty() ? nullptr : absl::GetFlag(FLAGS_socket).c_str(), job,
                        world, rank);
   if (!comm.ok()) {

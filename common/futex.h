@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "common/cpu_relax.h"
+
 namespace dmagather::common {
 
 // Sleeps while *word == expected, at most timeout_ns. Spurious wake-ups are
@@ -32,7 +34,7 @@ class Backoff {
   bool Pause() {
     if (n_ < spins_) {
       ++n_;
-      __builtin_ia32_pause();
+      CpuRelax();
       return false;
     }
     if (n_ < spins_ + 64) {

@@ -1,48 +1,93 @@
 #include "server/engines/factory.h"
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
-#include "server/engines/cuda/cuda_engine.h"
-#include "server/engines/host/host_engine.h"
+#include "absl/strings/str_join.h"
+#include "server/engines/engine_registry.h"
 
 namespace dmagather::server::engines {
+namespace {
+
+// Every backend dmagather has, and why a build may lack it.
+struct KnownBackend {
+  const char* name;
+  const char* absent_because;
+};
+constexpr KnownBackend kKnownBackends[] = {
+    {"host", "this build has no host backend"},
+    {"cuda", "built without the CUDA toolkit"},
+    {"hip", "the hip backend is not written yet"},
+};
+
+const KnownBackend* FindKnown(const std::string& name) {
+  for (const KnownBackend& k : kKnownBackends) {
+    if (name == k.name) return &k;
+  }
+  return nullptr;
+}
+
+std::string Describe(const EngineBackend& b, const CopyEngine& e) { return b.describe ? b.describe(e) : ""; }
+
+}  // namespace
 
 absl::StatusOr<CreatedEngine> CreateEngine(const EngineOptions& options) {
   const std::string& b = options.backend;
-  if (b != "host" && b != "auto" && b != "cuda" && b != "hip") {
-    return absl::InvalidArgumentError(absl::StrCat("unknown backend '", b, "' (host, cuda, hip or auto)"));
-  }
-  if (b == "hip") {
-    return absl::UnimplementedError(absl::StrCat("the ", b, " backend is not part of this build"));
-  }
-  std::string why_not_cuda;
-  if (b == "cuda" || b == "auto") {
-    cuda::CudaEngine::Options co;
-    co.streams_per_device = options.streams_per_device;
-    co.chunk_bytes = options.cuda_chunk_bytes;
-    auto engine = cuda::CudaEngine::Create(co);
-    if (engine.ok()) {
+  const std::vector<EngineBackend> backends = RegisteredEngines();
+  if (b != "auto") {
+    for (const EngineBackend& backend : backends) {
+      if (backend.name != b) continue;
+      auto engine = backend.create(options);
+      if (!engine.ok()) {
+        // "--backend=cuda: cannot use CUDA: cudaGetDeviceCount: ..."
+        return absl::Status(engine.status().code(),
+                            absl::StrCat("--backend=", b, ": cannot use ", backend.label.empty() ? b : backend.label, ": ",
+                                         engine.status().message()));
+      }
       CreatedEngine out;
-      const int n = (*engine)->num_devices();
+      const std::string what = Describe(backend, **engine);
+      out.reason = absl::StrCat("--backend=", b, what.empty() ? "" : ", ", what);
       out.engine = *std::move(engine);
-      out.reason = b == "cuda" ? absl::StrCat("--backend=cuda, ", n, " GPU(s)")
-                               : absl::StrCat("auto: ", n, " CUDA GPU(s) found");
       return out;
     }
-    if (b == "cuda") {
-      return absl::Status(engine.status().code(),
-                          absl::StrCat("--backend=cuda: cannot use CUDA: ", engine.status().message()));
+    if (const KnownBackend* k = FindKnown(b)) {
+      return absl::UnimplementedError(absl::StrCat("the ", b, " backend is not part of this build (",
+                                                   k->absent_because, "); this dmagatherd has: ",
+                                                   RegisteredEngineNames()));
     }
-    why_not_cuda = std::string(engine.status().message());
+    std::vector<std::string> known;
+    for (const KnownBackend& k : kKnownBackends) known.push_back(k.name);
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown backend '", b, "' (", absl::StrJoin(known, ", "), " or auto)"));
   }
-  host::HostEngine::Options ho;
-  ho.workers = options.workers;
-  ho.chunk_bytes = options.chunk_bytes;
-  auto host = host::HostEngine::Create(ho);
-  if (!host.ok()) return host.status();
-  CreatedEngine out;
-  out.engine = *std::move(host);
-  out.reason = b == "host" ? "--backend=host" : absl::StrCat("auto: no usable CUDA GPU (", why_not_cuda, "), using host");
-  return out;
+
+  // auto: by descending priority; the first that starts wins.
+  std::vector<std::string> why_not;
+  absl::Status last = absl::NotFoundError("no copy backend is registered in this binary");
+  for (const EngineBackend& backend : backends) {
+    auto engine = backend.create(options);
+    if (!engine.ok()) {
+      // "no usable CUDA GPU (cudaGetDeviceCount: cudaErrorNoDevice ...)"
+      why_not.push_back(absl::StrCat(backend.unusable.empty() ? "no usable " + backend.name + " backend"
+                                                              : backend.unusable,
+                                     " (", engine.status().message(), ")"));
+      last = engine.status();
+      continue;
+    }
+    CreatedEngine out;
+    const std::string what = Describe(backend, **engine);
+    if (!why_not.empty()) {
+      out.reason = absl::StrCat("auto: ", absl::StrJoin(why_not, "; "), ", using ", backend.name);
+    } else if (!what.empty()) {
+      out.reason = absl::StrCat("auto: ", what, " found");
+    } else {
+      out.reason = absl::StrCat("auto: using ", backend.name, " (this dmagatherd has: ", RegisteredEngineNames(), ")");
+    }
+    out.engine = *std::move(engine);
+    return out;
+  }
+  return absl::Status(last.code(), absl::StrCat("auto: no copy backend could start: ",
+                                                why_not.empty() ? last.message() : absl::StrJoin(why_not, "; ")));
 }
 
 }  // namespace dmagather::server::engines

@@ -1,5 +1,6 @@
 // Picks and creates the CopyEngine named by --backend (host, cuda, hip,
-// auto) and says why, for the log and for Health.
+// auto) from the backends registered in this binary (engine_registry.h)
+// and says why, for the log and for Health.
 #pragma once
 
 #include <memory>
@@ -23,6 +24,10 @@ struct CreatedEngine {
   std::string reason;
 };
 
+// --backend=NAME: that backend, or an error (Unimplemented when it is not
+// part of this build, naming those that are). auto: the registered backends
+// by descending priority (cuda, then host); the reason says why the ones
+// before the chosen one could not be used.
 absl::StatusOr<CreatedEngine> CreateEngine(const EngineOptions& options);
 
 }  // namespace dmagather::server::engines

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/cpu_relax.h"
 #include "common/status.h"
 
 namespace dmagather::server::engines::cuda {
@@ -39,11 +40,7 @@ class CudaRegion : public ImportedRegion {
   const int device_;
 };
 
-inline void CpuRelax() {
-#if defined(__x86_64__)
-  __builtin_ia32_pause();
-#endif
-}
+using common::CpuRelax;
 
 // A rank on this engine: its device, and its completion block registered
 // with CUDA (streams read the ready flag at `ready_flag`); unregistered when
@@ -521,4 +518,37 @@ EngineStats CudaEngine::stats() const {
   return s;
 }
 
+}  // namespace dmagather::server::engines::cuda
+
+// ---------------------------------------------------------------------------
+// Registration (server/engines/engine_registry.h): --backend=cuda, and the
+// first choice of --backend=auto. Kept apart from the engine above.
+#include "server/engines/engine_registry.h"
+#include "server/engines/factory.h"
+
+namespace dmagather::server::engines::cuda {
+namespace {
+
+EngineBackend CudaBackend() {
+  EngineBackend b;
+  b.name = "cuda";
+  b.priority = 200;
+  b.label = "CUDA";
+  b.unusable = "no usable CUDA GPU";
+  b.create = [](const EngineOptions& o) -> absl::StatusOr<std::unique_ptr<CopyEngine>> {
+    CudaEngine::Options co;
+    co.streams_per_device = o.streams_per_device;
+    co.chunk_bytes = o.cuda_chunk_bytes;
+    DMAG_ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> engine, CudaEngine::Create(co));
+    return std::unique_ptr<CopyEngine>(std::move(engine));
+  };
+  b.describe = [](const CopyEngine& e) {
+    return absl::StrCat(static_cast<const CudaEngine&>(e).num_devices(), " CUDA GPU(s)");
+  };
+  return b;
+}
+
+const EngineRegistration kCudaRegistration(CudaBackend());
+
+}  // namespace
 }  // namespace dmagather::server::engines::cuda

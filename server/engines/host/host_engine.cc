@@ -116,3 +116,31 @@ EngineStats HostEngine::stats() const {
 }
 
 }  // namespace dmagather::server::engines::host
+
+// ---------------------------------------------------------------------------
+// Registration (server/engines/engine_registry.h): --backend=host, and the
+// last choice of --backend=auto. Kept apart from the engine above.
+#include "server/engines/engine_registry.h"
+#include "server/engines/factory.h"
+
+namespace dmagather::server::engines::host {
+namespace {
+
+EngineBackend HostBackend() {
+  EngineBackend b;
+  b.name = "host";
+  b.priority = 0;
+  b.create = [](const EngineOptions& o) -> absl::StatusOr<std::unique_ptr<CopyEngine>> {
+    HostEngine::Options ho;
+    ho.workers = o.workers;
+    ho.chunk_bytes = o.chunk_bytes;
+    DMAG_ASSIGN_OR_RETURN(std::unique_ptr<HostEngine> engine, HostEngine::Create(ho));
+    return std::unique_ptr<CopyEngine>(std::move(engine));
+  };
+  return b;
+}
+
+const EngineRegistration kHostRegistration(HostBackend());
+
+}  // namespace
+}  // namespace dmagather::server::engines::host

@@ -1,0 +1,82 @@
+// CreateEngine over the backend registry, in any build (with or without the
+// CUDA toolkit): --backend=NAME for a backend this binary lacks says so and
+// lists what it has; auto tries backends by priority and gives the reasons.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "server/engines/engine_registry.h"
+#include "server/engines/factory.h"
+
+namespace dmagather::server::engines {
+namespace {
+
+bool Registered(const std::string& name) {
+  for (const EngineBackend& b : RegisteredEngines()) {
+    if (b.name == name) return true;
+  }
+  return false;
+}
+
+TEST(EngineRegistry, HostIsAlwaysRegisteredAndLast) {
+  const auto backends = RegisteredEngines();
+  ASSERT_FALSE(backends.empty());
+  EXPECT_EQ(backends.back().name, "host");
+  for (size_t i = 1; i < backends.size(); ++i) EXPECT_GE(backends[i - 1].priority, backends[i].priority);
+}
+
+TEST(EngineRegistry, MissingBackendIsNotPartOfThisBuild) {
+  EngineOptions o;
+  o.backend = "hip";
+  auto e = CreateEngine(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(e.status().message().find("the hip backend is not part of this build"), std::string::npos) << e.status();
+  EXPECT_NE(e.status().message().find("this dmagatherd has: "), std::string::npos) << e.status();
+  EXPECT_NE(e.status().message().find("host"), std::string::npos) << e.status();
+}
+
+TEST(EngineRegistry, CudaWithoutTheToolkit) {
+  if (Registered("cuda")) GTEST_SKIP() << "this build has the cuda backend";
+  EngineOptions o;
+  o.backend = "cuda";
+  auto e = CreateEngine(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(std::string(e.status().message()),
+            "the cuda backend is not part of this build (built without the CUDA toolkit); this dmagatherd has: host");
+}
+
+TEST(EngineRegistry, UnknownBackend) {
+  EngineOptions o;
+  o.backend = "tpu";
+  auto e = CreateEngine(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("unknown backend 'tpu'"), std::string::npos) << e.status();
+}
+
+TEST(EngineRegistry, AutoSkipsAFailingBackendWithItsReason) {
+  EngineBackend b;
+  b.name = "test_failing";
+  b.priority = 1000;  // Tried first.
+  b.unusable = "no usable test device";
+  b.create = [](const EngineOptions&) -> absl::StatusOr<std::unique_ptr<CopyEngine>> {
+    return absl::UnavailableError("none plugged in");
+  };
+  RegisterEngine(std::move(b));
+  EngineOptions o;
+  o.backend = "auto";
+  auto e = CreateEngine(o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  if (std::string(e->engine->name()) != "host") GTEST_SKIP() << "a GPU backend started: " << e->reason;
+  EXPECT_EQ(e->reason.find("auto: no usable test device (none plugged in)"), 0u) << e->reason;
+  EXPECT_NE(e->reason.find(", using host"), std::string::npos) << e->reason;
+
+  o.backend = "test_failing";
+  auto f = CreateEngine(o);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(std::string(f.status().message()), "--backend=test_failing: cannot use test_failing: none plugged in");
+}
+
+}  // namespace
+}  // namespace dmagather::server::engines

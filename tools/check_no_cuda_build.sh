@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# check_no_cuda_build.sh: checks that dmagather builds where there is no
+# CUDA toolkit (a plain Debian 12 box): builds the daemon, the client
+# library, dmagatherctl and allgather_perf with the toolkit hidden
+# (DMAGATHER_CUDA_PATH=/nonexistent), then checks that the generated config
+# says HAS_CUDA=False, that no CUDA runtime was linked, and that
+# `dmagatherd --backend=cuda` says the backend is not part of this build.
+#
+# The outputs go to their own directory (--platform_suffix=-nocuda) and the
+# bazel-* symlinks are left alone, so the normal tree is not rebuilt: the
+# next bazel command without --repo_env detects the toolkit again and finds
+# its outputs as they were. Exit status 0 when every check passes.
+#
+#   tools/check_no_cuda_build.sh [extra bazel build flags]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+FLAGS=(--repo_env=DMAGATHER_CUDA_PATH=/nonexistent --platform_suffix=-nocuda --symlink_prefix=/)
+TARGETS=(//server:dmagatherd //client:libdmagather.so //tools:dmagatherctl //bench:allgather_perf //:build_config)
+start=$(date +%s%N)
+fail() {
+  echo "check_no_cuda_build: FAILED: $*" >&2
+  exit 1
+}
+
+bazel build "${FLAGS[@]}" "$@" "${TARGETS[@]}" || fail "bazel build without the CUDA toolkit"
+bin=$(bazel info "${FLAGS[@]}" bazel-bin 2>/dev/null) || fail "bazel info bazel-bin"
+
+grep -qx 'HAS_CUDA=False' "$bin/build_config.txt" ||
+  fail "the generated config does not say HAS_CUDA=False: $(tr '\n' ' ' <"$bin/build_config.txt")"
+
+for f in server/dmagatherd client/libdmagather.so bench/allgather_perf; do
+  if nm -D --defined-only "$bin/$f" 2>/dev/null | grep -q ' cudaGetDeviceCount$' ||
+     nm --defined-only "$bin/$f" 2>/dev/null | grep -q ' cudaGetDeviceCount$'; then
+    fail "$f links the CUDA runtime"
+  fi
+done
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+out=$(timeout 20 "$bin/server/dmagatherd" --backend=cuda --socket="$tmp/d.sock" 2>&1)
+rc=$?
+want="the cuda backend is not part of this build (built without the CUDA toolkit); this dmagatherd has: host"
+[ "$rc" -ne 0 ] || fail "dmagatherd --backend=cuda exited 0"
+grep -qF "$want" <<<"$out" || fail "dmagatherd --backend=cuda said: $(tail -3 <<<"$out")"
+
+ms=$((($(date +%s%N) - start) / 1000000))
+printf 'check_no_cuda_build: OK in %d.%01d s (HAS_CUDA=False; dmagatherd --backend=cuda: "%s")\n' \
+  $((ms / 1000)) $((ms % 1000 / 100)) "$want"
