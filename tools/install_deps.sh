@@ -9,7 +9,7 @@ PKGS=(
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev libgoogle-glog-dev libgtest-dev libgmock-dev
   libsystemd-dev libibverbs-dev
-  python3 python3-numpy
+  python3 python3-numpy python3-grpcio python3-protobuf
 )
 
 missing=()
