@@ -23,7 +23,9 @@ ABSL_FLAG(std::string, backend, "auto",
           "Copy backend: host (worker threads over shared memory), cuda (copy engines), hip (SDMA), or auto "
           "(cuda when a GPU and the cuda backend are present, else host; the choice and its reason are logged).");
 ABSL_FLAG(int, workers, 4, "Host backend: copy worker threads.");
-ABSL_FLAG(int, chunk_kib, 1024, "Copies are cut into chunks of this many KiB so every worker/stream shares a large op.");
+ABSL_FLAG(int, chunk_kib, 0,
+          "Copies are cut into chunks of this many KiB so every worker (host) or stream (cuda) shares a large op. "
+          "0: the backend's default (host 1024, cuda 32768; cuda caps it at 65536).");
 ABSL_FLAG(int, streams, 4, "CUDA backend: copy streams per device.");
 ABSL_FLAG(double, op_timeout_s, 60.0,
           "An AllGather whose ranks have not all submitted it within this many seconds fails with TIMEOUT on the "

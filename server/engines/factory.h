@@ -14,9 +14,11 @@ namespace dmagather::server::engines {
 struct EngineOptions {
   std::string backend = "auto";
   int workers = 4;
-  uint64_t chunk_bytes = 1 << 20;
+  // Copies are cut into chunks of this size so every worker/stream shares a
+  // large op. 0: the backend's default (host 1 MiB, cuda 32 MiB; cuda caps
+  // it at 64 MiB).
+  uint64_t chunk_bytes = 0;
   int streams_per_device = 4;
-  uint64_t cuda_chunk_bytes = 32 << 20;  // cuda: copies cut into chunks of this size (max 64 MiB).
 };
 
 struct CreatedEngine {

@@ -132,7 +132,8 @@ absl::Status CudaEngine::Init() {
     }
   }
   stream_used_.resize(ns);
-  pending_.resize(kPendingSlots);
+  tracks_ = std::vector<OpTrack>(kTracks);
+  for (OpTrack& t : tracks_) free_tracks_.push_back(&t);
   const char* env = std::getenv("DMAGATHER_CUDA_BATCH");
   if (env != nullptr && std::strcmp(env, "0") == 0) batch_copies_ok_ = false;
   if (const char* c = std::getenv("DMAGATHER_CUDA_CHUNK_MIB"); c != nullptr && std::atoi(c) > 0) {
@@ -141,7 +142,11 @@ absl::Status CudaEngine::Init() {
   LOG(INFO) << "cuda engine: " << num_devices_ << " device(s), " << ns << " streams each, chunks of "
             << chunk_bytes_ << " bytes, " << options_.max_batch
             << " chunks per batch, " << (batch_copies_ok_ ? "cudaMemcpyBatchAsync" : "cudaMemcpyAsync");
-  completion_ = std::thread([this] { CompletionLoop(); });
+  for (int d = 0; d < num_devices_; ++d) {
+    completions_.push_back(std::make_unique<Completion>());
+    completions_.back()->ring.resize(kShareSlots);
+  }
+  for (int d = 0; d < num_devices_; ++d) completions_[d]->thread = std::thread([this, d] { CompletionLoop(d); });
   return absl::OkStatus();
 }
 
@@ -387,101 +392,121 @@ void CudaEngine::Execute(EngineOp* op) {
                       "kernels. Counted as fallback 'same_device_copy_on_sm'. Run one rank per GPU to avoid it.";
     });
   }
-  // Reserve a pending slot (back-pressure if the completion thread lags).
-  Pending* p;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    space_cv_.wait(lock, [this] { return tail_ - head_ < kPendingSlots || stopping_; });
-    p = &pending_[tail_ % kPendingSlots];
-  }
-  p->op = op;
-  p->status = st;
-  p->ends.clear();
+  // Track the op (back-pressure if completions lag); Execute holds one
+  // share of it until every device's share is enqueued.
+  OpTrack* t = TakeTrack();
+  t->op = op;
+  t->status = st;
+  t->open.store(1, std::memory_order_relaxed);
   if (st.ok()) {
     for (Device& dev : devices_) {
       if (dev.copies.empty()) continue;
       cudaEvent_t end = nullptr;
       absl::Status ds = EnqueueDevice(dev, *op, &end);
-      if (end != nullptr) p->ends.emplace_back(dev.ordinal, end);
+      if (end != nullptr) {
+        Completion& c = *completions_[dev.ordinal];
+        t->open.fetch_add(1, std::memory_order_acq_rel);
+        {
+          std::unique_lock<std::mutex> lock(c.mu);
+          c.space_cv.wait(lock, [&] { return c.tail - c.head < kShareSlots; });
+          c.ring[c.tail % kShareSlots] = Share{t, end};
+          ++c.tail;
+        }
+        c.cv.notify_one();
+      }
       if (!ds.ok()) {
-        p->status = ds;
+        std::lock_guard<std::mutex> lock(t->mu);
+        t->status.Update(ds);
         break;
       }
     }
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++tail_;
-  }
-  cv_.notify_one();
   execute_ns_.Record(common::MonotonicNs() - t_start);
+  CloseShare(t, absl::OkStatus());  // Execute's own share: may complete the op here.
 }
 
-void CudaEngine::CompletionLoop() {
+CudaEngine::OpTrack* CudaEngine::TakeTrack() {
+  std::unique_lock<std::mutex> lock(tracks_mu_);
+  tracks_cv_.wait(lock, [this] { return !free_tracks_.empty(); });
+  OpTrack* t = free_tracks_.back();
+  free_tracks_.pop_back();
+  return t;
+}
+
+void CudaEngine::CloseShare(OpTrack* t, const absl::Status& st) {
+  if (!st.ok()) {
+    std::lock_guard<std::mutex> lock(t->mu);
+    t->status.Update(st);
+  }
+  if (t->open.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  EngineOp* op = t->op;
+  absl::Status status;
+  {
+    std::lock_guard<std::mutex> lock(t->mu);
+    status = std::move(t->status);
+    t->status = absl::OkStatus();
+  }
+  {
+    std::lock_guard<std::mutex> lock(tracks_mu_);
+    free_tracks_.push_back(t);
+  }
+  tracks_cv_.notify_one();
+  const uint64_t t_seen = common::MonotonicNs();
+  op->OnEngineDone(status);
+  complete_ns_.Record(common::MonotonicNs() - t_seen);
+}
+
+void CudaEngine::CompletionLoop(int device) {
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // 1 us: short sleeps stay short.
-  int current = -1;
+  cudaSetDevice(device);
+  Completion& c = *completions_[device];
   for (;;) {
-    Pending* p;
+    Share sh;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return head_ != tail_ || stopping_; });
-      if (head_ == tail_) return;  // Stopping and drained.
-      p = &pending_[head_ % kPendingSlots];
+      std::unique_lock<std::mutex> lock(c.mu);
+      c.cv.wait(lock, [&] { return c.head != c.tail || stopping_.load(); });
+      if (c.head == c.tail) return;  // Stopping and drained.
+      sh = c.ring[c.head % kShareSlots];
     }
-    absl::Status st = p->status;
-    for (auto& [dev, ev] : p->ends) {
-      if (dev != current) {
-        cudaSetDevice(dev);
-        current = dev;
+    absl::Status st;
+    const uint64_t t0 = common::MonotonicNs();
+    for (;;) {
+      cudaError_t err = cudaEventQuery(sh.end);
+      if (err == cudaSuccess) break;
+      if (err != cudaErrorNotReady) {
+        st = CudaStatus("cudaEventQuery(end of op)", err);
+        break;
       }
-      const uint64_t t0 = common::MonotonicNs();
-      for (uint64_t spins = 0;; ++spins) {
-        cudaError_t err = cudaEventQuery(ev);
-        if (err == cudaSuccess) break;
-        if (err != cudaErrorNotReady) {
-          st.Update(CudaStatus("cudaEventQuery(end of op)", err));
-          break;
-        }
-        if (abandon_.load(std::memory_order_relaxed)) {
-          st.Update(absl::UnavailableError("dmagatherd stopped while the op's copies were still queued"));
-          break;
-        }
-        // Spin (latency: a sleep costs ~60 us of timer slack), yielding
-        // after 200 us; sleep between polls only after 5 ms.
-        const uint64_t waited = common::MonotonicNs() - t0;
-        if (waited < 200'000) {
-          for (int i = 0; i < 32; ++i) CpuRelax();
-        } else if (waited < 5'000'000) {
-          sched_yield();
-        } else {
-          usleep(50);
-        }
+      if (abandon_.load(std::memory_order_relaxed)) {
+        st = absl::UnavailableError("dmagatherd stopped while the op's copies were still queued");
+        break;
+      }
+      // Spin (latency: a sleep costs ~60 us of timer slack), yielding
+      // after 200 us; sleep between polls only after 5 ms.
+      const uint64_t waited = common::MonotonicNs() - t0;
+      if (waited < 200'000) {
+        for (int i = 0; i < 32; ++i) CpuRelax();
+      } else if (waited < 5'000'000) {
+        sched_yield();
+      } else {
+        usleep(50);
       }
     }
     {
       std::lock_guard<std::mutex> lock(pool_mu_);
-      for (auto& [dev, ev] : p->ends) devices_[dev].free_end.push_back(ev);
+      devices_[device].free_end.push_back(sh.end);
     }
-    EngineOp* op = p->op;
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++head_;
+      std::lock_guard<std::mutex> lock(c.mu);
+      ++c.head;
     }
-    space_cv_.notify_one();
-    const uint64_t t_seen = common::MonotonicNs();
-    op->OnEngineDone(st);
-    complete_ns_.Record(common::MonotonicNs() - t_seen);
+    c.space_cv.notify_one();
+    CloseShare(sh.track, st);
   }
 }
 
 void CudaEngine::Stop() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ && !completion_.joinable()) return;
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  space_cv_.notify_all();
+  if (stopped_.exchange(true)) return;
   if (execute_ns_.Summary().count != 0) {
     auto us = [](const common::LatencyHistogram& h) {
       common::LatencySummaryNs x = h.Summary();
@@ -489,15 +514,15 @@ void CudaEngine::Stop() {
     };
     LOG(INFO) << "cuda engine: " << execute_ns_.Summary().count << " ops; Execute " << us(execute_ns_)
               << "; ready waits (per device) " << us(memops_ns_) << "; copy calls (per device) " << us(copies_ns_)
-              << "; completion: end event seen -> OnEngineDone done " << us(complete_ns_);
+              << "; completion: last share seen -> OnEngineDone done " << us(complete_ns_);
   }
-  if (completion_.joinable()) {
-    // Give queued copies 5 s to finish; after that, report them failed.
-    const uint64_t deadline = common::MonotonicNs() + 5'000'000'000ull;
+  // Give queued copies 5 s to finish; after that, report them failed.
+  const uint64_t deadline = common::MonotonicNs() + 5'000'000'000ull;
+  for (auto& c : completions_) {
     for (;;) {
       {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (head_ == tail_) break;
+        std::lock_guard<std::mutex> lock(c->mu);
+        if (c->head == c->tail) break;
       }
       if (common::MonotonicNs() > deadline) {
         abandon_.store(true);
@@ -505,7 +530,14 @@ void CudaEngine::Stop() {
       }
       usleep(1000);
     }
-    completion_.join();
+  }
+  stopping_.store(true);
+  for (auto& c : completions_) {
+    {
+      std::lock_guard<std::mutex> lock(c->mu);
+    }
+    c->cv.notify_all();
+    if (c->thread.joinable()) c->thread.join();
   }
 }
 
@@ -538,7 +570,7 @@ EngineBackend CudaBackend() {
   b.create = [](const EngineOptions& o) -> absl::StatusOr<std::unique_ptr<CopyEngine>> {
     CudaEngine::Options co;
     co.streams_per_device = o.streams_per_device;
-    co.chunk_bytes = o.cuda_chunk_bytes;
+    if (o.chunk_bytes != 0) co.chunk_bytes = o.chunk_bytes;
     DMAG_ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> engine, CudaEngine::Create(co));
     return std::unique_ptr<CopyEngine>(std::move(engine));
   };

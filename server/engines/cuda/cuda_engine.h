@@ -11,18 +11,23 @@
 // The daemon launches no kernel, ever: its streams carry only copies and
 // stream memory operations.
 //
-// Completion: a completion thread polls each op's end events
-// (cudaEventQuery) in submission order and calls OnEngineDone; the
-// scheduler then publishes the done flags from the CPU (Job::FinishOp), in
-// order per rank, and that write releases the ranks' cuStreamWaitValue32.
+// Completion: each device has its own FIFO of enqueued shares and its own
+// completion thread, which polls the shares' end events (cudaEventQuery) in
+// that device's submission order - so a slow op delays only the ops behind
+// it on the same device. An op spread over several devices is tracked by an
+// OpTrack from a fixed pool; the thread that sees its last share end calls
+// OnEngineDone, and the scheduler then publishes the done flags from the
+// CPU (Job::FinishOp), in order per rank; that write releases the ranks'
+// cuStreamWaitValue32.
 //
 // Same-device copies (ranks sharing one GPU) cannot use a copy engine from
 // a second process: the driver runs them on SMs. They are counted
 // (EngineStats::same_device_copies) and logged once.
 //
-// Threads: Import/AttachFlags on gRPC threads (import_mu_); Execute on the
+// Threads: Import/AttachRank on gRPC threads (import_mu_); Execute on the
 // ingress thread (owns the scratch vectors and the per-device streams);
-// OnEngineDone on the completion thread.
+// OnEngineDone on a device's completion thread (or on the ingress thread
+// when nothing was enqueued).
 #pragma once
 
 #include <atomic>
@@ -75,12 +80,30 @@ class CudaEngine : public CopyEngine {
     std::vector<cudaEvent_t> free_end;  // Pool of end events (under pool_mu_).
     std::vector<CopyCmd> copies;        // Scratch: this device's copies of the op.
   };
-  struct Pending {
+  // One op in flight on the engine: how many device shares (plus Execute's
+  // own guard) are still open, and the first error.
+  struct OpTrack {
     EngineOp* op = nullptr;
-    absl::Status status;                              // First enqueue error, reported at the end.
-    std::vector<std::pair<int, cudaEvent_t>> ends;    // (device, end event).
+    std::atomic<int> open{0};
+    std::mutex mu;
+    absl::Status status;
   };
-  static constexpr size_t kPendingSlots = 4096;
+  // One device's share of an op: done when `end` has completed.
+  struct Share {
+    OpTrack* track = nullptr;
+    cudaEvent_t end = nullptr;
+  };
+  // A device's FIFO of shares and the thread that completes them.
+  struct Completion {
+    std::mutex mu;
+    std::condition_variable cv;        // Work arrived / stop.
+    std::condition_variable space_cv;  // A slot was freed.
+    std::vector<Share> ring;
+    uint64_t head = 0, tail = 0;
+    std::thread thread;
+  };
+  static constexpr size_t kShareSlots = 4096;
+  static constexpr size_t kTracks = 4096;
 
   CudaEngine(const Options& options, const ::dmagather::common::cuda::DriverApi* api, int num_devices);
   absl::Status Init();
@@ -91,7 +114,11 @@ class CudaEngine : public CopyEngine {
   absl::Status WaitReady(Device& dev, const EngineOp& op);
   absl::Status IssueBatch(Device& dev, cudaStream_t stream, const CopyCmd* chunks, size_t n);
   cudaEvent_t TakeEndEvent(Device& dev);
-  void CompletionLoop();
+  OpTrack* TakeTrack();
+  // Records `st` (if an error) and closes one share of the track; the last
+  // close completes the op.
+  void CloseShare(OpTrack* t, const absl::Status& st);
+  void CompletionLoop(int device);
 
   const Options options_;
   const ::dmagather::common::cuda::DriverApi* const api_;
@@ -111,15 +138,15 @@ class CudaEngine : public CopyEngine {
 
   std::mutex pool_mu_;
 
-  // Pending ops, FIFO ring between Execute and the completion thread.
-  std::mutex mu_;
-  std::condition_variable cv_;        // Completion thread: work arrived / stop.
-  std::condition_variable space_cv_;  // Execute: a slot was freed.
-  std::vector<Pending> pending_;
-  uint64_t head_ = 0, tail_ = 0;
-  bool stopping_ = false;
+  // Per-device completion FIFOs (index = device) and the OpTrack pool.
+  std::vector<std::unique_ptr<Completion>> completions_;
+  std::vector<OpTrack> tracks_;
+  std::mutex tracks_mu_;
+  std::condition_variable tracks_cv_;
+  std::vector<OpTrack*> free_tracks_;
+  std::atomic<bool> stopping_{false};
   std::atomic<bool> abandon_{false};  // Stop gave up waiting for the GPU.
-  std::thread completion_;
+  std::atomic<bool> stopped_{false};
 
   std::mutex import_mu_;
   std::map<std::string, std::weak_ptr<ImportedRegion>> imports_;  // By IPC handle bytes.

@@ -25,14 +25,17 @@ void PlanWaves(const std::vector<CopyCmd>& copies, const WavePlanOptions& option
   const int world = std::max(options.world_size, 1);
 
   // 1. Chunks in ring order: by chunk index (so each copy progresses), then
-  //    by ring step, then by destination. Stable over equal keys.
+  //    by ring step, then by destination, then by position in the plan (a
+  //    total order, so std::sort - in place, no allocation, unlike
+  //    std::stable_sort - gives a stable result).
   thread_local std::vector<uint32_t> order;
   order.resize(copies.size());
   for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
     const int sa = StepOf(copies[a], world), sb = StepOf(copies[b], world);
     if (sa != sb) return sa < sb;
-    return copies[a].dst_rank < copies[b].dst_rank;
+    if (copies[a].dst_rank != copies[b].dst_rank) return copies[a].dst_rank < copies[b].dst_rank;
+    return a < b;
   });
   uint64_t max_pieces = 0;
   for (const CopyCmd& c : copies) max_pieces = std::max<uint64_t>(max_pieces, (c.bytes + chunk - 1) / chunk);

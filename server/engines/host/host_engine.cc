@@ -133,7 +133,7 @@ EngineBackend HostBackend() {
   b.create = [](const EngineOptions& o) -> absl::StatusOr<std::unique_ptr<CopyEngine>> {
     HostEngine::Options ho;
     ho.workers = o.workers;
-    ho.chunk_bytes = o.chunk_bytes;
+    if (o.chunk_bytes != 0) ho.chunk_bytes = o.chunk_bytes;
     DMAG_ASSIGN_OR_RETURN(std::unique_ptr<HostEngine> engine, HostEngine::Create(ho));
     return std::unique_ptr<CopyEngine>(std::move(engine));
   };
