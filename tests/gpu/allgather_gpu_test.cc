@@ -17,6 +17,16 @@
 //             streams do not hang; then a second job is served correctly
 //   mismatch  ranks disagree on count: every rank gets an error on wait and
 //             its stream does not hang
+//   ophandles per-op handles: producer on one stream -> dmagather_allgather_
+//             async -> dmagather_op_wait_stream on a second (consumer)
+//             stream -> check there; 100 ops, no host sync until the end;
+//             dmagather_op_test reports every op done and OK
+//   coalesced dmagather_allgather_coalesced of 4 tensors (dtypes, counts,
+//             in/out of place mixed) in one op, checked on the GPU, 20 times
+//   fallback  3 ranks; rank 1's output is host memory (which the cuda
+//             backend cannot reach): every rank's op completes with
+//             DMAGATHER_FALLBACK naming rank 1, no stream hangs, no output
+//             byte is touched, and the next op is bit-exact
 #include <cuda_runtime.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -333,6 +343,163 @@ int ModeMismatch(int rank, int world) {
   return 0;
 }
 
+int ModeOpHandles(int rank, int world) {
+  dmagather::Comm c(nullptr, Job("ophandles"), world, rank);
+  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  const size_t count = (2 << 20) + 3;  // bfloat16
+  const size_t shard = count * 2;
+  char* send = static_cast<char*>(c.Alloc(shard));
+  char* recv = static_cast<char*>(c.Alloc(shard * world));
+  if (!send || !recv) { Fail("alloc: " + c.error()); return 1; }
+  cudaStream_t producer, consumer;
+  CK(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking));
+  cudaEvent_t checked;
+  CK(cudaEventCreateWithFlags(&checked, cudaEventDisableTiming));
+  Checker ck;
+  if (ck.Init()) return 1;
+  const int iters = 100;
+  std::vector<dmagather_op_t> ops;
+  for (int i = 0; i < iters; ++i) {
+    const bool in_place = (i % 2) == 1;
+    char* in = in_place ? recv + rank * shard : send;
+    // The producer may not overwrite the output before the last check read it.
+    CK(cudaStreamWaitEvent(producer, checked, 0));
+    if (i % 9 == 0) dmagather::kernels::Delay(30'000 * (rank + 1), producer);
+    dmagather::kernels::FillPattern(in, shard, 31000 + i, rank, producer);
+    dmagather_op_t op = 0;
+    if (!Ok(c, dmagather_allgather_async(c.get(), in, recv, count, DMAGATHER_BFLOAT16, producer, &op), "async")) return 1;
+    if (!Ok(c, dmagather_op_wait_stream(c.get(), op, consumer), "op_wait_stream")) return 1;
+    for (int r = 0; r < world; ++r) ck.Compare(recv + r * shard, shard, 31000 + i, r, consumer);
+    // The next fill overwrites inputs and outputs: it waits for this check
+    // (which itself followed the done wait, so the daemon has read them).
+    CK(cudaEventRecord(checked, consumer));
+    ops.push_back(op);
+  }
+  unsigned long long first = 0;
+  unsigned long long bad = ck.Read(consumer, &first);
+  for (dmagather_op_t op : ops) {
+    int done = 0;
+    dmagather_status_t st = dmagather_op_test(c.get(), op, &done);
+    if (st != DMAGATHER_OK || done != 1) {
+      Fail("rank " + std::to_string(rank) + ": op_test(" + std::to_string(op) + ") = " + dmagather_status_string(st) +
+           " done=" + std::to_string(done));
+      return 1;
+    }
+  }
+  if (!Ok(c, dmagather_op_wait(c.get(), ops.back()), "op_wait")) return 1;
+  if (rank == 0) printf("  ophandles: %d ops, consumer stream != producer stream, %llu wrong words (rank 0)\n", iters, bad);
+  if (bad != 0) {
+    Fail("rank " + std::to_string(rank) + ": " + std::to_string(bad) + " wrong words with op handles, first at " +
+         std::to_string(first));
+    return 1;
+  }
+  return 0;
+}
+
+int ModeCoalesced(int rank, int world) {
+  dmagather::Comm c(nullptr, Job("coalesced"), world, rank);
+  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  struct T {
+    dmagather_dtype_t dt;
+    size_t count;
+    bool in_place;
+  };
+  const T ts[4] = {{DMAGATHER_BFLOAT16, (1 << 20) + 1, true},
+                   {DMAGATHER_FLOAT32, 4095, false},
+                   {DMAGATHER_UINT8, 3, true},
+                   {DMAGATHER_FLOAT64, (1 << 18) + 7, false}};
+  char* send[4];
+  char* recv[4];
+  for (int k = 0; k < 4; ++k) {
+    const size_t shard = ts[k].count * dmagather_dtype_size(ts[k].dt);
+    send[k] = static_cast<char*>(c.Alloc(shard));
+    recv[k] = static_cast<char*>(c.Alloc(shard * world));
+    if (!send[k] || !recv[k]) { Fail("alloc: " + c.error()); return 1; }
+  }
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  Checker ck;
+  if (ck.Init()) return 1;
+  for (int i = 0; i < 20; ++i) {
+    dmagather_gather_t items[4];
+    for (int k = 0; k < 4; ++k) {
+      const size_t shard = ts[k].count * dmagather_dtype_size(ts[k].dt);
+      char* in = ts[k].in_place ? recv[k] + rank * shard : send[k];
+      CK(cudaMemsetAsync(recv[k], 0x5A, shard * world, s));
+      dmagather::kernels::FillPattern(in, shard, 50000 + 10 * i + k, rank, s);
+      items[k] = dmagather_gather_t{in, recv[k], ts[k].count, ts[k].dt};
+    }
+    dmagather_op_t op = 0;
+    if (!Ok(c, dmagather_allgather_coalesced(c.get(), items, 4, s, &op), "coalesced")) return 1;
+    if (!Ok(c, dmagather_op_wait_stream(c.get(), op, s), "op_wait_stream")) return 1;
+    for (int k = 0; k < 4; ++k) {
+      const size_t shard = ts[k].count * dmagather_dtype_size(ts[k].dt);
+      for (int r = 0; r < world; ++r) ck.Compare(recv[k] + r * shard, shard, 50000 + 10 * i + k, r, s);
+    }
+  }
+  unsigned long long first = 0;
+  unsigned long long bad = ck.Read(s, &first);
+  if (!Ok(c, c.Wait(), "wait")) return 1;
+  if (rank == 0) printf("  coalesced: 20 ops x 4 tensors, %llu wrong words (rank 0)\n", bad);
+  if (bad != 0) {
+    Fail("rank " + std::to_string(rank) + ": " + std::to_string(bad) + " wrong words in coalesced ops");
+    return 1;
+  }
+  return 0;
+}
+
+int ModeFallback(int rank, int world) {
+  dmagather::Comm c(nullptr, Job("fallback"), world, rank);
+  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  const size_t count = 1 << 16;
+  char* send = static_cast<char*>(c.Alloc(count));
+  char* recv = static_cast<char*>(c.Alloc(count * world));
+  if (!send || !recv) { Fail("alloc: " + c.error()); return 1; }
+  std::vector<char> host(count * world, 7);
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  Checker ck;
+  if (ck.Init()) return 1;
+  CK(cudaMemsetAsync(recv, 0x33, count * world, s));
+  dmagather::kernels::FillPattern(send, count, 777, rank, s);
+  dmagather_op_t op = 0;
+  void* out = rank == 1 ? static_cast<void*>(host.data()) : recv;
+  const auto t0 = Clock::now();
+  dmagather_status_t st = dmagather_allgather_async(c.get(), send, out, count, DMAGATHER_UINT8, s, &op);
+  if (rank == 1 && st != DMAGATHER_FALLBACK) {
+    Fail(std::string("rank 1 (host output) submit returned ") + dmagather_status_string(st) + ": " + c.error());
+    return 1;
+  }
+  if (op == 0) { Fail("rank " + std::to_string(rank) + ": no op handle"); return 1; }
+  dmagather_op_wait_stream(c.get(), op, s);
+  st = dmagather_op_wait(c.get(), op);
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  if (st != DMAGATHER_FALLBACK || c.error().find("rank 1") == std::string::npos) {
+    Fail("rank " + std::to_string(rank) + ": op_wait returned " + dmagather_status_string(st) + " (" + c.error() +
+         "), expected FALLBACK naming rank 1");
+    return 1;
+  }
+  if (ms > 1000) { Fail("fallback verdict took " + std::to_string(ms) + " ms"); return 1; }
+  // Nothing was copied: every other rank's shard of the output is still
+  // the 0x33 sentinel (the daemon never ran the op).
+  std::vector<unsigned char> got(count * world);
+  CK(cudaStreamSynchronize(s));
+  CK(cudaMemcpy(got.data(), recv, got.size(), cudaMemcpyDeviceToHost));
+  for (int r = 0; r < world && rank != 1; ++r) {
+    if (r == rank) continue;
+    for (size_t i = 0; i < count; ++i) {
+      if (got[r * count + i] != 0x33) {
+        Fail("rank " + std::to_string(rank) + ": shard " + std::to_string(r) + " was written by a failed op");
+        return 1;
+      }
+    }
+  }
+  if (rank == 0) printf("  fallback: every rank got FALLBACK in %.1f ms: %s\n", ms, c.error().c_str());
+  // The job goes on: the next op is bit-exact.
+  return CheckOne(c, ck, s, send, recv, DMAGATHER_UINT8, count, 0, 778, "after fallback");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -364,8 +531,14 @@ int main(int argc, char** argv) {
     }
   } else if (mode == "mismatch") {
     bad = Launch(2, ModeMismatch);
+  } else if (mode == "ophandles") {
+    bad = Launch(3, ModeOpHandles);
+  } else if (mode == "coalesced") {
+    bad = Launch(3, ModeCoalesced);
+  } else if (mode == "fallback") {
+    bad = Launch(3, ModeFallback);
   } else {
-    fprintf(stderr, "usage: allgather_gpu_test dtypes|suballoc|stream|eight|kill|mismatch\n");
+    fprintf(stderr, "usage: allgather_gpu_test dtypes|suballoc|stream|eight|kill|mismatch|ophandles|coalesced|fallback\n");
     return 2;
   }
   if (bad != 0 || sh->failures.load() != 0) {
