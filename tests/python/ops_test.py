@@ -34,8 +34,12 @@ def stats(sock, job):
 
 
 def run_ranks(target, *args, world=WORLD):
-    """Runs target(rank, *args, q) in `world` forked processes; returns {rank: result}."""
-    ctx = mp.get_context("fork")
+    """Runs target(rank, *args) in `world` fresh processes; returns {rank: result}.
+
+    spawn, not fork: this process has used libdmagather itself (tests that
+    open a Comm here), and a forked child inherits its gRPC state, after which
+    the child's calls to the daemon time out."""
+    ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_guard, args=(target, r, args, q)) for r in range(world)]
     for p in procs:
@@ -201,7 +205,7 @@ class OpsTest(unittest.TestCase):
         results = run_ranks(diverging_fallback, self.sock, "py-diverge")
         self.assertEqual(sorted(results), [0, 1, 2], f"a rank hung or died: {results}")
         for r in range(WORLD):
-            self.assertEqual(results[r][0], "ok", f"rank {r}: {results[r]}")
+            self.assertEqual(results[r][0], "ok", f"rank {r}: {results}")
             # The reason names the refusing rank on every rank.
             self.assertIn("rank 1", results[r][1])
         _, job = stats(self.sock, "py-diverge")
@@ -209,7 +213,8 @@ class OpsTest(unittest.TestCase):
         self.assertEqual(int(job["fallback_ops"]), 2)
 
     def test_version_from_library(self):
-        header = open(os.path.join(RUNFILES, "client", "include", "dmagather", "dmagather.h")).read()
+        with open(os.path.join(RUNFILES, "client", "include", "dmagather", "dmagather.h")) as f:
+            header = f.read()
         parts = [re.search(rf"#define DMAGATHER_VERSION_{k} (\d+)", header).group(1) for k in ("MAJOR", "MINOR",
                                                                                               "PATCH")]
         self.assertEqual(dmagather.__version__, ".".join(parts))
@@ -237,6 +242,17 @@ class OpsTest(unittest.TestCase):
         self.assertEqual(cm.exception.status, "INVALID_ARGUMENT")
         with self.assertRaises(dmagather.DmagatherError):
             comm.submit_fallback("late")
+
+    def test_coalesced_item_count_is_checked_by_the_library(self):
+        with dmagather.Comm("py-coalesced-n", 1, 0, socket=self.sock) as comm:
+            buf = comm.empty(8, "uint8")
+            for pairs in ([], [(buf, buf)] * (dmagather.MAX_COALESCED + 1)):
+                op = comm.allgather_coalesced(pairs)
+                with self.assertRaises(dmagather.DmagatherError) as cm:
+                    op.wait()
+                self.assertEqual(cm.exception.status, "INVALID_ARGUMENT")
+                self.assertIn("items", str(cm.exception))
+            comm.allgather_coalesced([(buf, buf)] * dmagather.MAX_COALESCED).wait()
 
     def test_unreachable_memory_is_refused_through_the_op(self):
         with dmagather.Comm("py-private", 1, 0, socket=self.sock) as comm:

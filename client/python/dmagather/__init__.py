@@ -301,10 +301,9 @@ class Comm:
         (send, recv, count, dtype); items may differ in count and dtype."""
         comm = self._handle()
         pairs = list(pairs)
-        if not 1 <= len(pairs) <= MAX_COALESCED:
-            # Would create no op on this rank only: let the job fail the op together.
-            return self.submit_fallback(f"a coalesced op has 1..{MAX_COALESCED} items, not {len(pairs)}")
-        items = (_Gather * len(pairs))()
+        # 0 or more than MAX_COALESCED items: the library refuses the op
+        # (INVALID_ARGUMENT on every rank), it still takes its sequence number.
+        items = (_Gather * max(1, len(pairs)))()
         for i, p in enumerate(pairs):
             send, recv = p[0], p[1]
             count = p[2] if len(p) > 2 and p[2] is not None else _count_of(send)
@@ -315,7 +314,8 @@ class Comm:
                 return self.submit_fallback(f"item {i}: {e.message}")
             items[i] = _Gather(_address(send), _address(recv), count, code_dtype)
         op = ctypes.c_uint64(0)
-        code = self._lib.dmagather_allgather_coalesced(comm, items, len(pairs), stream, ctypes.byref(op))
+        code = self._lib.dmagather_allgather_coalesced(comm, items if pairs else None, len(pairs), stream,
+                                                       ctypes.byref(op))
         return self._submitted(code, op, pairs)
 
     def submit_fallback(self, reason=""):
