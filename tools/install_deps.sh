@@ -10,6 +10,7 @@ PKGS=(
   libabsl-dev libgoogle-glog-dev libgtest-dev libgmock-dev
   libsystemd-dev libibverbs-dev
   python3 python3-numpy python3-grpcio python3-protobuf
+  python3-torch                                      # tests/python:torch_adapter_test (torch 1.13 CPU, gloo)
 )
 
 missing=()

@@ -8,13 +8,25 @@
         comm.allgather(mine, out)
         comm.wait()                                  # raises DmagatherError with the reason
 
+Per-op handles (every rank of a job gets the same verdict for the same op):
+
+    op = comm.allgather_async(mine, out)            # or allgather_coalesced([(s, r), ...])
+    op.wait()                                        # FallbackError / DmagatherError with the op's reason
+    op = comm.submit_fallback("tensor not reachable")  # this rank opts out: the op fails everywhere
+
+Submit calls return an Op also when this rank refused the op (memory the
+backend cannot reach, bad arguments): the op still took its sequence number,
+every rank learns the refusal, and Op.wait() raises it on every rank. They
+raise at once only when no op was created (no daemon, destroyed comm, ...).
+
 The library is found through $DMAGATHER_LIB, next to this package, or in the
 Bazel output tree (bazel-bin/client/libdmagather.so).
 """
 import ctypes
 import os
 
-__all__ = ["Comm", "DmagatherError", "FallbackError", "DTYPES", "load_library", "STATUS"]
+__all__ = ["Comm", "Op", "DmagatherError", "FallbackError", "DTYPES", "load_library", "STATUS",
+           "MAX_COALESCED", "library_version"]
 
 STATUS = {0: "OK", 1: "FALLBACK", 2: "INVALID_ARGUMENT", 3: "UNAVAILABLE", 4: "PEER_FAILED",
           5: "TIMEOUT", 6: "INTERNAL"}
@@ -22,13 +34,37 @@ STATUS = {0: "OK", 1: "FALLBACK", 2: "INVALID_ARGUMENT", 3: "UNAVAILABLE", 4: "P
 DTYPES = {"uint8": 0, "int8": 1, "int32": 2, "int64": 3, "float16": 4, "bfloat16": 5,
           "float32": 6, "float64": 7}
 _SIZES = {0: 1, 1: 1, 2: 4, 3: 8, 4: 2, 5: 2, 6: 4, 7: 8}
+MAX_COALESCED = 64  # DMAGATHER_MAX_COALESCED
+CONFIG_MAGIC = 0x444D4147  # DMAGATHER_CONFIG_MAGIC ("DMAG")
+
+
+class _Config(ctypes.Structure):
+    """dmagather_config_t (field order and types as in dmagather.h)."""
+    _fields_ = [("size", ctypes.c_size_t),
+                ("magic", ctypes.c_uint),
+                ("version", ctypes.c_uint),
+                ("socket_path", ctypes.c_char_p),
+                ("join_timeout_ms", ctypes.c_int),
+                ("spin", ctypes.c_int),
+                ("local_rank", ctypes.c_int),
+                ("local_world_size", ctypes.c_int)]
+
+
+class _Gather(ctypes.Structure):
+    """dmagather_gather_t (dmagather_dtype_t is a C enum: int)."""
+    _fields_ = [("send", ctypes.c_void_p),
+                ("recv", ctypes.c_void_p),
+                ("count", ctypes.c_size_t),
+                ("dtype", ctypes.c_int)]
 
 
 class DmagatherError(RuntimeError):
-    """A dmagather call failed; .status is the name (e.g. 'PEER_FAILED'), .code the number."""
+    """A dmagather call failed; .status is the name (e.g. 'PEER_FAILED'), .code the number,
+    .message the library's sentence (str(e) is "STATUS: message")."""
 
     def __init__(self, code, message):
         self.code = code
+        self.message = message
         self.status = STATUS.get(code, str(code))
         super().__init__(f"{self.status}: {message}")
 
@@ -71,13 +107,55 @@ def load_library(path=None):
     lib.dmagather_last_error.restype = ctypes.c_char_p
     lib.dmagather_backend.argtypes = [P]
     lib.dmagather_backend.restype = ctypes.c_char_p
+    lib.dmagather_version.argtypes = []
     lib.dmagather_version.restype = ctypes.c_char_p
-    for f in ("dmagather_comm_init", "dmagather_comm_destroy", "dmagather_alloc", "dmagather_free",
-              "dmagather_register", "dmagather_deregister", "dmagather_allgather",
-              "dmagather_allgather_list", "dmagather_wait"):
+    OP = ctypes.c_uint64  # dmagather_op_t
+    lib.dmagather_comm_init_config.argtypes = [ctypes.c_char_p, I, I, ctypes.POINTER(_Config), ctypes.POINTER(P)]
+    lib.dmagather_allgather_async.argtypes = [P, P, P, S, I, P, ctypes.POINTER(OP)]
+    lib.dmagather_allgather_coalesced.argtypes = [P, ctypes.POINTER(_Gather), S, P, ctypes.POINTER(OP)]
+    lib.dmagather_submit_fallback.argtypes = [P, ctypes.c_char_p, ctypes.POINTER(OP)]
+    lib.dmagather_op_wait.argtypes = [P, OP]
+    lib.dmagather_op_test.argtypes = [P, OP, ctypes.POINTER(I)]
+    lib.dmagather_op_wait_stream.argtypes = [P, OP, P]
+    lib.dmagather_status_string.argtypes = [I]
+    lib.dmagather_status_string.restype = ctypes.c_char_p
+    lib.dmagather_comm_rank.argtypes = [P]
+    lib.dmagather_comm_size.argtypes = [P]
+    lib.dmagather_dtype_size.argtypes = [I]
+    lib.dmagather_dtype_size.restype = S
+    lib.dmagather_dtype_name.argtypes = [I]
+    lib.dmagather_dtype_name.restype = ctypes.c_char_p
+    for f in ("dmagather_comm_init", "dmagather_comm_init_config", "dmagather_comm_destroy", "dmagather_alloc",
+              "dmagather_free", "dmagather_register", "dmagather_deregister", "dmagather_allgather",
+              "dmagather_allgather_list", "dmagather_wait", "dmagather_allgather_async",
+              "dmagather_allgather_coalesced", "dmagather_submit_fallback", "dmagather_op_wait",
+              "dmagather_op_test", "dmagather_op_wait_stream", "dmagather_comm_rank", "dmagather_comm_size"):
         getattr(lib, f).restype = I
     _lib = lib
     return lib
+
+
+def library_version(lib=None):
+    """The library's dmagather_version() as a string, e.g. "0.2.0"."""
+    return load_library(lib).dmagather_version().decode()
+
+
+def _version_code(version):
+    """DMAGATHER_VERSION_CODE of a "MAJOR.MINOR.PATCH" string: MAJOR*10000 + MINOR*100 + PATCH."""
+    parts = [int("".join(ch for ch in p if ch.isdigit()) or 0) for p in version.split(".")[:3]]
+    major, minor, patch = (parts + [0, 0, 0])[:3]
+    return major * 10000 + minor * 100 + patch
+
+
+def __getattr__(name):  # PEP 562: __version__ is read from the library on first use.
+    if name == "__version__":
+        return library_version()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _count_of(buf):
+    size = getattr(buf, "size", None)
+    return size if isinstance(size, int) else buf.numel()
 
 
 def _dtype_code(dtype):
@@ -102,12 +180,22 @@ def _address(buf):
 class Comm:
     """One rank of a job on the node's dmagatherd."""
 
-    def __init__(self, job_key, world_size, rank, socket=None, lib=None):
+    def __init__(self, job_key, world_size, rank, socket=None, lib=None, join_timeout_ms=None,
+                 local_rank=None, local_world_size=None, spin=None):
         self._lib = load_library(lib)
         self._comm = ctypes.c_void_p()
         self._buffers = {}
-        code = self._lib.dmagather_comm_init(socket.encode() if socket else None, job_key.encode(),
-                                            world_size, rank, ctypes.byref(self._comm))
+        self._classic_pending = False  # allgather/allgather_list since the last wait()
+        self._socket = socket.encode() if socket else None  # kept alive for the call below
+        cfg = _Config(size=ctypes.sizeof(_Config), magic=CONFIG_MAGIC,
+                      version=_version_code(self._lib.dmagather_version().decode()),
+                      socket_path=self._socket,
+                      join_timeout_ms=0 if join_timeout_ms is None else int(join_timeout_ms),
+                      spin=-1 if spin is None else int(spin),
+                      local_rank=-1 if local_rank is None else int(local_rank),
+                      local_world_size=-1 if local_world_size is None else int(local_world_size))
+        code = self._lib.dmagather_comm_init_config(job_key.encode(), world_size, rank, ctypes.byref(cfg),
+                                                    ctypes.byref(self._comm))
         if code != 0:
             self._comm = None
             self._raise(code, self._lib.dmagather_last_error(None))
@@ -115,6 +203,8 @@ class Comm:
         self.backend = self._lib.dmagather_backend(self._comm).decode()
 
     def _raise(self, code, message=None):
+        if message is None and not self._comm:
+            message = "the communicator was closed"
         if message is None:
             message = self._lib.dmagather_last_error(self._comm)
         text = message.decode() if isinstance(message, bytes) else str(message)
@@ -154,6 +244,7 @@ class Comm:
         dtype = dtype if dtype is not None else send.dtype
         count = count if count is not None else (send.size if hasattr(send, "size") and isinstance(send.size, int)
                                                  else send.numel())
+        self._classic_pending = True
         self._check(self._lib.dmagather_allgather(self._comm, _address(send), _address(recv), count,
                                                   _dtype_code(dtype), stream))
 
@@ -162,16 +253,93 @@ class Comm:
         count = count if count is not None else (send.size if isinstance(getattr(send, "size", None), int)
                                                  else send.numel())
         arr = (ctypes.c_void_p * len(recvs))(*[_address(r) for r in recvs])
+        self._classic_pending = True
         self._check(self._lib.dmagather_allgather_list(self._comm, _address(send), arr, count,
                                                        _dtype_code(dtype), stream))
 
     def wait(self):
-        self._check(self._lib.dmagather_wait(self._comm))
+        """Waits for every outstanding op; raises the first failure since the last wait().
+
+        Failures already raised by Op.wait()/Op.test() are reported here again:
+        use one style (per-op handles or comm.wait) per comm."""
+        code = self._lib.dmagather_wait(self._comm)
+        self._classic_pending = False
+        self._check(code)
+
+    def _handle(self):
+        if not self._comm:
+            raise DmagatherError(2, "the communicator was closed")
+        return self._comm
+
+    def _submitted(self, code, op, keep):
+        """An Op for a submit's result. A refusal that took a sequence number
+        (op != 0) is the op's verdict, raised by Op.wait() on every rank; a
+        failure that created no op is raised here."""
+        if op.value == 0:
+            self._raise(code if code != 0 else 6, None if code != 0 else "no op handle returned")
+        return Op(self, op.value, keep)
+
+    def allgather_async(self, send, recv, count=None, dtype=None, stream=None):
+        """Submits all_gather_into_tensor (as allgather) and returns its Op without waiting.
+
+        An unsupported dtype becomes submit_fallback(reason), so the other ranks
+        still learn about the op and every rank gets FALLBACK from Op.wait()."""
+        comm = self._handle()
+        dtype = dtype if dtype is not None else send.dtype
+        count = count if count is not None else _count_of(send)
+        try:
+            code_dtype = _dtype_code(dtype)
+        except FallbackError as e:
+            return self.submit_fallback(e.message)
+        op = ctypes.c_uint64(0)
+        code = self._lib.dmagather_allgather_async(comm, _address(send), _address(recv), count, code_dtype,
+                                                   stream, ctypes.byref(op))
+        return self._submitted(code, op, (send, recv))
+
+    def allgather_coalesced(self, pairs, stream=None):
+        """One op for several flat AllGathers: pairs of (send, recv) or
+        (send, recv, count, dtype); items may differ in count and dtype."""
+        comm = self._handle()
+        pairs = list(pairs)
+        # 0 or more than MAX_COALESCED items: the library refuses the op
+        # (INVALID_ARGUMENT on every rank), it still takes its sequence number.
+        items = (_Gather * max(1, len(pairs)))()
+        for i, p in enumerate(pairs):
+            send, recv = p[0], p[1]
+            count = p[2] if len(p) > 2 and p[2] is not None else _count_of(send)
+            dtype = p[3] if len(p) > 3 and p[3] is not None else send.dtype
+            try:
+                code_dtype = _dtype_code(dtype)
+            except FallbackError as e:
+                return self.submit_fallback(f"item {i}: {e.message}")
+            items[i] = _Gather(_address(send), _address(recv), count, code_dtype)
+        op = ctypes.c_uint64(0)
+        code = self._lib.dmagather_allgather_coalesced(comm, items if pairs else None, len(pairs), stream,
+                                                       ctypes.byref(op))
+        return self._submitted(code, op, pairs)
+
+    def submit_fallback(self, reason=""):
+        """This rank will not take part in the next op: it fails with FALLBACK
+        and `reason` on every rank. Returns that Op (its wait() raises FallbackError)."""
+        comm = self._handle()
+        op = ctypes.c_uint64(0)
+        code = self._lib.dmagather_submit_fallback(comm, str(reason).encode(), ctypes.byref(op))
+        return self._submitted(code, op, None)
 
     def close(self):
+        """Leaves the job (outstanding ops are waited for first). Ops of this
+        comm raise DmagatherError afterwards.
+
+        dmagather_comm_destroy returns the first op failure since the last
+        wait(), also of ops whose verdict an Op already raised. Such op
+        verdicts (FALLBACK, INVALID_ARGUMENT) are raised here only when a
+        classic allgather/allgather_list was submitted since the last wait();
+        failures of the job itself (UNAVAILABLE, PEER_FAILED, ...) always are."""
         if self._comm:
             code = self._lib.dmagather_comm_destroy(self._comm)
             self._comm = None
+            if code in (1, 2) and not self._classic_pending:
+                return
             if code != 0:
                 self._raise(code, self._lib.dmagather_last_error(None))
 
@@ -187,3 +355,44 @@ class Comm:
                 self._lib.dmagather_comm_destroy(self._comm)
         except Exception:
             pass
+
+
+class Op:
+    """One submitted operation (dmagather_op_t). The same op has the same
+    verdict on every rank of the job."""
+
+    def __init__(self, comm, handle, keep=None):
+        self.comm, self.handle = comm, handle
+        self._keep = keep  # the buffers, alive until the op is known to be done
+
+    def __repr__(self):
+        return f"<dmagather.Op {self.handle} rank={self.comm.rank}>"
+
+    def _finish(self, code):
+        if code != 0:
+            self._keep = None
+            self.comm._raise(code)
+
+    def wait(self):
+        """Blocks (host) until the op completed; raises FallbackError or
+        DmagatherError with the op's status and reason."""
+        code = self.comm._lib.dmagather_op_wait(self.comm._handle(), self.handle)
+        self._finish(code)
+        self._keep = None
+
+    def test(self):
+        """True once the op completed successfully, False while it runs;
+        raises like wait() when it failed."""
+        done = ctypes.c_int(0)
+        code = self.comm._lib.dmagather_op_test(self.comm._handle(), self.handle, ctypes.byref(done))
+        self._finish(code)
+        if done.value:
+            self._keep = None
+        return bool(done.value)
+
+    def wait_stream(self, stream=None):
+        """CUDA: `stream` (a cudaStream_t as int) waits on the GPU; the verdict
+        is read later with test()/wait(). Host backend: stream is None and this
+        is wait()."""
+        code = self.comm._lib.dmagather_op_wait_stream(self.comm._handle(), self.handle, stream)
+        self._finish(code)
