@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "client/comm.h"
 #include "common/api_names.h"
 #include "common/dtype.h"
@@ -58,6 +59,12 @@ dmagather_status_t dmagather_comm_init_config(const char* job_key, int world_siz
     if (config->magic != DMAGATHER_CONFIG_MAGIC || config->size < offsetof(dmagather_config_t, socket_path)) {
       return Report(nullptr, absl::InvalidArgumentError(
                                  "config was not set up with DMAGATHER_CONFIG_INITIALIZER (bad size or magic)"));
+    }
+    // Same major version: the fields the caller knows mean what it thinks.
+    if (config->version / 10000 != DMAGATHER_VERSION_MAJOR) {
+      return Report(nullptr, absl::InvalidArgumentError(absl::StrCat(
+                                 "config was built against dmagather version code ", config->version,
+                                 "; this library is ", DMAGATHER_VERSION_STRING, " (major versions differ)")));
     }
     if (DMAG_CONFIG_HAS(config, socket_path) && config->socket_path != nullptr) o.socket_path = config->socket_path;
     if (DMAG_CONFIG_HAS(config, join_timeout_ms) && config->join_timeout_ms > 0) {
@@ -202,5 +209,7 @@ size_t dmagather_dtype_size(dmagather_dtype_t dtype) { return dmagather::common:
 const char* dmagather_dtype_name(dmagather_dtype_t dtype) { return dmagather::common::DtypeName(dtype); }
 
 const char* dmagather_version(void) { return DMAGATHER_VERSION_STRING; }
+
+int dmagather_version_code(void) { return DMAGATHER_VERSION_CODE; }
 
 }  // extern "C"

@@ -363,6 +363,7 @@ void CommImpl::ScanErrors() {
   for (uint32_t i = first; i != n; ++i) {
     const abi::ErrorRecordV1& rec = view_.completion->errors[i % abi::kErrorSlotsV1];
     OpRecord& o = op_records_[rec.seq % op_records_.size()];
+    o.reported = false;
     o.seq = rec.seq;
     o.status = rec.status;
     o.message.assign(rec.message, strnlen(rec.message, sizeof(rec.message)));
@@ -372,8 +373,11 @@ void CommImpl::ScanErrors() {
 
 absl::Status CommImpl::OpStatus(uint32_t seq) {
   ScanErrors();
-  const OpRecord& o = op_records_[seq % op_records_.size()];
-  if (o.seq == seq && o.status != 0) return common::FromApiStatus(o.status, o.message);
+  OpRecord& o = op_records_[seq % op_records_.size()];
+  if (o.seq == seq && o.status != 0) {
+    o.reported = true;  // Returned here: dmagather_wait does not report it again.
+    return common::FromApiStatus(o.status, o.message);
+  }
   if (lost_upto_ != lost_from_ && abi::SeqGeq(lost_upto_, seq) && !abi::SeqGeq(lost_from_, seq)) {
     return absl::InternalError(absl::StrCat(Rank(), "the status of op ", seq,
                                             " was lost (more than 16 ops failed before it was read)"));
@@ -382,16 +386,29 @@ absl::Status CommImpl::OpStatus(uint32_t seq) {
 }
 
 absl::Status CommImpl::CollectErrors() {
+  ScanErrors();
   const uint32_t n = abi::LoadAcquire(&view_.completion->error_count);
   if (n == errors_seen_) return absl::OkStatus();
   uint32_t first = errors_seen_;
   if (n - first > abi::kErrorSlotsV1) first = n - abi::kErrorSlotsV1;
-  const abi::ErrorRecordV1& rec = view_.completion->errors[first % abi::kErrorSlotsV1];
-  std::string msg(rec.message, strnlen(rec.message, sizeof(rec.message)));
-  const uint32_t more = n - errors_seen_ - 1;
-  if (more != 0) absl::StrAppend(&msg, " (and ", more, " more failed operation(s) since the last wait)");
+  // The first failure since the last wait that op_wait/op_test has not
+  // already returned; the others are counted in the message.
+  const abi::ErrorRecordV1* rec = nullptr;
+  uint32_t unreported = n - errors_seen_ - (n - first);  // Records lost to overflow count as unreported.
+  for (uint32_t i = first; i != n; ++i) {
+    const abi::ErrorRecordV1& r = view_.completion->errors[i % abi::kErrorSlotsV1];
+    const OpRecord& o = op_records_[r.seq % op_records_.size()];
+    if (o.seq == r.seq && o.reported) continue;
+    ++unreported;
+    if (rec == nullptr) rec = &r;
+  }
   errors_seen_ = n;
-  return common::FromApiStatus(rec.status, msg);
+  if (rec == nullptr) return absl::OkStatus();
+  std::string msg(rec->message, strnlen(rec->message, sizeof(rec->message)));
+  if (unreported > 1) {
+    absl::StrAppend(&msg, " (and ", unreported - 1, " more failed operation(s) since the last wait)");
+  }
+  return common::FromApiStatus(rec->status, msg);
 }
 
 absl::Status CommImpl::CheckHealthy() {

@@ -102,6 +102,7 @@ class CommImpl {
     uint32_t seq = 0;
     int32_t status = 0;
     std::string message;
+    bool reported = false;  // op_wait/op_test returned it (dmagather_wait skips it).
   };
 
   explicit CommImpl(const CommOptions& options);

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "abi/descriptor_v2.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
@@ -52,8 +53,10 @@ void Ingress::Validate(const Request& d, uint32_t expected_seq, int rank, const 
     part->status = absl::InvalidArgumentError(absl::StrCat("rank ", rank, ": ", msg));
   };
   if (!d.refusal.ok()) {
-    // The rank's own verdict (or an undecodable descriptor): keep its code.
-    part->status = common::Annotate(d.refusal, absl::StrCat("rank ", rank, ": "));
+    // The rank's own verdict (or an undecodable descriptor): keep its code,
+    // and name the rank unless the client already did.
+    const std::string prefix = absl::StrCat("rank ", rank, ": ");
+    part->status = absl::StartsWith(d.refusal.message(), prefix) ? d.refusal : common::Annotate(d.refusal, prefix);
     return;
   }
   if (d.seq != expected_seq) {

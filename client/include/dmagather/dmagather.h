@@ -101,7 +101,9 @@ dmagather_status_t dmagather_free(dmagather_comm_t comm, void* ptr);
 /* Makes memory the caller allocated itself reachable (CUDA: any device
  * pointer, also inside a caching allocator's segment). Registering memory
  * that is already covered is a no-op. The CPU backend reaches only memory
- * from dmagather_alloc and returns DMAGATHER_FALLBACK for anything else. */
+ * from dmagather_alloc and returns DMAGATHER_FALLBACK for anything else; a
+ * submit that names such memory without asking first is a caller error
+ * (DMAGATHER_INVALID_ARGUMENT, on every rank of the op). */
 dmagather_status_t dmagather_register(dmagather_comm_t comm, void* ptr, size_t bytes);
 dmagather_status_t dmagather_deregister(dmagather_comm_t comm, void* ptr);
 
@@ -181,6 +183,8 @@ int dmagather_comm_size(dmagather_comm_t comm);
 size_t dmagather_dtype_size(dmagather_dtype_t dtype);
 const char* dmagather_dtype_name(dmagather_dtype_t dtype);
 const char* dmagather_version(void);
+/* DMAGATHER_VERSION_CODE of the library (MAJOR*10000 + MINOR*100 + PATCH). */
+int dmagather_version_code(void);
 
 #ifdef __cplusplus
 }

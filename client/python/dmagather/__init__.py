@@ -109,6 +109,8 @@ def load_library(path=None):
     lib.dmagather_backend.restype = ctypes.c_char_p
     lib.dmagather_version.argtypes = []
     lib.dmagather_version.restype = ctypes.c_char_p
+    lib.dmagather_version_code.argtypes = []
+    lib.dmagather_version_code.restype = ctypes.c_int
     OP = ctypes.c_uint64  # dmagather_op_t
     lib.dmagather_comm_init_config.argtypes = [ctypes.c_char_p, I, I, ctypes.POINTER(_Config), ctypes.POINTER(P)]
     lib.dmagather_allgather_async.argtypes = [P, P, P, S, I, P, ctypes.POINTER(OP)]
@@ -188,7 +190,7 @@ class Comm:
         self._classic_pending = False  # allgather/allgather_list since the last wait()
         self._socket = socket.encode() if socket else None  # kept alive for the call below
         cfg = _Config(size=ctypes.sizeof(_Config), magic=CONFIG_MAGIC,
-                      version=_version_code(self._lib.dmagather_version().decode()),
+                      version=self._lib.dmagather_version_code(),
                       socket_path=self._socket,
                       join_timeout_ms=0 if join_timeout_ms is None else int(join_timeout_ms),
                       spin=-1 if spin is None else int(spin),
