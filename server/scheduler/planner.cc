@@ -1,5 +1,7 @@
 #include "server/scheduler/planner.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/dtype.h"
@@ -9,39 +11,48 @@ namespace {
 
 const char* OpName(OpKind kind) { return kind == OpKind::kAllGatherList ? "allgather_list" : "allgather"; }
 
-std::string Shape(const RankPart& p) {
-  if (p.items.size() == 1) {
-    const Item& it = p.items[0];
-    return absl::StrCat(OpName(it.kind), " count=", it.count, " dtype=", common::DtypeName(it.dtype));
-  }
-  std::vector<std::string> items;
-  for (const Item& it : p.items) {
-    items.push_back(absl::StrCat(OpName(it.kind), " count=", it.count, " dtype=", common::DtypeName(it.dtype)));
-  }
-  return absl::StrCat(p.items.size(), " items [", absl::StrJoin(items, "; "), "]");
+std::string ItemShape(const Item& it) {
+  return absl::StrCat(OpName(it.kind), " count=", it.count, " dtype=", common::DtypeName(it.dtype));
 }
 
-bool SameShape(const RankPart& a, const RankPart& b) {
-  if (a.items.size() != b.items.size()) return false;
-  for (size_t i = 0; i < a.items.size(); ++i) {
-    const Item& x = a.items[i];
-    const Item& y = b.items[i];
-    if (x.kind != y.kind || x.count != y.count || x.dtype != y.dtype) return false;
+bool SameItem(const Item& x, const Item& y) { return x.kind == y.kind && x.count == y.count && x.dtype == y.dtype; }
+
+// -1 when `a` and `b` agree; else the first item that differs (or the
+// shorter item count when only the numbers of items differ).
+int FirstDifference(const RankPart& a, const RankPart& b) {
+  const size_t n = std::min(a.items.size(), b.items.size());
+  for (size_t i = 0; i < n; ++i) {
+    if (!SameItem(a.items[i], b.items[i])) return static_cast<int>(i);
   }
-  return true;
+  return a.items.size() == b.items.size() ? -1 : static_cast<int>(n);
+}
+
+// What rank `p` asked for where it differs from rank 0 (item `i`): the
+// difference first, so it survives the error record's 240-byte limit.
+std::string ShapeAt(const RankPart& p, int i, bool coalesced) {
+  if (!coalesced) return ItemShape(p.items[0]);
+  if (static_cast<size_t>(i) >= p.items.size()) return absl::StrCat(p.items.size(), " items");
+  return absl::StrCat("item ", i, " ", ItemShape(p.items[i]), " (of ", p.items.size(), ")");
 }
 
 }  // namespace
 
 absl::Status CheckAgreement(const Op& op) {
   const RankPart& ref = op.parts[0];
-  std::vector<int> differ;
+  std::vector<int> differ, where;
+  bool coalesced = ref.items.size() != 1;
   for (size_t r = 1; r < op.parts.size(); ++r) {
-    if (!SameShape(op.parts[r], ref)) differ.push_back(int(r));
+    const int d = FirstDifference(op.parts[r], ref);
+    if (d < 0) continue;
+    differ.push_back(int(r));
+    where.push_back(d);
+    coalesced |= op.parts[r].items.size() != 1;
   }
   if (differ.empty()) return absl::OkStatus();
-  std::string detail = absl::StrCat("rank 0 asked for ", Shape(ref));
-  for (int r : differ) absl::StrAppend(&detail, ", rank ", r, " for ", Shape(op.parts[r]));
+  std::string detail = absl::StrCat("rank 0 asked for ", ShapeAt(ref, where[0], coalesced));
+  for (size_t k = 0; k < differ.size(); ++k) {
+    absl::StrAppend(&detail, ", rank ", differ[k], " for ", ShapeAt(op.parts[differ[k]], where[k], coalesced));
+  }
   return absl::InvalidArgumentError(absl::StrCat("allgather #", op.seq, ": ranks disagree (ranks ",
                                                  absl::StrJoin(differ, ","), " differ from rank 0): ",
                                                  detail));

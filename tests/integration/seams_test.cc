@@ -293,7 +293,9 @@ TEST(SeamsTest, CoalescedOpIsBitExactAndDisagreementIsNamed) {
     const std::string msg = dmagather_last_error(c);
     REQUIRE(st == DMAGATHER_INVALID_ARGUMENT, Status(st) + " " + msg);
     REQUIRE(Contains(msg, "ranks 2 differ from rank 0"), msg);
-    REQUIRE(Contains(msg, "count=4095 dtype=int64"), msg);  // Rank 0's shape (the record holds ~240 chars).
+    // The differing item first, both sides, within the record's 240 bytes.
+    REQUIRE(Contains(msg, "rank 0 asked for item 2 allgather count=4095 dtype=int64"), msg);
+    REQUIRE(Contains(msg, "rank 2 for item 2 allgather count=4094 dtype=int64"), msg);
     for (size_t i = 0; i < n; ++i) {
       for (int r = 0; r < world; ++r) {
         if (kItems[i].in_place && r == rank) continue;  // This rank's own input.
