@@ -245,7 +245,9 @@ void Registry::FailAll(const absl::Status& why) {
   for (auto& [key, entry] : jobs_) {
     entry.job->Fail(why, -1);
     for (auto& s : entry.sessions) {
-      if (s != nullptr && !s->memory_released()) {
+      // Only live sessions: an ended one may be released by the reaper
+      // (outside this lock) at any moment, and its rank is gone anyway.
+      if (s != nullptr && !s->ended.load(std::memory_order_acquire)) {
         abi::StoreRelease(&s->rank()->completion()->daemon_state, static_cast<uint32_t>(abi::kDaemonStopping));
       }
     }
