@@ -3,15 +3,14 @@ AllGather of every dtype from several processes, list output, and errors that
 surface as exceptions with the daemon's reason."""
 import multiprocessing as mp
 import os
-import subprocess
 import sys
-import tempfile
-import time
 import unittest
 
 import numpy as np
 
 RUNFILES = os.getcwd()
+sys.path.insert(0, os.path.join(RUNFILES, "tests", "python"))
+from daemon_case import DaemonTestCase  # noqa: E402
 sys.path.insert(0, os.path.join(RUNFILES, "client", "python"))
 os.environ.setdefault("DMAGATHER_LIB", os.path.join(RUNFILES, "client", "libdmagather.so"))
 import dmagather  # noqa: E402
@@ -61,22 +60,8 @@ def rank_main(sock, job, world, rank, q):
         q.put((rank, f"{type(e).__name__}: {e}"))
 
 
-class CtypesTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="dmagather-py-", dir="/tmp")
-        cls.sock = os.path.join(cls.dir, "d.sock")
-        cls.daemon = subprocess.Popen([os.path.join(RUNFILES, "server", "dmagatherd"), f"--socket={cls.sock}",
-                                       "--backend=host", "--log_level=warning"])
-        for _ in range(500):
-            if os.path.exists(cls.sock):
-                break
-            time.sleep(0.01)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.daemon.terminate()
-        cls.daemon.wait(10)
+class CtypesTest(DaemonTestCase):
+    DAEMON_PREFIX = "dmagather-py-"
 
     def test_every_dtype_bit_exact_from_three_processes(self):
         ctx = mp.get_context("fork")

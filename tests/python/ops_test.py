@@ -10,13 +10,14 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
 import numpy as np
 
 RUNFILES = os.getcwd()
+sys.path.insert(0, os.path.join(RUNFILES, "tests", "python"))
+from daemon_case import DaemonTestCase  # noqa: E402
 sys.path.insert(0, os.path.join(RUNFILES, "client", "python"))
 os.environ.setdefault("DMAGATHER_LIB", os.path.join(RUNFILES, "client", "libdmagather.so"))
 import dmagather  # noqa: E402
@@ -176,22 +177,8 @@ def diverging_fallback(rank, sock, job):
     return ("ok", first)
 
 
-class OpsTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="dmagather-ops-", dir="/tmp")
-        cls.sock = os.path.join(cls.dir, "d.sock")
-        cls.daemon = subprocess.Popen([os.path.join(RUNFILES, "server", "dmagatherd"), f"--socket={cls.sock}",
-                                       "--backend=host", "--log_level=warning"])
-        for _ in range(500):
-            if os.path.exists(cls.sock):
-                break
-            time.sleep(0.01)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.daemon.terminate()
-        cls.daemon.wait(10)
+class OpsTest(DaemonTestCase):
+    DAEMON_PREFIX = "dmagather-ops-"
 
     def test_async_and_coalesced_bit_exact(self):
         results = run_ranks(async_and_coalesced, self.sock, "py-ops")

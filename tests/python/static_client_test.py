@@ -13,11 +13,11 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
-import time
 import unittest
 
 RUNFILES = os.getcwd()
+sys.path.insert(0, os.path.join(RUNFILES, "tests", "python"))
+from daemon_case import DaemonTestCase  # noqa: E402
 LIB = os.path.join(RUNFILES, "client", "libdmagather.so")
 WORLD = 3
 # (dtype, count): byte patterns cover every bit of every element.
@@ -115,22 +115,8 @@ def rank_main(sock, job, rank):
     return result
 
 
-class StaticClientTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="dmagather-static-", dir="/tmp")
-        cls.sock = os.path.join(cls.dir, "d.sock")
-        cls.daemon = subprocess.Popen([os.path.join(RUNFILES, "server", "dmagatherd"), f"--socket={cls.sock}",
-                                       "--backend=host", "--log_level=warning"])
-        for _ in range(1000):
-            if os.path.exists(cls.sock):
-                break
-            time.sleep(0.01)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.daemon.terminate()
-        cls.daemon.wait(10)
+class StaticClientTest(DaemonTestCase):
+    DAEMON_PREFIX = "dmagather-static-"
 
     def test_allgather_next_to_grpcio_and_cpp_protobuf(self):
         procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "rank", self.sock, "static-job",

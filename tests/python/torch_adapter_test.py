@@ -11,11 +11,12 @@ import multiprocessing as mp
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
 RUNFILES = os.getcwd()
+sys.path.insert(0, os.path.join(RUNFILES, "tests", "python"))
+from daemon_case import DaemonTestCase  # noqa: E402
 sys.path.insert(0, os.path.join(RUNFILES, "client", "python"))
 os.environ.setdefault("DMAGATHER_LIB", os.path.join(RUNFILES, "client", "libdmagather.so"))
 
@@ -127,22 +128,8 @@ def rank_main(rank, case, sock, job, store, q):
 
 
 @unittest.skipUnless(HAVE_TORCH, WHY_NO_TORCH)
-class TorchAdapterTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="dmagather-torch-", dir="/tmp")
-        cls.sock = os.path.join(cls.dir, "d.sock")
-        cls.daemon = subprocess.Popen([os.path.join(RUNFILES, "server", "dmagatherd"), f"--socket={cls.sock}",
-                                       "--backend=host", "--log_level=warning"])
-        for _ in range(500):
-            if os.path.exists(cls.sock):
-                break
-            time.sleep(0.01)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.daemon.terminate()
-        cls.daemon.wait(10)
+class TorchAdapterTest(DaemonTestCase):
+    DAEMON_PREFIX = "dmagather-torch-"
 
     def run_case(self, case, job):
         # fork: the parent has imported torch but created no threads or process group.
