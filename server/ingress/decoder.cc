@@ -12,6 +12,8 @@
 namespace dmagather::server::ingress {
 namespace {
 
+static_assert(scheduler::kMaxRecv >= abi::kMaxRanksV1, "a Request holds every recv of a descriptor");
+
 using scheduler::Request;
 
 // The fixed part, identical in v1 and v2 up to `recv`.

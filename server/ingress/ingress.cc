@@ -156,7 +156,9 @@ int Ingress::PollJob(const JobFeed& feed, uint64_t now_ns) {
           part.status = absl::InvalidArgumentError(absl::StrCat(
               "rank ", r, ": coalesced op of ", following + 1, " items (at most ", abi::kMaxItemsPerOpV2, ")"));
         }
-        in.items_left = std::min<uint32_t>(following, 4 * abi::kRingSlotsV1) + 1;
+        // An impossible item count fails this op alone; the descriptors
+        // after it are read as the ops they claim to be.
+        in.items_left = (following < abi::kMaxItemsPerOpV2 ? following : 0) + 1;
         part.items_expected = in.items_left;
         in.current = op;
       } else if (req.items_following + 1 != in.items_left && part.status.ok()) {

@@ -27,6 +27,9 @@ struct BufferRef {
   uint64_t offset = 0;
 };
 
+// Output buffers one item can name (list output: one per rank).
+inline constexpr uint32_t kMaxRecv = 64;
+
 // One decoded descriptor: one item of an op, or a refusal.
 struct Request {
   uint32_t abi_version = 0;
@@ -38,7 +41,7 @@ struct Request {
   uint32_t items_following = 0;
   BufferRef send;
   uint32_t num_recv = 0;
-  BufferRef recv[64];
+  BufferRef recv[kMaxRecv];
   // Set when the rank refused to take part (kOpRefuse) or the descriptor
   // could not be decoded: the op fails on every rank with this status.
   absl::Status refusal;

@@ -3,10 +3,12 @@
 // fake regions, and the engine completes ops when and how the test says.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <vector>
 
+#include "abi/descriptor_v2.h"
 #include "abi/ring_v1.h"
 #include "common/clock.h"
 #include "common/shm.h"
@@ -53,6 +55,39 @@ struct FakeRank {
     d.recv[0] = {rid, 0, out};
     abi::RingV1* ring = view().ring;
     view().slots[ring->tail % abi::kRingSlotsV1] = d;
+    abi::StoreRelease(&ring->tail, ring->tail + 1);
+  }
+  // Publishes one coalesced v2 op: item i is an in-place flat allgather of
+  // counts[i] uint8 at output offset outs[i].
+  void SubmitCoalesced(const std::vector<uint64_t>& counts, const std::vector<uint64_t>& outs) {
+    ++seq;
+    const uint32_t rid = 100 + session->rank();
+    for (size_t i = 0; i < counts.size(); ++i) {
+      abi::DescriptorV2 d{};
+      d.stamp = abi::kDescriptorStampV2;
+      d.op = abi::kOpAllGatherV2;
+      d.seq = seq;
+      d.count = counts[i];
+      d.items_following = static_cast<uint32_t>(counts.size() - 1 - i);
+      d.send = {rid, 0, outs[i] + session->rank() * counts[i]};
+      d.num_recv = 1;
+      d.recv[0] = {rid, 0, outs[i]};
+      Publish(&d);
+    }
+  }
+  // Publishes a v2 refusal of the next op with API status `status`.
+  void Refuse(int32_t status, const char* reason) {
+    abi::DescriptorV2 d{};
+    d.stamp = abi::kDescriptorStampV2;
+    d.op = abi::kOpRefuse;
+    d.seq = ++seq;
+    d.refusal.status = status;
+    std::snprintf(d.refusal.reason, sizeof(d.refusal.reason), "%s", reason);
+    Publish(&d);
+  }
+  void Publish(const abi::DescriptorV2* d) {
+    abi::RingV1* ring = view().ring;
+    std::memcpy(&view().slots[ring->tail % abi::kRingSlotsV1], d, sizeof(*d));
     abi::StoreRelease(&ring->tail, ring->tail + 1);
   }
   uint32_t done() { return abi::LoadAcquire(&view().completion->done_seq); }
@@ -237,6 +272,52 @@ TEST_F(PipelineTest, RanksThatDisagreeAreNamed) {
     EXPECT_EQ(r->error(0).status, 2);
     EXPECT_NE(Message(*r, 0).find("ranks 2 differ from rank 0"), std::string::npos) << Message(*r, 0);
   }
+}
+
+TEST_F(PipelineTest, CoalescedItemsAreOneOpAndLandBitExact) {
+  Make(2);
+  for (int r = 0; r < 2; ++r) {
+    for (int i = 0; i < 7; ++i) ranks_[r]->region->base()[r * 7 + i] = char(50 + r * 7 + i);
+    for (int i = 0; i < 300; ++i) ranks_[r]->region->base()[1000 + r * 300 + i] = char(r * 3 + i);
+  }
+  ranks_[0]->SubmitCoalesced({7, 300}, {0, 1000});
+  EXPECT_EQ(Poll(), 2);                   // Both of rank 0's items read...
+  EXPECT_TRUE(engine_.pending.empty());   // ...but one op: it waits for rank 1.
+  ranks_[1]->SubmitCoalesced({7, 300}, {0, 1000});
+  EXPECT_EQ(Poll(), 2);
+  ASSERT_EQ(engine_.pending.size(), 1u);
+  EXPECT_EQ(engine_.pending[0]->plan.copies.size(), 4u);  // 2 items x 2 ranks x 1 peer each.
+  engine_.Complete(0);
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_EQ(ranks_[d]->done(), 1u);
+    EXPECT_EQ(ranks_[d]->errors(), 0u);
+    for (int r = 0; r < 2; ++r) {
+      for (int i = 0; i < 7; ++i) ASSERT_EQ(ranks_[d]->region->base()[r * 7 + i], char(50 + r * 7 + i));
+      for (int i = 0; i < 300; ++i) ASSERT_EQ(ranks_[d]->region->base()[1000 + r * 300 + i], char(r * 3 + i));
+    }
+  }
+}
+
+TEST_F(PipelineTest, ARefusalFailsTheOpOnEveryRankWithoutTheEngine) {
+  Make(3);
+  ranks_[0]->Submit(10);
+  ranks_[1]->Refuse(1, "rank 1: its tensors live in memory the backend cannot reach");
+  ranks_[2]->Submit(10);
+  Poll();
+  EXPECT_TRUE(engine_.pending.empty());
+  for (auto& r : ranks_) {
+    EXPECT_EQ(r->done(), 1u);
+    ASSERT_EQ(r->errors(), 1u);
+    EXPECT_EQ(r->error(0).status, 1);  // FALLBACK, on every rank.
+    EXPECT_EQ(r->error(0).failed_rank, 1);
+    EXPECT_NE(Message(*r, 0).find("cannot reach"), std::string::npos) << Message(*r, 0);
+    EXPECT_EQ(Message(*r, 0).find("rank 1: rank 1:"), std::string::npos) << Message(*r, 0);
+  }
+  EXPECT_EQ(job_->counters.fallback_ops.load(), 1u);
+  // The job goes on: the next op runs.
+  for (auto& r : ranks_) r->Submit(10);
+  Poll();
+  EXPECT_EQ(engine_.pending.size(), 1u);
 }
 
 }  // namespace
