@@ -3,6 +3,11 @@
 // lasts as long as its slowest rank). Prints CSV rows on rank 0.
 //
 //   mpirun -np 4 mpi_allgather --sizes_mib=1,16,64 --iters=20 --warmup=3
+//   mpirun -np 4 mpi_allgather --sizes_kib=4,16,64 --iters=500 --warmup=20
+//
+// With --sizes_kib it times small ops as bench/small_ops.cc times dmagather:
+// each rank fills its shard, MPI_Barrier, one timed MPI_Allgather, every
+// result checked bit-exact; CSV impl,ranks,shard_KiB,p50_us,p99_us,avg_us,iters.
 #include <mpi.h>
 
 #include <algorithm>
@@ -11,6 +16,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "bench/verify.h"
 
 namespace {
 
@@ -35,6 +42,40 @@ const char* Arg(int argc, char** argv, const char* name, const char* dflt) {
   return dflt;
 }
 
+// Small ops: per-op latency (max over ranks), every result checked.
+void RunSmall(const std::vector<size_t>& kib, int iters, int warmup, int rank, int world) {
+  if (rank == 0) std::printf("impl,ranks,shard_KiB,p50_us,p99_us,avg_us,iters\n");
+  for (size_t k : kib) {
+    const size_t shard = k << 10;
+    std::vector<char> buf(shard * world), want(shard);
+    std::vector<double> t;
+    for (int it = -warmup; it < iters; ++it) {
+      const uint64_t seed = k * 100000 + (it + warmup);
+      dmagather::bench::FillPattern(buf.data() + rank * shard, shard, seed, rank);
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double t0 = MPI_Wtime();
+      MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, buf.data(), int(shard), MPI_BYTE, MPI_COMM_WORLD);
+      double us = (MPI_Wtime() - t0) * 1e6, umax = 0;
+      MPI_Reduce(&us, &umax, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+      for (int r = 0; r < world; ++r) {
+        dmagather::bench::FillPattern(want.data(), shard, seed, r);
+        if (std::memcmp(buf.data() + r * shard, want.data(), shard) != 0) {
+          std::fprintf(stderr, "rank %d: MPI_Allgather shard %d wrong (%zu KiB, iteration %d)\n", rank, r, k, it);
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+      }
+      if (it >= 0) t.push_back(umax);
+    }
+    if (rank == 0) {
+      double sum = 0;
+      for (double x : t) sum += x;
+      std::sort(t.begin(), t.end());
+      std::printf("openmpi,%d,%zu,%.1f,%.1f,%.1f,%d\n", world, k, t[iters / 2],
+                  t[std::min(iters - 1, iters * 99 / 100)], sum / iters, iters);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -42,6 +83,12 @@ int main(int argc, char** argv) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (const char* kib = Arg(argc, argv, "--sizes_kib", nullptr)) {
+    RunSmall(ParseSizes(kib), std::atoi(Arg(argc, argv, "--iters", "500")),
+             std::atoi(Arg(argc, argv, "--warmup", "20")), rank, world);
+    MPI_Finalize();
+    return 0;
+  }
   const std::vector<size_t> sizes = ParseSizes(Arg(argc, argv, "--sizes_mib", "1,16,64"));
   const int iters = std::atoi(Arg(argc, argv, "--iters", "20"));
   const int warmup = std::atoi(Arg(argc, argv, "--warmup", "3"));
