@@ -613,9 +613,12 @@ def init(*, enabled=None, socket=None, max_numel=None, join_timeout_ms=None, job
                     except DmagatherError:
                         pass
                     comm = None
-                kind = "daemon_unreachable" if any(v[r] == 1 for r in bad) else "join_failed"
-                text = "daemon unreachable" if kind == "daemon_unreachable" else "join failed"
-                unavailable = (kind, f"{text} on rank(s) {','.join(map(str, bad))}" + (f": {why}" if why else ""))
+                ones = [str(r) for r in bad if v[r] == 1]
+                twos = [str(r) for r in bad if v[r] != 1]
+                parts = ([f"daemon unreachable on rank(s) {','.join(ones)}"] if ones else []) + \
+                        ([f"join failed on rank(s) {','.join(twos)}"] if twos else [])
+                kind = "daemon_unreachable" if ones else "join_failed"
+                unavailable = (kind, "; ".join(parts) + (f" (this rank: {why})" if why else ""))
         _adapter = DmagatherAllGather(key, world, rank, comm=comm, max_numel=agreed_max, unavailable=unavailable,
                                       backend_name=fw, stream_ordered=stream_ordered)
         if rank == 0:
