@@ -1,68 +1,136 @@
-"""PyTorch adapter: all_gather_into_tensor on dmagather, with collective fallback.
+"""PyTorch adapter: torch.distributed's all_gather_into_tensor on dmagather.
 
-    from dmagather.torch import DmagatherAllGather
-    ag = DmagatherAllGather(job_key, world_size, rank)      # once per process group
-    ag.all_gather_into_tensor(output, input)                 # ZeRO-3 / FSDP2 parameter gather
+Three ways in (docs/TRAINERS.md has the whole story):
 
-One decision per op, the same on every rank. Each call is one dmagather op on
-every rank, also on a rank that cannot take part:
+    import dmagather.torch as dt
+    dist.init_process_group(...)                  # any backend; WORLD on one node
+    # 1. direct API, torch.distributed's semantics
+    dt.all_gather_into_tensor(output, input, group=None, async_op=False)
+    dt.all_gather_coalesced(outputs, inputs, async_op=True).wait()
+    # 2. ZeRO-3: DMAGATHER_ALLGATHER=1 in the environment plus, once, after init_process_group:
+    dt.install()                                  # routes dist.all_gather_into_tensor of WORLD
+    # 3. FSDP2 (torch >= 2.11):
+    for m in model.modules():
+        if isinstance(m, FSDPModule): m.set_custom_all_gather(dt.FSDPAllGather())
 
-1. the rank registers `output` and `input`; if its backend cannot reach them
-   (FallbackError, e.g. private CPU memory on the host backend) it submits
-   `comm.submit_fallback(reason)`, otherwise `comm.allgather_async(...)` (CUDA:
-   on the current stream);
-2. every rank reads the op's verdict with `op.wait()` on the host. When any
-   rank refused, the op is FALLBACK on every rank, and every rank, also those
-   whose own tensors were fine, runs torch.distributed's all-gather on
-   `group` instead. The reason is logged once (per kind of reason) on rank 0.
+Setup (`init()`, called by all three on first use) is collective over the WORLD
+group, once: every rank says whether it is enabled (DMAGATHER_ALLGATHER), its
+DMAGATHER_MAX_NUMEL, and rank 0 draws a random job key, all in one all_reduce;
+then every rank joins the daemon's job with a short join timeout and a second
+all_reduce tells every rank whether all joined. Any "no" anywhere disables
+dmagather on every rank (rank 0 logs why, once). So the per-rank conditions
+(env, daemon, join) end in one decision.
 
-So no rank ever runs the framework's collective while another waits in
-dmagather. A failure that is not a fallback (ranks disagree on sizes, a peer
-died, ...) is raised as DmagatherError on every rank.
+Per op, the same decision on every rank:
+- decided before submit, from what is equal on every rank of a correct program:
+  enabled (agreed at init), the group is WORLD, shard numel <= max_numel (the
+  numel of a collective is equal on every rank; max_numel is agreed at init),
+  the dtype is supported. These go to the framework's own all-gather without
+  touching the daemon (Python counters only).
+- everything about memory (the backend cannot reach a tensor, it is not
+  contiguous) is this rank's business: it submits a refusal
+  (`Comm.submit_fallback`) or the library refuses its submit; the op then has
+  the verdict FALLBACK on every rank (the daemon counts it as fallback_ops).
 
-Host blocking: the adapter blocks on the host for the verdict of every op,
-also on CUDA tensors. There the data is stream-ordered (`op.wait_stream` makes
-the current stream wait on the GPU), but deciding whether the framework's
-collective must run needs the verdict first. A later version may cache the
-verdict per tensor signature (pointer, size, dtype) and skip the host wait.
-
-With async_op=True a small Work-like object is returned (`wait()`,
-`is_completed()`); the dmagather path has already completed on the host by
-then, the fallback path wraps torch.distributed's own work.
-
-If the comm cannot be created (no daemon), every call goes to
-torch.distributed: the join is collective, so the other ranks' joins time out
-and they take the same path.
-
-torch 1.13's gloo has no all_gather_into_tensor (_allgather_base); there the
-fallback uses dist.all_gather into views of `output` (the same bytes).
+When is the verdict read?
+- CPU (host backend): always on the host (`Op.wait()`), then FALLBACK means:
+  every rank runs the framework's all-gather for this op.
+- CUDA: per *signature* (each item's dtype, input numel, output numel: equal on
+  every rank, pointers are deliberately not part of it). The first op of a
+  signature, and every op of a signature whose last verdict was a fallback, is
+  host-waited on every rank (with the collective fallback as on CPU). Once a
+  signature was served, its later ops are stream-ordered: the current stream
+  waits on the GPU (`Op.wait_stream`), the host does not block, and the status
+  is checked lazily (`Op.test()` at the next calls, `synchronize()`, `close()`).
+  A failure found that way can no longer fall back (other ranks went on), so it
+  raises StreamOrderedError on every rank, and every later call raises it too:
+  an error, never silently wrong data. A rank that itself refuses such an op
+  (e.g. memory the backend cannot reach) submits the refusal, so nobody hangs,
+  and raises at once.
 """
+import collections
+import ctypes
 import logging
+import os
 import re
+import secrets
+import threading
+import weakref
 
 import torch
 import torch.distributed as dist
 
-from . import Comm, DmagatherError, FallbackError
+from . import Comm, DmagatherError, FallbackError, DTYPES, MAX_COALESCED, Op, _Gather, load_library
 
 log = logging.getLogger("dmagather")
 
-__all__ = ["DmagatherAllGather"]
+__all__ = ["init", "install", "uninstall", "is_installed", "get", "all_gather_into_tensor", "all_gather_coalesced",
+           "synchronize", "stats", "shutdown", "Work", "FSDPAllGather", "DmagatherAllGather", "StreamOrderedError",
+           "REASONS", "DEFAULT_MAX_NUMEL"]
+
+DEFAULT_MAX_NUMEL = 1 << 28          # elements per rank shard (DMAGATHER_MAX_NUMEL)
+DEFAULT_JOIN_TIMEOUT_MS = 10000      # at init; DMAGATHER_JOIN_TIMEOUT_MS overrides
+MAX_PENDING = 128                    # stream-ordered ops checked lazily; beyond, the oldest is host-waited
+
+# Fallback reasons (the keys of stats()["fallback_by_reason"]).
+REASONS = ("not_enabled", "not_world_group", "numel_over_max", "dtype_unsupported", "daemon_unreachable",
+           "join_failed", "memory_unreachable")
+
+_TORCH_DTYPES = {getattr(torch, name): code for name, code in DTYPES.items() if hasattr(torch, name)}
 
 
-class _Work:
-    """What async_op=True returns: done already (dmagather) or torch's work."""
+class StreamOrderedError(DmagatherError):
+    """A stream-ordered op (CUDA, signature already served) failed after the
+    caller went on: its output is not valid, and the adapter raises from now on."""
 
-    def __init__(self, work=None):
-        self._work = work
+
+class Work:
+    """What async_op=True returns (torch.distributed.Work's calls).
+
+    dmagather op on CUDA: wait() makes the *current* stream wait on the GPU
+    (no host block), then checks finished ops' status. dmagather op on CPU:
+    wait() blocks until the op completed. Fallback: torch's own work(s)."""
+
+    def __init__(self, adapter=None, op=None, stream_pending=False, torch_works=None, host_pending=False):
+        self._adapter = adapter
+        self._op = op
+        self._stream_pending = stream_pending  # the current stream has not waited yet
+        self._host_pending = host_pending      # host backend, not waited yet
+        self._torch_works = [w for w in (torch_works or []) if w is not None]
 
     def wait(self, timeout=None):
-        if self._work is not None:
-            return self._work.wait() if timeout is None else self._work.wait(timeout)
+        for w in self._torch_works:
+            w.wait() if timeout is None else w.wait(timeout)
+        a = self._adapter
+        if self._op is not None and a is not None:
+            if self._stream_pending:
+                a._order_on_stream(self._op, torch.cuda.current_stream().cuda_stream)
+                self._stream_pending = False
+            if self._host_pending:
+                a._host_wait_pending(self._op)
+                self._host_pending = False
+            a._check_pending()
         return True
 
     def is_completed(self):
-        return self._work is None or self._work.is_completed()
+        if self._torch_works:
+            return all(w.is_completed() for w in self._torch_works)
+        if self._op is None:
+            return True
+        try:
+            return self._op.test()
+        except DmagatherError as e:
+            self._adapter._poison(self._op, e)
+            raise self._adapter._broken
+
+    def is_success(self):
+        return self.is_completed()
+
+    def exception(self):
+        return None
+
+    def synchronize(self):
+        self.wait()
 
 
 def _reason_kind(reason):
@@ -70,89 +138,603 @@ def _reason_kind(reason):
     return re.sub(r"#\d+|0x[0-9a-fA-F]+|\b\d{4,}\b", "N", reason)
 
 
-class DmagatherAllGather:
-    def __init__(self, job_key, world_size, rank, socket=None, group=None, **comm_options):
-        self.rank, self.world_size, self.group = rank, world_size, group
-        self._fallback_reasons = set()
-        self._into_tensor = True  # torch.distributed.all_gather_into_tensor works on `group`
-        self.dmagather_ops = 0    # ops dmagather served
-        self.fallback_ops = 0     # ops that went to torch.distributed
-        self.last_fallback_reason = None
-        try:
-            self.comm = Comm(job_key, world_size, rank, socket=socket, **comm_options)
-        except DmagatherError as e:
-            self.comm = None
-            self._note_fallback(f"dmagather unavailable: {e}")
+def _strip_rank(msg):
+    return re.sub(r"^(rank \d+: )+", "", msg)
 
-    def empty(self, shape, dtype=torch.float32):
-        """A CPU tensor in memory the daemon can reach (host backend): gathers
-        of such tensors are served by dmagather. Without a comm: torch.empty."""
+
+def _env_flag(name):
+    v = os.environ.get(name)
+    if v is None:
+        return None
+    return v.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _nbytes(t):
+    return t.numel() * t.element_size()
+
+
+class _HostPool:
+    """Host backend memory (shm from dmagather_alloc) handed out as tensors and
+    taken back when the last tensor over it dies, so FSDP2's allocate() and
+    ZeRO-style fresh outputs reuse registered memory instead of new shm."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.free = collections.defaultdict(list)
+        self.allocated = 0  # dmagather_alloc calls (for tests: reuse is visible)
+
+    def tensor(self, shape, dtype):
+        import numpy as np
         if isinstance(shape, int):
             shape = (shape,)
-        if self.comm is None:
-            return torch.empty(shape, dtype=dtype)
+        shape = tuple(int(s) for s in shape)
         count = 1
         for n in shape:
             count *= n
-        name = str(dtype).replace("torch.", "")
-        if name == "bfloat16":
-            return torch.from_numpy(self.comm.empty(count, "int16")).view(torch.bfloat16).view(shape)
-        return torch.from_numpy(self.comm.empty(count, name)).view(shape)
+        nbytes = max(1, count * torch.empty((), dtype=dtype).element_size())
+        nbytes = (nbytes + 63) & ~63
+        lst = self.free[nbytes]
+        if lst:
+            addr = lst.pop()
+        else:
+            addr = self.comm.alloc(nbytes)
+            self.allocated += 1
+        raw = (ctypes.c_char * nbytes).from_address(addr)
+        arr = np.frombuffer(raw, dtype=np.uint8, count=nbytes)
+        weakref.finalize(arr, lst.append, addr)  # the storage keeps arr alive; its death frees the slot
+        return torch.from_numpy(arr)[:count * torch.empty((), dtype=dtype).element_size()].view(dtype).view(shape)
 
-    def _note_fallback(self, reason):
-        self.last_fallback_reason = reason
-        kind = _reason_kind(reason)
-        if kind not in self._fallback_reasons:
-            self._fallback_reasons.add(kind)
-            if self.rank == 0:
-                log.warning("dmagather fallback to torch.distributed: %s", reason)
 
-    def _submit(self, output, input, stream):
-        """Submits this rank's part of the op: a real AllGather, or a refusal."""
+class DmagatherAllGather:
+    """The engine behind the module-level API (one per process, made by init()).
+
+    Also usable on its own, as before: DmagatherAllGather(job_key, world_size,
+    rank, socket=...) joins at once (not collective: use init() for that)."""
+
+    def __init__(self, job_key=None, world_size=None, rank=None, socket=None, group=None, *, comm=None,
+                 max_numel=None, unavailable=None, backend_name=None, stream_ordered=None, **comm_options):
+        self.group = group
+        self.rank = dist.get_rank() if rank is None and dist.is_initialized() else (rank or 0)
+        self.world_size = (dist.get_world_size() if world_size is None and dist.is_initialized() else
+                           (world_size or 1))
+        self.max_numel = int(max_numel) if max_numel is not None else _max_numel_from_env()
+        self.framework_backend = backend_name or (str(dist.get_backend()) if dist.is_initialized() else "torch")
+        self.unavailable = unavailable  # (kind, sentence) when disabled at init
+        self.job_key = job_key
+        self.comm = comm
+        self._lock = threading.RLock()
+        self._logged = set()
+        self._into_tensor = True
+        self._orig = None  # the original dist.all_gather_into_tensor (install() sets it)
+        self._served = set()
+        self._pending = collections.deque()
+        self._broken = None
+        self._pool = None
+        self.counters = collections.Counter()
+        self.last_fallback_reason = None
+        if comm is None and unavailable is None and job_key is not None:
+            try:
+                self.comm = Comm(job_key, self.world_size, self.rank, socket=socket, **comm_options)
+            except (DmagatherError, OSError) as e:
+                self.unavailable = ("daemon_unreachable", f"dmagather unavailable: {e}")
+        if self.comm is None and self.unavailable is None:
+            self.unavailable = ("not_enabled", "no communicator")
+        self.backend = self.comm.backend if self.comm is not None else None
+        # Stream-ordered mode with the signature cache: the CUDA backend. On the
+        # host backend only for tests (stream_ordered=True): there "the stream
+        # waits" is nothing and Work.wait()/synchronize() wait on the host.
+        self.stream_ordered = (self.backend == "cuda") if stream_ordered is None else bool(stream_ordered)
+        if self.comm is not None:
+            lib = self.comm._lib
+            self._lib_async = lib.dmagather_allgather_async
+            self._lib_coalesced = lib.dmagather_allgather_coalesced
+            self._lib_fallback = lib.dmagather_submit_fallback
+
+    # ---- compatibility counters ------------------------------------------------
+    @property
+    def dmagather_ops(self):
+        return self.counters["dmagather_ops"]
+
+    @property
+    def fallback_ops(self):
+        return self.counters["fallback_ops"]
+
+    @property
+    def enabled(self):
+        return self.comm is not None
+
+    def stats(self):
+        c = self.counters
+        return {"enabled": self.enabled, "backend": self.backend, "job_key": self.job_key,
+                "max_numel": self.max_numel, "unavailable": self.unavailable[1] if self.unavailable else None,
+                "dmagather_ops": c["dmagather_ops"], "fallback_ops": c["fallback_ops"],
+                "host_waited_ops": c["host_waited_ops"], "stream_ordered_ops": c["stream_ordered_ops"],
+                "fallback_by_reason": {k: c["fallback:" + k] for k in REASONS},
+                "last_fallback_reason": self.last_fallback_reason,
+                "host_buffers_allocated": self._pool.allocated if self._pool else 0}
+
+    # ---- memory ---------------------------------------------------------------
+    def empty(self, shape, dtype=torch.float32, device=None):
+        """A tensor the backend can reach: host backend, shm from the daemon
+        (pooled: reused once every tensor over it is gone); CUDA, the caching
+        allocator (the cuda backend registers any cudaMalloc'd block by its base).
+        Without a comm: torch.empty."""
+        if isinstance(shape, int):
+            shape = (shape,)
+        dev = torch.device(device) if device is not None else None
+        if self.comm is None or self.backend != "host" or (dev is not None and dev.type != "cpu"):
+            if dev is None and self.backend == "cuda":
+                dev = torch.device("cuda", torch.cuda.current_device())
+            return torch.empty(tuple(shape), dtype=dtype, device=dev)
+        if self._pool is None:
+            self._pool = _HostPool(self.comm)
+        return self._pool.tensor(shape, dtype)
+
+    # ---- decisions ------------------------------------------------------------
+    def _is_world(self, group):
+        if group is None or group is dist.group.WORLD:
+            return True
+        if self.group is not None and group is self.group:
+            return True
         try:
-            # Reachable memory only: FALLBACK (not an error) where the backend
-            # cannot reach these tensors, e.g. private CPU memory on the host backend.
-            self.comm.register(output)
-            self.comm.register(input)
-        except FallbackError as e:
-            # The library prefixes the reason with "rank N: " itself.
-            return self.comm.submit_fallback(re.sub(r"^(rank \d+: )+", "", e.message))
-        except DmagatherError:
-            # Not a fallback (e.g. a bad pointer): submit anyway; the library
-            # refuses the op with the right status on every rank, or raises
-            # here when no op can be created at all (destroyed comm).
-            pass
-        return self.comm.allgather_async(input, output, count=input.numel(), dtype=input.dtype, stream=stream)
+            if group is dist.distributed_c10d._get_default_group():
+                return True
+            # A group of all ranks in rank order is the same job (e.g. FSDP2's
+            # 1-D DeviceMesh over every rank). Equal on every rank of the group.
+            return dist.get_process_group_ranks(group) == list(range(self.world_size))
+        except Exception:  # noqa: BLE001
+            return False
 
-    def _framework(self, output, input, async_op):
+    def _local_reason(self, outs, ins, group):
+        """Reasons decided identically on every rank, before any submit."""
+        if self.comm is None:
+            return self.unavailable
+        if not self._is_world(group):
+            return ("not_world_group", "the group is not the WORLD group")
+        for o, i in zip(outs, ins):
+            if i.numel() > self.max_numel:
+                return ("numel_over_max", f"shard of {i.numel()} elements > DMAGATHER_MAX_NUMEL={self.max_numel}")
+            if i.dtype not in _TORCH_DTYPES:
+                return ("dtype_unsupported", f"dtype {i.dtype} is not supported by dmagather")
+            if o.dtype != i.dtype or o.numel() != i.numel() * self.world_size:
+                # torch raises for this; let it, with its own message.
+                return ("shape", f"output {tuple(o.shape)} {o.dtype} does not fit input {tuple(i.shape)} {i.dtype}")
+        return None
+
+    def _note_fallback(self, kind, reason):
+        self.counters["fallback_ops"] += 1
+        self.counters["fallback:" + kind] += 1
+        self.last_fallback_reason = reason
+        k = (kind, _reason_kind(reason))
+        if k not in self._logged:
+            self._logged.add(k)
+            if self.rank == 0:
+                log.warning("dmagather allgather fallback to %s (%s): %s", self.framework_backend, kind, reason)
+
+    # ---- the framework's path -------------------------------------------------
+    def _framework_one(self, out, inp, group, async_op):
+        orig = self._orig or dist.all_gather_into_tensor
         if self._into_tensor:
             try:
-                return dist.all_gather_into_tensor(output, input, group=self.group, async_op=async_op)
+                return orig(out, inp, group=group, async_op=async_op)
             except RuntimeError as e:
-                # Raised before any communication, alike on every rank.
+                # gloo of torch 1.13 has no _allgather_base: raised before any
+                # communication, alike on every rank.
                 if "_allgather_base" not in str(e) and "all_gather_into_tensor" not in str(e):
                     raise
                 self._into_tensor = False
-        chunks = list(output.view(-1).chunk(self.world_size))
-        return dist.all_gather(chunks, input.reshape(-1), group=self.group, async_op=async_op)
+        n = dist.get_world_size(group)
+        chunks = list(out.view(-1).chunk(n))
+        return dist.all_gather(chunks, inp.reshape(-1), group=group, async_op=async_op)
 
-    def all_gather_into_tensor(self, output, input, async_op=False):
-        if self.comm is not None:
-            stream = torch.cuda.current_stream(output.device).cuda_stream if output.is_cuda else None
-            op = self._submit(output, input, stream)
+    def _framework(self, outs, ins, group, async_op):
+        works = [self._framework_one(o, i, group, async_op) for o, i in zip(outs, ins)]
+        return Work(torch_works=works) if async_op else None
+
+    # ---- dmagather's path -----------------------------------------------------
+    def _stream_of(self, outs):
+        if self.backend != "cuda":
+            return None
+        o = outs[0]
+        dev = o.device if o.is_cuda else torch.device("cuda", torch.cuda.current_device())
+        return torch.cuda.current_stream(dev).cuda_stream
+
+    def _refusal_reason(self, outs, ins):
+        """This rank's reason to refuse the op (memory), or None."""
+        for t in list(ins) + list(outs):
+            if not t.is_contiguous():
+                return "a tensor is not contiguous"
+            if self.backend == "host" and t.is_cuda:
+                return f"a tensor on {t.device} and the daemon's backend is host"
+            if self.backend == "cuda" and not t.is_cuda:
+                return "a CPU tensor and the daemon's backend is cuda"
+        if self.backend == "host":
+            for t in list(ins) + list(outs):
+                try:
+                    self.comm.register(t)
+                except FallbackError as e:
+                    return _strip_rank(e.message)
+                except DmagatherError:
+                    pass  # not a fallback: the submit fails the op on every rank with the right status
+        return None
+
+    def _submit(self, outs, ins, stream):
+        """Submits this rank's part: returns (code, Op). code != 0: this rank refused."""
+        comm = self.comm._handle()
+        h = ctypes.c_uint64(0)
+        why = self._refusal_reason(outs, ins)
+        if why is not None:
+            code = self._lib_fallback(comm, why.encode(), ctypes.byref(h))
+        elif len(outs) == 1:
+            i = ins[0]
+            code = self._lib_async(comm, i.data_ptr(), outs[0].data_ptr(), i.numel(), _TORCH_DTYPES[i.dtype], stream,
+                                   ctypes.byref(h))
+        else:
+            items = (_Gather * len(outs))()
+            for k, (o, i) in enumerate(zip(outs, ins)):
+                items[k] = _Gather(i.data_ptr(), o.data_ptr(), i.numel(), _TORCH_DTYPES[i.dtype])
+            code = self._lib_coalesced(comm, items, len(outs), stream, ctypes.byref(h))
+        if h.value == 0:  # no op was created (no daemon, closed comm): a job-level failure
+            self.comm._raise(code if code != 0 else 6, None if code != 0 else "no op handle returned")
+        return code, Op(self.comm, h.value)
+
+    def _poison(self, op, e):
+        if self._broken is None:
+            self._broken = StreamOrderedError(
+                e.code, f"stream-ordered all-gather op {op.handle} failed after the caller went on "
+                        f"({e.status}: {e.message}); its output is not valid and this adapter raises from now on")
+        return self._broken
+
+    def _order_on_stream(self, op, stream):
+        if self.backend == "cuda":
             try:
-                if stream is not None:
-                    op.wait_stream(stream)  # data ordering on the GPU
-                op.wait()                   # the verdict, on the host
-                self.dmagather_ops += 1
-                return _Work() if async_op else None
-            except FallbackError as e:
-                self._note_fallback(str(e))
-        self.fallback_ops += 1
-        work = self._framework(output, input, async_op)
-        return _Work(work) if async_op else None
+                op.wait_stream(stream)
+            except DmagatherError as e:
+                raise self._poison(op, e)
+
+    def _host_wait_pending(self, op):
+        try:
+            op.wait()
+        except DmagatherError as e:
+            raise self._poison(op, e)
+
+    def _check_pending(self):
+        """Reads the status of finished stream-ordered ops (never blocks, unless
+        more than MAX_PENDING are outstanding). Raises when one failed."""
+        if self._broken is not None:
+            raise self._broken
+        p = self._pending
+        while p:
+            op = p[0]
+            try:
+                done = op.test()
+                if not done and len(p) > MAX_PENDING:
+                    op.wait()
+                    done = True
+            except DmagatherError as e:
+                raise self._poison(op, e)
+            if not done:
+                break
+            p.popleft()
+
+    def synchronize(self):
+        """Host-waits for every stream-ordered op; raises if one failed."""
+        with self._lock:
+            if self._broken is not None:
+                raise self._broken
+            while self._pending:
+                self._host_wait_pending(self._pending[0])
+                self._pending.popleft()
+
+    def gather(self, outs, ins, group=None, async_op=False, order_now=False):
+        """One collective op over (outs[k], ins[k]) pairs (1..MAX_COALESCED)."""
+        with self._lock:
+            if self._broken is not None:
+                raise self._broken
+            if self._pending:
+                self._check_pending()
+            local = self._local_reason(outs, ins, group)
+            if local is not None:
+                if local[0] != "shape":
+                    self._note_fallback(*local)
+                return self._framework(outs, ins, group, async_op)
+            stream = self._stream_of(outs)
+            key = tuple((i.dtype, i.numel(), o.numel()) for o, i in zip(outs, ins)) if self.stream_ordered else None
+            code, op = self._submit(outs, ins, stream)
+            if key is None or key not in self._served:
+                # The verdict on the host (every rank: the key is equal everywhere).
+                try:
+                    op.wait()
+                except FallbackError as e:
+                    self._note_fallback("memory_unreachable", str(e))
+                    self._served.discard(key)
+                    return self._framework(outs, ins, group, async_op)
+                self.counters["dmagather_ops"] += 1
+                self.counters["host_waited_ops"] += 1
+                if key is not None:
+                    self._served.add(key)
+                return Work() if async_op else None
+            # A served signature: stream-ordered, verdict read lazily.
+            if code != 0:
+                msg = _strip_rank(self.comm._lib.dmagather_last_error(self.comm._comm).decode() or "refused")
+                err = DmagatherError(code, msg)
+                raise self._poison(op, err)
+            self.counters["dmagather_ops"] += 1
+            self.counters["stream_ordered_ops"] += 1
+            self._pending.append(op)
+            if self.backend == "cuda":
+                if async_op and not order_now:
+                    return Work(self, op, stream_pending=True)
+                self._order_on_stream(op, stream)
+                return Work(self, op) if async_op else None
+            # host backend in stream-ordered (test) mode: no stream to wait on;
+            # the op keeps its tensors until it is seen done.
+            op._keep = (outs, ins)
+            return Work(self, op, host_pending=True) if async_op else None
+
+    def all_gather_into_tensor(self, output_tensor, input_tensor, group=None, async_op=False, order_now=False):
+        return self.gather([output_tensor], [input_tensor], group, async_op, order_now)
+
+    def all_gather_coalesced(self, outputs, inputs, group=None, async_op=False, order_now=False):
+        outputs, inputs = list(outputs), list(inputs)
+        if len(outputs) != len(inputs):
+            raise ValueError(f"{len(outputs)} outputs for {len(inputs)} inputs")
+        works = []
+        for s in range(0, len(outputs), MAX_COALESCED):  # one op per 64 items, alike on every rank
+            works.append(self.gather(outputs[s:s + MAX_COALESCED], inputs[s:s + MAX_COALESCED], group, async_op,
+                                     order_now))
+        if not async_op:
+            return None
+        return works[0] if len(works) == 1 else _WorkList(works)
 
     def close(self):
-        if self.comm is not None:
-            self.comm.close()
-            self.comm = None
+        with self._lock:
+            try:
+                if self._broken is None and self.comm is not None:
+                    self.synchronize()
+            finally:
+                if self.comm is not None:
+                    self.comm.close()
+                    self.comm = None
+                    self.unavailable = ("not_enabled", "closed")
+
+
+class _WorkList(Work):
+    def __init__(self, works):
+        super().__init__()
+        self._works = works
+
+    def wait(self, timeout=None):
+        for w in self._works:
+            w.wait(timeout)
+        return True
+
+    def is_completed(self):
+        return all(w.is_completed() for w in self._works)
+
+
+def _max_numel_from_env():
+    v = os.environ.get("DMAGATHER_MAX_NUMEL")
+    try:
+        return int(v) if v else DEFAULT_MAX_NUMEL
+    except ValueError:
+        return DEFAULT_MAX_NUMEL
+
+
+def _reduce_device():
+    """Where the WORLD group's all_reduce takes its tensor."""
+    b = str(dist.get_backend()).lower()
+    if b == "nccl" or (b.startswith("cuda:") and "cpu:" not in b):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+# ---- the process-wide adapter ---------------------------------------------------
+
+_adapter = None
+_installed = None  # the original dist.all_gather_into_tensor while installed
+_glock = threading.Lock()
+
+
+def get():
+    """The process's adapter, or None before init()."""
+    return _adapter
+
+
+def init(*, enabled=None, socket=None, max_numel=None, join_timeout_ms=None, job_key=None, stream_ordered=None,
+         _default_enabled=True):
+    """Collective (every rank of WORLD calls it, once): agrees on enabled,
+    max_numel and a job key, joins the daemon, agrees that every rank joined.
+    Returns the adapter; when disabled, every op goes to the framework.
+
+    enabled: default $DMAGATHER_ALLGATHER (install(): must be 1; the direct API
+    and FSDPAllGather: on unless it is 0). socket: default $DMAGATHER_SOCKET.
+    max_numel: default $DMAGATHER_MAX_NUMEL, then 2**28. join_timeout_ms: default
+    $DMAGATHER_JOIN_TIMEOUT_MS, then 10 s. job_key: default a random key from
+    rank 0 (every rank must pass the same one)."""
+    global _adapter
+    with _glock:
+        if _adapter is not None:
+            return _adapter
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("dmagather.torch.init(): call torch.distributed.init_process_group() first")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        fw = str(dist.get_backend())
+        if enabled is None:
+            env = _env_flag("DMAGATHER_ALLGATHER")
+            enabled = _default_enabled if env is None else env
+        mine = int(max_numel) if max_numel is not None else _max_numel_from_env()
+        local_world = os.environ.get("LOCAL_WORLD_SIZE")
+        spans_nodes = local_world is not None and local_world.isdigit() and int(local_world) != world
+        dev = _reduce_device()
+        # One all_reduce(MAX): [disabled flag of each rank..., spans nodes, -max_numel, key words of rank 0].
+        t = torch.zeros(world + 4, dtype=torch.int64)
+        t[rank] = 0 if enabled else 1
+        t[world] = 1 if spans_nodes else 0
+        t[world + 1] = -max(1, mine)
+        if rank == 0:
+            t[world + 2] = secrets.randbits(62)
+            t[world + 3] = secrets.randbits(62)
+        t = t.to(dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        t = t.cpu().tolist()
+        disabled = [r for r in range(world) if t[r]]
+        agreed_max = -t[world + 1]
+        key = job_key or f"torch-{t[world + 2]:016x}{t[world + 3]:016x}"
+        unavailable = None
+        comm = None
+        if disabled:
+            which = "" if len(disabled) == world else f" on rank(s) {','.join(map(str, disabled))}"
+            unavailable = ("not_enabled", f"not enabled{which}: DMAGATHER_ALLGATHER is not 1")
+        elif t[world]:
+            unavailable = ("join_failed", f"the job spans several nodes (LOCAL_WORLD_SIZE != {world})")
+        else:
+            jt = join_timeout_ms
+            if jt is None:
+                jt = int(os.environ.get("DMAGATHER_JOIN_TIMEOUT_MS") or DEFAULT_JOIN_TIMEOUT_MS)
+            code, why = 0, ""
+            try:
+                comm = Comm(key, world, rank, socket=socket, join_timeout_ms=jt, local_rank=rank,
+                            local_world_size=world)
+            except DmagatherError as e:
+                code, why = (1 if e.status == "UNAVAILABLE" else 2), str(e)
+            except OSError as e:  # libdmagather.so not found
+                code, why = 1, str(e)
+            v = torch.zeros(world, dtype=torch.int64)
+            v[rank] = code
+            v = v.to(dev)
+            dist.all_reduce(v, op=dist.ReduceOp.MAX)
+            v = v.cpu().tolist()
+            bad = [r for r in range(world) if v[r]]
+            if bad:
+                if comm is not None:
+                    try:
+                        comm.close()
+                    except DmagatherError:
+                        pass
+                    comm = None
+                ones = [str(r) for r in bad if v[r] == 1]
+                twos = [str(r) for r in bad if v[r] != 1]
+                parts = ([f"daemon unreachable on rank(s) {','.join(ones)}"] if ones else []) + \
+                        ([f"join failed on rank(s) {','.join(twos)}"] if twos else [])
+                kind = "daemon_unreachable" if ones else "join_failed"
+                unavailable = (kind, "; ".join(parts) + (f" (this rank: {why})" if why else ""))
+        _adapter = DmagatherAllGather(key, world, rank, comm=comm, max_numel=agreed_max, unavailable=unavailable,
+                                      backend_name=fw, stream_ordered=stream_ordered)
+        if rank == 0:
+            if comm is not None:
+                log.warning("dmagather allgather enabled (backend=%s, max_numel=%d)", comm.backend, agreed_max)
+            else:
+                log.warning("dmagather allgather unavailable (%s); using %s allgather", unavailable[1], fw)
+        return _adapter
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+    """torch.distributed.all_gather_into_tensor through dmagather (flat output:
+    rank r's input lands at output[r * numel:(r + 1) * numel])."""
+    a = _adapter or init()
+    return a.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+
+
+def all_gather_coalesced(outputs, inputs, group=None, async_op=False):
+    """Many all_gather_into_tensor in one op per 64 tensors (one matching, one
+    completion); items may differ in numel and dtype."""
+    a = _adapter or init()
+    return a.all_gather_coalesced(outputs, inputs, group=group, async_op=async_op)
+
+
+def synchronize():
+    if _adapter is not None:
+        _adapter.synchronize()
+
+
+def stats():
+    return _adapter.stats() if _adapter is not None else None
+
+
+def _patched_all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+    return _adapter.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+
+
+def install(**init_kwargs):
+    """ZeRO-3 opt-in: with DMAGATHER_ALLGATHER=1 on every rank, routes
+    torch.distributed.all_gather_into_tensor (what DeepSpeed ZeRO-3 calls) of
+    the WORLD group through dmagather. Collective (calls init()). Every call
+    that dmagather does not serve goes to the original function and is counted
+    in stats() by reason. Returns the adapter."""
+    global _installed
+    init_kwargs.setdefault("_default_enabled", False)
+    a = init(**init_kwargs)
+    with _glock:
+        if _installed is None:
+            _installed = dist.all_gather_into_tensor
+            a._orig = _installed
+            dist.all_gather_into_tensor = _patched_all_gather_into_tensor
+    return a
+
+
+def is_installed():
+    return _installed is not None and dist.all_gather_into_tensor is _patched_all_gather_into_tensor
+
+
+def uninstall():
+    global _installed
+    with _glock:
+        if _installed is not None:
+            if dist.all_gather_into_tensor is _patched_all_gather_into_tensor:
+                dist.all_gather_into_tensor = _installed
+            _installed = None
+
+
+def shutdown():
+    """uninstall(), then leave the job (waits for outstanding ops)."""
+    global _adapter
+    uninstall()
+    with _glock:
+        if _adapter is not None:
+            a, _adapter = _adapter, None
+            a.close()
+
+
+# ---- FSDP2 ------------------------------------------------------------------------
+
+def _fsdp_allgather_base():
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather
+        return AllGather
+    except Exception:  # noqa: BLE001  (torch without FSDP2's comm API)
+        return object
+
+
+class FSDPAllGather(_fsdp_allgather_base()):
+    """FSDP2's custom all-gather (torch 2.11: FSDPModule.set_custom_all_gather),
+    protocol of torch/distributed/fsdp/_fully_shard/_fsdp_api.py.
+
+    allocate(): CUDA, the caching allocator (the cuda backend registers each
+    cudaMalloc block once by its base, cached by buffer id, so reused blocks
+    cost no registration); CPU on the host backend, pooled daemon shm.
+    __call__: the adapter's op on the current stream (FSDP2's all-gather
+    stream); the stream is ordered before returning, also with async_op=True,
+    because FSDP2 only waits on torch's own Work objects and otherwise on the
+    event it records right after this call. Set it on every FSDPModule
+    (set_custom_all_gather is per module, not recursive)."""
+
+    def __init__(self, adapter=None):
+        self._adapter = adapter
+
+    @property
+    def adapter(self):
+        if self._adapter is None:
+            self._adapter = _adapter or init()
+        return self._adapter
+
+    def allocate(self, size, *, dtype, device):
+        device = torch.device(device)
+        a = self.adapter
+        if device.type == "cpu" and a.backend == "host":
+            return a.empty(tuple(int(s) for s in size), dtype=dtype)
+        return torch.empty(tuple(int(s) for s in size), dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group=None, async_op=False):
+        return self.adapter.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op,
+                                                   order_now=True)

@@ -1,0 +1,509 @@
+#!/usr/bin/env python3
+"""dmagather.torch on CUDA, as trainers use it (issue 9): several rank processes on ONE GPU.
+
+    DMAGATHER_SOCKET=/path/to/dmagatherd.sock        # a running `dmagatherd --backend=cuda`
+    PYTHONPATH=/path/to/client/python                 # the dmagather package (libdmagather.so next to
+                                                      # it, or DMAGATHER_LIB=/path/libdmagather.so)
+    python3 bench/gpu/trainers_gpu.py --out DIR [--world 4] [--steps 8] [--parts adapter,zero3,fsdp2,overhead]
+
+The process group is gloo (NCCL refuses several ranks on one GPU; gloo does
+broadcast/all_reduce on CUDA tensors), so every reference below is built from
+gloo broadcast/all_reduce. Parts:
+
+  adapter   dmagather.torch.all_gather_into_tensor / all_gather_coalesced with CUDA
+            caching-allocator tensors, fresh output (and input) per gather as ZeRO-3
+            does, every dtype, odd sizes, in place and out of place, sync and
+            async_op=True (Work.wait() on the current stream); bit-exact against shards
+            regenerated on every rank. Signatures repeat, so both the host-waited first
+            op and the stream-ordered later ops are checked (their counts are printed).
+  zero3     install() (DMAGATHER_ALLGATHER=1) routes dist.all_gather_into_tensor; a
+            ZeRO-3-style loop (gather each layer's weight before use, free it after,
+            backward, gradient all_reduce, SGD on the shard) for --steps steps against the
+            same loop whose gather is gloo broadcast: losses and shards bit-identical,
+            and dmagather must have served every gather (no fallback).
+  fsdp2     fully_shard (torch >= 2.11) model of Linear-GELU-Linear blocks, --steps Adam
+            steps with set_custom_all_gather(dmagather.torch.FSDPAllGather()) against the
+            same run with a gloo-broadcast all-gather; both runs share one test-only
+            reduce-scatter built from gloo all_reduce (set_custom_reduce_scatter). Loss per
+            step and every parameter shard bit-identical.
+  overhead  host µs per call of the Python path (dmagather.torch.all_gather_into_tensor,
+            stream-ordered) against the C API (dmagather_allgather through ctypes) for
+            shards of 4 KiB .. 1 MiB, plus end-to-end µs (call + cudaStreamSynchronize).
+
+Writes DIR/results.json, DIR/overhead.csv, DIR/fsdp2_loss.csv, DIR/zero3_loss.csv and
+prints a table. Exit status 0 only if every part ran and matched.
+"""
+import argparse
+import csv
+import json
+import os
+import struct
+import sys
+import tempfile
+import time
+import traceback
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS, before CUDA starts
+for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
+    os.environ.setdefault(_k, _v)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_SRC_PKG = os.path.join(HERE, "..", "..", "client", "python")
+if os.path.isdir(_SRC_PKG):
+    sys.path.append(_SRC_PKG)  # after PYTHONPATH
+
+PARTS = ("adapter", "zero3", "fsdp2", "overhead")
+SIZES_OVERHEAD = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
+
+
+def fbits(x):
+    return struct.pack("<d", float(x)).hex()
+
+
+def shard_bits(torch, seed, rank, nbytes, device):
+    g = torch.Generator(device="cpu")
+    g.manual_seed(seed * 1000003 + rank)
+    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g).to(device)
+
+
+def bcast_gather(torch, dist, out, inp, group=None):
+    """Reference all_gather_into_tensor: gloo broadcast of each rank's bytes (bit-exact, any dtype)."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    o = out.view(-1).view(torch.uint8)
+    n = inp.numel() * inp.element_size()
+    mine = inp.reshape(-1).view(torch.uint8)
+    for r in range(world):
+        dst = o[r * n:(r + 1) * n]
+        if r == rank and dst.data_ptr() != mine.data_ptr():
+            dst.copy_(mine)
+        src = r if group is None else dist.get_global_rank(group, r)
+        dist.broadcast(dst, src=src, group=group)
+
+
+def any_rank(torch, dist, flag):
+    t = torch.tensor([1 if flag else 0], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+# ---- parts (every rank runs them; rank 0 reports) ------------------------------------
+
+def part_adapter(ctx):
+    torch, dist, dt, rank, world, dev = ctx["torch"], ctx["dist"], ctx["dt"], ctx["rank"], ctx["world"], ctx["dev"]
+    a = dt.get()
+    dtypes = [torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32,
+              torch.float64]
+    counts = [1, 7, 4097, 1 << 16, (1 << 20) + 3]
+    bad = []
+    seed = 0
+    for rep in range(3):  # rep 0: first op of each signature (host wait), 1-2: stream-ordered
+        for dtype in dtypes:
+            esz = torch.empty((), dtype=dtype).element_size()
+            for count in counts:
+                seed += 1
+                in_place = (seed % 2 == 0)
+                async_op = (seed % 3 == 0)
+                out = torch.empty(world * count, dtype=dtype, device=dev)  # fresh, caching allocator
+                out.view(torch.uint8).fill_(0x5A)
+                if in_place:
+                    inp = out[rank * count:(rank + 1) * count]
+                else:
+                    inp = torch.empty(count, dtype=dtype, device=dev)
+                inp.view(torch.uint8).copy_(shard_bits(torch, seed, rank, count * esz, dev))
+                w = dt.all_gather_into_tensor(out, inp, async_op=async_op)
+                if async_op:
+                    w.wait()  # the current stream waits; no host block
+                want = torch.cat([shard_bits(torch, seed, r, count * esz, dev) for r in range(world)])
+                if not torch.equal(out.view(torch.uint8), want):
+                    bad.append(f"rep {rep} {dtype} count={count} in_place={in_place} async={async_op}")
+                del out, inp
+    # Coalesced: 5 tensors of different dtypes in one op, three times.
+    for rep in range(3):
+        spec = [(torch.bfloat16, 1000), (torch.float32, 33), (torch.uint8, 65536), (torch.float16, 4097),
+                (torch.int64, 5)]
+        outs, ins = [], []
+        for k, (dtype, count) in enumerate(spec):
+            esz = torch.empty((), dtype=dtype).element_size()
+            i = torch.empty(count, dtype=dtype, device=dev)
+            i.view(torch.uint8).copy_(shard_bits(torch, 9000 + k, rank, count * esz, dev))
+            ins.append(i)
+            outs.append(torch.empty(world * count, dtype=dtype, device=dev))
+        dt.all_gather_coalesced(outs, ins, async_op=True).wait()
+        for k, (dtype, count) in enumerate(spec):
+            esz = torch.empty((), dtype=dtype).element_size()
+            want = torch.cat([shard_bits(torch, 9000 + k, r, count * esz, dev) for r in range(world)])
+            if not torch.equal(outs[k].view(torch.uint8), want):
+                bad.append(f"coalesced rep {rep} item {k}")
+    torch.cuda.synchronize()
+    dt.synchronize()
+    s = a.stats()
+    if s["fallback_ops"] or s["stream_ordered_ops"] == 0:
+        bad.append(f"expected dmagather to serve every op, stream-ordered after the first: {s}")
+    failed = any_rank(torch, dist, bool(bad))
+    return {"ok": not failed, "mismatches": bad[:10], "host_waited_ops": s["host_waited_ops"],
+            "stream_ordered_ops": s["stream_ordered_ops"], "dmagather_ops": s["dmagather_ops"]}
+
+
+def _zero3_run(ctx, gather, steps):
+    torch, dist, rank, world, dev = ctx["torch"], ctx["dist"], ctx["rank"], ctx["world"], ctx["dev"]
+    torch.manual_seed(1234)
+    d, layers, batch = 512, 6, 32
+    full = [torch.randn(d, d) * (1.0 / d ** 0.5) for _ in range(layers)]
+    n = d * d // world
+    shards = [w.reshape(-1)[rank * n:(rank + 1) * n].clone().to(dev) for w in full]
+    losses = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x = torch.randn(batch, d, generator=g).to(dev)
+        y = torch.randn(batch, d, generator=g).to(dev)
+        weights = []
+        h = x
+        for li in range(layers):
+            w_full = torch.empty(world * n, device=dev)  # fresh per gather, freed after the layer's use
+            gather(w_full, shards[li])
+            w = w_full.view(d, d).detach().requires_grad_(True)
+            weights.append(w)
+            h = torch.nn.functional.gelu(h @ w.t())
+            del w_full
+        loss = ((h - y) ** 2).mean()
+        loss.backward()
+        losses.append(fbits(loss.item()))
+        for li, w in enumerate(weights):
+            grad = w.grad.reshape(-1).contiguous()
+            dist.all_reduce(grad)  # gloo, CUDA tensor; identical in both runs
+            shards[li] -= 0.05 * grad[rank * n:(rank + 1) * n] / world
+        del weights, h, loss
+    torch.cuda.synchronize()
+    return losses, [s.cpu() for s in shards]
+
+
+def part_zero3(ctx):
+    torch, dist, dt = ctx["torch"], ctx["dist"], ctx["dt"]
+    a = dt.get()
+    if not dt.is_installed():
+        return {"ok": False, "error": "install() did not route dist.all_gather_into_tensor (DMAGATHER_ALLGATHER?)"}
+    before = a.stats()
+    losses_d, shards_d = _zero3_run(ctx, lambda o, i: dist.all_gather_into_tensor(o, i), ctx["steps"])
+    dt.synchronize()
+    after = a.stats()
+    losses_r, shards_r = _zero3_run(ctx, lambda o, i: bcast_gather(torch, dist, o, i), ctx["steps"])
+    served = after["dmagather_ops"] - before["dmagather_ops"]
+    fell = after["fallback_ops"] - before["fallback_ops"]
+    bad = []
+    if losses_d != losses_r:
+        bad.append(f"losses differ: {losses_d} vs {losses_r}")
+    for k, (x, y) in enumerate(zip(shards_d, shards_r)):
+        if not torch.equal(x.view(torch.uint8), y.view(torch.uint8)):
+            bad.append(f"shard {k} differs")
+    if fell or served != 6 * ctx["steps"]:
+        bad.append(f"dmagather served {served} of {6 * ctx['steps']} gathers, {fell} fell back")
+    failed = any_rank(torch, dist, bool(bad))
+    return {"ok": not failed, "mismatches": bad[:10], "losses": losses_d, "served": served,
+            "stream_ordered_ops": after["stream_ordered_ops"] - before["stream_ordered_ops"]}
+
+
+def _fsdp_api(torch):
+    try:
+        from torch.distributed.fsdp import fully_shard, FSDPModule
+    except ImportError:
+        try:
+            from torch.distributed._composable.fsdp import fully_shard, FSDPModule
+        except ImportError as e:
+            raise RuntimeError(f"this torch ({torch.__version__}) has no FSDP2 fully_shard: {e}")
+    for name in ("set_custom_all_gather", "set_custom_reduce_scatter"):
+        if not hasattr(FSDPModule, name):
+            raise RuntimeError(f"FSDPModule.{name} is missing in torch {torch.__version__} (need >= 2.11)")
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+    except ImportError as e:
+        raise RuntimeError(f"torch {torch.__version__} lacks _fsdp_api.AllGather/ReduceScatter: {e}")
+    from torch.distributed.device_mesh import DeviceMesh
+    return fully_shard, FSDPModule, AllGather, ReduceScatter, DeviceMesh
+
+
+def part_fsdp2(ctx):
+    torch, dist, dt, rank, world, dev = ctx["torch"], ctx["dist"], ctx["dt"], ctx["rank"], ctx["world"], ctx["dev"]
+    fully_shard, FSDPModule, AllGather, ReduceScatter, DeviceMesh = _fsdp_api(torch)
+    nn = torch.nn
+
+    class BroadcastAllGather(AllGather):
+        """Reference: every rank's slot by gloo broadcast (bytes: bit-exact, -0.0 kept)."""
+
+        def allocate(self, size, *, dtype, device):
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            bcast_gather(torch, dist, output_tensor, input_tensor, group)
+            return None
+
+    class AllReduceReduceScatter(ReduceScatter):
+        """Test-only reduce-scatter for both runs: gloo all_reduce, keep this rank's chunk."""
+
+        def allocate(self, size, *, dtype, device):
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            buf = input_tensor.clone()
+            name = str(op).upper()
+            if "PREMUL" in name:
+                raise RuntimeError(f"test reduce-scatter: {op} not handled")
+            dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
+            if "AVG" in name:
+                buf.div_(dist.get_world_size(group))
+            output_tensor.copy_(buf.view(dist.get_world_size(group), -1)[dist.get_rank(group)])
+            return None
+
+    def build():
+        torch.manual_seed(4321)
+        d, hidden, blocks = 256, 1024, 4
+        layers = []
+        for _ in range(blocks):
+            layers.append(nn.Sequential(nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d)))
+        model = nn.Sequential(*layers, nn.Linear(d, 16)).to(dev)
+        try:
+            mesh = DeviceMesh.from_group(dist.group.WORLD, "cuda")
+        except Exception:  # noqa: BLE001
+            from torch.distributed.device_mesh import init_device_mesh
+            mesh = init_device_mesh("cuda", (world,))
+        for blk in model[:-1]:
+            fully_shard(blk, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+
+    def train(ag):
+        model = build()
+        rs = AllReduceReduceScatter()
+        n_fsdp = 0
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.set_custom_all_gather(ag)
+                m.set_custom_reduce_scatter(rs)
+                n_fsdp += 1
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+        losses = []
+        for step in range(ctx["steps"]):
+            g = torch.Generator().manual_seed(1000 * step + rank)
+            x = torch.randn(64, 256, generator=g).to(dev)
+            y = torch.randn(64, 16, generator=g).to(dev)
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(fbits(loss.item()))
+        torch.cuda.synchronize()
+        params = [p.to_local().detach().cpu().clone() if hasattr(p, "to_local") else p.detach().cpu().clone()
+                  for p in model.parameters()]
+        return losses, params, n_fsdp
+
+    a = dt.get()
+    before = a.stats()
+    losses_d, params_d, n_fsdp = train(dt.FSDPAllGather())
+    dt.synchronize()
+    after = a.stats()
+    losses_r, params_r, _ = train(BroadcastAllGather())
+    bad = []
+    if losses_d != losses_r:
+        bad.append(f"losses differ: {losses_d} vs {losses_r}")
+    for k, (x, y) in enumerate(zip(params_d, params_r)):
+        if not torch.equal(x.view(torch.uint8), y.view(torch.uint8)):
+            bad.append(f"parameter {k} differs")
+    served = after["dmagather_ops"] - before["dmagather_ops"]
+    fell = after["fallback_ops"] - before["fallback_ops"]
+    if served == 0 or fell:
+        bad.append(f"dmagather served {served} FSDP2 all-gathers, {fell} fell back")
+    failed = any_rank(torch, dist, bool(bad))
+    return {"ok": not failed, "mismatches": bad[:10], "losses": losses_d, "fsdp_modules": n_fsdp,
+            "served": served, "stream_ordered_ops": after["stream_ordered_ops"] - before["stream_ordered_ops"],
+            "torch": torch.__version__}
+
+
+def part_overhead(ctx):
+    import ctypes
+    torch, dist, dt, rank, world, dev = ctx["torch"], ctx["dist"], ctx["dt"], ctx["rank"], ctx["world"], ctx["dev"]
+    import dmagather
+    a = dt.get()
+    lib, comm = a.comm._lib, a.comm._comm
+    f32 = dmagather.DTYPES["float32"]
+    rows = []
+    iters = 100  # < the ring (256) and the adapter's lazy window (128): no back-pressure in the timed loop
+    for size in SIZES_OVERHEAD:
+        count = size // 4
+        inp = torch.ones(count, device=dev) * rank
+        out = torch.empty(world * count, device=dev)
+        stream = torch.cuda.current_stream().cuda_stream
+        res = {"shard_bytes": size}
+        for path in ("python", "capi"):
+            def call():
+                if path == "python":
+                    dt.all_gather_into_tensor(out, inp)
+                else:
+                    code = lib.dmagather_allgather(comm, inp.data_ptr(), out.data_ptr(), count, f32, stream)
+                    if code != 0:
+                        raise RuntimeError(f"dmagather_allgather: {code}")
+            for _ in range(5):
+                call()
+            torch.cuda.synchronize()
+            dt.synchronize()
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                call()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            dt.synchronize()
+            dist.barrier()
+            e2e = []
+            for _ in range(20):
+                s0 = time.perf_counter()
+                call()
+                torch.cuda.synchronize()
+                e2e.append(time.perf_counter() - s0)
+            dt.synchronize()
+            dist.barrier()
+            e2e.sort()
+            t = torch.tensor([(t1 - t0) / iters * 1e6, e2e[len(e2e) // 2] * 1e6], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            res[f"{path}_host_us"] = round(t[0].item(), 2)
+            res[f"{path}_e2e_us"] = round(t[1].item(), 2)
+        want = torch.cat([torch.full((count,), float(r), device=dev) for r in range(world)])
+        res["ok"] = bool(torch.equal(out, want))
+        rows.append(res)
+    ok = not any_rank(torch, dist, not all(r["ok"] for r in rows))
+    return {"ok": ok, "rows": rows}
+
+
+def rank_main(rank, args, store, q):
+    result = {}
+    try:
+        import datetime
+        import torch
+        import torch.distributed as dist
+        torch.cuda.set_device(args.gpu)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=args.world,
+                                timeout=datetime.timedelta(seconds=300))
+        os.environ["DMAGATHER_ALLGATHER"] = "1"
+        import dmagather.torch as dt
+        a = dt.install(socket=args.socket)  # collective: every rank joins, or none
+        ctx = {"torch": torch, "dist": dist, "dt": dt, "rank": rank, "world": args.world,
+               "dev": torch.device("cuda", args.gpu), "steps": args.steps}
+        result["setup"] = {"enabled": a.enabled, "backend": a.backend, "unavailable": a.stats()["unavailable"],
+                           "torch": torch.__version__, "world": args.world,
+                           "gpu": torch.cuda.get_device_name(args.gpu)}
+        if not a.enabled or a.backend != "cuda":
+            raise RuntimeError(f"dmagather is not serving on cuda here: {result['setup']}")
+        for part in args.parts:
+            t0 = time.monotonic()
+            try:
+                r = globals()[f"part_{part}"](ctx)
+            except Exception as e:  # noqa: BLE001  (clear error; the other parts still run)
+                r = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
+            r["seconds"] = round(time.monotonic() - t0, 2)
+            result[part] = r
+        result["stats"] = dt.stats()
+        dt.shutdown()
+        dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001
+        result["fatal"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}"
+    q.put((rank, result))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--world", type=int, default=4)
+    p.add_argument("--gpu", type=int, default=0)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--socket", default=os.environ.get("DMAGATHER_SOCKET"))
+    p.add_argument("--parts", type=lambda s: [x for x in s.split(",") if x], default=list(PARTS))
+    p.add_argument("--timeout", type=int, default=900)
+    args = p.parse_args()
+    for part in args.parts:
+        if part not in PARTS:
+            p.error(f"unknown part {part}; parts: {','.join(PARTS)}")
+    if not args.socket or not os.path.exists(args.socket):
+        print(f"FAILED: no daemon socket ({args.socket!r}); start `dmagatherd --backend=cuda` and set "
+              f"DMAGATHER_SOCKET", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="dmagather-trainers-") as d:
+        store = os.path.join(d, "store")
+        procs = [ctx.Process(target=rank_main, args=(r, args, store, q)) for r in range(args.world)]
+        for pr in procs:
+            pr.start()
+        deadline = time.monotonic() + args.timeout
+        try:
+            for _ in procs:
+                r, res = q.get(timeout=max(1, deadline - time.monotonic()))
+                results[r] = res
+        except Exception:  # noqa: BLE001
+            pass
+        for pr in procs:
+            pr.join(max(1, deadline - time.monotonic()))
+            if pr.is_alive():
+                pr.kill()
+                pr.join()
+    ok = sorted(results) == list(range(args.world))
+    summary = {"command": " ".join(sys.argv), "ranks_reported": sorted(results), "parts": {}}
+    r0 = results.get(0, {})
+    summary["setup"] = r0.get("setup")
+    for r, res in sorted(results.items()):
+        if "fatal" in res:
+            ok = False
+            summary.setdefault("fatal", {})[r] = res["fatal"]
+    for part in args.parts:
+        per_rank = [results[r].get(part, {"ok": False, "error": "not run"}) for r in sorted(results)]
+        part_ok = bool(per_rank) and all(x.get("ok") for x in per_rank)
+        ok = ok and part_ok
+        summary["parts"][part] = {"ok": part_ok, "rank0": r0.get(part),
+                                  "errors": {r: results[r].get(part, {}).get("error") for r in sorted(results)
+                                             if results[r].get(part, {}).get("error")}}
+    summary["stats_rank0"] = r0.get("stats")
+    summary["ok"] = ok
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(summary, f, indent=2, default=str)
+    ov = (r0.get("overhead") or {}).get("rows")
+    if ov:
+        with open(os.path.join(args.out, "overhead.csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(ov[0].keys()))
+            w.writeheader()
+            w.writerows(ov)
+    for part in ("zero3", "fsdp2"):
+        losses = (r0.get(part) or {}).get("losses")
+        if losses:
+            with open(os.path.join(args.out, f"{part}_loss.csv"), "w") as f:
+                f.write("step,loss,loss_float64_hex\n")
+                for i, h in enumerate(losses):
+                    f.write(f"{i},{struct.unpack('<d', bytes.fromhex(h))[0]!r},{h}\n")
+    print(f"setup: {summary['setup']}")
+    for part in args.parts:
+        s = summary["parts"][part]
+        info = s["rank0"] or {}
+        extra = {k: v for k, v in info.items() if k in ("served", "stream_ordered_ops", "host_waited_ops",
+                                                         "fsdp_modules", "seconds", "torch")}
+        print(f"{part:9s} {'PASSED' if s['ok'] else 'FAILED'} {extra}")
+        for m in info.get("mismatches", []) or []:
+            print(f"          mismatch: {m}")
+        for r, e in s["errors"].items():
+            print(f"          rank {r}: {e}")
+        if not s["ok"] and info.get("trace"):
+            print(info["trace"])
+    if ov:
+        print("shard_KiB python_host_us capi_host_us python_e2e_us capi_e2e_us")
+        for row in ov:
+            print(f"{row['shard_bytes'] >> 10:9d} {row['python_host_us']:14.2f} {row['capi_host_us']:12.2f} "
+                  f"{row['python_e2e_us']:13.2f} {row['capi_e2e_us']:11.2f}")
+    for r, e in (summary.get("fatal") or {}).items():
+        print(f"rank {r} fatal: {e}")
+    print("ALL PASSED" if ok else "FAILED", f"(results in {args.out})")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
