@@ -91,7 +91,9 @@ absl::Status Daemon::Start() {
   db->stamp = abi::kDoorbellStampV1;
   db->magic = abi::kMagic;
 
-  tickets_ = std::make_unique<service::TicketTable>();
+  service::TicketTable::Options to;
+  to.ttl = options_.ticket_ttl;
+  tickets_ = std::make_unique<service::TicketTable>(to);
   service::FdChannel::Options fo;
   fo.path = fd_path;
   fo.mode = options_.socket_mode;

@@ -38,6 +38,8 @@ struct DaemonOptions {
   absl::Duration drain_timeout = absl::Seconds(10);
   // The fd channel: a connection that sends nothing is closed after this.
   absl::Duration fd_timeout = absl::Seconds(2);
+  // How long a hand-over's ticket waits for its Join/Register.
+  absl::Duration ticket_ttl = absl::Seconds(5);
 };
 
 class Daemon {

@@ -134,7 +134,7 @@ absl::StatusOr<Joined> Registry::Join(const v1::JoinRequest& req) {
                                               "; this dmagatherd reads v1 and v2 (upgrade dmagatherd)"));
   }
   if (req.segment_ticket().empty()) {
-    return absl::InvalidArgumentError(
+    return absl::PermissionDeniedError(
         "join: no segment ticket (hand the segment over on the fd channel first; clients before 0.3 named "
         "shared memory, which dmagatherd no longer opens)");
   }
@@ -249,7 +249,7 @@ absl::StatusOr<uint32_t> Registry::Register(const v1::RegisterRequest& req) {
     }
     spec.fd = buffer.fd.get();
   } else if (spec.kind == common::kMemoryHostMemfd) {
-    return absl::InvalidArgumentError("register: host memory needs the ticket of its fd-channel hand-over");
+    return absl::PermissionDeniedError("register: host memory needs the ticket of its fd-channel hand-over");
   }
   auto region = engine_->Import(spec);
   if (!region.ok()) return region.status();
