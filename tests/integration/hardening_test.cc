@@ -370,7 +370,7 @@ TEST(HardeningTest, TicketsAreSingleUseExpireAndBelongToTheirProcessAndUid) {
     return 0;
   });
 
-  RankProcess owner(0, [&](int, const Reporter& rep) {
+  auto owner_body = [&](const Reporter& rep) -> int {
     auto channel = grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
     REQUIRE(channel->WaitForConnected(In(5000)), "cannot connect");
     auto stub = v1::Control::NewStub(channel);
@@ -470,6 +470,12 @@ TEST(HardeningTest, TicketsAreSingleUseExpireAndBelongToTheirProcessAndUid) {
     th.join();
     waiting.End();
     return 0;
+  };
+  RankProcess owner(0, [&](int, const Reporter& rep) {
+    const int rc = owner_body(rep);
+    sh->want_tickets.store(1);  // Also when it failed early: nobody waits in vain.
+    sh->root_job_waiting.store(1);
+    return rc;
   });
   // A buffer ticket of another process (this one, same uid), when asked.
   ASSERT_TRUE(WaitFor([&] { return sh->want_tickets.load() != 0; }, 60));
