@@ -1,12 +1,14 @@
 // A rank's shared-memory segment, v1, and the daemon's doorbell page.
 //
-// Segment (created 0600 by the client, mapped by the daemon at Join):
+// Segment (a sealed memfd created by the client, handed over on the fd
+// channel, abi/fd_channel_v1.h, and mapped by the daemon at Join):
 //   [SegmentHeaderV1][CompletionV1][RingV1 control][kRingSlotsV1 x DescriptorV1]
 // The request ring is single-producer (the rank's submitting thread) and
 // single-consumer (the daemon's ingress thread): the producer owns `tail`,
 // the consumer owns `head`, both count descriptors since the start.
 //
-// Doorbell (created by the daemon, mapped by every client): when the ingress
+// Doorbell (a sealed memfd created by the daemon, handed to every client
+// with its segment ticket, mapped by both): when the ingress
 // thread has gone to sleep it sets `sleeping`; a producer that sees it bumps
 // `seq` and wakes it with a futex. Store-then-load on both sides (seq_cst)
 // means one of them always sees the other.
@@ -24,7 +26,7 @@ namespace dmagather::abi {
 struct SegmentHeaderV1 {
   uint32_t stamp;              // Stamp(sizeof(SegmentHeaderV1), 1)
   uint32_t magic;              // kMagic
-  uint64_t token;              // Random; also sent in Join (proves the joiner owns it).
+  uint64_t token;              // Random; also sent in Join (checked against the handed-over segment).
   uint32_t ring_slots;         // kRingSlotsV1
   uint32_t descriptor_stamp;   // kDescriptorStampV1
   uint32_t completion_stamp;   // kCompletionStampV1

@@ -25,8 +25,8 @@ struct MemoryExport {
   uintptr_t base = 0;      // Allocation base in this process.
   uint64_t bytes = 0;      // Allocation size.
   uint64_t buffer_id = 0;  // Changes when the address range is freed and reused (0: not tracked).
-  std::string memory_kind;  // "host_shm", "cuda_ipc", ...
-  std::string shm_name;
+  std::string memory_kind;  // "host_memfd", "cuda_ipc", ...
+  int fd = -1;              // "host_memfd": the sealed memfd, handed over on the fd channel (owned by the buffer).
   std::string handle;
 };
 
@@ -36,7 +36,7 @@ class OwnedBuffer {
   virtual ~OwnedBuffer() = default;  // Frees the memory.
   virtual void* data() const = 0;
   virtual const MemoryExport& export_info() const = 0;
-  // The daemon has imported it (host: the shm name can go now).
+  // The daemon has imported it.
   virtual void Registered() {}
 };
 

@@ -9,11 +9,13 @@
 #include <random>
 
 #include "abi/descriptor_v2.h"
+#include "abi/fd_channel_v1.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/api_names.h"
 #include "common/clock.h"
 #include "common/dtype.h"
+#include "common/fd_exchange.h"
 #include "common/futex.h"
 #include "common/status.h"
 
@@ -85,10 +87,10 @@ absl::StatusOr<std::unique_ptr<CommImpl>> CommImpl::Create(const CommOptions& in
 }
 
 absl::Status CommImpl::Join() {
-  // The rank segment: created here (0600), mapped by the daemon at Join,
-  // unlinked once both have it mapped.
-  DMAG_ASSIGN_OR_RETURN(segment_, common::ShmMapping::Create(common::ShmMapping::UniqueName("seg"),
-                                                             abi::SegmentLayoutV1::kBytes));
+  // The rank segment: a sealed memfd created here, handed to the daemon over
+  // its fd channel (which answers a ticket and the doorbell's descriptor),
+  // mapped by the daemon at Join. No name anywhere.
+  DMAG_ASSIGN_OR_RETURN(segment_, common::MemfdMapping::Create("dmagather-seg", abi::SegmentLayoutV1::kBytes));
   view_ = abi::SegmentViewV1::At(segment_.data());
   std::random_device rd;
   const uint64_t token = (uint64_t(rd()) << 32) | rd();
@@ -96,18 +98,28 @@ absl::Status CommImpl::Join() {
 
   channel_ = grpc::CreateChannel("unix:" + options_.socket_path, grpc::InsecureChannelCredentials());
   if (!channel_->WaitForConnected(In(1000))) {
-    segment_.Unlink();
     return absl::UnavailableError(absl::StrCat("cannot connect to dmagatherd at ", options_.socket_path,
                                                " within 1 s (stale socket of a daemon that is not running?)"));
   }
   stub_ = v1::Control::NewStub(channel_);
+  auto handed = common::ExchangeFd(common::FdChannelPath(options_.socket_path), abi::kFdSegment, segment_.fd(),
+                                   abi::SegmentLayoutV1::kBytes);
+  if (!handed.ok()) {
+    return common::Annotate(handed.status(), absl::StrCat("rank ", options_.rank, " could not hand its segment to dmagatherd: "));
+  }
+  auto bell = common::MemfdMapping::Map(handed->fd.get(), sizeof(abi::DoorbellV1));
+  if (!bell.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot map the daemon's doorbell: ", bell.status().message()));
+  }
+  doorbell_ = *std::move(bell);
+  bell_ = static_cast<abi::DoorbellV1*>(doorbell_.data());
   const ProbedDevice device = ProbeDevice();
   v1::JoinRequest req;
   req.set_job_key(options_.job_key);
   req.set_world_size(options_.world_size);
   req.set_rank(options_.rank);
   req.set_pid(getpid());
-  req.set_segment_name(segment_.name());
+  req.set_segment_ticket(handed->ticket);
   req.set_segment_token(token);
   req.set_join_timeout_ms(options_.join_timeout_ms);
   req.mutable_device()->set_kind(device.kind);
@@ -119,7 +131,6 @@ absl::Status CommImpl::Join() {
   join_stream_ = stub_->Join(join_ctx_.get(), req);
   v1::JoinEvent ev;
   const bool got = join_stream_->Read(&ev);
-  segment_.Unlink();  // Mapped by the daemon now, or never will be.
   auto abandon = [this](const absl::Status& why) {
     join_ctx_->TryCancel();
     join_stream_->Finish();
@@ -137,12 +148,6 @@ absl::Status CommImpl::Join() {
   session_secret_ = reply.session_secret();
   backend_name_ = reply.backend().empty() ? "host" : reply.backend();
   daemon_version_ = reply.daemon_version();
-  auto bell = common::ShmMapping::Open(reply.doorbell_name(), sizeof(abi::DoorbellV1));
-  if (!bell.ok()) {
-    return abandon(absl::UnavailableError(absl::StrCat("cannot map the daemon's doorbell: ", bell.status().message())));
-  }
-  doorbell_ = *std::move(bell);
-  bell_ = static_cast<abi::DoorbellV1*>(doorbell_.data());
   ClientBackendContext ctx;
   ctx.completion = view_.completion;
   ctx.flag_bytes = abi::SegmentLayoutV1::kRingOffset - abi::SegmentLayoutV1::kCompletionOffset;
@@ -269,7 +274,15 @@ absl::Status CommImpl::RegisterExport(const MemoryExport& e, std::unique_ptr<Own
   req.set_session_secret(session_secret_);
   req.set_memory_kind(e.memory_kind);
   req.set_bytes(e.bytes);
-  req.set_shm_name(e.shm_name);
+  if (e.fd >= 0) {
+    // Host memory goes to the daemon as a descriptor; Register names its ticket.
+    auto handed = common::ExchangeFd(common::FdChannelPath(options_.socket_path), abi::kFdBuffer, e.fd, e.bytes);
+    if (!handed.ok()) {
+      return common::Annotate(handed.status(), absl::StrCat(Rank(), "handing a buffer of ", e.bytes,
+                                                            " bytes to dmagatherd: "));
+    }
+    req.set_ticket(handed->ticket);
+  }
   req.set_handle(e.handle);
   req.set_client_base(e.base);
   v1::RegisterReply reply;

@@ -26,7 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "client/backend.h"
-#include "common/shm.h"
+#include "common/memfd.h"
 #include "dmagather/dmagather.h"
 #include "dmagather/v1/control.grpc.pb.h"
 
@@ -150,9 +150,9 @@ class CommImpl {
   mutable absl::Mutex gone_mu_;
   std::string gone_reason_;
 
-  common::ShmMapping segment_;
+  common::MemfdMapping segment_;  // Keeps its memfd (sealed) for the session's life.
   abi::SegmentViewV1 view_;
-  common::ShmMapping doorbell_;
+  common::MemfdMapping doorbell_;
   abi::DoorbellV1* bell_ = nullptr;
 
   uint32_t spin_ = 256;

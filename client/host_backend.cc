@@ -1,5 +1,6 @@
-// The host (CPU) client backend: buffers are POSIX shm objects created by
-// dmagather_alloc and mapped by the daemon; readiness is a CPU store into
+// The host (CPU) client backend: buffers are memfds created by
+// dmagather_alloc, sealed against shrinking and growing, handed to the
+// daemon over its fd channel and mapped by it; readiness is a CPU store into
 // the completion block; there are no streams (the host waits).
 #include <cstring>
 
@@ -7,26 +8,27 @@
 #include "absl/strings/str_format.h"
 #include "client/backend.h"
 #include "common/memory_kinds.h"
-#include "common/shm.h"
+#include "common/memfd.h"
 #include "common/status.h"
 
 namespace dmagather::client {
 namespace {
 
-class ShmBuffer : public OwnedBuffer {
+// The memfd stays open while the buffer lives (a hand-over needs it; the
+// seals make it harmless).
+class MemfdBuffer : public OwnedBuffer {
  public:
-  explicit ShmBuffer(common::ShmMapping m) : mapping_(std::move(m)) {
+  explicit MemfdBuffer(common::MemfdMapping m) : mapping_(std::move(m)) {
     exp_.base = reinterpret_cast<uintptr_t>(mapping_.data());
     exp_.bytes = mapping_.size();
-    exp_.memory_kind = common::kMemoryHostShm;
-    exp_.shm_name = mapping_.name();
+    exp_.memory_kind = common::kMemoryHostMemfd;
+    exp_.fd = mapping_.fd();
   }
   void* data() const override { return mapping_.data(); }
   const MemoryExport& export_info() const override { return exp_; }
-  void Registered() override { mapping_.Unlink(); }
 
  private:
-  common::ShmMapping mapping_;
+  common::MemfdMapping mapping_;
   MemoryExport exp_;
 };
 
@@ -38,9 +40,8 @@ class HostBackend : public ClientBackend {
 
   absl::StatusOr<std::unique_ptr<OwnedBuffer>> Allocate(uint64_t bytes) override {
     const uint64_t rounded = (bytes + 4095) & ~uint64_t{4095};
-    DMAG_ASSIGN_OR_RETURN(common::ShmMapping m,
-                          common::ShmMapping::Create(common::ShmMapping::UniqueName("buf"), rounded));
-    return std::unique_ptr<OwnedBuffer>(new ShmBuffer(std::move(m)));
+    DMAG_ASSIGN_OR_RETURN(common::MemfdMapping m, common::MemfdMapping::Create("dmagather-buf", rounded));
+    return std::unique_ptr<OwnedBuffer>(new MemfdBuffer(std::move(m)));
   }
   absl::StatusOr<MemoryExport> Describe(const void* ptr, uint64_t bytes) const override {
     return common::FallbackError(absl::StrFormat(

@@ -5,7 +5,7 @@
 
 namespace dmagather::common {
 
-inline constexpr char kMemoryHostShm[] = "host_shm";  // POSIX shm object, opened by name.
+inline constexpr char kMemoryHostMemfd[] = "host_memfd";  // Sealed memfd, handed over on the fd channel (a ticket).
 inline constexpr char kMemoryCudaIpc[] = "cuda_ipc";  // cudaIpcMemHandle_t of an allocation base.
 
 }  // namespace dmagather::common

@@ -58,7 +58,7 @@ inline absl::Status Annotate(const absl::Status& s, absl::string_view prefix) {
   return out;
 }
 
-// "shm_open(/dmagather-1): Permission denied (errno 13)".
+// "memfd_create(dmagather-seg): Too many open files (errno 24)".
 inline absl::Status ErrnoStatus(absl::string_view call, int err = errno) {
   std::string msg = absl::StrCat(call, ": ", std::strerror(err), " (errno ", err, ")");
   switch (err) {

@@ -13,9 +13,13 @@
 #include "absl/strings/str_cat.h"
 #include "abi/ring_v1.h"
 #include "dmagather/dmagather.h"
+#include "abi/fd_channel_v1.h"
+#include "common/fd_exchange.h"
 #include "common/status.h"
 #include "server/ingress/ingress.h"
 #include "server/service/control_service.h"
+#include "server/service/fd_channel.h"
+#include "server/service/ticket_table.h"
 #include "server/service/registry.h"
 #include "server/service/telemetry_service.h"
 
@@ -23,8 +27,8 @@ namespace dmagather::server {
 namespace {
 
 // True if something answers on the socket (another daemon is running).
-bool SocketAlive(const std::string& path) {
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+bool SocketAlive(const std::string& path, int type = SOCK_STREAM) {
+  int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -34,7 +38,9 @@ bool SocketAlive(const std::string& path) {
   return alive;
 }
 
-std::string DoorbellName(const std::string& socket_path) {
+// The /dev/shm name under which daemons before 0.3 kept their doorbell (only
+// to remove what such a daemon left behind; nothing is named there now).
+std::string LegacyDoorbellName(const std::string& socket_path) {
   return absl::StrCat("/dmagather-doorbell-", absl::Hex(std::hash<std::string>()(socket_path)));
 }
 
@@ -49,10 +55,12 @@ Daemon::~Daemon() { Stop("daemon destroyed"); }
 const char* Daemon::backend() const { return engine_->name(); }
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& options) {
-  if (options.socket_path.empty() || options.socket_path.size() >= sizeof(sockaddr_un{}.sun_path)) {
+  const size_t fd_suffix = common::FdChannelPath("").size();
+  if (options.socket_path.empty() || options.socket_path.size() + fd_suffix >= sizeof(sockaddr_un{}.sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat("socket path '", options.socket_path,
-                                                   "' is empty or longer than ", sizeof(sockaddr_un{}.sun_path) - 1,
-                                                   " bytes"));
+                                                   "' is empty or longer than ",
+                                                   sizeof(sockaddr_un{}.sun_path) - 1 - fd_suffix,
+                                                   " bytes (the fd channel adds '", common::FdChannelPath(""), "')"));
   }
   auto d = std::unique_ptr<Daemon>(new Daemon(options));
   DMAG_ASSIGN_OR_RETURN(engines::CreatedEngine e, engines::CreateEngine(options.engine));
@@ -63,18 +71,37 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& opti
 
 absl::Status Daemon::Start() {
   const std::string& path = options_.socket_path;
-  if (SocketAlive(path)) {
+  const std::string fd_path = common::FdChannelPath(path);
+  if (SocketAlive(path) || SocketAlive(fd_path, SOCK_SEQPACKET)) {
     return absl::AlreadyExistsError(absl::StrCat("another dmagatherd already serves ", path));
   }
-  unlink(path.c_str());  // A stale socket of a daemon that died.
-  const std::string bell = DoorbellName(path);
-  shm_unlink(bell.c_str());
-  DMAG_ASSIGN_OR_RETURN(doorbell_, common::ShmMapping::Create(bell, sizeof(abi::DoorbellV1), 0666));
+  // What a daemon that died (SIGKILL, crash) left behind: its socket files,
+  // and a doorbell in /dev/shm from a daemon before 0.3.
+  for (const std::string& p : {path, fd_path}) {
+    if (unlink(p.c_str()) == 0) LOG(INFO) << "removed the stale socket " << p << " of a daemon that is gone";
+  }
+  if (shm_unlink(LegacyDoorbellName(path).c_str()) == 0) {
+    LOG(INFO) << "removed /dev/shm" << LegacyDoorbellName(path) << " left by an older dmagatherd";
+  }
+  // The doorbell: a sealed memfd that every client maps, handed over with
+  // each segment ticket. Sealed (shrink, grow, seal) so no client can make
+  // the daemon's or another client's access to it fault.
+  DMAG_ASSIGN_OR_RETURN(doorbell_, common::MemfdMapping::Create("dmagather-doorbell", sizeof(abi::DoorbellV1)));
   auto* db = static_cast<abi::DoorbellV1*>(doorbell_.data());
   db->stamp = abi::kDoorbellStampV1;
   db->magic = abi::kMagic;
 
-  registry_ = std::make_unique<service::Registry>(engine_.get());
+  service::TicketTable::Options to;
+  to.ttl = options_.ticket_ttl;
+  tickets_ = std::make_unique<service::TicketTable>(to);
+  service::FdChannel::Options fo;
+  fo.path = fd_path;
+  fo.mode = options_.socket_mode;
+  fo.timeout = options_.fd_timeout;
+  DMAG_ASSIGN_OR_RETURN(fd_channel_, service::FdChannel::Listen(fo, tickets_.get(), doorbell_.fd()));
+  fd_channel_->Start();
+
+  registry_ = std::make_unique<service::Registry>(engine_.get(), tickets_.get());
   service::Registry* reg = registry_.get();
   ingress::Ingress::Options io;
   io.op_timeout = options_.op_timeout;
@@ -83,7 +110,7 @@ absl::Status Daemon::Start() {
       ingress::Ingress::Hooks{[reg] { return reg->version(); }, [reg] { return reg->Snapshot(); }});
   ingress::Ingress* ing = ingress_.get();
   registry_->StartReaper([ing] { return ing->epoch(); });
-  control_ = std::make_unique<service::ControlService>(reg, Version(), bell, engine_->name());
+  control_ = std::make_unique<service::ControlService>(reg, Version(), engine_->name());
   started_ = absl::Now();
   telemetry_ = std::make_unique<service::TelemetryService>(reg, [this](v1::HealthReply* h) {
     h->set_version(Version());
@@ -91,6 +118,11 @@ absl::Status Daemon::Start() {
     h->set_backend_reason(engine_reason_);
     h->set_uptime_s(absl::ToDoubleSeconds(absl::Now() - started_));
     h->set_worker_threads(engine_->worker_threads());
+    const std::string why = SelfCheck();
+    if (!why.empty()) {
+      h->set_status("NOT_SERVING");
+      h->set_reason(why);
+    }
   });
 
   grpc::ServerBuilder builder;
@@ -98,12 +130,16 @@ absl::Status Daemon::Start() {
   builder.RegisterService(control_.get());
   builder.RegisterService(telemetry_.get());
   server_ = builder.BuildAndStart();
-  if (server_ == nullptr) return absl::UnavailableError(absl::StrCat("cannot listen on unix:", path));
+  if (server_ == nullptr) {
+    fd_channel_->Stop();
+    return absl::UnavailableError(absl::StrCat("cannot listen on unix:", path));
+  }
   if (chmod(path.c_str(), options_.socket_mode) != 0) {
     LOG(WARNING) << "chmod " << path << ": " << strerror(errno);
   }
   ingress_->Start();
-  LOG(INFO) << "dmagatherd " << Version() << " serving on " << path << ", backend " << engine_->name() << " ("
+  LOG(INFO) << "dmagatherd " << Version() << " serving on " << path << " (fd channel " << fd_path << "), backend "
+            << engine_->name() << " ("
             << engine_reason_ << "), " << engine_->worker_threads() << " worker threads";
   return absl::OkStatus();
 }
@@ -123,9 +159,23 @@ void Daemon::Stop(const std::string& reason) {
   ingress_->Stop();
   engine_->Stop();
   server_->Wait();
+  fd_channel_->Stop();  // Removes <socket>.fd.
   unlink(options_.socket_path.c_str());
-  doorbell_.Unlink();
   LOG(INFO) << "stopped";
+}
+
+std::string Daemon::SelfCheck() const {
+  // The doorbell every Join hands out: still mapped and intact.
+  const auto* db = static_cast<const abi::DoorbellV1*>(doorbell_.data());
+  if (db == nullptr || db->stamp != abi::kDoorbellStampV1 || db->magic != abi::kMagic || doorbell_.fd() < 0) {
+    return "the doorbell page is not usable";
+  }
+  // The fd channel, as a client reaches it: by its path, for real.
+  auto ping = common::ExchangeFd(common::FdChannelPath(options_.socket_path), abi::kFdPing, -1, 0, 1000);
+  if (!ping.ok()) {
+    return absl::StrCat("the fd channel does not work, so no rank can join: ", ping.status().message());
+  }
+  return "";
 }
 
 }  // namespace dmagather::server

@@ -1,6 +1,8 @@
 // Daemon: wires the stages together and owns them: the engine, the registry
-// of jobs and sessions, the ingress thread, the doorbell page and the gRPC
-// server on the Unix socket. main.cc parses flags and calls Create/Run.
+// of jobs and sessions, the ingress thread, the doorbell page (a sealed
+// memfd, never named), the fd channel (`<socket>.fd`: descriptors and
+// kernel credentials from clients) and the gRPC server on the Unix socket.
+// main.cc parses flags and calls Create/Run.
 #pragma once
 
 #include <memory>
@@ -8,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/shm.h"
+#include "common/memfd.h"
 #include "server/engines/factory.h"
 
 namespace grpc {
@@ -24,6 +26,8 @@ namespace service {
 class Registry;
 class ControlService;
 class TelemetryService;
+class FdChannel;
+class TicketTable;
 }  // namespace service
 
 struct DaemonOptions {
@@ -32,6 +36,10 @@ struct DaemonOptions {
   engines::EngineOptions engine;
   absl::Duration op_timeout = absl::Seconds(60);
   absl::Duration drain_timeout = absl::Seconds(10);
+  // The fd channel: a connection that sends nothing is closed after this.
+  absl::Duration fd_timeout = absl::Seconds(2);
+  // How long a hand-over's ticket waits for its Join/Register.
+  absl::Duration ticket_ttl = absl::Seconds(5);
 };
 
 class Daemon {
@@ -39,10 +47,12 @@ class Daemon {
   static absl::StatusOr<std::unique_ptr<Daemon>> Create(const DaemonOptions& options);
   ~Daemon();
 
-  // Starts serving; returns once the socket accepts connections.
+  // Cleans up what a daemon that died left on the socket path (when nothing
+  // answers there), then starts serving; returns once both sockets accept
+  // connections.
   absl::Status Start();
   // Graceful stop: new ops fail UNAVAILABLE, in-flight ops finish (up to
-  // drain_timeout), clients are told, the socket is removed.
+  // drain_timeout), clients are told, both sockets are removed.
   void Stop(const std::string& reason);
 
   const std::string& backend_reason() const { return engine_reason_; }
@@ -51,11 +61,15 @@ class Daemon {
 
  private:
   explicit Daemon(const DaemonOptions& options);
+  // What a Join needs, tried for real: "" when fine, else the reason.
+  std::string SelfCheck() const;
 
   DaemonOptions options_;
   std::unique_ptr<engines::CopyEngine> engine_;
   std::string engine_reason_;
-  common::ShmMapping doorbell_;
+  common::MemfdMapping doorbell_;
+  std::unique_ptr<service::TicketTable> tickets_;
+  std::unique_ptr<service::FdChannel> fd_channel_;
   std::unique_ptr<service::Registry> registry_;
   std::unique_ptr<ingress::Ingress> ingress_;
   std::unique_ptr<service::ControlService> control_;

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <systemd/sd-daemon.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -31,7 +32,13 @@ ABSL_FLAG(double, op_timeout_s, 60.0,
           "An AllGather whose ranks have not all submitted it within this many seconds fails with TIMEOUT on the "
           "ranks that did, and stops the job.");
 ABSL_FLAG(double, drain_timeout_s, 10.0, "On SIGTERM, how long in-flight operations may take to finish.");
-ABSL_FLAG(std::string, socket_mode, "0660", "Permissions of the socket (octal); 0666 lets every user connect.");
+ABSL_FLAG(std::string, socket_mode, "0660",
+          "Permissions of the socket and of the fd channel <socket>.fd (octal); 0666 lets every user connect.");
+ABSL_FLAG(int, fd_timeout_ms, 2000,
+          "The fd channel (<socket>.fd): a connection that has not sent its one request within this many ms is "
+          "closed.");
+ABSL_FLAG(int, fd_ticket_ttl_ms, 5000,
+          "A descriptor handed over on the fd channel must be claimed by its Join/Register within this many ms.");
 ABSL_FLAG(std::string, log_level, "info", "Least severe messages logged: info, warning or error.");
 
 namespace {
@@ -81,6 +88,8 @@ int main(int argc, char** argv) {
   o.engine.streams_per_device = absl::GetFlag(FLAGS_streams);
   o.op_timeout = absl::Seconds(absl::GetFlag(FLAGS_op_timeout_s));
   o.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
+  o.fd_timeout = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_fd_timeout_ms)));
+  o.ticket_ttl = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_fd_ticket_ttl_ms)));
 
   auto daemon = dmagather::server::Daemon::Create(o);
   if (!daemon.ok()) {

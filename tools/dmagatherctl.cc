@@ -1,7 +1,7 @@
 // dmagatherctl: the operator's view of a node's dmagatherd over its gRPC
 // control socket.
 //
-//   dmagatherctl health            daemon version, backend and why, uptime
+//   dmagatherctl health            SERVING / NOT_SERVING (and why; exit 1), version, backend and why, uptime
 //   dmagatherctl jobs              one line per job
 //   dmagatherctl stats [--job=K]   per job and per rank: ops, bytes, errors, latency, memory
 //   dmagatherctl metrics           Prometheus text (for a textfile collector or a scrape shim)
@@ -98,11 +98,14 @@ int main(int argc, char** argv) {
     dmagather::v1::HealthReply h;
     grpc::Status st = stub->Health(&ctx, {}, &h);
     if (!st.ok()) return Fail(st, socket);
-    if (json) return PrintJson(h);
-    std::printf("status:   %s\nversion:  %s\nbackend:  %s (%s)\nuptime:   %.1f s\njobs:     %d\nsessions: %d\nworkers:  %d\n",
-                h.status().c_str(), h.version().c_str(), h.backend().c_str(), h.backend_reason().c_str(),
-                h.uptime_s(), h.jobs(), h.sessions(), h.worker_threads());
-    return 0;
+    const int rc = h.status() == "SERVING" ? 0 : 1;  // NOT_SERVING / STOPPING: non-zero for probes.
+    if (json) return PrintJson(h) != 0 ? 1 : rc;
+    std::printf("status:   %s\n", h.status().c_str());
+    if (!h.reason().empty()) std::printf("reason:   %s\n", h.reason().c_str());
+    std::printf("version:  %s\nbackend:  %s (%s)\nuptime:   %.1f s\njobs:     %d\nsessions: %d\nworkers:  %d\n",
+                h.version().c_str(), h.backend().c_str(), h.backend_reason().c_str(), h.uptime_s(), h.jobs(),
+                h.sessions(), h.worker_threads());
+    return rc;
   }
   if (cmd == "metrics") {
     dmagather::v1::MetricsReply m;

@@ -36,7 +36,7 @@ struct DeviceRef {
 };
 
 using common::kMemoryCudaIpc;
-using common::kMemoryHostShm;
+using common::kMemoryHostMemfd;
 
 // The engine's own state for one rank (device, flag mappings). Created at
 // Join by AttachRank, destroyed (undoing what AttachRank did) before the
@@ -59,9 +59,9 @@ struct RankAttach {
 
 // What a client asks the daemon to import.
 struct RegionSpec {
-  std::string kind;     // kMemoryHostShm, kMemoryCudaIpc, ...
+  std::string kind;     // kMemoryHostMemfd, kMemoryCudaIpc, ...
   uint64_t bytes = 0;
-  std::string name;     // kMemoryHostShm: the object's name.
+  int fd = -1;          // kMemoryHostMemfd: the sealed memfd the client handed over (borrowed for the call).
   std::string handle;   // Opaque export handle (kMemoryCudaIpc: 64 bytes).
   const EngineRank* rank = nullptr;  // The owning rank (its device).
 };
@@ -72,8 +72,6 @@ class ImportedRegion {
   virtual ~ImportedRegion() = default;
   virtual char* base() const = 0;
   virtual uint64_t bytes() const = 0;
-  // Owner of the memory (host: the shm object's uid). -1 when unknown.
-  virtual int64_t owner_uid() const { return -1; }
 };
 
 struct CopyCmd {

@@ -18,7 +18,7 @@ grpc::Status ControlService::Join(grpc::ServerContext* ctx, const v1::JoinReques
                                   grpc::ServerWriter<v1::JoinEvent>* writer) {
   auto joined = registry_->Join(*req);
   if (!joined.ok()) {
-    LOG(WARNING) << "join of rank " << req->rank() << " (pid " << req->pid() << ") to job '" << req->job_key()
+    LOG(WARNING) << "join of rank " << req->rank() << " to job '" << req->job_key()
                  << "' refused: " << joined.status().message();
     return ToGrpc(joined.status());
   }
@@ -40,7 +40,6 @@ grpc::Status ControlService::Join(grpc::ServerContext* ctx, const v1::JoinReques
   reply->set_session_id(j.session->id());
   reply->set_daemon_version(version_);
   reply->set_backend(backend_);
-  reply->set_doorbell_name(doorbell_name_);
   reply->set_world_size(j.job->world_size());
   reply->set_session_secret(j.session->secret());
   reply->set_abi_version(j.session->abi_version());

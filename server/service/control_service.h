@@ -10,11 +10,8 @@ namespace dmagather::server::service {
 
 class ControlService final : public v1::Control::Service {
  public:
-  ControlService(Registry* registry, std::string version, std::string doorbell_name, std::string backend)
-      : registry_(registry),
-        version_(std::move(version)),
-        doorbell_name_(std::move(doorbell_name)),
-        backend_(std::move(backend)) {}
+  ControlService(Registry* registry, std::string version, std::string backend)
+      : registry_(registry), version_(std::move(version)), backend_(std::move(backend)) {}
 
   grpc::Status Join(grpc::ServerContext* ctx, const v1::JoinRequest* req,
                     grpc::ServerWriter<v1::JoinEvent>* writer) override;
@@ -27,7 +24,6 @@ class ControlService final : public v1::Control::Service {
  private:
   Registry* const registry_;
   const std::string version_;
-  const std::string doorbell_name_;
   const std::string backend_;
 };
 

@@ -7,7 +7,9 @@
 #include "abi/ring_v1.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "abi/fd_channel_v1.h"
 #include "common/api_names.h"
+#include "common/memory_kinds.h"
 #include "common/status.h"
 
 namespace dmagather::server::service {
@@ -131,6 +133,17 @@ absl::StatusOr<Joined> Registry::Join(const v1::JoinRequest& req) {
     return common::FallbackError(absl::StrCat("the client writes shared-memory descriptors v", req.abi_version(),
                                               "; this dmagatherd reads v1 and v2 (upgrade dmagatherd)"));
   }
+  if (req.segment_ticket().empty()) {
+    return absl::PermissionDeniedError(
+        "join: no segment ticket (hand the segment over on the fd channel first; clients before 0.3 named "
+        "shared memory, which dmagatherd no longer opens)");
+  }
+  DMAG_ASSIGN_OR_RETURN(Handover segment, tickets_->Take(req.segment_ticket(), abi::kFdSegment));
+  if (req.pid() > 0 && req.pid() != segment.pid) {
+    // Another pid namespace, or a client that says something else: the kernel's pid counts.
+    VLOG(1) << "join of rank " << req.rank() << ": request says pid " << req.pid() << ", the kernel says "
+            << segment.pid;
+  }
   uint64_t id;
   {
     absl::MutexLock lock(&mu_);
@@ -138,7 +151,7 @@ absl::StatusOr<Joined> Registry::Join(const v1::JoinRequest& req) {
   }
   // Mapping the segment and attaching the rank to the engine (cuda:
   // cudaHostRegister) happen outside the registry lock.
-  DMAG_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, Session::Open(id, req, engine_));
+  DMAG_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, Session::Open(id, req, segment, engine_));
   absl::MutexLock lock(&mu_);
   JobEntry& entry = jobs_[req.job_key()];
   if (entry.job == nullptr) {
@@ -160,7 +173,7 @@ absl::StatusOr<Joined> Registry::Join(const v1::JoinRequest& req) {
   entry.sessions[req.rank()] = session;
   sessions_[id] = session;
   if (job->all_joined()) version_.fetch_add(1);  // The ingress thread's snapshot gains the job.
-  LOG(INFO) << "job '" << req.job_key() << "': rank " << req.rank() << " (pid " << req.pid() << ") joined, "
+  LOG(INFO) << "job '" << req.job_key() << "': rank " << req.rank() << " (pid " << session->pid() << ") joined, "
             << job->joined() << "/" << job->world_size();
   return Joined{job, session};
 }
@@ -217,17 +230,29 @@ absl::StatusOr<uint32_t> Registry::Register(const v1::RegisterRequest& req) {
   engines::RegionSpec spec;
   spec.kind = req.memory_kind();
   spec.bytes = req.bytes();
-  spec.name = req.shm_name();
   spec.handle = req.handle();
   spec.rank = s->rank()->engine();
   if (spec.kind.empty()) return absl::InvalidArgumentError("register: memory_kind is empty");
+  Handover buffer;
+  if (!req.ticket().empty()) {
+    DMAG_ASSIGN_OR_RETURN(buffer, tickets_->Take(req.ticket(), abi::kFdBuffer));
+    // The buffer must come from the session's own process: a ticket of
+    // another uid or process is refused without saying whose it was.
+    if (buffer.uid != s->uid() || buffer.pid != s->pid()) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "register: the buffer was handed over by another process than rank ", s->rank_index(),
+          "'s (a ticket works only for the process, and uid, that handed the memory over)"));
+    }
+    if (buffer.bytes != req.bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("register: ", req.bytes(), " bytes asked for, but ",
+                                                     buffer.bytes, " were handed over"));
+    }
+    spec.fd = buffer.fd.get();
+  } else if (spec.kind == common::kMemoryHostMemfd) {
+    return absl::PermissionDeniedError("register: host memory needs the ticket of its fd-channel hand-over");
+  }
   auto region = engine_->Import(spec);
   if (!region.ok()) return region.status();
-  if ((*region)->owner_uid() >= 0 && (*region)->owner_uid() != static_cast<int64_t>(s->uid())) {
-    return absl::PermissionDeniedError(absl::StrCat("buffer ", req.shm_name(), " belongs to uid ",
-                                                    (*region)->owner_uid(), ", not to rank ", s->rank_index(),
-                                                    "'s uid ", s->uid()));
-  }
   uint32_t id = next_region_id_.fetch_add(1);
   s->input()->regions.Add(id, *std::move(region));
   return id;

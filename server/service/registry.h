@@ -36,6 +36,7 @@
 #include "server/ingress/ingress.h"
 #include "server/scheduler/job.h"
 #include "server/service/session.h"
+#include "server/service/ticket_table.h"
 
 namespace dmagather::server::service {
 
@@ -46,7 +47,8 @@ struct Joined {
 
 class Registry {
  public:
-  explicit Registry(engines::CopyEngine* engine) : engine_(engine) {}
+  // `tickets`: the fd channel's hand-overs, claimed by Join and Register.
+  Registry(engines::CopyEngine* engine, TicketTable* tickets) : engine_(engine), tickets_(tickets) {}
   ~Registry();
 
   // Starts the reaper thread; `ingress_epoch` reports the ingress thread's
@@ -54,7 +56,8 @@ class Registry {
   void StartReaper(std::function<uint64_t()> ingress_epoch);
   void StopReaper();
 
-  // Opens the rank's segment and adds it to its job (created if new).
+  // Claims the segment ticket, maps the segment and adds the rank to its
+  // job (created if new). The rank's uid and pid are the kernel's.
   absl::StatusOr<Joined> Join(const v1::JoinRequest& req);
   // The Join stream ended: clean (Leave was called, or the join never
   // completed) or not (the rank died). Fails the job's later ops if it was
@@ -91,6 +94,7 @@ class Registry {
   void ReaperLoop();
 
   engines::CopyEngine* const engine_;
+  TicketTable* const tickets_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);

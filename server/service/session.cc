@@ -28,19 +28,20 @@ absl::StatusOr<std::string> RandomSecret() {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Session>> Session::Open(uint64_t id, const v1::JoinRequest& req,
-                                                       engines::CopyEngine* engine) {
-  const std::string& name = req.segment_name();
-  DMAG_ASSIGN_OR_RETURN(common::ShmMapping m, common::ShmMapping::Open(name, abi::SegmentLayoutV1::kBytes));
+                                                       const Handover& segment, engines::CopyEngine* engine) {
+  // Only ever the memory this caller handed over: messages may describe it.
+  DMAG_ASSIGN_OR_RETURN(common::MemfdMapping m,
+                        common::MemfdMapping::Map(segment.fd.get(), abi::SegmentLayoutV1::kBytes));
   abi::SegmentViewV1 v = abi::SegmentViewV1::At(m.data());
   const abi::SegmentHeaderV1& h = *v.header;
   if (h.magic != abi::kMagic || h.stamp != abi::kSegmentStampV1) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "segment %s is not a v1 dmagather segment (stamp 0x%08x, expected 0x%08x): client and "
+        "the rank segment is not a v1 dmagather segment (stamp 0x%08x, expected 0x%08x): client and "
         "daemon versions differ",
-        name, h.stamp, abi::kSegmentStampV1));
+        h.stamp, abi::kSegmentStampV1));
   }
   if (h.token != req.segment_token()) {
-    return absl::PermissionDeniedError(absl::StrCat("segment ", name, " token does not match the join request"));
+    return absl::PermissionDeniedError("the rank segment's token does not match the join request");
   }
   if (h.ring_slots != abi::kRingSlotsV1 ||
       (h.descriptor_stamp != abi::kDescriptorStampV2 && h.descriptor_stamp != abi::kDescriptorStampV1) ||
@@ -48,10 +49,10 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(uint64_t id, const v1::Jo
       h.completion_offset != abi::SegmentLayoutV1::kCompletionOffset ||
       h.ring_offset != abi::SegmentLayoutV1::kRingOffset ||
       h.descriptors_offset != abi::SegmentLayoutV1::kDescriptorsOffset) {
-    return absl::InvalidArgumentError(absl::StrCat("segment ", name, " has an unexpected v1 layout"));
+    return absl::InvalidArgumentError("the rank segment has an unexpected v1 layout");
   }
   DMAG_ASSIGN_OR_RETURN(std::string secret, RandomSecret());
-  auto s = std::shared_ptr<Session>(new Session(id, std::move(secret), std::move(m)));
+  auto s = std::shared_ptr<Session>(new Session(id, std::move(secret), segment.uid, segment.pid, std::move(m)));
   s->abi_version_ = h.descriptor_stamp == abi::kDescriptorStampV2 ? 2 : 1;
   s->device_.kind = req.device().kind().empty() ? "cpu" : req.device().kind();
   s->device_.ordinal = req.device().ordinal();
@@ -70,14 +71,14 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(uint64_t id, const v1::Jo
   if (!engine_rank.ok()) {
     return common::Annotate(engine_rank.status(), absl::StrCat("rank ", req.rank(), ": "));
   }
-  s->rank_ = std::make_shared<scheduler::Rank>(req.rank(), req.pid(), s->uid_, v.completion,
+  s->rank_ = std::make_shared<scheduler::Rank>(req.rank(), s->pid_, s->uid_, v.completion,
                                                 *std::move(engine_rank));
   s->input_ = std::make_shared<ingress::RankInput>(s->rank_, v);
   return s;
 }
 
-Session::Session(uint64_t id, std::string secret, common::ShmMapping segment)
-    : id_(id), secret_(std::move(secret)), uid_(segment.owner_uid()), segment_(std::move(segment)) {}
+Session::Session(uint64_t id, std::string secret, uid_t uid, pid_t pid, common::MemfdMapping segment)
+    : id_(id), secret_(std::move(secret)), uid_(uid), pid_(pid), segment_(std::move(segment)) {}
 
 Session::~Session() { ReleaseMemory(); }
 
@@ -92,7 +93,7 @@ void Session::ReleaseMemory() {
   if (released_.exchange(true)) return;
   if (rank_ != nullptr) rank_->Release();  // Engine detach (cuda: cudaHostUnregister) before the unmap.
   if (input_ != nullptr) input_->regions.Clear();
-  segment_ = common::ShmMapping();
+  segment_ = common::MemfdMapping();
 }
 
 }  // namespace dmagather::server::service

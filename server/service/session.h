@@ -1,5 +1,6 @@
 // Session: one rank of one job, from Join to the end of its Join stream, as
-// the control service holds it. Owns the mapping of the rank's segment
+// the control service holds it. Its uid and pid are the kernel's (SO_PEERCRED
+// of the fd-channel hand-over of its segment). Owns the mapping of the rank's segment
 // (request ring + completion block) and ties together the two views of it
 // that the data path uses: the ingress side's RankInput (ring, regions) and
 // the scheduler's Rank (completion, counters, engine context).
@@ -17,24 +18,27 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/shm.h"
+#include "common/memfd.h"
 #include "dmagather/v1/control.pb.h"
 #include "server/engines/copy_engine.h"
 #include "server/ingress/rank_input.h"
 #include "server/scheduler/rank.h"
+#include "server/service/ticket_table.h"
 
 namespace dmagather::server::service {
 
 class Session {
  public:
-  // Maps the segment named in `req`, checks its header and token, attaches
-  // the rank to `engine`. No registry lock is held while this runs.
+  // Maps the segment the client handed over (`segment`, claimed from the
+  // ticket in `req`), checks its header and token, attaches the rank to
+  // `engine`. No registry lock is held while this runs.
   static absl::StatusOr<std::shared_ptr<Session>> Open(uint64_t id, const v1::JoinRequest& req,
-                                                       engines::CopyEngine* engine);
+                                                       const Handover& segment, engines::CopyEngine* engine);
   ~Session();
 
   uint64_t id() const { return id_; }
   uid_t uid() const { return uid_; }
+  pid_t pid() const { return pid_; }
   int rank_index() const { return rank_->rank(); }
   const std::string& secret() const { return secret_; }
   // Constant-time comparison with a secret a caller presented.
@@ -54,14 +58,15 @@ class Session {
   bool memory_released() const { return released_.load(std::memory_order_acquire); }
 
  private:
-  Session(uint64_t id, std::string secret, common::ShmMapping segment);
+  Session(uint64_t id, std::string secret, uid_t uid, pid_t pid, common::MemfdMapping segment);
 
   const uint64_t id_;
   const std::string secret_;
-  uid_t uid_;
+  const uid_t uid_;
+  const pid_t pid_;
   uint32_t abi_version_ = 1;
   engines::DeviceRef device_;
-  common::ShmMapping segment_;
+  common::MemfdMapping segment_;
   std::shared_ptr<scheduler::Rank> rank_;
   std::shared_ptr<ingress::RankInput> input_;
   std::atomic<bool> released_{false};

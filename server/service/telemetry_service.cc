@@ -5,8 +5,12 @@
 namespace dmagather::server::service {
 
 grpc::Status TelemetryService::Health(grpc::ServerContext*, const v1::HealthRequest*, v1::HealthReply* reply) {
-  health_(reply);
-  reply->set_status(registry_->stopping() ? "STOPPING" : "SERVING");
+  health_(reply);  // Sets NOT_SERVING (and the reason) when a self-check fails.
+  if (registry_->stopping()) {
+    reply->set_status("STOPPING");
+  } else if (reply->status().empty()) {
+    reply->set_status("SERVING");
+  }
   reply->set_jobs(registry_->num_jobs());
   reply->set_sessions(registry_->num_sessions());
   return grpc::Status::OK;

@@ -11,7 +11,9 @@ namespace dmagather::server::service {
 
 class TelemetryService final : public v1::Telemetry::Service {
  public:
-  // `health` fills what only the daemon knows (version, backend, uptime).
+  // `health` fills what only the daemon knows (version, backend, uptime) and
+  // runs its self-check: it sets status NOT_SERVING with a reason when
+  // something a Join needs (the fd channel, the doorbell) does not work.
   TelemetryService(Registry* registry, std::function<void(v1::HealthReply*)> health)
       : registry_(registry), health_(std::move(health)) {}
 

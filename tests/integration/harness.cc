@@ -55,14 +55,14 @@ int WaitWithTimeout(pid_t pid, double timeout_s) {
 
 void Reporter::Say(const std::string& s) const { snprintf(message, 2048, "%s", s.c_str()); }
 
-std::unique_ptr<DaemonProcess> DaemonProcess::Start(const std::vector<std::string>& flags) {
+std::unique_ptr<DaemonProcess> DaemonProcess::Start(const std::vector<std::string>& flags, const std::string& dir) {
   char tmpl[] = "/tmp/dmagather-test-XXXXXX";
-  if (mkdtemp(tmpl) == nullptr) {
+  if (dir.empty() && mkdtemp(tmpl) == nullptr) {
     perror("mkdtemp");
     return nullptr;
   }
   auto d = std::unique_ptr<DaemonProcess>(new DaemonProcess());
-  d->dir_ = tmpl;
+  d->dir_ = dir.empty() ? std::string(tmpl) : dir;
   d->socket_ = d->dir_ + "/dmagatherd.sock";
   std::vector<std::string> args = {"server/dmagatherd", "--socket=" + d->socket_, "--backend=host",
                                    "--log_level=warning"};
@@ -70,7 +70,7 @@ std::unique_ptr<DaemonProcess> DaemonProcess::Start(const std::vector<std::strin
   const std::string log = d->dir_ + "/dmagatherd.log";
   d->pid_ = fork();
   if (d->pid_ == 0) {
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     dup2(fd, 2);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -104,6 +104,7 @@ int DaemonProcess::Stop(int sig) {
 
 DaemonProcess::~DaemonProcess() {
   if (pid_ > 0) Stop(SIGTERM);
+  if (keep_dir_) return;
   std::string cmd = "rm -rf '" + dir_ + "'";
   if (system(cmd.c_str()) != 0) {
   }

@@ -17,7 +17,10 @@ class DaemonProcess {
  public:
   // Starts server/dmagatherd (from the test's runfiles) and waits until its
   // socket accepts connections. nullptr (and a message on stderr) on failure.
-  static std::unique_ptr<DaemonProcess> Start(const std::vector<std::string>& flags = {});
+  // `dir`: the socket's directory (default: a fresh private one); a daemon
+  // started again in the same dir uses the same socket path.
+  static std::unique_ptr<DaemonProcess> Start(const std::vector<std::string>& flags = {},
+                                              const std::string& dir = "");
   ~DaemonProcess();
 
   const std::string& socket() const { return socket_; }
@@ -26,10 +29,13 @@ class DaemonProcess {
   // Sends `sig` and reaps the process; returns its exit status (waitpid form).
   int Stop(int sig);
   bool running() const { return pid_ > 0; }
+  // Keeps the directory when this object goes (another daemon uses it next).
+  void KeepDir() { keep_dir_ = true; }
 
  private:
   std::string dir_, socket_;
   pid_t pid_ = -1;
+  bool keep_dir_ = false;
 };
 
 struct RankReport {

@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/shm.h"
+#include "common/memfd.h"
 #include "common/status.h"
 #include "server/engines/host/stream_copy.h"
 
@@ -12,13 +12,12 @@ namespace {
 
 class HostRegion : public ImportedRegion {
  public:
-  explicit HostRegion(common::ShmMapping m) : mapping_(std::move(m)) {}
+  explicit HostRegion(common::MemfdMapping m) : mapping_(std::move(m)) {}
   char* base() const override { return static_cast<char*>(mapping_.data()); }
   uint64_t bytes() const override { return mapping_.size(); }
-  int64_t owner_uid() const override { return mapping_.owner_uid(); }
 
  private:
-  common::ShmMapping mapping_;
+  common::MemfdMapping mapping_;
 };
 
 }  // namespace
@@ -40,11 +39,14 @@ HostEngine::HostEngine(const Options& options) : options_(options) {
 HostEngine::~HostEngine() { Stop(); }
 
 absl::StatusOr<std::shared_ptr<ImportedRegion>> HostEngine::Import(const RegionSpec& spec) {
-  if (spec.kind != kMemoryHostShm) {
-    return common::FallbackError(absl::StrCat("the host backend imports only shared-memory buffers, not '",
+  if (spec.kind != kMemoryHostMemfd) {
+    return common::FallbackError(absl::StrCat("the host backend imports only sealed memfd buffers, not '",
                                               spec.kind, "' memory"));
   }
-  DMAG_ASSIGN_OR_RETURN(common::ShmMapping m, common::ShmMapping::Open(spec.name, spec.bytes));
+  if (spec.fd < 0) return absl::InvalidArgumentError("host memory without a descriptor");
+  // Maps only the registered bytes of what the client handed over (sealed
+  // against shrinking: an access can never fault).
+  DMAG_ASSIGN_OR_RETURN(common::MemfdMapping m, common::MemfdMapping::Map(spec.fd, spec.bytes));
   return std::make_shared<HostRegion>(std::move(m));
 }
 

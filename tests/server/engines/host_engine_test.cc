@@ -1,6 +1,8 @@
 // The host engine cuts copies into chunks shared by its workers; every byte
 // must land exactly once, whatever the sizes and chunking.
 #include "server/engines/host/host_engine.h"
+
+#include "common/memfd.h"
 #include "server/engines/host/stream_copy.h"
 
 #include <gtest/gtest.h>
@@ -101,10 +103,25 @@ TEST(HostEngineTest, ImportsOnlySharedMemory) {
   RegionSpec spec;
   spec.kind = kMemoryCudaIpc;
   EXPECT_EQ((*engine)->Import(spec).status().code(), absl::StatusCode::kFailedPrecondition);
-  spec.kind = kMemoryHostShm;
-  spec.name = "/dmagather-test-does-not-exist";
+  spec.kind = kMemoryHostMemfd;
   spec.bytes = 4096;
-  EXPECT_EQ((*engine)->Import(spec).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ((*engine)->Import(spec).status().code(), absl::StatusCode::kInvalidArgument);  // No descriptor.
+  // A memfd without seals, and one too short, are refused; a sealed one is mapped (only the bytes asked for).
+  auto unsealed = common::MemfdMapping::Create("test-unsealed", 8192, 0);
+  ASSERT_TRUE(unsealed.ok()) << unsealed.status();
+  spec.fd = unsealed->fd();
+  EXPECT_EQ((*engine)->Import(spec).status().code(), absl::StatusCode::kPermissionDenied);
+  auto sealed = common::MemfdMapping::Create("test-sealed", 8192);
+  ASSERT_TRUE(sealed.ok()) << sealed.status();
+  spec.fd = sealed->fd();
+  spec.bytes = 8193;
+  EXPECT_EQ((*engine)->Import(spec).status().code(), absl::StatusCode::kInvalidArgument);
+  spec.bytes = 4096;
+  auto region = (*engine)->Import(spec);
+  ASSERT_TRUE(region.ok()) << region.status();
+  EXPECT_EQ((*region)->bytes(), 4096u);
+  static_cast<char*>(sealed->data())[100] = 7;
+  EXPECT_EQ((*region)->base()[100], 7);
 }
 
 }  // namespace

@@ -11,7 +11,7 @@
 #include "abi/descriptor_v2.h"
 #include "abi/ring_v1.h"
 #include "common/clock.h"
-#include "common/shm.h"
+#include "common/memfd.h"
 #include "server/ingress/ingress.h"
 #include "server/scheduler/job.h"
 #include "tests/fakes/fake_copy_engine.h"
@@ -30,9 +30,8 @@ using server::scheduler::Rank;
 // one 64 KiB buffer as region (100 + rank).
 struct FakeRank {
   FakeRank(int rank, FakeCopyEngine* engine) {
-    seg = *common::ShmMapping::Create(common::ShmMapping::UniqueName("test-seg"), abi::SegmentLayoutV1::kBytes);
+    seg = *common::MemfdMapping::Create("test-seg", abi::SegmentLayoutV1::kBytes);
     abi::InitSegmentV1(seg.data(), 42 + rank);
-    seg.Unlink();
     session = std::make_shared<Rank>(rank, 1000 + rank, 0, view().completion,
                                      std::make_unique<server::engines::EngineRank>());
     input = std::make_shared<RankInput>(session, view());
@@ -94,7 +93,7 @@ struct FakeRank {
   uint32_t errors() { return abi::LoadAcquire(&view().completion->error_count); }
   const abi::ErrorRecordV1& error(uint32_t i) { return view().completion->errors[i % abi::kErrorSlotsV1]; }
 
-  common::ShmMapping seg;
+  common::MemfdMapping seg;
   std::shared_ptr<Rank> session;
   std::shared_ptr<RankInput> input;
   std::shared_ptr<FakeRegion> region;

@@ -1,0 +1,119 @@
+#include "common/fd_exchange.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "abi/fd_channel_v1.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace dmagather::common {
+
+std::string FdChannelPath(const std::string& socket_path) { return socket_path + ".fd"; }
+
+absl::StatusOr<FdExchangeResult> ExchangeFd(const std::string& path, uint32_t kind, int fd, uint64_t bytes,
+                                            int timeout_ms) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("fd channel path '", path, "' is too long"));
+  }
+  UniqueFd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!s.valid()) return ErrnoStatus("socket(AF_UNIX, SOCK_SEQPACKET)");
+  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+  setsockopt(s.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(s.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  addr.sun_family = AF_UNIX;
+  memcpy(addr.sun_path, path.c_str(), path.size());
+  if (connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    if (err == EACCES || err == EPERM) {
+      struct stat st;
+      std::string who = stat(path.c_str(), &st) == 0
+                            ? absl::StrCat(" (owner uid ", st.st_uid, ", gid ", st.st_gid, ", mode 0",
+                                           absl::Hex(st.st_mode & 0777), ")")
+                            : "";
+      return absl::PermissionDeniedError(absl::StrCat("permission denied connecting to dmagatherd's fd channel ",
+                                                      path, who, ": this user may not use this daemon"));
+    }
+    return absl::UnavailableError(absl::StrCat("cannot connect to dmagatherd's fd channel ", path, ": ",
+                                               strerror(err), " (is dmagatherd 0.3 or newer running?)"));
+  }
+  abi::FdRequestV1 req{};
+  req.stamp = abi::kFdRequestStampV1;
+  req.magic = abi::kMagic;
+  req.kind = kind;
+  req.bytes = bytes;
+  iovec iov{&req, sizeof(req)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))];
+  if (fd >= 0) {
+    memset(ctl, 0, sizeof(ctl));
+    msg.msg_control = ctl;
+    msg.msg_controllen = sizeof(ctl);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
+  ssize_t n;
+  do {
+    n = sendmsg(s.get(), &msg, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof(req))) return ErrnoStatus("sendmsg to dmagatherd's fd channel");
+
+  abi::FdReplyV1 reply{};
+  iovec riov{&reply, sizeof(reply)};
+  alignas(cmsghdr) char rctl[CMSG_SPACE(sizeof(int) * 4)];
+  msghdr rmsg{};
+  rmsg.msg_iov = &riov;
+  rmsg.msg_iovlen = 1;
+  rmsg.msg_control = rctl;
+  rmsg.msg_controllen = sizeof(rctl);
+  do {
+    n = recvmsg(s.get(), &rmsg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("dmagatherd's fd channel ", path, " did not answer within ", timeout_ms, " ms"));
+    }
+    return ErrnoStatus("recvmsg from dmagatherd's fd channel");
+  }
+  FdExchangeResult out;
+  int extra = 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&rmsg); c != nullptr; c = CMSG_NXTHDR(&rmsg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int got;
+      memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (!out.fd.valid()) {
+        out.fd.reset(got);
+      } else {
+        close(got);
+        ++extra;
+      }
+    }
+  }
+  if (n == 0) return absl::UnavailableError(absl::StrCat("dmagatherd's fd channel ", path, " closed without an answer"));
+  if (n != static_cast<ssize_t>(sizeof(reply)) || (rmsg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 ||
+      reply.stamp != abi::kFdReplyStampV1 || reply.magic != abi::kMagic || extra != 0) {
+    return absl::InternalError(absl::StrCat("dmagatherd's fd channel ", path, " sent a malformed reply"));
+  }
+  if (reply.status != 0) {
+    reply.message[sizeof(reply.message) - 1] = '\0';
+    const int code = reply.status > 0 && reply.status <= 16 ? reply.status : int(absl::StatusCode::kUnknown);
+    return absl::Status(static_cast<absl::StatusCode>(code), reply.message);
+  }
+  if (kind != abi::kFdPing) out.ticket.assign(reinterpret_cast<const char*>(reply.ticket), sizeof(reply.ticket));
+  return out;
+}
+
+}  // namespace dmagather::common

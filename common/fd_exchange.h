@@ -1,0 +1,31 @@
+// The client side of one fd-channel exchange (abi/fd_channel_v1.h): connect
+// to `<socket>.fd`, send one request with at most one descriptor, read the
+// reply (a ticket, and the doorbell descriptor for a segment). Used by the
+// client library (Join, Register) and by the daemon's health self-check
+// (kFdPing) and tests.
+//
+// Threads: any; blocking, bounded by `timeout_ms`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/memfd.h"
+
+namespace dmagather::common {
+
+// Where the fd channel of the daemon serving gRPC on `socket_path` listens.
+std::string FdChannelPath(const std::string& socket_path);
+
+struct FdExchangeResult {
+  std::string ticket;  // kFdTicketBytesV1 bytes (empty for a ping).
+  UniqueFd fd;         // The descriptor the daemon sent back (kFdSegment: its doorbell), or none.
+};
+
+// `fd` < 0 sends no descriptor. A refusal comes back as the daemon's status
+// and sentence.
+absl::StatusOr<FdExchangeResult> ExchangeFd(const std::string& channel_path, uint32_t kind, int fd,
+                                            uint64_t bytes, int timeout_ms = 5000);
+
+}  // namespace dmagather::common

@@ -1,0 +1,249 @@
+#include "server/service/fd_channel.h"
+
+#include <fcntl.h>
+#include <glog/logging.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "abi/fd_channel_v1.h"
+#include "abi/ring_v1.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+
+namespace dmagather::server::service {
+namespace {
+
+constexpr int kMaxFdsPerMessage = 4;  // Room to see (and close) a few extra descriptors.
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<FdChannel>> FdChannel::Listen(const Options& options, TicketTable* tickets,
+                                                             int doorbell_fd) {
+  sockaddr_un addr{};
+  if (options.path.empty() || options.path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("fd channel path '", options.path, "' is empty or too long"));
+  }
+  auto ch = std::unique_ptr<FdChannel>(new FdChannel(options, tickets, doorbell_fd));
+  ch->listen_.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!ch->listen_.valid()) return common::ErrnoStatus("socket(AF_UNIX, SOCK_SEQPACKET)");
+  addr.sun_family = AF_UNIX;
+  memcpy(addr.sun_path, options.path.c_str(), options.path.size());
+  if (bind(ch->listen_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return common::ErrnoStatus(absl::StrCat("bind(", options.path, ")"));
+  }
+  if (chmod(options.path.c_str(), options.mode) != 0) {
+    absl::Status s = common::ErrnoStatus(absl::StrCat("chmod(", options.path, ")"));
+    unlink(options.path.c_str());
+    return s;
+  }
+  if (listen(ch->listen_.get(), 128) != 0) {
+    absl::Status s = common::ErrnoStatus(absl::StrCat("listen(", options.path, ")"));
+    unlink(options.path.c_str());
+    return s;
+  }
+  ch->wake_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!ch->wake_.valid()) {
+    unlink(options.path.c_str());
+    return common::ErrnoStatus("eventfd");
+  }
+  return ch;
+}
+
+FdChannel::~FdChannel() { Stop(); }
+
+void FdChannel::Start() { thread_ = std::thread([this] { Loop(); }); }
+
+void FdChannel::Stop() {
+  if (stop_.exchange(true)) return;
+  if (wake_.valid()) {
+    uint64_t one = 1;
+    (void)!write(wake_.get(), &one, sizeof(one));
+  }
+  if (thread_.joinable()) thread_.join();
+  conns_.clear();
+  if (listen_.valid()) {
+    listen_.reset();
+    unlink(options_.path.c_str());
+  }
+}
+
+void FdChannel::AcceptAll() {
+  for (int i = 0; i < 64; ++i) {  // Bounded: connections already open get their turn.
+    int fd = accept4(listen_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        LOG_EVERY_N(WARNING, 100) << "fd channel accept: " << strerror(errno);
+      }
+      return;
+    }
+    accepted_.fetch_add(1, std::memory_order_relaxed);
+    Conn c;
+    c.fd.reset(fd);
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (static_cast<int>(conns_.size()) >= options_.max_connections ||
+        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      refused_.fetch_add(1, std::memory_order_relaxed);
+      continue;  // Closed here: the table is full (or the kernel has no credentials).
+    }
+    c.uid = cred.uid;
+    c.gid = cred.gid;
+    c.pid = cred.pid;
+    c.deadline = absl::Now() + options_.timeout;
+    conns_.push_back(std::move(c));
+  }
+}
+
+void FdChannel::Reply(const Conn& c, const absl::Status& status, const std::string& ticket, int fd) {
+  abi::FdReplyV1 r{};
+  r.stamp = abi::kFdReplyStampV1;
+  r.magic = abi::kMagic;
+  r.status = static_cast<int32_t>(status.code());
+  if (!status.ok()) {
+    const size_t n = std::min(status.message().size(), sizeof(r.message) - 1);
+    memcpy(r.message, status.message().data(), n);
+  } else if (!ticket.empty()) {
+    memcpy(r.ticket, ticket.data(), std::min(ticket.size(), sizeof(r.ticket)));
+  }
+  iovec iov{&r, sizeof(r)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))] = {};
+  if (fd >= 0) {
+    msg.msg_control = ctl;
+    msg.msg_controllen = sizeof(ctl);
+    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+  }
+  // Non-blocking: the socket's buffer is empty, so one small reply fits; a
+  // peer that is gone just misses it.
+  (void)!sendmsg(c.fd.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+bool FdChannel::Serve(Conn& c) {
+  abi::FdRequestV1 req{};
+  iovec iov{&req, sizeof(req)};
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = ctl;
+  msg.msg_controllen = sizeof(ctl);
+  ssize_t n = recvmsg(c.fd.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+  // Every descriptor that arrived is owned here and closed unless it becomes a ticket.
+  std::vector<common::UniqueFd> fds;
+  if (n >= 0) {
+    for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
+      if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+        fds.emplace_back(fd);
+      }
+    }
+  }
+  if (n <= 0) return true;  // Closed by the peer, or an error: nothing to answer.
+  auto refuse = [&](absl::Status s) {
+    refused_.fetch_add(1, std::memory_order_relaxed);
+    Reply(c, s, "", -1);
+    return true;
+  };
+  if ((msg.msg_flags & MSG_TRUNC) != 0 || n != static_cast<ssize_t>(sizeof(req))) {
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("fd channel: a request is exactly ", sizeof(req), " bytes (FdRequestV1)")));
+  }
+  if ((msg.msg_flags & MSG_CTRUNC) != 0) {
+    return refuse(absl::InvalidArgumentError("fd channel: too many descriptors (one per request)"));
+  }
+  if (req.stamp != abi::kFdRequestStampV1 || req.magic != abi::kMagic) {
+    return refuse(absl::InvalidArgumentError(absl::StrFormat(
+        "fd channel: not an FdRequestV1 (stamp 0x%08x, expected 0x%08x): client and daemon versions differ",
+        req.stamp, abi::kFdRequestStampV1)));
+  }
+  if (req.kind == abi::kFdPing) {
+    if (!fds.empty()) return refuse(absl::InvalidArgumentError("fd channel: a ping carries no descriptor"));
+    Reply(c, absl::OkStatus(), "", -1);
+    return true;
+  }
+  if (req.kind != abi::kFdSegment && req.kind != abi::kFdBuffer) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat("fd channel: unknown request kind ", req.kind)));
+  }
+  if (fds.size() != 1) {
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("fd channel: a hand-over carries exactly one descriptor, this one had ", fds.size())));
+  }
+  if (req.kind == abi::kFdSegment && req.bytes != abi::SegmentLayoutV1::kBytes) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat("fd channel: a rank segment is ",
+                                                          abi::SegmentLayoutV1::kBytes, " bytes, not ", req.bytes)));
+  }
+  absl::Status ok = common::CheckSealedMemfd(fds[0].get(), req.bytes);
+  if (!ok.ok()) return refuse(common::Annotate(ok, "fd channel: "));
+  Handover h;
+  h.kind = req.kind;
+  h.uid = c.uid;
+  h.gid = c.gid;
+  h.pid = c.pid;
+  h.bytes = req.bytes;
+  h.fd = std::move(fds[0]);
+  auto ticket = tickets_->Issue(std::move(h));
+  if (!ticket.ok()) return refuse(ticket.status());
+  Reply(c, absl::OkStatus(), *ticket, req.kind == abi::kFdSegment ? doorbell_fd_ : -1);
+  return true;
+}
+
+void FdChannel::Loop() {
+  std::vector<pollfd> pfds;
+  absl::Time next_expiry = absl::Now();
+  while (!stop_.load(std::memory_order_acquire)) {
+    const absl::Time now = absl::Now();
+    absl::Time wake_at = now + absl::Milliseconds(250);
+    for (const Conn& c : conns_) wake_at = std::min(wake_at, c.deadline);
+    pfds.clear();
+    pfds.push_back({wake_.get(), POLLIN, 0});
+    pfds.push_back({listen_.get(), POLLIN, 0});
+    for (const Conn& c : conns_) pfds.push_back({c.fd.get(), POLLIN, 0});
+    const int timeout_ms = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(wake_at - now)) + 1);
+    int r = poll(pfds.data(), pfds.size(), timeout_ms);
+    if (r < 0 && errno != EINTR) {
+      LOG(ERROR) << "fd channel poll: " << strerror(errno);
+      absl::SleepFor(absl::Milliseconds(10));
+      continue;
+    }
+    if (stop_.load(std::memory_order_acquire)) break;
+    // Connections first (their pollfd indices are valid only before accepting more).
+    const absl::Time t = absl::Now();
+    size_t keep = 0;
+    for (size_t i = 0; i < conns_.size(); ++i) {
+      bool done = false;
+      if (r > 0 && pfds[i + 2].revents != 0) done = Serve(conns_[i]);
+      if (!done && conns_[i].deadline <= t) done = true;  // Silent too long: closed.
+      if (!done) {
+        if (keep != i) conns_[keep] = std::move(conns_[i]);
+        ++keep;
+      }
+    }
+    conns_.resize(keep);  // Closes the finished ones.
+    if (r > 0 && (pfds[1].revents & POLLIN) != 0) AcceptAll();
+    if (t >= next_expiry) {
+      tickets_->Expire();
+      next_expiry = t + absl::Milliseconds(250);
+    }
+  }
+}
+
+}  // namespace dmagather::server::service
