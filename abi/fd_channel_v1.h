@@ -24,6 +24,7 @@ enum FdKindV1 : uint32_t {
   kFdSegment = 1,  // A rank segment (SegmentLayoutV1::kBytes); the reply brings the doorbell.
   kFdBuffer = 2,   // A host buffer to register.
   kFdPing = 3,     // No descriptor; health self-check.
+  kFdTelemetry = 4,  // No descriptor; a ticket that proves the caller's uid/groups to Telemetry.Stats/Metrics.
 };
 
 struct FdRequestV1 {

@@ -1,6 +1,7 @@
 #include "server/daemon.h"
 
 #include <glog/logging.h>
+#include <grp.h>
 #include <grpcpp/grpcpp.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -63,6 +64,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& opti
                                                    " bytes (the fd channel adds '", common::FdChannelPath(""), "')"));
   }
   auto d = std::unique_ptr<Daemon>(new Daemon(options));
+  if (!options.operator_group.empty()) {
+    group gr, *found = nullptr;
+    std::vector<char> buf(16384);
+    if (getgrnam_r(options.operator_group.c_str(), &gr, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--operator_group: no group '", options.operator_group, "' on this system"));
+    }
+    d->operator_gid_ = found->gr_gid;
+  }
   DMAG_ASSIGN_OR_RETURN(engines::CreatedEngine e, engines::CreateEngine(options.engine));
   d->engine_ = std::move(e.engine);
   d->engine_reason_ = std::move(e.reason);
@@ -101,7 +111,14 @@ absl::Status Daemon::Start() {
   DMAG_ASSIGN_OR_RETURN(fd_channel_, service::FdChannel::Listen(fo, tickets_.get(), doorbell_.fd()));
   fd_channel_->Start();
 
-  registry_ = std::make_unique<service::Registry>(engine_.get(), tickets_.get());
+  service::Limits limits;
+  limits.max_jobs_per_uid = options_.max_jobs_per_uid;
+  limits.max_sessions_per_uid = options_.max_sessions_per_uid;
+  limits.max_regions_per_uid = options_.max_regions_per_uid;
+  limits.max_mapped_bytes_per_uid = options_.max_mapped_bytes_per_uid;
+  registry_ = std::make_unique<service::Registry>(engine_.get(), tickets_.get(), limits);
+  struct stat bell_st;
+  if (fstat(doorbell_.fd(), &bell_st) == 0) registry_->SetDoorbellIdentity(bell_st.st_dev, bell_st.st_ino);
   service::Registry* reg = registry_.get();
   ingress::Ingress::Options io;
   io.op_timeout = options_.op_timeout;
@@ -112,7 +129,8 @@ absl::Status Daemon::Start() {
   registry_->StartReaper([ing] { return ing->epoch(); });
   control_ = std::make_unique<service::ControlService>(reg, Version(), engine_->name());
   started_ = absl::Now();
-  telemetry_ = std::make_unique<service::TelemetryService>(reg, [this](v1::HealthReply* h) {
+  telemetry_ = std::make_unique<service::TelemetryService>(reg, tickets_.get(), operator_gid_,
+                                                          [this](v1::HealthReply* h) {
     h->set_version(Version());
     h->set_backend(engine_->name());
     h->set_backend_reason(engine_reason_);
@@ -149,6 +167,7 @@ void Daemon::Stop(const std::string& reason) {
   stopped_ = true;
   LOG(INFO) << "stopping: " << reason;
   registry_->FailAll(absl::UnavailableError(absl::StrCat("dmagatherd is shutting down (", reason, ")")));
+  control_->Wake();  // Open Joins get their Shutdown event now.
   absl::Time deadline = absl::Now() + options_.drain_timeout;
   while (registry_->total_ops_in_flight() != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
   if (registry_->total_ops_in_flight() != 0) {
@@ -159,6 +178,7 @@ void Daemon::Stop(const std::string& reason) {
   ingress_->Stop();
   engine_->Stop();
   server_->Wait();
+  control_->Stop();  // Every Join has finished (Wait returned): the watcher can go.
   fd_channel_->Stop();  // Removes <socket>.fd.
   unlink(options_.socket_path.c_str());
   LOG(INFO) << "stopped";

@@ -40,6 +40,13 @@ struct DaemonOptions {
   absl::Duration fd_timeout = absl::Seconds(2);
   // How long a hand-over's ticket waits for its Join/Register.
   absl::Duration ticket_ttl = absl::Seconds(5);
+  // Per-uid limits (jobs, sessions, regions, mapped host bytes; 0 = none).
+  int max_jobs_per_uid = 64;
+  int max_sessions_per_uid = 1024;
+  int max_regions_per_uid = 16384;
+  uint64_t max_mapped_bytes_per_uid = 0;
+  // Members of this group (and root) see every job in telemetry; "" = root only.
+  std::string operator_group;
 };
 
 class Daemon {
@@ -75,6 +82,7 @@ class Daemon {
   std::unique_ptr<service::ControlService> control_;
   std::unique_ptr<service::TelemetryService> telemetry_;
   std::unique_ptr<grpc::Server> server_;
+  int64_t operator_gid_ = -1;
   absl::Time started_;
   bool stopped_ = false;
 };

@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 #include <signal.h>
 #include <systemd/sd-daemon.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -39,6 +40,16 @@ ABSL_FLAG(int, fd_timeout_ms, 2000,
           "closed.");
 ABSL_FLAG(int, fd_ticket_ttl_ms, 5000,
           "A descriptor handed over on the fd channel must be claimed by its Join/Register within this many ms.");
+ABSL_FLAG(int, max_jobs_per_uid, 64, "Per-user limit: jobs one uid may have at once (0: no limit).");
+ABSL_FLAG(int, max_sessions_per_uid, 1024, "Per-user limit: ranks (Join sessions) one uid may have open (0: no limit).");
+ABSL_FLAG(int, max_regions_per_uid, 16384,
+          "Per-user limit: registered buffers one uid may hold, over all its ranks (0: no limit).");
+ABSL_FLAG(int64_t, max_mapped_bytes_per_uid, -1,
+          "Per-user limit: host bytes one uid may have registered (mapped by the daemon). -1: this node's physical "
+          "memory; 0: no limit.");
+ABSL_FLAG(std::string, operator_group, "",
+          "Members of this group see every job in Telemetry.Stats/Metrics (dmagatherctl); others see their own "
+          "uid's jobs. Empty: only root sees all.");
 ABSL_FLAG(std::string, log_level, "info", "Least severe messages logged: info, warning or error.");
 
 namespace {
@@ -91,6 +102,13 @@ int main(int argc, char** argv) {
   o.fd_timeout = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_fd_timeout_ms)));
   o.ticket_ttl = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_fd_ticket_ttl_ms)));
 
+  o.max_jobs_per_uid = std::max(0, absl::GetFlag(FLAGS_max_jobs_per_uid));
+  o.max_sessions_per_uid = std::max(0, absl::GetFlag(FLAGS_max_sessions_per_uid));
+  o.max_regions_per_uid = std::max(0, absl::GetFlag(FLAGS_max_regions_per_uid));
+  const int64_t mapped = absl::GetFlag(FLAGS_max_mapped_bytes_per_uid);
+  o.max_mapped_bytes_per_uid =
+      mapped < 0 ? uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE)) : uint64_t(mapped);
+  o.operator_group = absl::GetFlag(FLAGS_operator_group);
   auto daemon = dmagather::server::Daemon::Create(o);
   if (!daemon.ok()) {
     std::cerr << "dmagatherd: " << daemon.status().message() << "\n";

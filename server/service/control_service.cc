@@ -2,6 +2,10 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
+#include <atomic>
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
@@ -14,56 +18,193 @@ grpc::Status ToGrpc(const absl::Status& s) {
                       common::IsFallback(s) ? kGrpcFallbackDetails : "");
 }
 
-grpc::Status ControlService::Join(grpc::ServerContext* ctx, const v1::JoinRequest* req,
-                                  grpc::ServerWriter<v1::JoinEvent>* writer) {
+// One open Join. gRPC owns it until OnDone; its reactions only set flags
+// and wake the watcher, which does every write and the Finish.
+class JoinReactor final : public grpc::ServerWriteReactor<v1::JoinEvent> {
+ public:
+  enum class Phase { kWaiting, kWritingReply, kActive };
+
+  JoinReactor(ControlService* service, const v1::JoinRequest& req) : service_(service), req_(req) {}
+
+  void OnWriteDone(bool ok) override {
+    write_ok_.store(ok, std::memory_order_release);
+    writing_.store(false, std::memory_order_release);
+    service_->Wake();
+  }
+  void OnCancel() override {
+    cancelled_.store(true, std::memory_order_release);
+    service_->Wake();
+  }
+  void OnDone() override { delete this; }
+
+  // Watcher-thread state.
+  ControlService* const service_;
+  const v1::JoinRequest req_;
+  std::optional<Joined> joined_;
+  absl::Time deadline_;
+  int timeout_ms_ = 0;
+  Phase phase_ = Phase::kWaiting;
+  v1::JoinEvent event_;  // Outlives its write.
+  // Set by reactions.
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> writing_{false};
+  std::atomic<bool> write_ok_{true};
+};
+
+ControlService::ControlService(Registry* registry, std::string version, std::string backend)
+    : registry_(registry), version_(std::move(version)), backend_(std::move(backend)) {
+  watcher_ = std::thread([this] { WatcherLoop(); });
+}
+
+ControlService::~ControlService() { Stop(); }
+
+void ControlService::Wake() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake_ = true;
+  }
+  cv_.notify_one();
+}
+
+void ControlService::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_one();
+  if (watcher_.joinable()) watcher_.join();
+}
+
+int ControlService::open_joins() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(reactors_.size());
+}
+
+grpc::ServerWriteReactor<v1::JoinEvent>* ControlService::Join(grpc::CallbackServerContext*,
+                                                              const v1::JoinRequest* req) {
+  auto* r = new JoinReactor(this, *req);
   auto joined = registry_->Join(*req);
   if (!joined.ok()) {
     LOG(WARNING) << "join of rank " << req->rank() << " to job '" << req->job_key()
                  << "' refused: " << joined.status().message();
-    return ToGrpc(joined.status());
+    r->Finish(ToGrpc(joined.status()));  // gRPC deletes r (OnDone).
+    return r;
   }
-  const Joined& j = *joined;
-  const int timeout_ms = req->join_timeout_ms() > 0 ? req->join_timeout_ms() : 60000;
-  const bool all = j.job->WaitAllJoined(absl::Now() + absl::Milliseconds(timeout_ms),
-                                        [&] { return ctx->IsCancelled() || registry_->stopping(); });
-  if (!all) {
+  r->joined_ = *std::move(joined);
+  r->timeout_ms_ = req->join_timeout_ms() > 0 ? req->join_timeout_ms() : 60000;
+  r->deadline_ = absl::Now() + absl::Milliseconds(r->timeout_ms_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    reactors_.push_back(r);
+    wake_ = true;
+  }
+  cv_.notify_one();
+  return r;
+}
+
+void ControlService::WatcherLoop() {
+  std::vector<JoinReactor*> batch, done;
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait_for(lock, std::chrono::milliseconds(20), [this] { return wake_ || stop_; });
+    if (stop_) break;
+    wake_ = false;
+    batch = reactors_;  // Only this thread finishes them, so they stay valid.
+    lock.unlock();
+    done.clear();
+    for (JoinReactor* r : batch) {
+      if (Step(r)) done.push_back(r);
+    }
+    lock.lock();
+    if (!done.empty()) {
+      reactors_.erase(std::remove_if(reactors_.begin(), reactors_.end(),
+                                     [&](JoinReactor* r) {
+                                       return std::find(done.begin(), done.end(), r) != done.end();
+                                     }),
+                      reactors_.end());
+    }
+  }
+}
+
+bool ControlService::Step(JoinReactor* r) {
+  const Joined& j = *r->joined_;
+  const bool cancelled = r->cancelled_.load(std::memory_order_acquire);
+  const bool stopping = registry_->stopping();
+  if (r->phase_ == JoinReactor::Phase::kWaiting) {
+    if (j.job->all_joined() && !cancelled) {
+      v1::JoinReply* reply = r->event_.mutable_joined();
+      reply->set_session_id(j.session->id());
+      reply->set_daemon_version(version_);
+      reply->set_backend(backend_);
+      reply->set_world_size(j.job->world_size());
+      reply->set_session_secret(j.session->secret());
+      reply->set_abi_version(j.session->abi_version());
+      for (const auto& k : j.job->ranks()) reply->add_peer_pids(k->pid());
+      r->phase_ = JoinReactor::Phase::kWritingReply;
+      r->writing_.store(true, std::memory_order_release);
+      r->StartWrite(&r->event_);
+      return false;
+    }
+    if (!cancelled && !stopping && absl::Now() < r->deadline_) return false;
     std::vector<int> missing = j.job->missing_ranks();
     registry_->EndSession(j);
-    if (registry_->stopping()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "dmagatherd is shutting down");
-    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                        absl::StrCat("job '", req->job_key(), "': only ", req->world_size() - missing.size(),
-                                     " of ", req->world_size(), " ranks joined within ", timeout_ms,
-                                     " ms (missing rank(s) ", absl::StrJoin(missing, ","), ")"));
+    if (stopping) {
+      r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "dmagatherd is shutting down"));
+    } else if (cancelled) {
+      r->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled its join"));
+    } else {
+      const int world = r->req_.world_size();
+      r->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                             absl::StrCat("job '", r->req_.job_key(), "': only ", world - int(missing.size()), " of ",
+                                          world, " ranks joined within ", r->timeout_ms_, " ms (missing rank(s) ",
+                                          absl::StrJoin(missing, ","), ")")));
+    }
+    return true;
   }
-  v1::JoinEvent ev;
-  v1::JoinReply* reply = ev.mutable_joined();
-  reply->set_session_id(j.session->id());
-  reply->set_daemon_version(version_);
-  reply->set_backend(backend_);
-  reply->set_world_size(j.job->world_size());
-  reply->set_session_secret(j.session->secret());
-  reply->set_abi_version(j.session->abi_version());
-  for (const auto& r : j.job->ranks()) reply->add_peer_pids(r->pid());
-  if (!writer->Write(ev)) {
+  if (r->phase_ == JoinReactor::Phase::kWritingReply) {
+    if (r->writing_.load(std::memory_order_acquire)) return false;
+    if (!r->write_ok_.load(std::memory_order_acquire)) {
+      registry_->EndSession(j);
+      r->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away during join"));
+      return true;
+    }
+    r->phase_ = JoinReactor::Phase::kActive;
+  }
+  // Active: the open stream is the session. Its end from the client's side
+  // (OnCancel) means the rank is gone.
+  const scheduler::Rank::State st = j.session->rank()->state();
+  if (!cancelled && st == scheduler::Rank::State::kActive && !stopping) return false;
+  if (cancelled) {
     registry_->EndSession(j);
-    return grpc::Status(grpc::StatusCode::CANCELLED, "client went away during join");
+    r->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the rank's stream ended"));
+    return true;
   }
-  // Hold the stream: its end is how the daemon learns that the rank is gone.
-  while (!ctx->IsCancelled() && j.session->rank()->state() == scheduler::Rank::State::kActive &&
-         !registry_->stopping()) {
-    absl::SleepFor(absl::Milliseconds(20));
+  if (stopping) {
+    registry_->EndSession(j);
+    r->event_.Clear();
+    r->event_.mutable_shutdown()->set_reason("dmagatherd is shutting down");
+    r->StartWriteAndFinish(&r->event_, grpc::WriteOptions(), grpc::Status::OK);
+    return true;
   }
-  if (registry_->stopping() && !ctx->IsCancelled()) {
-    v1::JoinEvent bye;
-    bye.mutable_shutdown()->set_reason("dmagatherd is shutting down");
-    writer->Write(bye);
+  if (st == scheduler::Rank::State::kLeft) {  // Its own Leave (the session's secret).
+    registry_->EndSession(j);
+    r->Finish(grpc::Status::OK);
+    return true;
   }
+  // The daemon took the rank out (e.g. it corrupted its request ring): say why.
+  const std::string why =
+      j.job->failed() ? std::string(j.job->failure().message()) : "the daemon removed the rank from its job";
   registry_->EndSession(j);
-  return grpc::Status::OK;
+  r->event_.Clear();
+  r->event_.mutable_ended()->set_reason(why);
+  r->StartWriteAndFinish(&r->event_, grpc::WriteOptions(), grpc::Status::OK);
+  return true;
 }
 
 grpc::Status ControlService::Leave(grpc::ServerContext*, const v1::LeaveRequest* req, v1::LeaveReply*) {
-  return ToGrpc(registry_->Leave(req->session_id(), req->session_secret()));
+  absl::Status s = registry_->Leave(req->session_id(), req->session_secret());
+  if (s.ok()) Wake();  // The watcher ends the stream now.
+  return ToGrpc(s);
 }
 
 grpc::Status ControlService::Register(grpc::ServerContext*, const v1::RegisterRequest* req,

@@ -1,6 +1,23 @@
 // gRPC Control service: Join (a stream held for the session's life),
 // Leave, Register, Deregister. Control plane only: no per-op traffic.
+//
+// Join is a callback (reactor) method: an open session costs a JoinReactor
+// object, not a thread. One watcher thread serves every open Join: it sends
+// the reply once the job's ranks are all in (or ends the call at the join
+// timeout), ends the stream when the rank leaves, and at shutdown sends the
+// Shutdown event. A stream that ends from the client's side (the rank
+// died: OnCancel) wakes the watcher, which tells the registry at once.
+// Leave, Register and Deregister are short synchronous calls.
+//
+// Threads: gRPC's callback threads create reactors and run their reactions
+// (which only set flags); the watcher thread does every write, Finish and
+// registry call of a Join; Stop() after the gRPC server has shut down.
 #pragma once
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "dmagather/v1/control.grpc.pb.h"
@@ -8,23 +25,42 @@
 
 namespace dmagather::server::service {
 
-class ControlService final : public v1::Control::Service {
- public:
-  ControlService(Registry* registry, std::string version, std::string backend)
-      : registry_(registry), version_(std::move(version)), backend_(std::move(backend)) {}
+class JoinReactor;
 
-  grpc::Status Join(grpc::ServerContext* ctx, const v1::JoinRequest* req,
-                    grpc::ServerWriter<v1::JoinEvent>* writer) override;
+class ControlService final : public v1::Control::WithCallbackMethod_Join<v1::Control::Service> {
+ public:
+  ControlService(Registry* registry, std::string version, std::string backend);
+  ~ControlService() override;
+
+  grpc::ServerWriteReactor<v1::JoinEvent>* Join(grpc::CallbackServerContext* ctx,
+                                                const v1::JoinRequest* req) override;
   grpc::Status Leave(grpc::ServerContext* ctx, const v1::LeaveRequest* req, v1::LeaveReply* reply) override;
   grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                         v1::RegisterReply* reply) override;
   grpc::Status Deregister(grpc::ServerContext* ctx, const v1::DeregisterRequest* req,
                           v1::DeregisterReply* reply) override;
 
+  // Wakes the watcher (a Join arrived, a stream was cancelled, shutdown).
+  void Wake();
+  // Stops the watcher thread (after the gRPC server has finished every call).
+  void Stop();
+  int open_joins() const;
+
  private:
+  friend class JoinReactor;
+  void WatcherLoop();
+  // One watcher step for one reactor; true when it is finished (dropped).
+  bool Step(JoinReactor* r);
+
   Registry* const registry_;
   const std::string version_;
   const std::string backend_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool wake_ = false;
+  bool stop_ = false;
+  std::vector<JoinReactor*> reactors_;  // Open Joins not yet finished (owned by gRPC until OnDone).
+  std::thread watcher_;
 };
 
 // The binary error details that mark a FAILED_PRECONDITION as FALLBACK.

@@ -98,6 +98,12 @@ void FdChannel::AcceptAll() {
     c.uid = cred.uid;
     c.gid = cred.gid;
     c.pid = cred.pid;
+    // Supplementary groups as the kernel has them for the peer (Linux 4.13+).
+    gid_t groups[256];
+    socklen_t glen = sizeof(groups);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen) == 0) {
+      c.groups.assign(groups, groups + glen / sizeof(gid_t));
+    }
     c.deadline = absl::Now() + options_.timeout;
     conns_.push_back(std::move(c));
   }
@@ -178,6 +184,20 @@ bool FdChannel::Serve(Conn& c) {
   if (req.kind == abi::kFdPing) {
     if (!fds.empty()) return refuse(absl::InvalidArgumentError("fd channel: a ping carries no descriptor"));
     Reply(c, absl::OkStatus(), "", -1);
+    return true;
+  }
+  if (req.kind == abi::kFdTelemetry) {
+    // A ticket that only says who the caller is (for Telemetry.Stats/Metrics).
+    if (!fds.empty()) return refuse(absl::InvalidArgumentError("fd channel: a telemetry request carries no descriptor"));
+    Handover h;
+    h.kind = req.kind;
+    h.uid = c.uid;
+    h.gid = c.gid;
+    h.pid = c.pid;
+    h.groups = c.groups;
+    auto ticket = tickets_->Issue(std::move(h));
+    if (!ticket.ok()) return refuse(ticket.status());
+    Reply(c, absl::OkStatus(), *ticket, -1);
     return true;
   }
   if (req.kind != abi::kFdSegment && req.kind != abi::kFdBuffer) {

@@ -60,6 +60,7 @@ class FdChannel {
     uid_t uid = 0;
     gid_t gid = 0;
     pid_t pid = 0;
+    std::vector<gid_t> groups;
     absl::Time deadline;
   };
   FdChannel(const Options& options, TicketTable* tickets, int doorbell_fd)

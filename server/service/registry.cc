@@ -1,6 +1,7 @@
 #include "server/service/registry.h"
 
 #include <glog/logging.h>
+#include <sys/stat.h>
 
 #include <chrono>
 
@@ -59,6 +60,7 @@ void FillErrors(const Counters& errors, Msg* out) {
 v1::JobStats StatsOf(const Job& job, const std::vector<std::shared_ptr<Session>>& sessions) {
   v1::JobStats js;
   js.set_job_key(job.key());
+  js.set_uid(job.uid());
   js.set_world_size(job.world_size());
   js.set_ops(job.counters.ops.load());
   js.set_bytes(job.counters.bytes.load());
@@ -144,32 +146,58 @@ absl::StatusOr<Joined> Registry::Join(const v1::JoinRequest& req) {
     VLOG(1) << "join of rank " << req.rank() << ": request says pid " << req.pid() << ", the kernel says "
             << segment.pid;
   }
+  const uid_t uid = segment.uid;
   uint64_t id;
   {
+    // The session limit is checked (and the session counted) before
+    // anything is mapped for it.
     absl::MutexLock lock(&mu_);
+    Usage& u = usage_[uid];
+    if (limits_.max_sessions_per_uid > 0 && u.sessions >= limits_.max_sessions_per_uid) {
+      DropUsageLocked(uid);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "join: uid ", uid, " already has ", limits_.max_sessions_per_uid,
+          " open sessions, the per-user limit (dmagatherd --max_sessions_per_uid); end some ranks first"));
+    }
+    ++u.sessions;
     id = next_session_id_++;
   }
   // Mapping the segment and attaching the rank to the engine (cuda:
   // cudaHostRegister) happen outside the registry lock.
-  DMAG_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, Session::Open(id, req, segment, engine_));
+  auto opened = Session::Open(id, req, segment, engine_);
   absl::MutexLock lock(&mu_);
-  JobEntry& entry = jobs_[req.job_key()];
-  if (entry.job == nullptr) {
-    entry.job = std::make_shared<Job>(req.job_key(), req.world_size(), session->uid());
-    entry.sessions.resize(req.world_size());
+  auto uncount = [&](absl::Status why) {
+    --usage_[uid].sessions;
+    DropUsageLocked(uid);
+    return why;
+  };
+  if (!opened.ok()) return uncount(opened.status());
+  std::shared_ptr<Session> session = *std::move(opened);
+  const JobId key{uid, req.job_key()};
+  auto found = jobs_.find(key);
+  if (found == jobs_.end()) {
+    Usage& u = usage_[uid];
+    if (limits_.max_jobs_per_uid > 0 && u.jobs >= limits_.max_jobs_per_uid) {
+      return uncount(absl::ResourceExhaustedError(absl::StrCat(
+          "join: uid ", uid, " already has ", limits_.max_jobs_per_uid,
+          " jobs, the per-user limit (dmagatherd --max_jobs_per_uid); job '", req.job_key(), "' was not created")));
+    }
+    ++u.jobs;
+    found = jobs_.emplace(key, JobEntry{}).first;
+    found->second.job = std::make_shared<Job>(req.job_key(), req.world_size(), uid);
+    found->second.sessions.resize(req.world_size());
     version_.fetch_add(1);
-    LOG(INFO) << "job '" << req.job_key() << "' created: " << req.world_size() << " ranks, uid " << entry.job->uid();
+    LOG(INFO) << "job '" << req.job_key() << "' created: " << req.world_size() << " ranks, uid " << uid;
   }
+  JobEntry& entry = found->second;
   const std::shared_ptr<Job>& job = entry.job;
   if (job->world_size() != req.world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("job '", req.job_key(), "' has world size ", job->world_size(),
-                                                   ", rank ", req.rank(), " asked for ", req.world_size()));
+    return uncount(absl::InvalidArgumentError(absl::StrCat("job '", req.job_key(), "' has world size ",
+                                                           job->world_size(), ", rank ", req.rank(), " asked for ",
+                                                           req.world_size())));
   }
-  if (job->uid() != session->uid()) {
-    return absl::PermissionDeniedError(absl::StrCat("job '", req.job_key(), "' belongs to uid ", job->uid(),
-                                                    "; rank ", req.rank(), " runs as uid ", session->uid()));
-  }
-  DMAG_RETURN_IF_ERROR(job->AddRank(session->rank()));
+  if (absl::Status added = job->AddRank(session->rank()); !added.ok()) return uncount(added);
+  session->charged_session = true;
   entry.sessions[req.rank()] = session;
   sessions_[id] = session;
   if (job->all_joined()) version_.fetch_add(1);  // The ingress thread's snapshot gains the job.
@@ -186,7 +214,7 @@ void Registry::EndSession(const Joined& j) {
     j.job->RemoveRank(&k);
     k.set_state(Rank::State::kLeft);
     absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(j.job->key());
+    auto it = jobs_.find(JobId{j.job->uid(), j.job->key()});
     if (it != jobs_.end() && it->second.job == j.job && it->second.sessions[k.rank()] == j.session) {
       it->second.sessions[k.rank()].reset();
     }
@@ -206,6 +234,11 @@ void Registry::EndSession(const Joined& j) {
   }
   absl::MutexLock lock(&mu_);
   sessions_.erase(s.id());
+  if (s.charged_session) {
+    s.charged_session = false;
+    --usage_[s.uid()].sessions;
+    DropUsageLocked(s.uid());
+  }
   s.ended.store(true, std::memory_order_release);
   version_.fetch_add(1);
 }
@@ -234,6 +267,7 @@ absl::StatusOr<uint32_t> Registry::Register(const v1::RegisterRequest& req) {
   spec.rank = s->rank()->engine();
   if (spec.kind.empty()) return absl::InvalidArgumentError("register: memory_kind is empty");
   Handover buffer;
+  Session::Registered what;
   if (!req.ticket().empty()) {
     DMAG_ASSIGN_OR_RETURN(buffer, tickets_->Take(req.ticket(), abi::kFdBuffer));
     // The buffer must come from the session's own process: a ticket of
@@ -247,21 +281,117 @@ absl::StatusOr<uint32_t> Registry::Register(const v1::RegisterRequest& req) {
       return absl::InvalidArgumentError(absl::StrCat("register: ", req.bytes(), " bytes asked for, but ",
                                                      buffer.bytes, " were handed over"));
     }
+    struct stat st;
+    if (fstat(buffer.fd.get(), &st) != 0) return common::ErrnoStatus("register: fstat of the handed-over buffer");
+    if (st.st_dev == s->segment_dev() && st.st_ino == s->segment_ino()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "register: rank ", s->rank_index(), " handed over its own rank segment as a data buffer; the segment "
+          "(request ring and completion block) can never be a buffer: allocate buffers with dmagather_alloc"));
+    }
+    if (doorbell_ino_ != 0 && st.st_dev == doorbell_dev_ && st.st_ino == doorbell_ino_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "register: rank ", s->rank_index(), " handed over dmagatherd's doorbell page as a data buffer; it can "
+          "never be a buffer: allocate buffers with dmagather_alloc"));
+    }
     spec.fd = buffer.fd.get();
+    what.host = true;
+    what.key = Session::HostKey{st.st_dev, st.st_ino, req.bytes()};
+    what.host_bytes = req.bytes();
   } else if (spec.kind == common::kMemoryHostMemfd) {
     return absl::PermissionDeniedError("register: host memory needs the ticket of its fd-channel hand-over");
   }
+  // One registration of this session at a time: the same memfd and range
+  // registered again is the region already there (no second mapping).
+  absl::MutexLock reg_lock(&s->register_mu);
+  if (what.host) {
+    auto same = s->by_inode.find(what.key);
+    if (same != s->by_inode.end()) return same->second;
+  }
+  const uid_t uid = s->uid();
+  {
+    // Reserve against the uid's limits before anything is mapped.
+    absl::MutexLock lock(&mu_);
+    if (s->ended.load(std::memory_order_acquire)) {
+      return absl::NotFoundError(absl::StrCat("no session ", req.session_id(), " with that secret"));
+    }
+    Usage& u = usage_[uid];
+    if (limits_.max_regions_per_uid > 0 && u.regions >= limits_.max_regions_per_uid) {
+      DropUsageLocked(uid);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "register: uid ", uid, " already has ", limits_.max_regions_per_uid,
+          " registered regions, the per-user limit (dmagatherd --max_regions_per_uid); deregister or free "
+          "buffers first"));
+    }
+    if (limits_.max_mapped_bytes_per_uid > 0 && what.host_bytes > limits_.max_mapped_bytes_per_uid - std::min(
+                                                      u.mapped_bytes, limits_.max_mapped_bytes_per_uid)) {
+      const uint64_t held = u.mapped_bytes;
+      DropUsageLocked(uid);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "register: ", what.host_bytes, " more host bytes would take uid ", uid, " past ",
+          limits_.max_mapped_bytes_per_uid, " mapped bytes, the per-user limit (dmagatherd "
+          "--max_mapped_bytes_per_uid; it holds ", held, ")"));
+    }
+    ++u.regions;
+    u.mapped_bytes += what.host_bytes;
+    ++s->charged_regions;
+    s->charged_bytes += what.host_bytes;
+  }
   auto region = engine_->Import(spec);
-  if (!region.ok()) return region.status();
+  if (!region.ok()) {
+    absl::MutexLock lock(&mu_);
+    Usage& u = usage_[uid];
+    --u.regions;
+    u.mapped_bytes -= what.host_bytes;
+    --s->charged_regions;
+    s->charged_bytes -= what.host_bytes;
+    DropUsageLocked(uid);
+    return region.status();
+  }
   uint32_t id = next_region_id_.fetch_add(1);
   s->input()->regions.Add(id, *std::move(region));
+  if (what.host) s->by_inode[what.key] = id;
+  s->registered[id] = what;
   return id;
 }
 
 absl::Status Registry::Deregister(uint64_t session_id, const std::string& secret, uint32_t region_id) {
   auto s = FindSession(session_id, secret);
   if (s == nullptr) return absl::NotFoundError(absl::StrCat("no session ", session_id, " with that secret"));
-  return s->input()->regions.Remove(region_id, s->rank()->inflight);
+  absl::MutexLock reg_lock(&s->register_mu);
+  DMAG_RETURN_IF_ERROR(s->input()->regions.Remove(region_id, s->rank()->inflight));
+  auto it = s->registered.find(region_id);
+  if (it != s->registered.end()) {
+    if (it->second.host) s->by_inode.erase(it->second.key);
+    absl::MutexLock lock(&mu_);
+    if (s->charged_regions > 0) {
+      Usage& u = usage_[s->uid()];
+      --u.regions;
+      u.mapped_bytes -= it->second.host_bytes;
+      --s->charged_regions;
+      s->charged_bytes -= it->second.host_bytes;
+      DropUsageLocked(s->uid());
+    }
+    s->registered.erase(it);
+  }
+  return absl::OkStatus();
+}
+
+void Registry::DropUsageLocked(uid_t uid) {
+  auto it = usage_.find(uid);
+  if (it != usage_.end() && it->second.jobs == 0 && it->second.sessions == 0 && it->second.regions == 0 &&
+      it->second.mapped_bytes == 0) {
+    usage_.erase(it);
+  }
+}
+
+void Registry::ReleaseSessionUsageLocked(Session& s) {
+  if (s.charged_regions == 0 && s.charged_bytes == 0) return;
+  Usage& u = usage_[s.uid()];
+  u.regions -= s.charged_regions;
+  u.mapped_bytes -= s.charged_bytes;
+  s.charged_regions = 0;
+  s.charged_bytes = 0;
+  DropUsageLocked(s.uid());
 }
 
 void Registry::FailAll(const absl::Status& why) {
@@ -343,6 +473,8 @@ void Registry::Reap() {
         continue;  // Ranks still joining.
       }
       LOG(INFO) << "job '" << job.key() << "' ended (" << job.counters.ops.load() << " ops)";
+      --usage_[job.uid()].jobs;
+      DropUsageLocked(job.uid());
       jobs_.erase(cur);
       version_.fetch_add(1);
     }
@@ -354,6 +486,11 @@ void Registry::Reap() {
     }
   }
   for (auto& s : to_free) s->ReleaseMemory();  // Engine detach, unmaps: outside the lock.
+  if (!to_free.empty()) {
+    // The regions are unmapped: they no longer count against their uid.
+    absl::MutexLock lock(&mu_);
+    for (auto& s : to_free) ReleaseSessionUsageLocked(*s);
+  }
 }
 
 int Registry::num_jobs() const {
@@ -366,7 +503,8 @@ int Registry::num_sessions() const {
   return static_cast<int>(sessions_.size());
 }
 
-void Registry::FillStats(const std::string& job_key, v1::StatsReply* out) const {
+void Registry::FillStats(const std::string& job_key, const Viewer& viewer, v1::StatsReply* out) const {
+  auto visible = [&](uid_t owner) { return viewer.operator_view || (viewer.known && viewer.uid == owner); };
   absl::MutexLock lock(&mu_);
   uint64_t ops = retired_ops_, bytes = retired_bytes_, registered = 0, fallback_ops = retired_fallback_ops_;
   std::array<uint64_t, common::kNumApiStatus> errors = retired_errors_;
@@ -378,10 +516,10 @@ void Registry::FillStats(const std::string& job_key, v1::StatsReply* out) const 
     for (int c = 0; c < common::kNumApiStatus; ++c) errors[c] += job.counters.errors[c].load();
     v1::JobStats js = StatsOf(job, entry.sessions);
     registered += js.registered_bytes();
-    if (job_key.empty() || job_key == key) *out->add_jobs() = std::move(js);
+    if ((job_key.empty() || job_key == key.second) && visible(key.first)) *out->add_jobs() = std::move(js);
   }
   for (const v1::JobStats& js : recent_) {
-    if (job_key.empty() || job_key == js.job_key()) *out->add_jobs() = js;
+    if ((job_key.empty() || job_key == js.job_key()) && visible(js.uid())) *out->add_jobs() = js;
   }
   out->set_total_ops(ops);
   out->set_total_bytes(bytes);

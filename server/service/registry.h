@@ -10,6 +10,14 @@
 // has finished a poll pass that began after the retirement (so no snapshot
 // it still holds can read the segment).
 //
+// Isolation: jobs are keyed by (uid, job key), the uid being the kernel's
+// (SO_PEERCRED of the segment's fd-channel hand-over), so each uid has its
+// own job-key namespace and no user can squat another's keys. Per-uid
+// limits (Limits) bound what one uid can hold: jobs, sessions, registered
+// regions and mapped host bytes; a request over a limit is refused with
+// RESOURCE_EXHAUSTED naming the limit and its flag, and touches nothing of
+// any other uid.
+//
 // Threads: all public methods are thread-safe (mu_ guards the maps; the
 // per-op path never takes it; no system call that maps, unmaps or
 // registers memory runs under it).
@@ -21,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <sys/types.h>
 #include <string>
 #include <thread>
 #include <utility>
@@ -45,10 +54,32 @@ struct Joined {
   std::shared_ptr<Session> session;
 };
 
+// Per-uid limits (0 = unlimited). Defaults: main.cc's flags.
+struct Limits {
+  int max_jobs_per_uid = 64;
+  int max_sessions_per_uid = 1024;
+  int max_regions_per_uid = 16384;
+  uint64_t max_mapped_bytes_per_uid = 0;
+};
+
+// Who asks for telemetry: a uid (from a telemetry ticket) or nobody known.
+struct Viewer {
+  bool operator_view = false;  // Sees every job.
+  bool known = false;          // uid is the kernel's; sees its own jobs.
+  uid_t uid = 0;
+  static Viewer Everything() { return Viewer{true, true, 0}; }
+};
+
 class Registry {
  public:
   // `tickets`: the fd channel's hand-overs, claimed by Join and Register.
-  Registry(engines::CopyEngine* engine, TicketTable* tickets) : engine_(engine), tickets_(tickets) {}
+  Registry(engines::CopyEngine* engine, TicketTable* tickets, Limits limits = Limits{})
+      : engine_(engine), tickets_(tickets), limits_(limits) {}
+  // The daemon's doorbell memfd (st_dev, st_ino): never registrable as a buffer.
+  void SetDoorbellIdentity(dev_t dev, ino_t ino) {
+    doorbell_dev_ = dev;
+    doorbell_ino_ = ino;
+  }
   ~Registry();
 
   // Starts the reaper thread; `ingress_epoch` reports the ingress thread's
@@ -80,8 +111,13 @@ class Registry {
   // One reaper pass (the thread calls it every 20 ms; tests call it).
   void Reap();
 
-  // Telemetry.
-  void FillStats(const std::string& job_key, v1::StatsReply* out) const;
+  // Telemetry. Node totals always; per-job entries only for jobs `viewer`
+  // may see (its own uid's, or all for an operator).
+  void FillStats(const std::string& job_key, const Viewer& viewer, v1::StatsReply* out) const;
+  // Everything (for in-daemon callers that serve operators only).
+  void FillStats(const std::string& job_key, v1::StatsReply* out) const {
+    FillStats(job_key, Viewer::Everything(), out);
+  }
   int num_jobs() const;
   int num_sessions() const;
 
@@ -90,13 +126,27 @@ class Registry {
     std::shared_ptr<scheduler::Job> job;
     std::vector<std::shared_ptr<Session>> sessions;  // By rank; null until joined.
   };
+  // What one uid holds, for the limits.
+  struct Usage {
+    int jobs = 0;
+    int sessions = 0;  // Joined or joining, until the Join stream ends.
+    int regions = 0;   // Registered regions not yet released.
+    uint64_t mapped_bytes = 0;  // Host bytes of those regions.
+  };
+  using JobId = std::pair<uid_t, std::string>;
   std::shared_ptr<Session> FindSession(uint64_t id, const std::string& secret) const;
   void ReaperLoop();
+  void DropUsageLocked(uid_t uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseSessionUsageLocked(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   engines::CopyEngine* const engine_;
   TicketTable* const tickets_;
+  const Limits limits_;
+  dev_t doorbell_dev_ = 0;
+  ino_t doorbell_ino_ = 0;
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<JobId, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uid_t, Usage> usage_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t jobs_completed_ ABSL_GUARDED_BY(mu_) = 0;

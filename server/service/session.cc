@@ -1,6 +1,7 @@
 #include "server/service/session.h"
 
 #include <sys/random.h>
+#include <sys/stat.h>
 
 #include "abi/descriptor_v2.h"
 #include "abi/ring_v1.h"
@@ -53,6 +54,10 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(uint64_t id, const v1::Jo
   }
   DMAG_ASSIGN_OR_RETURN(std::string secret, RandomSecret());
   auto s = std::shared_ptr<Session>(new Session(id, std::move(secret), segment.uid, segment.pid, std::move(m)));
+  struct stat st;
+  if (fstat(segment.fd.get(), &st) != 0) return common::ErrnoStatus("fstat of the rank segment");
+  s->segment_dev_ = st.st_dev;
+  s->segment_ino_ = st.st_ino;
   s->abi_version_ = h.descriptor_stamp == abi::kDescriptorStampV2 ? 2 : 1;
   s->device_.kind = req.device().kind().empty() ? "cpu" : req.device().kind();
   s->device_.ordinal = req.device().ordinal();

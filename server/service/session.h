@@ -14,10 +14,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/memfd.h"
 #include "dmagather/v1/control.pb.h"
 #include "server/engines/copy_engine.h"
@@ -52,6 +55,36 @@ class Session {
   // The Join stream ended and the job was told (set by EndSession last).
   std::atomic<bool> ended{false};
 
+  // The segment memfd's identity (fstat at Open): it can never be
+  // registered as a data buffer.
+  dev_t segment_dev() const { return segment_dev_; }
+  ino_t segment_ino() const { return segment_ino_; }
+
+  // Registration bookkeeping (Registry::Register/Deregister, one at a time
+  // per session under register_mu): host buffers by (st_dev, st_ino, bytes),
+  // so the same memfd registered again is the same region, not a second
+  // mapping; and what each region charged to the uid's mapped bytes.
+  struct HostKey {
+    dev_t dev;
+    ino_t ino;
+    uint64_t bytes;
+    bool operator<(const HostKey& o) const {
+      return std::tie(dev, ino, bytes) < std::tie(o.dev, o.ino, o.bytes);
+    }
+  };
+  struct Registered {
+    bool host = false;
+    HostKey key{};
+    uint64_t host_bytes = 0;
+  };
+  absl::Mutex register_mu;
+  std::map<HostKey, uint32_t> by_inode ABSL_GUARDED_BY(register_mu);
+  std::map<uint32_t, Registered> registered ABSL_GUARDED_BY(register_mu);
+  // What this session charged to its uid's usage (the registry's mu_).
+  bool charged_session = false;
+  int charged_regions = 0;
+  uint64_t charged_bytes = 0;
+
   // Undoes the engine's attach, drops the regions, unmaps the segment.
   // Safe to call more than once.
   void ReleaseMemory();
@@ -64,6 +97,8 @@ class Session {
   const std::string secret_;
   const uid_t uid_;
   const pid_t pid_;
+  dev_t segment_dev_ = 0;
+  ino_t segment_ino_ = 0;
   uint32_t abi_version_ = 1;
   engines::DeviceRef device_;
   common::MemfdMapping segment_;

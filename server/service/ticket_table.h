@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -32,6 +33,7 @@ struct Handover {
   pid_t pid = 0;
   uint64_t bytes = 0;
   common::UniqueFd fd;
+  std::vector<gid_t> groups;  // Supplementary groups (SO_PEERGROUPS), for the operator check.
 };
 
 class TicketTable {
