@@ -1,6 +1,7 @@
 #include "client/comm.h"
 
 #include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -96,6 +97,18 @@ absl::Status CommImpl::Join() {
   const uint64_t token = (uint64_t(rd()) << 32) | rd();
   abi::InitSegmentV1(segment_.data(), token, abi::kDescriptorStampV2);
 
+  // Connecting to a Unix socket needs write permission on it: say so,
+  // rather than "stale socket", when this user lacks it.
+  if (access(options_.socket_path.c_str(), R_OK | W_OK) != 0 && (errno == EACCES || errno == EPERM)) {
+    struct stat st;
+    const std::string who = stat(options_.socket_path.c_str(), &st) == 0
+                                ? absl::StrCat(" (owner uid ", st.st_uid, ", gid ", st.st_gid, ", mode ",
+                                               absl::StrFormat("%04o", st.st_mode & 07777), ")")
+                                : "";
+    return absl::PermissionDeniedError(absl::StrCat(
+        "permission denied on ", options_.socket_path, who, ": this user (uid ", getuid(),
+        ") may not connect to dmagatherd; the operator sets who may with --socket_mode and the socket's group"));
+  }
   channel_ = grpc::CreateChannel("unix:" + options_.socket_path, grpc::InsecureChannelCredentials());
   if (!channel_->WaitForConnected(In(1000))) {
     return absl::UnavailableError(absl::StrCat("cannot connect to dmagatherd at ", options_.socket_path,
@@ -160,6 +173,7 @@ absl::Status CommImpl::Join() {
     std::string reason = absl::StrCat("the connection to dmagatherd at ", options_.socket_path, " was lost");
     while (join_stream_->Read(&e)) {
       if (e.has_shutdown()) reason = absl::StrCat("dmagatherd stopped: ", e.shutdown().reason());
+      if (e.has_ended()) reason = absl::StrCat("dmagatherd ended this rank's session: ", e.ended().reason());
     }
     {
       absl::MutexLock lock(&gone_mu_);

@@ -9,6 +9,7 @@
 
 #include "abi/fd_channel_v1.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status.h"
 
 namespace dmagather::common {
@@ -33,8 +34,8 @@ absl::StatusOr<FdExchangeResult> ExchangeFd(const std::string& path, uint32_t ki
     if (err == EACCES || err == EPERM) {
       struct stat st;
       std::string who = stat(path.c_str(), &st) == 0
-                            ? absl::StrCat(" (owner uid ", st.st_uid, ", gid ", st.st_gid, ", mode 0",
-                                           absl::Hex(st.st_mode & 0777), ")")
+                            ? absl::StrCat(" (owner uid ", st.st_uid, ", gid ", st.st_gid, ", mode ",
+                                           absl::StrFormat("%04o", st.st_mode & 07777), ")")
                             : "";
       return absl::PermissionDeniedError(absl::StrCat("permission denied connecting to dmagatherd's fd channel ",
                                                       path, who, ": this user may not use this daemon"));

@@ -5,6 +5,9 @@
 //   dmagatherctl jobs              one line per job
 //   dmagatherctl stats [--job=K]   per job and per rank: ops, bytes, errors, latency, memory
 //   dmagatherctl metrics           Prometheus text (for a textfile collector or a scrape shim)
+// stats/jobs/metrics first get a telemetry ticket on the fd channel, so the
+// daemon knows (from the kernel) who asks: root and the --operator_group see
+// every job, anyone else its own uid's jobs.
 // --json prints the reply as JSON instead of a table.
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
@@ -18,6 +21,8 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
+#include "abi/fd_channel_v1.h"
+#include "common/fd_exchange.h"
 #include "dmagather/v1/telemetry.grpc.pb.h"
 
 ABSL_FLAG(std::string, socket, "", "dmagatherd socket (default: $DMAGATHER_SOCKET, then /run/dmagather/dmagatherd.sock).");
@@ -65,6 +70,19 @@ int PrintJson(const Msg& m) {
   return 0;
 }
 
+// Who we are, proven to the daemon: a telemetry ticket from its fd channel
+// (which reads our uid and groups from the kernel). Without one the daemon
+// shows only node totals.
+std::string TelemetryTicket(const std::string& socket) {
+  auto t = dmagather::common::ExchangeFd(dmagather::common::FdChannelPath(socket), dmagather::abi::kFdTelemetry, -1,
+                                         0, 1000);
+  if (!t.ok()) {
+    std::cerr << "dmagatherctl: no telemetry ticket (" << t.status().message() << "): showing node totals only\n";
+    return "";
+  }
+  return t->ticket;
+}
+
 int Fail(const grpc::Status& st, const std::string& socket) {
   std::cerr << "dmagatherctl: " << socket << ": " << st.error_message() << "\n";
   if (st.error_code() == grpc::StatusCode::UNAVAILABLE || st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
@@ -108,8 +126,10 @@ int main(int argc, char** argv) {
     return rc;
   }
   if (cmd == "metrics") {
+    dmagather::v1::MetricsRequest req;
+    req.set_ticket(TelemetryTicket(socket));
     dmagather::v1::MetricsReply m;
-    grpc::Status st = stub->Metrics(&ctx, {}, &m);
+    grpc::Status st = stub->Metrics(&ctx, req, &m);
     if (!st.ok()) return Fail(st, socket);
     std::cout << m.text();
     return 0;
@@ -117,6 +137,7 @@ int main(int argc, char** argv) {
   if (cmd == "jobs" || cmd == "stats") {
     dmagather::v1::StatsRequest req;
     req.set_job_key(absl::GetFlag(FLAGS_job));
+    req.set_ticket(TelemetryTicket(socket));
     dmagather::v1::StatsReply s;
     grpc::Status st = stub->Stats(&ctx, req, &s);
     if (!st.ok()) return Fail(st, socket);

@@ -1,6 +1,7 @@
 #include "server/service/registry.h"
 
 #include <glog/logging.h>
+#include <malloc.h>
 #include <sys/stat.h>
 
 #include <chrono>
@@ -485,11 +486,24 @@ void Registry::Reap() {
       retired_.pop_front();
     }
   }
+  const int n_freed = static_cast<int>(to_free.size());
   for (auto& s : to_free) s->ReleaseMemory();  // Engine detach, unmaps: outside the lock.
   if (!to_free.empty()) {
     // The regions are unmapped: they no longer count against their uid.
     absl::MutexLock lock(&mu_);
     for (auto& s : to_free) ReleaseSessionUsageLocked(*s);
+  }
+  to_free.clear();
+  // Sessions that ended leave freed heap behind (their gRPC streams and
+  // connections, protobufs, sessions); glibc keeps it in its arenas unless
+  // asked. Hand it back to the kernel now and then, not on every pass.
+  if (freed_since_trim_ += n_freed; freed_since_trim_ > 0) {
+    const absl::Time now = absl::Now();
+    if (now - last_trim_ >= absl::Seconds(1)) {
+      malloc_trim(0);
+      last_trim_ = now;
+      freed_since_trim_ = 0;
+    }
   }
 }
 

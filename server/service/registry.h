@@ -39,6 +39,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "dmagather/v1/control.pb.h"
 #include "dmagather/v1/telemetry.pb.h"
 #include "server/engines/copy_engine.h"
@@ -169,6 +170,9 @@ class Registry {
   std::mutex reaper_mu_;
   std::condition_variable reaper_cv_;
   bool reaper_stop_ = false;
+  // Reaper thread only: when it last gave freed heap back (malloc_trim).
+  int freed_since_trim_ = 0;
+  absl::Time last_trim_ = absl::InfinitePast();
   std::thread reaper_;
 };
 
