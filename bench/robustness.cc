@@ -812,8 +812,8 @@ void RunMutate(Daemon& daemon) {
   row.ok = alive && serving && sh->hangs == 0 && disagree == 0 && missing == 0 && sh->records_lost == 0 &&
            good->bad_bytes == 0 && good->failed_ops == 0 && good_bad_exit == 0 && sh->final_ok[0] &&
            sh->final_ok[1] && sh->sentinel_bad == 0 && rc0 == 0 && rc1 == 0;
-  row.lost = absl::StrFormat("daemon crashes %d, hangs %u, cross-rank disagreements %u, good-job bad bytes %u/%u ops",
-                             alive ? 0 : 1, sh->hangs.load(), disagree, good->bad_bytes.load(), good->ops.load());
+  row.lost = absl::StrFormat("%sdaemon crashes %d, hangs %u, cross-rank disagreements %u, good-job bad bytes %u/%u ops",
+                             serving || !alive ? "" : "daemon NOT SERVING; ", alive ? 0 : 1, sh->hangs.load(), disagree, good->bad_bytes.load(), good->ops.load());
   row.seconds = Seconds(t0, MonotonicNs());
   g_rows.push_back(row);
 }
@@ -939,8 +939,8 @@ void RunKill(Daemon& daemon) {
   row.bad_inputs = "-";
   row.ok = alive && serving && peer_failed == survivors && survivors == kills * (world - 1) && hangs == 0 &&
            bad == 0 && setup_failures == 0;
-  row.lost = absl::StrFormat("%d/%d survivors got PEER_FAILED (p50 %.1f ms, p99 %.1f ms, max %.1f ms), hangs %d, bad results %u",
-                             peer_failed, survivors, pct(0.5), pct(0.99), lat_ms.empty() ? 0 : lat_ms.back(), hangs, bad);
+  row.lost = absl::StrFormat("%sdaemon crashes %d; %d/%d survivors got PEER_FAILED (p50 %.1f ms, p99 %.1f ms, max %.1f ms), hangs %d, bad results %u",
+                             serving || !alive ? "" : "daemon NOT SERVING; ", alive ? 0 : 1, peer_failed, survivors, pct(0.5), pct(0.99), lat_ms.empty() ? 0 : lat_ms.back(), hangs, bad);
   row.seconds = Seconds(t0, MonotonicNs());
   g_rows.push_back(row);
 }
@@ -1116,7 +1116,8 @@ void RunSoak(Daemon& daemon) {
   row.faults = "-";
   row.bad_inputs = "-";
   row.ok = alive && serving && bad == 0 && failed == 0 && bad_exit == 0 && ops > 0;
-  row.lost = absl::StrFormat("corrupt bytes %u, failed ops %u; daemon RSS %.0f->%.0f MiB, threads %d->%d", bad, failed,
+  row.lost = absl::StrFormat("%sdaemon crashes %d, corrupt bytes %u, failed ops %u; daemon RSS %.0f->%.0f MiB, threads %d->%d",
+                             serving || !alive ? "" : "daemon NOT SERVING; ", alive ? 0 : 1, bad, failed,
                              before.rss_kib / 1024.0, after.rss_kib / 1024.0, int(before.threads), int(after.threads));
   row.seconds = wall;
   g_rows.push_back(row);
