@@ -1,33 +1,15 @@
 #include "server/service/session.h"
 
-#include <sys/random.h>
 #include <sys/stat.h>
 
 #include "abi/descriptor_v2.h"
 #include "abi/ring_v1.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/random.h"
 #include "common/status.h"
 
 namespace dmagather::server::service {
-namespace {
-
-absl::StatusOr<std::string> RandomSecret() {
-  std::string s(16, '\0');
-  size_t got = 0;
-  while (got < s.size()) {
-    ssize_t n = getrandom(&s[got], s.size() - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return common::ErrnoStatus("getrandom");
-    }
-    got += static_cast<size_t>(n);
-  }
-  return s;
-}
-
-}  // namespace
-
 absl::StatusOr<std::shared_ptr<Session>> Session::Open(uint64_t id, const v1::JoinRequest& req,
                                                        const Handover& segment, engines::CopyEngine* engine) {
   // Only ever the memory this caller handed over: messages may describe it.
@@ -52,7 +34,7 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(uint64_t id, const v1::Jo
       h.descriptors_offset != abi::SegmentLayoutV1::kDescriptorsOffset) {
     return absl::InvalidArgumentError("the rank segment has an unexpected v1 layout");
   }
-  DMAG_ASSIGN_OR_RETURN(std::string secret, RandomSecret());
+  DMAG_ASSIGN_OR_RETURN(std::string secret, common::RandomBytes(16));
   auto s = std::shared_ptr<Session>(new Session(id, std::move(secret), segment.uid, segment.pid, std::move(m)));
   struct stat st;
   if (fstat(segment.fd.get(), &st) != 0) return common::ErrnoStatus("fstat of the rank segment");

@@ -1,30 +1,16 @@
 #include "server/service/ticket_table.h"
 
-#include <sys/random.h>
 
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/random.h"
 #include "common/status.h"
 
 namespace dmagather::server::service {
 namespace {
 
 constexpr size_t kTicketBytes = 16;
-
-absl::StatusOr<std::string> RandomTicket() {
-  std::string s(kTicketBytes, '\0');
-  size_t got = 0;
-  while (got < s.size()) {
-    ssize_t n = getrandom(&s[got], s.size() - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return common::ErrnoStatus("getrandom");
-    }
-    got += static_cast<size_t>(n);
-  }
-  return s;
-}
 
 }  // namespace
 
@@ -35,7 +21,7 @@ void TicketTable::EraseLocked(Map::iterator it) {
 }
 
 absl::StatusOr<std::string> TicketTable::Issue(Handover h) {
-  DMAG_ASSIGN_OR_RETURN(std::string ticket, RandomTicket());
+  DMAG_ASSIGN_OR_RETURN(std::string ticket, common::RandomBytes(kTicketBytes));
   std::vector<Handover> expired;  // Closed outside the lock.
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();

@@ -44,48 +44,12 @@
 #include "dmagather/v1/control.grpc.pb.h"
 #include "dmagather/v1/telemetry.grpc.pb.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/rank_checks.h"
 
 namespace dmagather::testing {
 namespace {
 
 using bench::FillPattern;
-
-#define REQUIRE(cond, msg)                                                 \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      rep.Say(absl::StrCat("line ", __LINE__, ": ", #cond, ": ", (msg))); \
-      return 1;                                                            \
-    }                                                                      \
-  } while (0)
-
-template <typename T>
-T* SharedPage() {
-  void* p = mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  return new (p) T();
-}
-
-template <typename Pred>
-bool WaitFor(Pred pred, double seconds = 30) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
-}
-
-bool Contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-long FirstMismatch(const char* out, size_t shard, int world, uint64_t seed) {
-  std::vector<char> want(shard);
-  for (int r = 0; r < world; ++r) {
-    FillPattern(want.data(), shard, seed, r);
-    for (size_t i = 0; i < shard; ++i) {
-      if (out[r * shard + i] != want[i]) return long(r * shard + i);
-    }
-  }
-  return -1;
-}
 
 // One AllGather of `count` floats per rank, checked bit-exact; "" when right.
 std::string RunOp(Comm& comm, char* send, char* recv, size_t count, int world, int rank, uint64_t seed) {

@@ -31,43 +31,12 @@
 #include "dmagather/dmagather.h"
 #include "dmagather/v1/control.grpc.pb.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/rank_checks.h"
 
 namespace dmagather::testing {
 namespace {
 
 using bench::FillPattern;
-
-// Fails the rank process with a message naming the line.
-#define REQUIRE(cond, msg)                                                    \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      rep.Say(absl::StrCat("line ", __LINE__, ": ", #cond, ": ", (msg)));    \
-      return 1;                                                               \
-    }                                                                         \
-  } while (0)
-
-template <typename T>
-T* SharedPage() {
-  void* p = mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  return new (p) T();
-}
-
-template <typename T>
-void FreeSharedPage(T* p) {
-  p->~T();
-  munmap(p, sizeof(T));
-}
-
-// Spins (sleeping) until pred() or `seconds` pass; returns pred().
-template <typename Pred>
-bool WaitFor(Pred pred, double seconds = 30) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
 
 // A counting barrier in shared memory for `n` processes, reusable by
 // generation.
@@ -87,29 +56,12 @@ struct Barrier {
 
 std::string Status(dmagather_status_t s) { return dmagather_status_string(s); }
 
-// First byte offset where the output of an AllGather of `shard` bytes per
-// rank (rank r's shard = FillPattern(seed, r)) differs, or -1.
-long FirstMismatch(const char* out, size_t shard, int world, uint64_t seed) {
-  std::vector<char> want(shard);
-  for (int r = 0; r < world; ++r) {
-    FillPattern(want.data(), shard, seed, r);
-    if (std::memcmp(out + r * shard, want.data(), shard) != 0) {
-      for (size_t i = 0; i < shard; ++i) {
-        if (out[r * shard + i] != want[i]) return long(r * shard + i);
-      }
-    }
-  }
-  return -1;
-}
-
 long FirstNot(const char* p, size_t bytes, char v) {
   for (size_t i = 0; i < bytes; ++i) {
     if (p[i] != v) return long(i);
   }
   return -1;
 }
-
-bool Contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 void ExpectAllPassed(const std::vector<RankReport>& reports) {
   for (size_t r = 0; r < reports.size(); ++r) {
