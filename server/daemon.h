@@ -28,6 +28,7 @@ class ControlService;
 class TelemetryService;
 class FdChannel;
 class TicketTable;
+class MetricsHttpServer;
 }  // namespace service
 
 struct DaemonOptions {
@@ -40,6 +41,8 @@ struct DaemonOptions {
   absl::Duration fd_timeout = absl::Seconds(2);
   // How long a hand-over's ticket waits for its Join/Register.
   absl::Duration ticket_ttl = absl::Seconds(5);
+  // Prometheus GET /metrics on this HOST:PORT; empty = none.
+  std::string metrics_listen;
 };
 
 class Daemon {
@@ -63,6 +66,8 @@ class Daemon {
   explicit Daemon(const DaemonOptions& options);
   // What a Join needs, tried for real: "" when fine, else the reason.
   std::string SelfCheck() const;
+  // --metrics_listen: logs (and goes on without it) when it cannot listen.
+  void StartMetricsHttp();
 
   DaemonOptions options_;
   std::unique_ptr<engines::CopyEngine> engine_;
@@ -75,6 +80,7 @@ class Daemon {
   std::unique_ptr<service::ControlService> control_;
   std::unique_ptr<service::TelemetryService> telemetry_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<service::MetricsHttpServer> metrics_http_;
   absl::Time started_;
   bool stopped_ = false;
 };

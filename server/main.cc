@@ -39,6 +39,9 @@ ABSL_FLAG(int, fd_timeout_ms, 2000,
           "closed.");
 ABSL_FLAG(int, fd_ticket_ttl_ms, 5000,
           "A descriptor handed over on the fd channel must be claimed by its Join/Register within this many ms.");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "Prometheus endpoint: GET /metrics over HTTP on HOST:PORT ([::1]:9464 for IPv6, port 0 = any free "
+          "port); empty = none. Every job's counters: keep it on loopback or a network only operators reach.");
 ABSL_FLAG(std::string, log_level, "info", "Least severe messages logged: info, warning or error.");
 
 namespace {
@@ -90,6 +93,7 @@ int main(int argc, char** argv) {
   o.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
   o.fd_timeout = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_fd_timeout_ms)));
   o.ticket_ttl = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_fd_ticket_ttl_ms)));
+  o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
 
   auto daemon = dmagather::server::Daemon::Create(o);
   if (!daemon.ok()) {

@@ -65,7 +65,9 @@ std::unique_ptr<DaemonProcess> DaemonProcess::Start(const std::vector<std::strin
   d->dir_ = dir.empty() ? std::string(tmpl) : dir;
   d->socket_ = d->dir_ + "/dmagatherd.sock";
   std::vector<std::string> args = {"server/dmagatherd", "--socket=" + d->socket_, "--backend=host",
-                                   "--log_level=warning"};
+                                   "--log_level=warning",
+                                   // No HTTP metrics unless a test asks (tests run in parallel).
+                                   "--metrics_listen="};
   args.insert(args.end(), flags.begin(), flags.end());
   const std::string log = d->dir_ + "/dmagatherd.log";
   d->pid_ = fork();
