@@ -6,7 +6,7 @@
 # unit: one case), tools/test_tsan.sh (the CPU unit tests under
 # ThreadSanitizer: its cases counted), tools/test_asan.sh (every CPU test
 # under ASan+UBSan: its cases counted) and tools/fuzz.sh (each libFuzzer
-# target for DMAGATHER_FUZZ_SECONDS, default 20: one case per target).
+# target for DMAGATHER_FUZZ_SECONDS, default 15: one case per target).
 # Prints one closing line `N passed, N failed` counting test cases (from the
 # JUnit XML Bazel writes). docs/TESTING.md says what each covers.
 set -uo pipefail
@@ -57,7 +57,7 @@ run_counted() {
 # ASan+UBSan, and the fuzz targets for a bounded time each.
 run_counted test_tsan tools/test_tsan.sh
 run_counted test_asan tools/test_asan.sh
-run_counted fuzz tools/fuzz.sh -t "${DMAGATHER_FUZZ_SECONDS:-20}"
+run_counted fuzz tools/fuzz.sh -t "${DMAGATHER_FUZZ_SECONDS:-15}"
 
 echo "$passed passed, $failed failed"
 exit $rc

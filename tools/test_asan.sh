@@ -26,7 +26,7 @@ bazel test --config=asan \
   --test_env=ASAN_OPTIONS="$ASAN_OPTS" \
   --test_env=LSAN_OPTIONS="suppressions=$PWD/tools/lsan.supp:print_suppressions=0" \
   --test_env=DMAGATHER_ASAN_PRELOAD="$asan_lib" \
-  -- //... "${EXCLUDE[@]}" "$@" 2>&1 | tee "$log"
+  "$@" -- //... "${EXCLUDE[@]}" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 read -r passed failed < <(tools/count_test_cases.sh "$log" "$(bazel info --config=asan bazel-testlogs 2>/dev/null)")
 if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi
