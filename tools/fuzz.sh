@@ -102,11 +102,15 @@ for t in "${targets[@]}"; do
   [ -x "$out/$t" ] || { echo "fuzz: unknown target $t" >&2; failed=$((failed + 1)); continue; }
   mkdir -p "$out/corpus/$t"
   log="$out/$t.log"
+  # -jobs > 1 runs that many fuzzing processes; each writes fuzz-N.log in
+  # the working directory, so they run in $out.
+  par=()
+  ((jobs > 1)) && par=(-jobs="$jobs" -workers="$jobs")
   # -timeout: one input that runs 10 s is a hang; -rss_limit_mb: a leak
   # that grows without bound fails too. The working corpus ($out/corpus)
   # grows across runs; the seeds are read-only input.
-  "$out/$t" "$out/corpus/$t" "$out/seeds/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
-    -print_final_stats=1 -jobs="$jobs" -workers="$jobs" -artifact_prefix="$out/crash-$t-" >"$log" 2>&1
+  (cd "$out" && exec "$out/$t" "$out/corpus/$t" "$out/seeds/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 "${par[@]}" -artifact_prefix="$out/crash-$t-") >"$log" 2>&1
   rc=$?
   execs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+)/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
   rate=$(sed -nE 's/^stat::average_exec_per_sec: *([0-9]+)/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
