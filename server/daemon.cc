@@ -22,6 +22,8 @@
 #include "server/service/fd_channel.h"
 #include "server/service/ticket_table.h"
 #include "server/service/registry.h"
+#include "server/service/metrics.h"
+#include "server/service/metrics_http.h"
 #include "server/service/telemetry_service.h"
 
 namespace dmagather::server {
@@ -156,6 +158,7 @@ absl::Status Daemon::Start() {
     LOG(WARNING) << "chmod " << path << ": " << strerror(errno);
   }
   ingress_->Start();
+  StartMetricsHttp();
   LOG(INFO) << "dmagatherd " << Version() << " serving on " << path << " (fd channel " << fd_path << "), backend "
             << engine_->name() << " ("
             << engine_reason_ << "), " << engine_->worker_threads() << " worker threads";
@@ -166,6 +169,7 @@ void Daemon::Stop(const std::string& reason) {
   if (stopped_ || server_ == nullptr) return;
   stopped_ = true;
   LOG(INFO) << "stopping: " << reason;
+  if (metrics_http_ != nullptr) metrics_http_->Stop();
   registry_->FailAll(absl::UnavailableError(absl::StrCat("dmagatherd is shutting down (", reason, ")")));
   control_->Wake();  // Open Joins get their Shutdown event now.
   absl::Time deadline = absl::Now() + options_.drain_timeout;
@@ -182,6 +186,26 @@ void Daemon::Stop(const std::string& reason) {
   fd_channel_->Stop();  // Removes <socket>.fd.
   unlink(options_.socket_path.c_str());
   LOG(INFO) << "stopped";
+}
+
+void Daemon::StartMetricsHttp() {
+  if (options_.metrics_listen.empty()) return;
+  // The text `dmagatherctl metrics` prints (Telemetry.Metrics), every job.
+  auto m = service::MetricsHttpServer::Start(options_.metrics_listen, [this] {
+    v1::HealthReply health;
+    telemetry_->Health(nullptr, nullptr, &health);
+    v1::StatsReply stats;
+    registry_->FillStats("", &stats);
+    return service::RenderPrometheus(health, stats);
+  });
+  if (!m.ok()) {
+    // Not fatal: any local user could hold the port before the daemon
+    // starts, and that must not stop the node's AllGathers.
+    LOG(ERROR) << m.status().message() << "; serving without the HTTP metrics endpoint";
+    return;
+  }
+  metrics_http_ = *std::move(m);
+  LOG(INFO) << "Prometheus metrics on http://" << metrics_http_->address() << "/metrics";
 }
 
 std::string Daemon::SelfCheck() const {

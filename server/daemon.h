@@ -28,6 +28,7 @@ class ControlService;
 class TelemetryService;
 class FdChannel;
 class TicketTable;
+class MetricsHttpServer;
 }  // namespace service
 
 struct DaemonOptions {
@@ -47,6 +48,8 @@ struct DaemonOptions {
   uint64_t max_mapped_bytes_per_uid = 0;
   // Members of this group (and root) see every job in telemetry; "" = root only.
   std::string operator_group;
+  // Prometheus GET /metrics on this HOST:PORT; empty = none.
+  std::string metrics_listen;
 };
 
 class Daemon {
@@ -70,6 +73,8 @@ class Daemon {
   explicit Daemon(const DaemonOptions& options);
   // What a Join needs, tried for real: "" when fine, else the reason.
   std::string SelfCheck() const;
+  // --metrics_listen: logs (and goes on without it) when it cannot listen.
+  void StartMetricsHttp();
 
   DaemonOptions options_;
   std::unique_ptr<engines::CopyEngine> engine_;
@@ -83,6 +88,7 @@ class Daemon {
   std::unique_ptr<service::TelemetryService> telemetry_;
   std::unique_ptr<grpc::Server> server_;
   int64_t operator_gid_ = -1;
+  std::unique_ptr<service::MetricsHttpServer> metrics_http_;
   absl::Time started_;
   bool stopped_ = false;
 };

@@ -50,6 +50,9 @@ ABSL_FLAG(int64_t, max_mapped_bytes_per_uid, -1,
 ABSL_FLAG(std::string, operator_group, "",
           "Members of this group see every job in Telemetry.Stats/Metrics (dmagatherctl); others see their own "
           "uid's jobs. Empty: only root sees all.");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "Prometheus endpoint: GET /metrics over HTTP on HOST:PORT ([::1]:9464 for IPv6, port 0 = any free "
+          "port); empty = none. Every job's counters: keep it on loopback or a network only operators reach.");
 ABSL_FLAG(std::string, log_level, "info", "Least severe messages logged: info, warning or error.");
 
 namespace {
@@ -101,6 +104,7 @@ int main(int argc, char** argv) {
   o.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
   o.fd_timeout = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_fd_timeout_ms)));
   o.ticket_ttl = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_fd_ticket_ttl_ms)));
+  o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
 
   o.max_jobs_per_uid = std::max(0, absl::GetFlag(FLAGS_max_jobs_per_uid));
   o.max_sessions_per_uid = std::max(0, absl::GetFlag(FLAGS_max_sessions_per_uid));

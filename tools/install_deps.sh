@@ -9,6 +9,9 @@ PKGS=(
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev libgoogle-glog-dev libgtest-dev libgmock-dev
   libsystemd-dev libibverbs-dev
+  libcpp-httplib-dev                                 # dmagatherd --metrics_listen (GET /metrics)
+  clang-14 libclang-rt-14-dev                        # tools/fuzz.sh: libFuzzer + ASan/UBSan runtimes
+  systemd                                            # tools/check_unit.sh: systemd-analyze verify
   python3 python3-numpy python3-grpcio python3-protobuf
   python3-torch                                      # tests/python:torch_adapter_test (torch 1.13 CPU, gloo)
 )

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Runs every test that needs no GPU (unit tests with fakes, integration tests
-# with a real daemon and real rank processes), then two extra checks:
+# with a real daemon and real rank processes), then the extra checks:
 # tools/check_no_cuda_build.sh (the build as on a machine without the CUDA
-# toolkit: counted as one case) and tools/test_tsan.sh (the CPU unit tests
-# under ThreadSanitizer: its cases counted). Prints one closing line
-# `N passed, N failed` counting test cases (from the JUnit XML Bazel writes).
+# toolkit: one case), tools/check_unit.sh (systemd-analyze verify of the
+# unit: one case), tools/test_tsan.sh (the CPU unit tests under
+# ThreadSanitizer: its cases counted), tools/test_asan.sh (every CPU test
+# under ASan+UBSan: its cases counted) and tools/fuzz.sh (each libFuzzer
+# target for DMAGATHER_FUZZ_SECONDS, default 15: one case per target).
+# Prints one closing line `N passed, N failed` counting test cases (from the
+# JUnit XML Bazel writes). docs/TESTING.md says what each covers.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tools/install_deps.sh || exit 1
@@ -24,14 +28,36 @@ else
   rc=1
 fi
 
-# The CPU unit tests under ThreadSanitizer (ends with its own counts line).
-echo "== test_tsan"
-tools/test_tsan.sh 2>&1 | tee "$log"
-tsan_rc=${PIPESTATUS[0]}
-read -r tp tf < <(sed -nE 's/^([0-9]+) passed, ([0-9]+) failed$/\1 \2/p' "$log" | tail -1)
-passed=$((passed + ${tp:-0}))
-failed=$((failed + ${tf:-1}))
-if [ "$tsan_rc" -ne 0 ]; then rc=1; fi
+# The systemd unit (skips with a line where systemd-analyze cannot run).
+echo "== check_unit"
+if tools/check_unit.sh "$(bazel info bazel-bin 2>/dev/null)/server/dmagatherd"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  rc=1
+fi
+
+# Scripts that end with their own `N passed, N failed` line: their counts
+# are added (a script that printed none counts as one failure).
+run_counted() {
+  local name=$1
+  shift
+  echo "== $name"
+  local t0=$SECONDS
+  "$@" 2>&1 | tee "$log"
+  local sub_rc=${PIPESTATUS[0]}
+  local sp sf
+  read -r sp sf < <(sed -nE 's/^([0-9]+) passed, ([0-9]+) failed$/\1 \2/p' "$log" | tail -1)
+  passed=$((passed + ${sp:-0}))
+  failed=$((failed + ${sf:-1}))
+  if [ "$sub_rc" -ne 0 ]; then rc=1; fi
+  echo "== $name: $((SECONDS - t0)) s"
+}
+# The CPU unit tests under ThreadSanitizer, every CPU test under
+# ASan+UBSan, and the fuzz targets for a bounded time each.
+run_counted test_tsan tools/test_tsan.sh
+run_counted test_asan tools/test_asan.sh
+run_counted fuzz tools/fuzz.sh -t "${DMAGATHER_FUZZ_SECONDS:-15}"
 
 echo "$passed passed, $failed failed"
 exit $rc

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status.h"
+#include "server/service/fd_request.h"
 
 namespace dmagather::server::service {
 namespace {
@@ -169,26 +170,15 @@ bool FdChannel::Serve(Conn& c) {
     Reply(c, s, "", -1);
     return true;
   };
-  if ((msg.msg_flags & MSG_TRUNC) != 0 || n != static_cast<ssize_t>(sizeof(req))) {
-    return refuse(absl::InvalidArgumentError(
-        absl::StrCat("fd channel: a request is exactly ", sizeof(req), " bytes (FdRequestV1)")));
-  }
-  if ((msg.msg_flags & MSG_CTRUNC) != 0) {
-    return refuse(absl::InvalidArgumentError("fd channel: too many descriptors (one per request)"));
-  }
-  if (req.stamp != abi::kFdRequestStampV1 || req.magic != abi::kMagic) {
-    return refuse(absl::InvalidArgumentError(absl::StrFormat(
-        "fd channel: not an FdRequestV1 (stamp 0x%08x, expected 0x%08x): client and daemon versions differ",
-        req.stamp, abi::kFdRequestStampV1)));
-  }
+  auto parsed = ParseFdRequest(&req, static_cast<size_t>(n), msg.msg_flags, fds.size());
+  if (!parsed.ok()) return refuse(parsed.status());
+  req = *parsed;
   if (req.kind == abi::kFdPing) {
-    if (!fds.empty()) return refuse(absl::InvalidArgumentError("fd channel: a ping carries no descriptor"));
     Reply(c, absl::OkStatus(), "", -1);
     return true;
   }
   if (req.kind == abi::kFdTelemetry) {
     // A ticket that only says who the caller is (for Telemetry.Stats/Metrics).
-    if (!fds.empty()) return refuse(absl::InvalidArgumentError("fd channel: a telemetry request carries no descriptor"));
     Handover h;
     h.kind = req.kind;
     h.uid = c.uid;
@@ -199,17 +189,6 @@ bool FdChannel::Serve(Conn& c) {
     if (!ticket.ok()) return refuse(ticket.status());
     Reply(c, absl::OkStatus(), *ticket, -1);
     return true;
-  }
-  if (req.kind != abi::kFdSegment && req.kind != abi::kFdBuffer) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat("fd channel: unknown request kind ", req.kind)));
-  }
-  if (fds.size() != 1) {
-    return refuse(absl::InvalidArgumentError(
-        absl::StrCat("fd channel: a hand-over carries exactly one descriptor, this one had ", fds.size())));
-  }
-  if (req.kind == abi::kFdSegment && req.bytes != abi::SegmentLayoutV1::kBytes) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat("fd channel: a rank segment is ",
-                                                          abi::SegmentLayoutV1::kBytes, " bytes, not ", req.bytes)));
   }
   absl::Status ok = common::CheckSealedMemfd(fds[0].get(), req.bytes);
   if (!ok.ok()) return refuse(common::Annotate(ok, "fd channel: "));

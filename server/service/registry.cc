@@ -13,6 +13,7 @@
 #include "common/api_names.h"
 #include "common/memory_kinds.h"
 #include "common/status.h"
+#include "server/service/request_checks.h"
 
 namespace dmagather::server::service {
 
@@ -20,24 +21,6 @@ using scheduler::Job;
 using scheduler::Rank;
 
 namespace {
-
-absl::Status CheckJoinRequest(const v1::JoinRequest& req) {
-  if (req.job_key().empty() || req.job_key().size() > 128) {
-    return absl::InvalidArgumentError("job_key must be 1..128 characters");
-  }
-  for (char c : req.job_key()) {
-    if (c < 0x21 || c > 0x7e) return absl::InvalidArgumentError("job_key must be printable ASCII without spaces");
-  }
-  if (req.world_size() < 1 || req.world_size() > static_cast<int>(abi::kMaxRanksV1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("world_size ", req.world_size(), " is outside 1..", abi::kMaxRanksV1));
-  }
-  if (req.rank() < 0 || req.rank() >= req.world_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", req.rank(), " is outside 0..", req.world_size() - 1));
-  }
-  return absl::OkStatus();
-}
 
 void FillLatency(const common::LatencyHistogram& h, v1::LatencySummary* out) {
   common::LatencySummaryNs s = h.Summary();
@@ -266,7 +249,7 @@ absl::StatusOr<uint32_t> Registry::Register(const v1::RegisterRequest& req) {
   spec.bytes = req.bytes();
   spec.handle = req.handle();
   spec.rank = s->rank()->engine();
-  if (spec.kind.empty()) return absl::InvalidArgumentError("register: memory_kind is empty");
+  DMAG_RETURN_IF_ERROR(CheckRegisterRequest(req));
   Handover buffer;
   Session::Registered what;
   if (!req.ticket().empty()) {
@@ -298,8 +281,6 @@ absl::StatusOr<uint32_t> Registry::Register(const v1::RegisterRequest& req) {
     what.host = true;
     what.key = Session::HostKey{st.st_dev, st.st_ino, req.bytes()};
     what.host_bytes = req.bytes();
-  } else if (spec.kind == common::kMemoryHostMemfd) {
-    return absl::PermissionDeniedError("register: host memory needs the ticket of its fd-channel hand-over");
   }
   // One registration of this session at a time: the same memfd and range
   // registered again is the region already there (no second mapping).

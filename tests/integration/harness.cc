@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <thread>
@@ -65,7 +66,9 @@ std::unique_ptr<DaemonProcess> DaemonProcess::Start(const std::vector<std::strin
   d->dir_ = dir.empty() ? std::string(tmpl) : dir;
   d->socket_ = d->dir_ + "/dmagatherd.sock";
   std::vector<std::string> args = {"server/dmagatherd", "--socket=" + d->socket_, "--backend=host",
-                                   "--log_level=warning"};
+                                   "--log_level=warning",
+                                   // No HTTP metrics unless a test asks (tests run in parallel).
+                                   "--metrics_listen="};
   args.insert(args.end(), flags.begin(), flags.end());
   const std::string log = d->dir_ + "/dmagatherd.log";
   d->pid_ = fork();
@@ -103,7 +106,18 @@ int DaemonProcess::Stop(int sig) {
 }
 
 DaemonProcess::~DaemonProcess() {
-  if (pid_ > 0) Stop(SIGTERM);
+  if (pid_ > 0) {
+    const int status = Stop(SIGTERM);
+    // Under tools/test_asan.sh a daemon that found a memory error or a leak
+    // reports it at exit (non-zero status): fail the test with the report.
+    if (getenv("DMAGATHER_SANITIZER") != nullptr && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+      fprintf(stderr, "dmagatherd (%s) exited with status 0x%x after SIGTERM; its log:\n", socket_.c_str(), status);
+      const std::string cat = "tail -n 60 '" + dir_ + "/dmagatherd.log' >&2";
+      if (system(cat.c_str()) != 0) {
+      }
+      abort();
+    }
+  }
   if (keep_dir_) return;
   std::string cmd = "rm -rf '" + dir_ + "'";
   if (system(cmd.c_str()) != 0) {

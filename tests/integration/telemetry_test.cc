@@ -1,8 +1,12 @@
 // dmagatherctl against a real daemon: the counters it shows are the ops and
 // bytes the ranks actually ran, errors are counted by code, and the
 // Prometheus text agrees.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -20,6 +24,104 @@ uint64_t JsonNumber(const std::string& json, const std::string& key) {
   std::smatch m;
   std::regex re("\"" + key + "\": \"?([0-9]+)\"?");
   return std::regex_search(json, m, re) ? std::stoull(m[1]) : ~0ull;
+}
+
+// A free TCP port on 127.0.0.1 (bound and released: the daemon takes it next).
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t n = sizeof(a);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0) {
+    close(fd);
+    return -1;
+  }
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// One HTTP/1.0 GET over a real TCP connection; the whole response, or "".
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  if (write(fd, req.data(), req.size()) != ssize_t(req.size())) {
+    close(fd);
+    return "";
+  }
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, n);
+  close(fd);
+  return out;
+}
+
+// --metrics_listen: GET /metrics over TCP is the text `dmagatherctl metrics`
+// prints, with the ops and bytes of a job this test ran.
+TEST(TelemetryTest, MetricsEndpointServesWhatTheRanksRan) {
+  const int port = FreePort();
+  ASSERT_GT(port, 0);
+  auto daemon = DaemonProcess::Start({"--metrics_listen=127.0.0.1:" + std::to_string(port)});
+  ASSERT_NE(daemon, nullptr);
+  std::string before;
+  for (int i = 0; i < 200 && before.empty(); ++i) {  // Listening right after the gRPC socket.
+    before = HttpGet(port, "/metrics");
+    if (before.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_NE(before.find("HTTP/1.1 200"), std::string::npos) << before;
+  EXPECT_NE(before.find("Content-Type: text/plain; version=0.0.4"), std::string::npos) << before;
+  EXPECT_NE(before.find("dmagather_ops_total 0"), std::string::npos) << before;
+
+  const std::string job = UniqueJob("metrics-http");
+  const int world = 2, ops = 5;
+  const size_t count = 1000;  // float32: 4000-byte shards.
+  std::vector<RankReport> reports = RunRanks(world, [&](int rank, const Reporter& rep) {
+    Comm comm(daemon->socket().c_str(), job, world, rank);
+    if (!comm.ok()) return rep.Say(comm.error()), 2;
+    char* buf = static_cast<char*>(comm.Alloc(1 << 20));
+    for (int i = 0; i < ops; ++i) {
+      if (comm.AllGather(buf + rank * count * 4, buf, count, DMAGATHER_FLOAT32) != DMAGATHER_OK) return 1;
+    }
+    if (comm.Wait() != DMAGATHER_OK) return rep.Say(comm.error()), 1;
+    return 0;
+  });
+  for (const auto& r : reports) ASSERT_EQ(r.exit_code, 0) << r.message;
+
+  const uint64_t bytes = uint64_t(ops) * count * 4 * world * world;
+  std::string prom;
+  for (int i = 0; i < 100; ++i) {  // Node totals include the job once it has ended.
+    prom = HttpGet(port, "/metrics");
+    if (prom.find(absl::StrCat("dmagather_bytes_total ", bytes)) != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_NE(prom.find(absl::StrCat("dmagather_ops_total ", ops, "\n")), std::string::npos) << prom;
+  EXPECT_NE(prom.find(absl::StrCat("dmagather_bytes_total ", bytes, "\n")), std::string::npos) << prom;
+  // The same text as dmagatherctl metrics.
+  int rc = 0;
+  std::string ctl = RunProgram({"tools/dmagatherctl", "--socket=" + daemon->socket(), "metrics"}, &rc);
+  EXPECT_EQ(rc, 0);
+  EXPECT_NE(ctl.find(absl::StrCat("dmagather_bytes_total ", bytes, "\n")), std::string::npos) << ctl;
+  EXPECT_NE(HttpGet(port, "/nothing").find("HTTP/1.1 404"), std::string::npos);
+
+  // A second daemon cannot take the port: it serves anyway, without /metrics.
+  auto second = DaemonProcess::Start({"--metrics_listen=127.0.0.1:" + std::to_string(port)});
+  ASSERT_NE(second, nullptr);
+  const std::string health = RunProgram({"tools/dmagatherctl", "--socket=" + second->socket(), "health"}, &rc);
+  EXPECT_EQ(rc, 0) << health;
+  EXPECT_EQ(health.find("NOT_SERVING"), std::string::npos) << health;
+  second->Stop(SIGTERM);
+
+  daemon->Stop(SIGTERM);
+  EXPECT_EQ(HttpGet(port, "/metrics"), "");  // Gone with the daemon.
 }
 
 TEST(TelemetryTest, CtlShowsWhatTheRanksRan) {

@@ -17,7 +17,8 @@ class DaemonTestCase(unittest.TestCase):
         cls.dir = tempfile.mkdtemp(prefix=cls.DAEMON_PREFIX, dir="/tmp")
         cls.sock = os.path.join(cls.dir, "d.sock")
         cls.daemon = subprocess.Popen([os.path.join(RUNFILES, "server", "dmagatherd"), f"--socket={cls.sock}",
-                                       "--backend=host", "--log_level=warning"])
+                                       "--backend=host", "--log_level=warning",
+                                       "--metrics_listen="])
         for _ in range(500):
             if os.path.exists(cls.sock):
                 break
