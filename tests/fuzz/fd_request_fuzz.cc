@@ -1,8 +1,8 @@
 // libFuzzer target: the fd channel's check of a received message
 // (server/service/fd_request.cc, ParseFdRequest), with the recvmsg flags
 // and the number of descriptors that came with it under the fuzzer's
-// control. What it accepts is exactly a ping without descriptors or a
-// segment/buffer hand-over with one descriptor.
+// control. What it accepts is exactly a ping or a telemetry-ticket request
+// without descriptors, or a segment/buffer hand-over with one descriptor.
 //
 // Input: [msg_flags bits: 1 = MSG_TRUNC, 2 = MSG_CTRUNC] [descriptors: u8]
 // then the message (any length).
@@ -34,6 +34,7 @@ int FuzzOne(const uint8_t* data, size_t size) {
   if (req->stamp != abi::kFdRequestStampV1 || req->magic != abi::kMagic) __builtin_trap();
   switch (req->kind) {
     case abi::kFdPing:
+    case abi::kFdTelemetry:
       if (num_fds != 0) __builtin_trap();
       break;
     case abi::kFdSegment:

@@ -608,7 +608,13 @@ TEST_F(LimitsTest, FiveHundredOpenSessionsCostNoThreadEachAndStillDetectAKilledP
     return rss_after <= rss_before + 32 * 1024;
   }, 10);
   std::cerr << "RSS " << rss_after << " KiB after the sessions ended\n";
+#if defined(__SANITIZE_ADDRESS__)
+  // Under ASan the daemon's freed memory sits in the allocator's quarantine
+  // (by design), so RSS says nothing about leaks there; LSan checks those.
+  std::cerr << "RSS bound not checked: AddressSanitizer build\n";
+#else
   EXPECT_LE(rss_after, rss_before + 32 * 1024) << "RSS before " << rss_before << " KiB, open " << rss_open;
+#endif
   munmap(sh, sizeof(Shared));
 }
 
