@@ -65,42 +65,6 @@ std::chrono::system_clock::time_point In(int ms) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
 }
 
-// One AllGather of `count` floats per rank, checked bit-exact; "" when right.
-std::string RunOp(Comm& comm, char* send, char* recv, size_t count, int world, int rank, uint64_t seed) {
-  const size_t shard = count * 4;
-  std::memset(recv, 0xEE, shard * world);
-  FillPattern(send, shard, seed, rank);
-  dmagather_status_t st = comm.AllGather(send, recv, count, DMAGATHER_FLOAT32);
-  if (st == DMAGATHER_OK) st = comm.Wait();
-  if (st != DMAGATHER_OK) return absl::StrCat("allgather: ", dmagather_status_string(st), " ", comm.error());
-  std::vector<char> want(shard);
-  for (int r = 0; r < world; ++r) {
-    FillPattern(want.data(), shard, seed, r);
-    if (memcmp(recv + r * shard, want.data(), shard) != 0) return absl::StrCat("output of rank ", r, " differs");
-  }
-  return "";
-}
-
-// A whole job of `world` ranks (this uid) running `ops` AllGathers bit-exact.
-void ExpectJobBitExact(const std::string& socket, const std::string& job, int world = 2, int ops = 5) {
-  auto reports = RunRanks(world, [&](int rank, const Reporter& rep) {
-    Comm comm(socket.c_str(), job, world, rank);
-    REQUIRE(comm.ok(), comm.error());
-    const size_t count = 40000;
-    char* send = static_cast<char*>(comm.Alloc(count * 4));
-    char* recv = static_cast<char*>(comm.Alloc(count * 4 * world));
-    REQUIRE(send != nullptr && recv != nullptr, comm.error());
-    for (int i = 0; i < ops; ++i) {
-      std::string why = RunOp(comm, send, recv, count, world, rank, 1000 + i);
-      REQUIRE(why.empty(), why);
-    }
-    return 0;
-  });
-  for (size_t r = 0; r < reports.size(); ++r) {
-    EXPECT_EQ(reports[r].exit_code, 0) << job << " rank " << r << ": " << reports[r].message;
-  }
-}
-
 common::MemfdMapping MakeSegment(uint64_t token) {
   auto m = common::MemfdMapping::Create("test-seg", abi::SegmentLayoutV1::kBytes);
   EXPECT_TRUE(m.ok()) << m.status();

@@ -1,6 +1,7 @@
 // Helpers shared by the integration tests whose rank processes report
 // through a Reporter (harness.h): REQUIRE, pages shared across fork, a
-// polling wait, and the bit-exact AllGather output check.
+// polling wait, the bit-exact AllGather output check, and a whole job that
+// must run bit-exact.
 #pragma once
 
 #include <sys/mman.h>
@@ -12,8 +13,12 @@
 #include <thread>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "absl/strings/str_cat.h"
 #include "bench/verify.h"
+#include "dmagather/client.h"
+#include "tests/integration/harness.h"
 
 namespace dmagather::testing {
 
@@ -65,6 +70,38 @@ inline long FirstMismatch(const char* out, size_t shard, int world, uint64_t see
     }
   }
   return -1;
+}
+
+// One AllGather of `count` floats per rank, checked bit-exact; "" when right.
+inline std::string RunOp(Comm& comm, char* send, char* recv, size_t count, int world, int rank, uint64_t seed) {
+  const size_t shard = count * 4;
+  std::memset(recv, 0xEE, shard * world);
+  bench::FillPattern(send, shard, seed, rank);
+  dmagather_status_t st = comm.AllGather(send, recv, count, DMAGATHER_FLOAT32);
+  if (st == DMAGATHER_OK) st = comm.Wait();
+  if (st != DMAGATHER_OK) return absl::StrCat("allgather: ", dmagather_status_string(st), " ", comm.error());
+  const long bad = FirstMismatch(recv, shard, world, seed);
+  return bad < 0 ? "" : absl::StrCat("output differs at byte ", bad);
+}
+
+// A whole job of `world` ranks (this uid) running `ops` AllGathers bit-exact.
+inline void ExpectJobBitExact(const std::string& socket, const std::string& job, int world = 2, int ops = 5) {
+  auto reports = RunRanks(world, [&](int rank, const Reporter& rep) {
+    Comm comm(socket.c_str(), job, world, rank);
+    REQUIRE(comm.ok(), comm.error());
+    const size_t count = 40000;
+    char* send = static_cast<char*>(comm.Alloc(count * 4));
+    char* recv = static_cast<char*>(comm.Alloc(count * 4 * world));
+    REQUIRE(send != nullptr && recv != nullptr, comm.error());
+    for (int i = 0; i < ops; ++i) {
+      std::string why = RunOp(comm, send, recv, count, world, rank, 1000 + i);
+      REQUIRE(why.empty(), why);
+    }
+    return 0;
+  });
+  for (size_t r = 0; r < reports.size(); ++r) {
+    EXPECT_EQ(reports[r].exit_code, 0) << job << " rank " << r << ": " << reports[r].message;
+  }
 }
 
 }  // namespace dmagather::testing
