@@ -28,3 +28,29 @@ class DaemonTestCase(unittest.TestCase):
     def tearDownClass(cls):
         cls.daemon.terminate()
         cls.daemon.wait(10)
+
+    def collect_ranks(self, procs, q, deadline_s):
+        """Starts `procs` (rank processes that put (rank, status, result) on `q`),
+        waits at most `deadline_s` for all of them (killing stragglers), asserts
+        every rank reported "ok", and returns {rank: result}."""
+        import time
+        for p in procs:
+            p.start()
+        results = {}
+        deadline = time.monotonic() + deadline_s
+        try:
+            for _ in procs:
+                r, status, res = q.get(timeout=max(1, deadline - time.monotonic()))
+                results[r] = (status, res)
+        except Exception:  # noqa: BLE001  (queue.Empty)
+            pass
+        for p in procs:
+            p.join(max(1, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join()
+        world = len(procs)
+        self.assertEqual(sorted(results), list(range(world)), f"rank(s) hung or died: {results}")
+        for r in range(world):
+            self.assertEqual(results[r][0], "ok", f"rank {r}")
+        return {r: results[r][1] for r in range(world)}

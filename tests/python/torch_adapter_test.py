@@ -11,7 +11,6 @@ import multiprocessing as mp
 import os
 import subprocess
 import sys
-import time
 import unittest
 
 RUNFILES = os.getcwd()
@@ -137,25 +136,7 @@ class TorchAdapterTest(DaemonTestCase):
         q = ctx.Queue()
         store = os.path.join(self.dir, f"{job}.store")
         procs = [ctx.Process(target=rank_main, args=(r, case, self.sock, job, store, q)) for r in range(WORLD)]
-        for p in procs:
-            p.start()
-        results = {}
-        deadline = time.monotonic() + DEADLINE_S
-        try:
-            for _ in procs:
-                r, status, res = q.get(timeout=max(1, deadline - time.monotonic()))
-                results[r] = (status, res)
-        except Exception:  # noqa: BLE001  (queue.Empty)
-            pass
-        for p in procs:
-            p.join(max(1, deadline - time.monotonic()))
-            if p.is_alive():
-                p.kill()
-                p.join()
-        self.assertEqual(sorted(results), list(range(WORLD)), f"rank(s) hung or died: {results}")
-        for r in range(WORLD):
-            self.assertEqual(results[r][0], "ok", f"rank {r}")
-        return {r: results[r][1] for r in range(WORLD)}
+        return self.collect_ranks(procs, q, DEADLINE_S)
 
     def test_dmagather_memory_goes_through_dmagather(self):
         res = self.run_case("dmagather", "torch-served")

@@ -333,25 +333,7 @@ class TrainersTest(DaemonTestCase):
         procs = [ctx.Process(target=rank_main, args=(r, case, self.sock, store, q, env or {}, init_kwargs))
                  for r in range(WORLD)]
         t0 = time.monotonic()
-        for p in procs:
-            p.start()
-        results = {}
-        deadline = time.monotonic() + DEADLINE_S
-        try:
-            for _ in procs:
-                r, status, res = q.get(timeout=max(1, deadline - time.monotonic()))
-                results[r] = (status, res)
-        except Exception:  # noqa: BLE001  (queue.Empty)
-            pass
-        for p in procs:
-            p.join(max(1, deadline - time.monotonic()))
-            if p.is_alive():
-                p.kill()
-                p.join()
-        self.assertEqual(sorted(results), list(range(WORLD)), f"rank(s) hung or died: {results}")
-        for r in range(WORLD):
-            self.assertEqual(results[r][0], "ok", f"rank {r}")
-        out = {r: results[r][1] for r in range(WORLD)}
+        out = self.collect_ranks(procs, q, DEADLINE_S)
         out["wall_s"] = time.monotonic() - t0
         return out
 
