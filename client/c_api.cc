@@ -73,10 +73,26 @@ dmagather_status_t dmagather_comm_init_config(const char* job_key, int world_siz
     if (DMAG_CONFIG_HAS(config, spin)) o.spin = config->spin;
     if (DMAG_CONFIG_HAS(config, local_rank)) o.local_rank = config->local_rank;
     if (DMAG_CONFIG_HAS(config, local_world_size)) o.local_world_size = config->local_world_size;
+    if (DMAG_CONFIG_HAS(config, job_id) && config->job_id != nullptr) o.job_id = config->job_id;
   }
   auto impl = dmagather::client::CommImpl::Create(o);
   if (!impl.ok()) return Report(nullptr, impl.status());
   *comm = new dmagather_comm{*std::move(impl), {}};
+  return DMAGATHER_OK;
+}
+
+dmagather_status_t dmagather_job_id_create(const char* socket_path, char* job_id, size_t job_id_size) {
+  if (job_id == nullptr || job_id_size == 0) {
+    return Report(nullptr, absl::InvalidArgumentError("job_id (output) is NULL or empty"));
+  }
+  job_id[0] = '\0';
+  auto id = dmagather::client::CreateJobId(socket_path != nullptr ? socket_path : "");
+  if (!id.ok()) return Report(nullptr, id.status());
+  if (id->size() + 1 > job_id_size) {
+    return Report(nullptr, absl::InvalidArgumentError(absl::StrCat("job_id needs ", id->size() + 1,
+                                                                   " bytes (DMAGATHER_JOB_ID_MAX)")));
+  }
+  memcpy(job_id, id->c_str(), id->size() + 1);
   return DMAGATHER_OK;
 }
 

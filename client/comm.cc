@@ -65,6 +65,21 @@ CommImpl::CommImpl(const CommOptions& options) : options_(options), op_records_(
   scratch_.resize(DMAGATHER_MAX_COALESCED);
 }
 
+absl::StatusOr<std::string> CreateJobId(const std::string& socket_path) {
+  const std::string path = ResolveSocket(socket_path);
+  if (access(path.c_str(), F_OK) != 0) {
+    return absl::UnavailableError(absl::StrCat("no dmagatherd socket at ", path, ": is dmagatherd running?"));
+  }
+  auto stub = v1::Control::NewStub(grpc::CreateChannel("unix:" + path, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::CreateJobIdRequest req;
+  v1::CreateJobIdReply reply;
+  grpc::Status st = stub->CreateJobId(&ctx, req, &reply);
+  if (!st.ok()) return FromGrpc(st, "create a job id");
+  return reply.job_id();
+}
+
 std::string CommImpl::Rank() const { return absl::StrCat("rank ", options_.rank, ": "); }
 
 absl::StatusOr<std::unique_ptr<CommImpl>> CommImpl::Create(const CommOptions& in) {
@@ -140,6 +155,7 @@ absl::Status CommImpl::Join() {
   req.set_abi_version(2);
   req.set_capability_version(1);
   req.set_client_version(DMAGATHER_VERSION_STRING);
+  req.set_job_id(options_.job_id);
   join_ctx_ = std::make_unique<grpc::ClientContext>();
   join_stream_ = stub_->Join(join_ctx_.get(), req);
   v1::JoinEvent ev;

@@ -41,7 +41,11 @@ struct CommOptions {
   int spin = -1;  // < 0: $DMAGATHER_SPIN, then 256.
   int local_rank = -1;
   int local_world_size = -1;
+  std::string job_id;  // Multi-node job: from CreateJobId on one rank ("" = one node).
 };
+
+// A new multi-node job id from the daemon at `socket_path` ("" = default).
+absl::StatusOr<std::string> CreateJobId(const std::string& socket_path);
 
 // One tensor of an op as the caller passed it.
 struct GatherItem {

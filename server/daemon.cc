@@ -122,6 +122,15 @@ absl::Status Daemon::Start() {
   struct stat bell_st;
   if (fstat(doorbell_.fd(), &bell_st) == 0) registry_->SetDoorbellIdentity(bell_st.st_dev, bell_st.st_ino);
   service::Registry* reg = registry_.get();
+  if (!options_.peers.listen.empty()) {
+    auto peers = cluster::PeerService::Create(options_.peers);
+    if (!peers.ok()) {
+      fd_channel_->Stop();
+      return common::Annotate(peers.status(), "--peer_listen: ");
+    }
+    peers_ = *std::move(peers);
+    registry_->SetPeers(peers_.get());
+  }
   ingress::Ingress::Options io;
   io.op_timeout = options_.op_timeout;
   ingress_ = std::make_unique<ingress::Ingress>(
@@ -138,6 +147,14 @@ absl::Status Daemon::Start() {
     h->set_backend_reason(engine_reason_);
     h->set_uptime_s(absl::ToDoubleSeconds(absl::Now() - started_));
     h->set_worker_threads(engine_->worker_threads());
+    if (peers_ != nullptr) {
+      const cluster::PeerStats ps = peers_->stats();
+      h->set_peer_address(ps.address);
+      h->set_transport(ps.transport);
+      h->set_transport_reason(ps.transport_reason);
+      h->set_peer_auth_failures(ps.auth_failures);
+      h->set_transport_fallbacks(options_.peers.transport == "auto" && ps.transport == "tcp" ? 1 : 0);
+    }
     const std::string why = SelfCheck();
     if (!why.empty()) {
       h->set_status("NOT_SERVING");
@@ -172,6 +189,7 @@ void Daemon::Stop(const std::string& reason) {
   if (metrics_http_ != nullptr) metrics_http_->Stop();
   registry_->FailAll(absl::UnavailableError(absl::StrCat("dmagatherd is shutting down (", reason, ")")));
   control_->Wake();  // Open Joins get their Shutdown event now.
+  if (peers_ != nullptr) peers_->Stop();  // Bootstraps end; running rings were failed above.
   absl::Time deadline = absl::Now() + options_.drain_timeout;
   while (registry_->total_ops_in_flight() != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
   if (registry_->total_ops_in_flight() != 0) {

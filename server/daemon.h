@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/memfd.h"
+#include "server/cluster/peer_service.h"
 #include "server/engines/factory.h"
 
 namespace grpc {
@@ -50,6 +51,8 @@ struct DaemonOptions {
   std::string operator_group;
   // Prometheus GET /metrics on this HOST:PORT; empty = none.
   std::string metrics_listen;
+  // Multi-node jobs: the peer listener (peers.listen empty = none).
+  cluster::PeerOptions peers;
 };
 
 class Daemon {
@@ -89,6 +92,7 @@ class Daemon {
   std::unique_ptr<grpc::Server> server_;
   int64_t operator_gid_ = -1;
   std::unique_ptr<service::MetricsHttpServer> metrics_http_;
+  std::unique_ptr<cluster::PeerService> peers_;
   absl::Time started_;
   bool stopped_ = false;
 };

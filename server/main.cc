@@ -53,6 +53,16 @@ ABSL_FLAG(std::string, operator_group, "",
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Prometheus endpoint: GET /metrics over HTTP on HOST:PORT ([::1]:9464 for IPv6, port 0 = any free "
           "port); empty = none. Every job's counters: keep it on loopback or a network only operators reach.");
+ABSL_FLAG(std::string, peer_listen, "",
+          "Multi-node jobs: HOST:PORT on which peer daemons reach this one (ring links, job coordinator). "
+          "Empty: single-node jobs only.");
+ABSL_FLAG(std::string, peer_advertise, "",
+          "The HOST:PORT other nodes' daemons connect to (default: the bound --peer_listen address).");
+ABSL_FLAG(std::string, transport, "auto",
+          "Between daemons: tcp, ibverbs, or auto (ibverbs when an RDMA device is usable, else tcp; the "
+          "reason is logged and shown by `dmagatherctl health`).");
+ABSL_FLAG(int, peer_links, 4, "Multi-node jobs: connections to the next node per job (1..64).");
+ABSL_FLAG(int, ring_chunk_kib, 1024, "Multi-node jobs: ring chunk size in KiB (4..65536).");
 ABSL_FLAG(std::string, log_level, "info", "Least severe messages logged: info, warning or error.");
 
 namespace {
@@ -105,6 +115,11 @@ int main(int argc, char** argv) {
   o.fd_timeout = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_fd_timeout_ms)));
   o.ticket_ttl = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_fd_ticket_ttl_ms)));
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  o.peers.listen = absl::GetFlag(FLAGS_peer_listen);
+  o.peers.advertise = absl::GetFlag(FLAGS_peer_advertise);
+  o.peers.transport = absl::GetFlag(FLAGS_transport);
+  o.peers.links = absl::GetFlag(FLAGS_peer_links);
+  o.peers.chunk_bytes = uint64_t(std::max(0, absl::GetFlag(FLAGS_ring_chunk_kib))) << 10;
 
   o.max_jobs_per_uid = std::max(0, absl::GetFlag(FLAGS_max_jobs_per_uid));
   o.max_sessions_per_uid = std::max(0, absl::GetFlag(FLAGS_max_sessions_per_uid));

@@ -117,7 +117,9 @@ int Ingress::PollJob(const JobFeed& feed, uint64_t now_ns) {
   Job* job = feed.job.get();
   int consumed = 0;
   const int world = job->world_size();
+  const int local = job->local_count();
   for (int r = 0; r < world; ++r) {
+    if (feed.inputs[r] == nullptr) continue;  // On another node.
     RankInput& in = *feed.inputs[r];
     Rank& rank = *in.rank;
     if (rank.state() != Rank::State::kActive) continue;
@@ -174,7 +176,7 @@ int Ingress::PollJob(const JobFeed& feed, uint64_t now_ns) {
       if (!live) continue;  // The op was failed (job stopped) before its last items came.
       part.arrived = true;
       ++op->arrived;
-      if (op->arrived == world && !job->failed()) job->Dispatch(op, engine_);
+      if (op->arrived == local && !job->failed()) job->Dispatch(op, engine_);
     }
   }
   return consumed;
@@ -184,6 +186,7 @@ bool Ingress::AnyPending() const {
   for (const JobFeed& feed : jobs_) {
     if (!feed.job->all_joined()) continue;
     for (const auto& in : feed.inputs) {
+      if (in == nullptr) continue;
       if (in->rank->state() != Rank::State::kActive) continue;
       if (abi::LoadSeqCst(&in->ring->tail) != in->ring_head) return true;
     }

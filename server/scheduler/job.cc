@@ -12,18 +12,40 @@
 
 namespace dmagather::server::scheduler {
 
-void Op::OnEngineDone(absl::Status status) {
+void Op::OnEngineDone(absl::Status status) { PartDone(status, -1); }
+
+void Op::PartDone(const absl::Status& status, int failed_rank) {
+  absl::Status verdict;
+  int who;
+  {
+    std::lock_guard<std::mutex> lock(part_mu);
+    if (!status.ok() && part_status.ok()) {
+      part_status = status;
+      part_failed_rank = failed_rank;
+    }
+    if (open_parts.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    verdict = std::move(part_status);
+    who = part_failed_rank;
+    part_status = absl::OkStatus();
+    part_failed_rank = -1;
+  }
   // Copies that finished after the job failed may have read a dead rank's
   // buffer (the cuda engine lets such waits go on): report the job's failure.
-  if (status.ok() && job->failed()) {
+  if (verdict.ok() && job->failed()) {
     job->FinishOp(this, job->failure(), job->failed_rank());
     return;
   }
-  job->FinishOp(this, status, -1);
+  job->FinishOp(this, verdict, who);
 }
 
-Job::Job(std::string key, int world_size, uid_t uid)
-    : key_(std::move(key)), world_size_(world_size), uid_(uid), ranks_(world_size), slots_(abi::kRingSlotsV1) {
+Job::Job(std::string key, int world_size, uid_t uid, bool multi_node)
+    : key_(std::move(key)),
+      world_size_(world_size),
+      uid_(uid),
+      multi_node_(multi_node),
+      local_count_(world_size),
+      ranks_(world_size),
+      slots_(abi::kRingSlotsV1) {
   for (Op& op : slots_) {
     op.job = this;
     op.parts.resize(world_size);
@@ -31,7 +53,10 @@ Job::Job(std::string key, int world_size, uid_t uid)
   }
 }
 
-Job::~Job() = default;
+Job::~Job() {
+  // The ring's threads call into the job: stop them while it is whole.
+  if (remote_ != nullptr) remote_->Close();
+}
 
 absl::Status Job::AddRank(std::shared_ptr<Rank> rank) {
   absl::MutexLock lock(&mu_);
@@ -45,13 +70,45 @@ absl::Status Job::AddRank(std::shared_ptr<Rank> rank) {
                                                  ranks_[r]->pid(), ")"));
   }
   ranks_[r] = std::move(rank);
-  if (++joined_ == world_size_) {
-    for (auto& k : ranks_) k->set_state(Rank::State::kActive);
-    for (Op& op : slots_) {
-      for (int i = 0; i < world_size_; ++i) op.ranks[i] = ranks_[i]->engine();
-    }
-    all_joined_.store(true, std::memory_order_release);
+  if (++joined_ == world_size_ && !multi_node_) ActivateLocked();
+  return absl::OkStatus();
+}
+
+void Job::ActivateLocked() {
+  for (auto& k : ranks_) {
+    if (k != nullptr) k->set_state(Rank::State::kActive);
   }
+  for (Op& op : slots_) {
+    for (int i = 0; i < world_size_; ++i) op.ranks[i] = ranks_[i] != nullptr ? ranks_[i]->engine() : nullptr;
+  }
+  local_count_.store(joined_, std::memory_order_release);
+  all_joined_.store(true, std::memory_order_release);
+}
+
+std::vector<int> Job::joined_ranks() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<int> out;
+  for (int r = 0; r < world_size_; ++r) {
+    if (ranks_[r] != nullptr) out.push_back(r);
+  }
+  return out;
+}
+
+absl::Status Job::SetTopology(std::shared_ptr<const Topology> topology, std::shared_ptr<RemotePart> remote) {
+  absl::MutexLock lock(&mu_);
+  if (all_joined_.load() || !multi_node_) return absl::FailedPreconditionError("the job's topology is already set");
+  std::vector<int> here;
+  for (int r = 0; r < world_size_; ++r) {
+    if (ranks_[r] != nullptr) here.push_back(r);
+  }
+  if (here != topology->local_ranks()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", key_, "': the coordinator's table puts rank(s) ", absl::StrJoin(topology->local_ranks(), ","),
+        " on this node, but rank(s) ", absl::StrJoin(here, ","), " joined here"));
+  }
+  topology_ = std::move(topology);
+  remote_ = std::move(remote);
+  ActivateLocked();
   return absl::OkStatus();
 }
 
@@ -96,11 +153,15 @@ std::vector<std::shared_ptr<Rank>> Job::ranks() const {
 }
 
 void Job::Fail(const absl::Status& status, int failed_rank) {
-  absl::MutexLock lock(&mu_);
-  if (failed_.load()) return;
-  failure_ = status;
-  failed_rank_ = failed_rank;
-  failed_.store(true, std::memory_order_release);
+  {
+    absl::MutexLock lock(&mu_);
+    if (failed_.load()) return;
+    failure_ = status;
+    failed_rank_ = failed_rank;
+    failed_.store(true, std::memory_order_release);
+  }
+  // The other nodes learn it through the ring; ops in flight end with it.
+  if (remote_ != nullptr && all_joined_.load()) remote_->Abort(status);
 }
 
 absl::Status Job::failure() const {
@@ -128,8 +189,7 @@ Op* Job::SlotFor(uint32_t seq, uint64_t now_ns) {
   return &op;
 }
 
-void Job::Dispatch(Op* op, engines::CopyEngine* engine) {
-  op->matched_ns = common::MonotonicNs();
+absl::Status Job::LocalVerdict(Op* op, int* failed_rank) {
   // One decision for every rank: a rank that refused (or sent something
   // invalid) fails the op everywhere, so no rank copies while another
   // takes the framework's path. Invalid parts win over fallbacks.
@@ -139,26 +199,41 @@ void Job::Dispatch(Op* op, engines::CopyEngine* engine) {
     if (s.ok()) continue;
     if (refused < 0 || (common::IsFallback(op->parts[refused].status) && !common::IsFallback(s))) refused = r;
   }
+  *failed_rank = refused;
   if (refused >= 0) {
     const absl::Status& why = op->parts[refused].status;
     if (common::IsFallback(why)) {
-      counters.fallback_ops.fetch_add(1, std::memory_order_relaxed);
-      FinishOp(op,
-               common::FallbackError(absl::StrCat("allgather #", op->seq, " cannot be served by dmagather: ",
-                                                  why.message())),
-               refused);
-    } else {
-      FinishOp(op, absl::InvalidArgumentError(absl::StrCat("allgather #", op->seq, " failed: ", why.message())),
-               refused);
+      return common::FallbackError(
+          absl::StrCat("allgather #", op->seq, " cannot be served by dmagather: ", why.message()));
     }
+    return absl::InvalidArgumentError(absl::StrCat("allgather #", op->seq, " failed: ", why.message()));
+  }
+  return CheckAgreement(*op);
+}
+
+void Job::Dispatch(Op* op, engines::CopyEngine* engine) {
+  op->matched_ns = common::MonotonicNs();
+  int failed_rank = -1;
+  absl::Status verdict = LocalVerdict(op, &failed_rank);
+  if (common::IsFallback(verdict) && (remote_ == nullptr || failed_rank >= 0)) {
+    counters.fallback_ops.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (remote_ != nullptr) {
+    // Every node hears every node's verdict through the ring and ends the
+    // op the same way; the engine copies only when this node's is OK.
+    op->open_parts.store(verdict.ok() ? 2 : 1, std::memory_order_release);
+    if (verdict.ok()) BuildPlan(op);
+    op->state.store(Op::kRunning, std::memory_order_release);
+    remote_->Start(op, verdict, failed_rank);
+    if (verdict.ok()) engine->Execute(op);
     return;
   }
-  absl::Status agree = CheckAgreement(*op);
-  if (!agree.ok()) {
-    FinishOp(op, agree, -1);
+  if (!verdict.ok()) {
+    FinishOp(op, verdict, failed_rank);
     return;
   }
   BuildPlan(op);
+  op->open_parts.store(1, std::memory_order_release);
   op->state.store(Op::kRunning, std::memory_order_release);
   engine->Execute(op);
   // Recorded here, not in FinishOp: the engine may finish the op (and the
@@ -168,12 +243,28 @@ void Job::Dispatch(Op* op, engines::CopyEngine* engine) {
 
 void Job::Sweep(uint64_t now_ns, absl::Duration op_timeout) {
   const uint64_t timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(op_timeout));
+  if (!failed() && remote_ != nullptr) {
+    for (Op& op : slots_) {
+      if (op.state.load(std::memory_order_acquire) != Op::kRunning) continue;
+      if (now_ns - op.first_arrival_ns < timeout_ns) continue;
+      const std::string pending = remote_->Pending(op.seq);
+      if (pending.empty()) continue;
+      Fail(absl::DeadlineExceededError(absl::StrCat("allgather #", op.seq, " of job '", key_, "' timed out after ",
+                                                    absl::FormatDuration(op_timeout), " waiting for ", pending,
+                                                    "; the job is stopped")),
+           -1);
+      break;
+    }
+  }
   if (!failed()) {
     for (Op& op : slots_) {
       if (op.state.load(std::memory_order_acquire) != Op::kWaiting) continue;
       if (now_ns - op.first_arrival_ns < timeout_ns) continue;
       std::vector<int> missing, present;
-      for (int r = 0; r < world_size_; ++r) (op.parts[r].arrived ? present : missing).push_back(r);
+      for (int r = 0; r < world_size_; ++r) {
+        if (ranks_[r] == nullptr) continue;  // On another node.
+        (op.parts[r].arrived ? present : missing).push_back(r);
+      }
       Fail(absl::DeadlineExceededError(absl::StrCat(
                "allgather #", op.seq, " of job '", key_, "' timed out after ",
                absl::FormatDuration(op_timeout), ": rank(s) ", absl::StrJoin(missing, ","),

@@ -28,6 +28,7 @@
 #include "server/engines/copy_engine.h"
 #include "server/scheduler/op.h"
 #include "server/scheduler/rank.h"
+#include "server/scheduler/remote.h"
 
 namespace dmagather::server::scheduler {
 
@@ -42,7 +43,9 @@ struct JobCounters {
 
 class Job {
  public:
-  Job(std::string key, int world_size, uid_t uid);
+  // `multi_node`: the job's ranks span nodes; it is complete once SetTopology
+  // has been called (with the ring) and every local rank has joined.
+  Job(std::string key, int world_size, uid_t uid, bool multi_node = false);
   ~Job();
 
   const std::string& key() const { return key_; }
@@ -58,9 +61,23 @@ class Job {
   bool all_joined() const { return all_joined_.load(std::memory_order_acquire); }
   int joined() const;
   std::vector<int> missing_ranks() const;
-  // After all_joined(): the ranks, fixed for the job's life.
+  // After all_joined(): the ranks, fixed for the job's life (null: on another node).
   Rank* rank(int r) const { return ranks_[r].get(); }
   std::vector<std::shared_ptr<Rank>> ranks() const;
+  // Ranks on this node (all of them on a one-node job).
+  int local_count() const { return local_count_.load(std::memory_order_acquire); }
+
+  // --- Multi-node ---
+  bool multi_node() const { return multi_node_; }
+  // The ranks that joined here so far (ascending).
+  std::vector<int> joined_ranks() const;
+  // From the cluster layer once the coordinator's table is in and the ring
+  // is up. Fails (and the job with it) when the table's local ranks are not
+  // the ones that joined here.
+  absl::Status SetTopology(std::shared_ptr<const Topology> topology, std::shared_ptr<RemotePart> remote);
+  // Null on a one-node job / before SetTopology.
+  const Topology* topology() const { return all_joined() ? topology_.get() : nullptr; }
+  const RemotePart* remote() const { return all_joined() ? remote_.get() : nullptr; }
 
   // --- Failure: the first reason wins and fails every later op. ---
   void Fail(const absl::Status& status, int failed_rank);
@@ -87,9 +104,19 @@ class Job {
   JobCounters counters;
 
  private:
+  // This node's verdict on its ranks' parts: refusal, invalid part or
+  // disagreement (and the rank it names), else OK.
+  absl::Status LocalVerdict(Op* op, int* failed_rank);
+  // Marks the job complete (under mu_, all local ranks present).
+  void ActivateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const std::string key_;
   const int world_size_;
   const uid_t uid_;
+  const bool multi_node_;
+  std::atomic<int> local_count_;
+  std::shared_ptr<const Topology> topology_;  // Set once, before all_joined_.
+  std::shared_ptr<RemotePart> remote_;        // Likewise.
 
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<Rank>> ranks_;  // Written under mu_ until all_joined_.

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -20,13 +21,20 @@ class Op : public engines::EngineOp {
   enum State : int { kFree = 0, kWaiting = 1, kRunning = 2 };
 
   void OnEngineDone(absl::Status status) override;
+  // One of the op's parts ended (the engine's copies; on a multi-node job
+  // also the ring). The first error wins; the last part finishes the op.
+  void PartDone(const absl::Status& status, int failed_rank);
 
   Job* job = nullptr;
   std::atomic<int> state{kFree};
   int arrived = 0;  // Ranks whose every item has been read.
   uint64_t first_arrival_ns = 0;
   uint64_t matched_ns = 0;
-  std::vector<RankPart> parts;  // world_size entries.
+  std::vector<RankPart> parts;  // world_size entries (a multi-node job fills its local ranks' only).
+  std::atomic<int> open_parts{0};
+  std::mutex part_mu;
+  absl::Status part_status;  // Under part_mu.
+  int part_failed_rank = -1;
 };
 
 }  // namespace dmagather::server::scheduler

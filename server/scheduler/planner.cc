@@ -38,10 +38,14 @@ std::string ShapeAt(const RankPart& p, int i, bool coalesced) {
 }  // namespace
 
 absl::Status CheckAgreement(const Op& op) {
-  const RankPart& ref = op.parts[0];
+  // The reference is the first rank here (rank 0 unless the job spans nodes).
+  size_t ref_rank = 0;
+  while (ref_rank + 1 < op.parts.size() && !op.parts[ref_rank].arrived) ++ref_rank;
+  const RankPart& ref = op.parts[ref_rank];
   std::vector<int> differ, where;
   bool coalesced = ref.items.size() != 1;
-  for (size_t r = 1; r < op.parts.size(); ++r) {
+  for (size_t r = ref_rank + 1; r < op.parts.size(); ++r) {
+    if (!op.parts[r].arrived) continue;  // On another node: the ring compares nodes.
     const int d = FirstDifference(op.parts[r], ref);
     if (d < 0) continue;
     differ.push_back(int(r));
@@ -49,28 +53,32 @@ absl::Status CheckAgreement(const Op& op) {
     coalesced |= op.parts[r].items.size() != 1;
   }
   if (differ.empty()) return absl::OkStatus();
-  std::string detail = absl::StrCat("rank 0 asked for ", ShapeAt(ref, where[0], coalesced));
+  std::string detail = absl::StrCat("rank ", ref_rank, " asked for ", ShapeAt(ref, where[0], coalesced));
   for (size_t k = 0; k < differ.size(); ++k) {
     absl::StrAppend(&detail, ", rank ", differ[k], " for ", ShapeAt(op.parts[differ[k]], where[k], coalesced));
   }
   return absl::InvalidArgumentError(absl::StrCat("allgather #", op.seq, ": ranks disagree (ranks ",
-                                                 absl::StrJoin(differ, ","), " differ from rank 0): ",
+                                                 absl::StrJoin(differ, ","), " differ from rank ", ref_rank, "): ",
                                                  detail));
 }
 
 void BuildPlan(Op* op) {
   op->plan.Clear();
   const int world = static_cast<int>(op->parts.size());
-  const size_t n_items = op->parts[0].items.size();
+  int ref = 0;
+  while (ref + 1 < world && !op->parts[ref].arrived) ++ref;
+  const size_t n_items = op->parts[ref].items.size();
   for (size_t i = 0; i < n_items; ++i) {
-    const Item& shape = op->parts[0].items[i];
+    const Item& shape = op->parts[ref].items[i];
     const uint64_t bytes = shape.count * common::DtypeSize(shape.dtype);
     if (bytes == 0) continue;
     const bool list = shape.kind == OpKind::kAllGatherList;
     for (int dst = 0; dst < world; ++dst) {
       const RankPart& d = op->parts[dst];
+      if (!d.arrived) continue;  // On another node (its shards come over the ring).
       const Item& out = d.items[i];
       for (int src = 0; src < world; ++src) {
+        if (!op->parts[src].arrived) continue;
         char* to = list ? d.recv[out.recv_begin + src] : d.recv[out.recv_begin] + uint64_t(src) * bytes;
         const char* from = op->parts[src].items[i].send;
         if (to == from) continue;  // In place: the shard is already where it belongs.

@@ -1,5 +1,7 @@
 #include "server/service/control_service.h"
 
+#include "server/cluster/peer_service.h"
+
 #include <glog/logging.h>
 
 #include <algorithm>
@@ -139,16 +141,19 @@ bool ControlService::Step(JoinReactor* r) {
       reply->set_world_size(j.job->world_size());
       reply->set_session_secret(j.session->secret());
       reply->set_abi_version(j.session->abi_version());
-      for (const auto& k : j.job->ranks()) reply->add_peer_pids(k->pid());
+      for (const auto& k : j.job->ranks()) reply->add_peer_pids(k != nullptr ? k->pid() : 0);  // 0: another node.
       r->phase_ = JoinReactor::Phase::kWritingReply;
       r->writing_.store(true, std::memory_order_release);
       r->StartWrite(&r->event_);
       return false;
     }
-    if (!cancelled && !stopping && absl::Now() < r->deadline_) return false;
+    const bool failed = j.job->failed();  // A multi-node job whose setup failed.
+    if (!cancelled && !stopping && !failed && absl::Now() < r->deadline_) return false;
     std::vector<int> missing = j.job->missing_ranks();
     registry_->EndSession(j);
-    if (stopping) {
+    if (failed) {
+      r->Finish(ToGrpc(j.job->failure()));
+    } else if (stopping) {
       r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "dmagatherd is shutting down"));
     } else if (cancelled) {
       r->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled its join"));
@@ -199,6 +204,18 @@ bool ControlService::Step(JoinReactor* r) {
   r->event_.mutable_ended()->set_reason(why);
   r->StartWriteAndFinish(&r->event_, grpc::WriteOptions(), grpc::Status::OK);
   return true;
+}
+
+grpc::Status ControlService::CreateJobId(grpc::ServerContext*, const v1::CreateJobIdRequest*,
+                                         v1::CreateJobIdReply* reply) {
+  if (registry_->peers() == nullptr) {
+    return ToGrpc(absl::FailedPreconditionError(
+        "this dmagatherd runs without --peer_listen: it cannot coordinate a multi-node job"));
+  }
+  auto id = registry_->peers()->NewJobId();
+  if (!id.ok()) return ToGrpc(id.status());
+  reply->set_job_id(*id);
+  return grpc::Status::OK;
 }
 
 grpc::Status ControlService::Leave(grpc::ServerContext*, const v1::LeaveRequest* req, v1::LeaveReply*) {

@@ -35,6 +35,8 @@ class ControlService final : public v1::Control::WithCallbackMethod_Join<v1::Con
   grpc::ServerWriteReactor<v1::JoinEvent>* Join(grpc::CallbackServerContext* ctx,
                                                 const v1::JoinRequest* req) override;
   grpc::Status Leave(grpc::ServerContext* ctx, const v1::LeaveRequest* req, v1::LeaveReply* reply) override;
+  grpc::Status CreateJobId(grpc::ServerContext* ctx, const v1::CreateJobIdRequest* req,
+                           v1::CreateJobIdReply* reply) override;
   grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                         v1::RegisterReply* reply) override;
   grpc::Status Deregister(grpc::ServerContext* ctx, const v1::DeregisterRequest* req,

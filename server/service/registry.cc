@@ -1,5 +1,8 @@
 #include "server/service/registry.h"
 
+#include "server/cluster/job_id.h"
+#include "server/cluster/peer_service.h"
+
 #include <glog/logging.h>
 #include <malloc.h>
 #include <sys/stat.h>
@@ -52,6 +55,27 @@ v1::JobStats StatsOf(const Job& job, const std::vector<std::shared_ptr<Session>>
   FillErrors(job.counters.errors, &js);
   FillLatency(job.counters.latency, js.mutable_latency());
   FillLatency(job.counters.hop_latency, js.mutable_hop_latency());
+  if (const scheduler::RemotePart* remote = job.remote(); remote != nullptr) {
+    const scheduler::RemoteStats rs = remote->stats();
+    v1::RingStats* ring = js.mutable_ring();
+    ring->set_nodes(job.topology()->num_nodes());
+    ring->set_node(job.topology()->my_node);
+    ring->set_transport(rs.transport);
+    ring->set_transport_reason(rs.transport_reason);
+    ring->set_links(rs.links);
+    ring->set_next(rs.next);
+    ring->set_prev(rs.prev);
+    ring->set_bytes_sent(rs.bytes_sent);
+    ring->set_bytes_received(rs.bytes_received);
+    ring->set_ops(rs.ops);
+    ring->set_busy_s(rs.busy_ns * 1e-9);
+    ring->set_throughput_gbps(rs.busy_ns != 0 ? rs.bytes_received * 8.0 / rs.busy_ns : 0.0);
+    auto* cl = ring->mutable_chunk_latency();
+    cl->set_p50_us(rs.chunk_latency.p50 / 1e3);
+    cl->set_p99_us(rs.chunk_latency.p99 / 1e3);
+    cl->set_max_us(rs.chunk_latency.max / 1e3);
+    cl->set_count(rs.chunk_latency.count);
+  }
   int active = 0;
   uint64_t registered = 0;
   for (int r = 0; r < job.world_size(); ++r) {
@@ -59,7 +83,10 @@ v1::JobStats StatsOf(const Job& job, const std::vector<std::shared_ptr<Session>>
     rs->set_rank(r);
     const auto& s = sessions[r];
     if (s == nullptr) {
-      rs->set_state("missing");
+      const scheduler::Topology* topo = job.topology();
+      rs->set_state(topo != nullptr && topo->node_of_rank[r] != topo->my_node
+                        ? absl::StrCat("remote (node ", topo->node_of_rank[r], ")")
+                        : "missing");
       continue;
     }
     const Rank& k = *s->rank();
@@ -119,6 +146,15 @@ absl::StatusOr<Joined> Registry::Join(const v1::JoinRequest& req) {
     return common::FallbackError(absl::StrCat("the client writes shared-memory descriptors v", req.abi_version(),
                                               "; this dmagatherd reads v1 and v2 (upgrade dmagatherd)"));
   }
+  const bool multi_node = !req.job_id().empty();
+  if (multi_node) {
+    if (peers_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "join with a job id (a multi-node job): this dmagatherd runs without --peer_listen, so it cannot "
+          "reach other nodes' daemons");
+    }
+    DMAG_RETURN_IF_ERROR(cluster::ParseJobId(req.job_id()).status());
+  }
   if (req.segment_ticket().empty()) {
     return absl::PermissionDeniedError(
         "join: no segment ticket (hand the segment over on the fd channel first; clients before 0.3 named "
@@ -168,7 +204,7 @@ absl::StatusOr<Joined> Registry::Join(const v1::JoinRequest& req) {
     }
     ++u.jobs;
     found = jobs_.emplace(key, JobEntry{}).first;
-    found->second.job = std::make_shared<Job>(req.job_key(), req.world_size(), uid);
+    found->second.job = std::make_shared<Job>(req.job_key(), req.world_size(), uid, multi_node);
     found->second.sessions.resize(req.world_size());
     version_.fetch_add(1);
     LOG(INFO) << "job '" << req.job_key() << "' created: " << req.world_size() << " ranks, uid " << uid;
@@ -180,11 +216,26 @@ absl::StatusOr<Joined> Registry::Join(const v1::JoinRequest& req) {
                                                            job->world_size(), ", rank ", req.rank(), " asked for ",
                                                            req.world_size())));
   }
+  if (job->multi_node() != multi_node) {
+    return uncount(absl::InvalidArgumentError(absl::StrCat(
+        "job '", req.job_key(), "': rank ", req.rank(), multi_node ? " gave a job id but earlier ranks did not"
+                                                                   : " gave no job id but earlier ranks did")));
+  }
   if (absl::Status added = job->AddRank(session->rank()); !added.ok()) return uncount(added);
+  if (multi_node) {
+    const int timeout_ms = req.join_timeout_ms() > 0 ? req.join_timeout_ms() : 60000;
+    absl::Status peered = peers_->AddRank(job, req.job_id(), absl::Now() + absl::Milliseconds(timeout_ms));
+    if (!peered.ok()) {
+      job->RemoveRank(session->rank().get());
+      return uncount(peered);
+    }
+  }
   session->charged_session = true;
   entry.sessions[req.rank()] = session;
   sessions_[id] = session;
-  if (job->all_joined()) version_.fetch_add(1);  // The ingress thread's snapshot gains the job.
+  // The ingress thread's snapshot gains the job (a multi-node job's feed is
+  // refreshed at each local join: it starts once its ring is up).
+  if (job->all_joined() || multi_node) version_.fetch_add(1);
   LOG(INFO) << "job '" << req.job_key() << "': rank " << req.rank() << " (pid " << session->pid() << ") joined, "
             << job->joined() << "/" << job->world_size();
   return Joined{job, session};
@@ -403,10 +454,10 @@ std::vector<ingress::JobFeed> Registry::Snapshot() const {
   std::vector<ingress::JobFeed> out;
   out.reserve(jobs_.size());
   for (const auto& [key, entry] : jobs_) {
-    if (!entry.job->all_joined()) continue;
+    if (!entry.job->all_joined() && !entry.job->multi_node()) continue;
     ingress::JobFeed feed;
     feed.job = entry.job;
-    for (const auto& s : entry.sessions) feed.inputs.push_back(s->input());
+    for (const auto& s : entry.sessions) feed.inputs.push_back(s != nullptr ? s->input() : nullptr);
     out.push_back(std::move(feed));
   }
   return out;

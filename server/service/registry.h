@@ -48,6 +48,10 @@
 #include "server/service/session.h"
 #include "server/service/ticket_table.h"
 
+namespace dmagather::server::cluster {
+class PeerService;
+}
+
 namespace dmagather::server::service {
 
 struct Joined {
@@ -82,6 +86,11 @@ class Registry {
     doorbell_ino_ = ino;
   }
   ~Registry();
+
+  // Multi-node jobs (Join with a job id) go through `peers` (null: this
+  // daemon runs without --peer_listen and refuses them).
+  void SetPeers(cluster::PeerService* peers) { peers_ = peers; }
+  cluster::PeerService* peers() const { return peers_; }
 
   // Starts the reaper thread; `ingress_epoch` reports the ingress thread's
   // completed poll passes (nullptr: no ingress thread, free at once).
@@ -143,6 +152,7 @@ class Registry {
   engines::CopyEngine* const engine_;
   TicketTable* const tickets_;
   const Limits limits_;
+  cluster::PeerService* peers_ = nullptr;
   dev_t doorbell_dev_ = 0;
   ino_t doorbell_ino_ = 0;
   mutable absl::Mutex mu_;

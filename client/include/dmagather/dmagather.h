@@ -73,10 +73,11 @@ typedef struct {
   int spin;                 /* Pause iterations before a waiting rank sleeps; < 0: $DMAGATHER_SPIN, then 256 */
   int local_rank;           /* Topology hint: rank among the job's ranks on this node (-1: unknown) */
   int local_world_size;     /* Topology hint: the job's ranks on this node (-1: unknown) */
+  const char* job_id;       /* Multi-node job: the id from dmagather_job_id_create (NULL: one node) */
 } dmagather_config_t;
 
 #define DMAGATHER_CONFIG_INITIALIZER \
-  { sizeof(dmagather_config_t), DMAGATHER_CONFIG_MAGIC, DMAGATHER_VERSION_CODE, NULL, 0, -1, -1, -1 }
+  { sizeof(dmagather_config_t), DMAGATHER_CONFIG_MAGIC, DMAGATHER_VERSION_CODE, NULL, 0, -1, -1, -1, NULL }
 
 /* Joins (or creates) job `job_key` of `world_size` ranks on the node's daemon
  * as `rank`. Blocks until all ranks have joined or the join timeout passes.
@@ -84,6 +85,18 @@ typedef struct {
 dmagather_status_t dmagather_comm_init_config(const char* job_key, int world_size, int rank,
                                               const dmagather_config_t* config,
                                               dmagather_comm_t* comm);
+
+/* ---- Jobs that span nodes ----
+ * One rank (say rank 0) asks its node's daemon for a job id, the job's own
+ * launcher hands it to every rank (torch store, MPI broadcast, environment),
+ * and every rank passes it as config.job_id. The daemons then find each
+ * other (the id names rank 0's daemon and carries a random secret they
+ * authenticate with) and run the AllGather hierarchically: copy engines
+ * inside each node, a ring between the nodes. The daemons need
+ * --peer_listen. The id is a NUL-terminated string of at most
+ * DMAGATHER_JOB_ID_MAX - 1 characters; keep it secret within the job. */
+#define DMAGATHER_JOB_ID_MAX 256
+dmagather_status_t dmagather_job_id_create(const char* socket_path, char* job_id, size_t job_id_size);
 
 /* dmagather_comm_init_config with only a socket path (may be NULL). */
 dmagather_status_t dmagather_comm_init(const char* socket_path, const char* job_key,

@@ -47,7 +47,8 @@ class _Config(ctypes.Structure):
                 ("join_timeout_ms", ctypes.c_int),
                 ("spin", ctypes.c_int),
                 ("local_rank", ctypes.c_int),
-                ("local_world_size", ctypes.c_int)]
+                ("local_world_size", ctypes.c_int),
+                ("job_id", ctypes.c_char_p)]
 
 
 class _Gather(ctypes.Structure):
@@ -113,6 +114,7 @@ def load_library(path=None):
     lib.dmagather_version_code.restype = ctypes.c_int
     OP = ctypes.c_uint64  # dmagather_op_t
     lib.dmagather_comm_init_config.argtypes = [ctypes.c_char_p, I, I, ctypes.POINTER(_Config), ctypes.POINTER(P)]
+    lib.dmagather_job_id_create.argtypes = [ctypes.c_char_p, ctypes.c_char_p, S]
     lib.dmagather_allgather_async.argtypes = [P, P, P, S, I, P, ctypes.POINTER(OP)]
     lib.dmagather_allgather_coalesced.argtypes = [P, ctypes.POINTER(_Gather), S, P, ctypes.POINTER(OP)]
     lib.dmagather_submit_fallback.argtypes = [P, ctypes.c_char_p, ctypes.POINTER(OP)]
@@ -131,7 +133,8 @@ def load_library(path=None):
               "dmagather_free", "dmagather_register", "dmagather_deregister", "dmagather_allgather",
               "dmagather_allgather_list", "dmagather_wait", "dmagather_allgather_async",
               "dmagather_allgather_coalesced", "dmagather_submit_fallback", "dmagather_op_wait",
-              "dmagather_op_test", "dmagather_op_wait_stream", "dmagather_comm_rank", "dmagather_comm_size"):
+              "dmagather_op_test", "dmagather_op_wait_stream", "dmagather_comm_rank", "dmagather_comm_size",
+              "dmagather_job_id_create"):
         getattr(lib, f).restype = I
     _lib = lib
     return lib
@@ -179,23 +182,40 @@ def _address(buf):
     raise TypeError(f"cannot take the address of {type(buf).__name__}")
 
 
+JOB_ID_MAX = 256  # DMAGATHER_JOB_ID_MAX
+
+
+def job_id_create(socket=None, lib=None):
+    """A new id for a job that spans nodes, from this node's daemon (it becomes
+    the job's coordinator). Make it on one rank, give it to every rank through
+    the job's launcher, and pass it as Comm(..., job_id=...)."""
+    lib = load_library(lib)
+    buf = ctypes.create_string_buffer(JOB_ID_MAX)
+    code = lib.dmagather_job_id_create(socket.encode() if socket else None, buf, JOB_ID_MAX)
+    if code != 0:
+        raise (FallbackError if code == 1 else DmagatherError)(code, (lib.dmagather_last_error(None) or b"").decode())
+    return buf.value.decode()
+
+
 class Comm:
-    """One rank of a job on the node's dmagatherd."""
+    """One rank of a job on the node's dmagatherd (job_id: a job that spans nodes)."""
 
     def __init__(self, job_key, world_size, rank, socket=None, lib=None, join_timeout_ms=None,
-                 local_rank=None, local_world_size=None, spin=None):
+                 local_rank=None, local_world_size=None, spin=None, job_id=None):
         self._lib = load_library(lib)
         self._comm = ctypes.c_void_p()
         self._buffers = {}
         self._classic_pending = False  # allgather/allgather_list since the last wait()
         self._socket = socket.encode() if socket else None  # kept alive for the call below
+        self._job_id = job_id.encode() if job_id else None
         cfg = _Config(size=ctypes.sizeof(_Config), magic=CONFIG_MAGIC,
                       version=self._lib.dmagather_version_code(),
                       socket_path=self._socket,
                       join_timeout_ms=0 if join_timeout_ms is None else int(join_timeout_ms),
                       spin=-1 if spin is None else int(spin),
                       local_rank=-1 if local_rank is None else int(local_rank),
-                      local_world_size=-1 if local_world_size is None else int(local_world_size))
+                      local_world_size=-1 if local_world_size is None else int(local_world_size),
+                      job_id=self._job_id)
         code = self._lib.dmagather_comm_init_config(job_key.encode(), world_size, rank, ctypes.byref(cfg),
                                                     ctypes.byref(self._comm))
         if code != 0:

@@ -1,0 +1,433 @@
+#include "server/cluster/ring.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "abi/ring_v1.h"
+#include "common/api_names.h"
+#include "common/clock.h"
+#include "common/dtype.h"
+#include "common/status.h"
+#include "glog/logging.h"
+
+namespace dmagather::server::cluster {
+namespace {
+
+using scheduler::Op;
+using scheduler::OpKind;
+
+uint64_t Mix(uint64_t h, uint64_t v) {
+  for (int i = 0; i < 8; ++i) {
+    h ^= (v >> (8 * i)) & 0xff;
+    h *= 1099511628211ull;  // FNV-1a: the same on every daemon (unlike a seeded hash).
+  }
+  return h;
+}
+
+void SetText(RingFrameV1* f, absl::string_view t) {
+  const size_t n = std::min(t.size(), sizeof(f->text) - 1);
+  memcpy(f->text, t.data(), n);
+  f->text[n] = '\0';
+}
+
+RingFrameV1 NewFrame(uint16_t type, uint32_t seq, int origin) {
+  RingFrameV1 f;
+  memset(&f, 0, sizeof(f));
+  f.magic = kRingMagic;
+  f.version = kRingVersion;
+  f.type = type;
+  f.seq = seq;
+  f.origin = origin;
+  f.failed_rank = -1;
+  return f;
+}
+
+}  // namespace
+
+Ring::Ring(scheduler::Job* job, std::shared_ptr<const scheduler::Topology> topology,
+           std::vector<std::unique_ptr<transport::Connection>> to_next,
+           std::vector<std::unique_ptr<transport::Connection>> from_prev, RingOptions options)
+    : job_(job),
+      topo_(std::move(topology)),
+      options_(std::move(options)),
+      next_(to_next.size()),
+      prev_(std::move(from_prev)),
+      slots_(abi::kRingSlotsV1) {
+  for (size_t i = 0; i < to_next.size(); ++i) next_[i].conn = std::move(to_next[i]);
+  for (Slot& s : slots_) {
+    s.headers.resize(topo_->num_nodes());
+    s.have.resize(topo_->num_nodes());
+  }
+}
+
+Ring::~Ring() { Close(); }
+
+void Ring::Run() {
+  for (size_t i = 0; i < next_.size(); ++i) next_[i].thread = std::thread(&Ring::SendLoop, this, int(i));
+  for (size_t i = 0; i < prev_.size(); ++i) recv_threads_.emplace_back(&Ring::RecvLoop, this, int(i));
+}
+
+void Ring::Close() {
+  if (closed_.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!aborted_) abort_why_ = absl::CancelledError("the job ended");
+    aborted_ = true;
+  }
+  for (Link& l : next_) {
+    l.conn->Shutdown();
+    l.cv.notify_all();
+  }
+  for (auto& c : prev_) c->Shutdown();
+  slot_cv_.notify_all();
+  for (Link& l : next_) {
+    if (l.thread.joinable()) l.thread.join();
+  }
+  for (auto& t : recv_threads_) t.join();
+  recv_threads_.clear();
+}
+
+void Ring::QueueLocked(int link, const Send& s) {
+  ++slots_[s.slot].sends_pending;
+  Link& l = next_[link];
+  l.queue.push_back(s);
+  l.queue.back().link = link;
+  l.cv.notify_one();
+}
+
+void Ring::ReleaseLocked(Slot& s) {
+  for (const Send& own : s.own) QueueLocked(own.link, own);
+  s.own.clear();
+  s.released = true;
+}
+
+void Ring::Start(Op* op, const absl::Status& local_verdict, int failed_rank) {
+  const uint32_t idx = op->seq % slots_.size();
+  const int me = topo_->my_node;
+  const int links = static_cast<int>(next_.size());
+  std::vector<Ended> ended;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Slot& s = slots_[idx];
+    s.seq = op->seq;
+    s.op = op;
+    s.local_ok = local_verdict.ok();
+    std::fill(s.have.begin(), s.have.end(), 0);
+    s.have_count = 1;
+    s.chunks_expected = s.chunks_got = 0;
+    s.sends_pending = 0;
+    s.own.clear();
+    s.item_bytes.clear();
+    s.released = false;
+    s.started_ns = common::MonotonicNs();
+
+    RingFrameV1 h = NewFrame(kFrameHeader, op->seq, me);
+    h.code = common::ToApiStatus(local_verdict);
+    h.failed_rank = failed_rank;
+    if (s.local_ok) {
+      // The node's shape (every local rank agreed on it) and its block.
+      const std::vector<int>& local = topo_->local_ranks();
+      const scheduler::RankPart& ref = op->parts[local[0]];
+      uint64_t sig = Mix(1469598103934665603ull, ref.items.size());
+      for (const scheduler::Item& it : ref.items) {
+        sig = Mix(Mix(Mix(sig, uint64_t(it.kind)), it.count), it.dtype);
+        s.item_bytes.push_back(it.count * common::DtypeSize(it.dtype));
+      }
+      h.signature = sig;
+      const scheduler::Item& first = ref.items[0];
+      SetText(&h, absl::StrCat(first.kind == OpKind::kAllGatherList ? "allgather_list" : "allgather",
+                               " count=", first.count, " dtype=", common::DtypeName(first.dtype),
+                               ref.items.size() > 1 ? absl::StrCat(" (+", ref.items.size() - 1, " items)") : ""));
+      uint64_t c = 0;
+      for (size_t i = 0; i < ref.items.size(); ++i) {
+        const uint64_t bytes = s.item_bytes[i];
+        for (int r : local) {
+          const char* src = op->parts[r].items[i].send;
+          for (uint64_t off = 0; off < bytes; off += options_.chunk_bytes, ++c) {
+            RingFrameV1 d = NewFrame(kFrameData, op->seq, me);
+            d.item = static_cast<uint32_t>(i);
+            d.rank = r;
+            d.offset = off;
+            d.len = std::min<uint64_t>(options_.chunk_bytes, bytes - off);
+            s.own.push_back(Send{d, src + off, idx, int(c % links)});
+          }
+        }
+      }
+      h.chunks = c;
+    } else {
+      SetText(&h, local_verdict.message());
+    }
+    s.headers[me] = h;
+    s.have[me] = 1;
+    s.own.insert(s.own.begin(), Send{h, nullptr, idx, 0});
+    if (aborted_) {
+      ended.push_back(Ended{op, abort_why_, -1});
+    } else {
+      s.active = true;
+      if (!any_started_ || op->seq == last_ended_ + 1) ReleaseLocked(s);
+      any_started_ = true;
+    }
+  }
+  slot_cv_.notify_all();
+  Deliver(ended);
+}
+
+char* Ring::Dest(const Slot& s, int l, const RingFrameV1& f) const {
+  if (f.item >= s.item_bytes.size()) return nullptr;
+  if (f.rank < 0 || f.rank >= topo_->world_size || topo_->node_of_rank[f.rank] != f.origin) return nullptr;
+  const uint64_t bytes = s.item_bytes[f.item];
+  if (f.len > bytes || f.offset > bytes - f.len) return nullptr;
+  const scheduler::RankPart& p = s.op->parts[topo_->local_ranks()[l]];
+  const scheduler::Item& it = p.items[f.item];
+  char* base = it.kind == OpKind::kAllGatherList ? p.recv[it.recv_begin + f.rank]
+                                                 : p.recv[it.recv_begin] + uint64_t(f.rank) * bytes;
+  return base + f.offset;
+}
+
+void Ring::RecvLoop(int k) {
+  const int n_nodes = topo_->num_nodes();
+  const int me = topo_->my_node;
+  const std::string from = absl::StrCat("node ", prev_node(), " (", topo_->node_names[prev_node()], ")");
+  std::vector<char> scratch;
+  transport::Connection& conn = *prev_[k];
+  for (;;) {
+    RingFrameV1 f;
+    absl::Status st = conn.Recv(&f, sizeof(f));
+    if (!st.ok()) {
+      LinkFailed(absl::StrCat("ring link ", k, " from ", from, " broke: ", st.message()));
+      return;
+    }
+    f.text[sizeof(f.text) - 1] = '\0';
+    const bool data = f.type == kFrameData;
+    if (f.magic != kRingMagic || f.version != kRingVersion || f.origin < 0 || f.origin >= n_nodes ||
+        f.origin == me || (data && f.len > options_.chunk_bytes) ||
+        (f.type != kFrameHeader && !data && f.type != kFrameSkip && f.type != kFrameAbort)) {
+      LinkFailed(absl::StrCat(from, " sent a malformed ring frame on link ", k));
+      return;
+    }
+    frames_received_.fetch_add(1, std::memory_order_relaxed);
+    if (f.type == kFrameAbort) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (abort_origin_ < 0 && !aborted_) abort_origin_ = f.origin;
+      }
+      if (!closed_.load()) job_->Fail(absl::AbortedError(f.text), -1);
+      return;
+    }
+    const uint32_t idx = f.seq % slots_.size();
+    std::vector<Ended> ended;
+    std::unique_lock<std::mutex> lock(mu_);
+    slot_cv_.wait(lock, [&] { return aborted_ || (slots_[idx].active && slots_[idx].seq == f.seq); });
+    if (aborted_) return;
+    Slot& s = slots_[idx];
+    const bool forward = next_node() != f.origin;
+    if (f.type == kFrameHeader) {
+      if (!s.have[f.origin]) {
+        s.have[f.origin] = 1;
+        ++s.have_count;
+        s.headers[f.origin] = f;
+        s.chunks_expected += f.chunks;
+      }
+      if (forward) QueueLocked(k, Send{f, nullptr, idx, k});
+    } else {
+      char* dst = data && s.local_ok ? Dest(s, 0, f) : nullptr;
+      if (data) {
+        // The slot cannot end while this chunk is uncounted: land it unlocked.
+        lock.unlock();
+        const uint64_t t0 = common::MonotonicNs();
+        if (dst != nullptr) {
+          st = conn.Recv(dst, f.len);
+        } else {
+          scratch.resize(std::min<uint64_t>(f.len, 1 << 20));
+          for (uint64_t left = f.len; left > 0 && st.ok();) {
+            const uint64_t n = std::min<uint64_t>(left, scratch.size());
+            st = conn.Recv(scratch.data(), n);
+            left -= n;
+          }
+        }
+        if (!st.ok()) {
+          LinkFailed(absl::StrCat("ring link ", k, " from ", from, " broke: ", st.message()));
+          return;
+        }
+        chunk_ns_.Record(common::MonotonicNs() - t0);
+        bytes_received_.fetch_add(f.len, std::memory_order_relaxed);
+        if (dst != nullptr) {
+          for (size_t l = 1; l < topo_->local_ranks().size(); ++l) memcpy(Dest(s, int(l), f), dst, f.len);
+        }
+        lock.lock();
+        if (aborted_) return;
+      }
+      ++s.chunks_got;
+      if (forward) {
+        Send fw{f, dst, idx, k};
+        if (dst == nullptr) {
+          fw.frame.type = kFrameSkip;
+          fw.frame.len = 0;
+        }
+        QueueLocked(k, fw);
+      }
+    }
+    MaybeEndLocked(idx, &ended);
+    lock.unlock();
+    Deliver(ended);
+  }
+}
+
+void Ring::SendLoop(int k) {
+  Link& link = next_[k];
+  const std::string to = absl::StrCat("node ", next_node(), " (", topo_->node_names[next_node()], ")");
+  for (;;) {
+    Send item;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      link.cv.wait(lock, [&] { return aborted_ || !link.queue.empty(); });
+      if (aborted_) {
+        if (k != 0 || !send_abort_ || closed_.load()) return;
+        send_abort_ = false;
+        item = Send{abort_frame_, nullptr, 0, 0};
+        lock.unlock();
+        // Best effort: the next node learns why; then it has nothing more to read from us.
+        (void)link.conn->Send(&item.frame, sizeof(item.frame), nullptr, 0);
+        return;
+      }
+      item = link.queue.front();
+      link.queue.pop_front();
+    }
+    const uint64_t len = item.frame.type == kFrameData ? item.frame.len : 0;
+    absl::Status st = link.conn->Send(&item.frame, sizeof(item.frame), item.payload, len);
+    if (!st.ok()) {
+      LinkFailed(absl::StrCat("ring link ", k, " to ", to, " failed: ", st.message()));
+      return;
+    }
+    bytes_sent_.fetch_add(len, std::memory_order_relaxed);
+    frames_sent_.fetch_add(1, std::memory_order_relaxed);
+    std::vector<Ended> ended;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (aborted_) continue;
+      --slots_[item.slot].sends_pending;
+      MaybeEndLocked(item.slot, &ended);
+    }
+    Deliver(ended);
+  }
+}
+
+void Ring::MaybeEndLocked(uint32_t index, std::vector<Ended>* ended) {
+  Slot& s = slots_[index];
+  if (!s.active || !s.released || s.have_count != topo_->num_nodes() || s.chunks_got != s.chunks_expected ||
+      s.sends_pending != 0) {
+    return;
+  }
+  int who = -1;
+  absl::Status verdict = VerdictLocked(s, &who);
+  s.active = false;
+  ops_.fetch_add(1, std::memory_order_relaxed);
+  busy_ns_.fetch_add(common::MonotonicNs() - s.started_ns, std::memory_order_relaxed);
+  ended->push_back(Ended{s.op, std::move(verdict), who});
+  last_ended_ = s.seq;
+  Slot& next = slots_[(s.seq + 1) % slots_.size()];
+  if (next.active && next.seq == s.seq + 1 && !next.released) ReleaseLocked(next);
+}
+
+void Ring::Deliver(std::vector<Ended>& ended) {
+  for (Ended& e : ended) e.op->PartDone(e.status, e.failed_rank);
+}
+
+absl::Status Ring::VerdictLocked(const Slot& s, int* failed_rank) const {
+  const int n = topo_->num_nodes();
+  int pick = -1;
+  for (int i = 0; i < n; ++i) {
+    const int code = s.headers[i].code;
+    if (code == 0) continue;
+    if (pick < 0 || (s.headers[pick].code == 1 && code != 1)) pick = i;  // Invalid wins over fallback.
+  }
+  if (pick >= 0) {
+    *failed_rank = s.headers[pick].failed_rank;
+    return common::FromApiStatus(s.headers[pick].code, s.headers[pick].text);
+  }
+  for (int i = 1; i < n; ++i) {
+    if (s.headers[i].signature == s.headers[0].signature) continue;
+    std::string detail;
+    for (int j = 0; j < n; ++j) {
+      absl::StrAppend(&detail, j == 0 ? "" : ", ", "node ", j, " (ranks ", absl::StrJoin(topo_->node_ranks[j], ","),
+                      ") asked for ", s.headers[j].text);
+    }
+    return absl::InvalidArgumentError(absl::StrCat("allgather #", s.seq, ": nodes disagree: ", detail));
+  }
+  return absl::OkStatus();
+}
+
+void Ring::Abort(const absl::Status& why) {
+  std::vector<Ended> ended;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) return;
+    aborted_ = true;
+    abort_why_ = why;
+    for (Slot& s : slots_) {
+      if (!s.active) continue;
+      s.active = false;
+      ended.push_back(Ended{s.op, why, -1});
+    }
+    const int origin = abort_origin_ >= 0 ? abort_origin_ : topo_->my_node;
+    abort_frame_ = NewFrame(kFrameAbort, 0, origin);
+    SetText(&abort_frame_, origin == topo_->my_node
+                               ? absl::StrCat("node ", origin, " (", topo_->node_names[origin], "): ", why.message())
+                               : std::string(why.message()));
+    send_abort_ = next_node() != origin;
+  }
+  for (Link& l : next_) l.cv.notify_all();
+  slot_cv_.notify_all();
+  Deliver(ended);
+}
+
+void Ring::LinkFailed(const std::string& why) {
+  if (closed_.load()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) return;
+  }
+  LOG(WARNING) << "job '" << job_->key() << "': " << why;
+  job_->Fail(absl::AbortedError(why), -1);
+}
+
+std::string Ring::Pending(uint32_t seq) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Slot& s = slots_[seq % slots_.size()];
+  if (!s.active || s.seq != seq) return "";
+  std::vector<std::string> what;
+  if (!s.released) what.push_back(absl::StrCat("allgather #", seq - 1, " to end first"));
+  for (int i = 0; i < topo_->num_nodes(); ++i) {
+    if (!s.have[i]) what.push_back(absl::StrCat("node ", i, " (", topo_->node_names[i], ")"));
+  }
+  if (s.have_count == topo_->num_nodes() && s.chunks_got != s.chunks_expected) {
+    what.push_back(absl::StrCat("chunks from node ", prev_node(), " (", topo_->node_names[prev_node()], "): ",
+                                s.chunks_got, " of ", s.chunks_expected, " received"));
+  }
+  if (s.sends_pending != 0) {
+    what.push_back(absl::StrCat(s.sends_pending, " frame(s) to node ", next_node(), " (",
+                                topo_->node_names[next_node()], ")"));
+  }
+  return absl::StrJoin(what, ", ");
+}
+
+scheduler::RemoteStats Ring::stats() const {
+  scheduler::RemoteStats st;
+  st.transport = options_.transport;
+  st.transport_reason = options_.transport_reason;
+  st.links = static_cast<int>(next_.size());
+  st.next = topo_->node_names[next_node()];
+  st.prev = topo_->node_names[prev_node()];
+  st.bytes_sent = bytes_sent_.load();
+  st.bytes_received = bytes_received_.load();
+  st.frames_sent = frames_sent_.load();
+  st.frames_received = frames_received_.load();
+  st.ops = ops_.load();
+  st.busy_ns = busy_ns_.load();
+  st.chunk_latency = chunk_ns_.Summary();
+  return st;
+}
+
+}  // namespace dmagather::server::cluster
