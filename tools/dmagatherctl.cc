@@ -123,6 +123,10 @@ int main(int argc, char** argv) {
     std::printf("version:  %s\nbackend:  %s (%s)\nuptime:   %.1f s\njobs:     %d\nsessions: %d\nworkers:  %d\n",
                 h.version().c_str(), h.backend().c_str(), h.backend_reason().c_str(), h.uptime_s(), h.jobs(),
                 h.sessions(), h.worker_threads());
+    if (!h.peer_address().empty()) {
+      std::printf("peers:    %s, transport %s (%s), %llu refused peer(s)\n", h.peer_address().c_str(),
+                  h.transport().c_str(), h.transport_reason().c_str(), (unsigned long long)h.peer_auth_failures());
+    }
     return rc;
   }
   if (cmd == "metrics") {
@@ -149,6 +153,15 @@ int main(int argc, char** argv) {
                   j.state().c_str(), (unsigned long long)j.ops(), HumanBytes(double(j.bytes())).c_str(),
                   j.latency().p50_us(), j.latency().p99_us(), j.hop_latency().p50_us(), ErrorsText(j.errors()).c_str());
       if (cmd != "stats") continue;
+      if (j.has_ring()) {
+        const auto& g = j.ring();
+        std::printf("  ring: node %d of %d, %s x%d (%s); next %s, prev %s; sent %s, received %s, %.2f Gbit/s in "
+                    "ring, chunk p50 %.0f us p99 %.0f us\n",
+                    g.node(), g.nodes(), g.transport().c_str(), g.links(), g.transport_reason().c_str(),
+                    g.next().c_str(), g.prev().c_str(), HumanBytes(double(g.bytes_sent())).c_str(),
+                    HumanBytes(double(g.bytes_received())).c_str(), g.throughput_gbps(), g.chunk_latency().p50_us(),
+                    g.chunk_latency().p99_us());
+      }
       std::printf("  %4s %8s %-8s %10s %11s %10s %10s %11s  %s\n", "RANK", "PID", "STATE", "OPS", "BYTES", "p50_us",
                   "p99_us", "REGISTERED", "ERRORS");
       for (const auto& r : j.ranks()) {

@@ -76,6 +76,8 @@ void Ring::Close() {
     if (!aborted_) abort_why_ = absl::CancelledError("the job ended");
     aborted_ = true;
   }
+  close_cv_.notify_all();
+  if (abort_thread_.joinable()) abort_thread_.join();
   for (Link& l : next_) {
     l.conn->Shutdown();
     l.cv.notify_all();
@@ -209,12 +211,19 @@ void Ring::RecvLoop(int k) {
     }
     frames_received_.fetch_add(1, std::memory_order_relaxed);
     if (f.type == kFrameAbort) {
+      bool now = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (abort_origin_ < 0 && !aborted_) abort_origin_ = f.origin;
+        if (!aborted_ && !pending_abort_) {
+          pending_abort_ = true;
+          pending_why_ = absl::AbortedError(f.text);
+          spare_ = f.seq;
+          abort_origin_ = f.origin;
+        }
+        now = pending_abort_ && SpareEndedLocked();
       }
-      if (!closed_.load()) job_->Fail(absl::AbortedError(f.text), -1);
-      return;
+      if (now && !closed_.load()) job_->Fail(pending_why_, -1);
+      return;  // Nothing follows an abort frame on its link.
     }
     const uint32_t idx = f.seq % slots_.size();
     std::vector<Ended> ended;
@@ -234,7 +243,9 @@ void Ring::RecvLoop(int k) {
     } else {
       char* dst = data && s.local_ok ? Dest(s, 0, f) : nullptr;
       if (data) {
-        // The slot cannot end while this chunk is uncounted: land it unlocked.
+        // The slot cannot end while this chunk is uncounted (nor be failed
+        // while busy): land it unlocked.
+        ++s.busy;
         lock.unlock();
         const uint64_t t0 = common::MonotonicNs();
         if (dst != nullptr) {
@@ -248,6 +259,11 @@ void Ring::RecvLoop(int k) {
           }
         }
         if (!st.ok()) {
+          {
+            std::lock_guard<std::mutex> relock(mu_);
+            UnbusyLocked(s, &ended);
+          }
+          Deliver(ended);
           LinkFailed(absl::StrCat("ring link ", k, " from ", from, " broke: ", st.message()));
           return;
         }
@@ -257,7 +273,12 @@ void Ring::RecvLoop(int k) {
           for (size_t l = 1; l < topo_->local_ranks().size(); ++l) memcpy(Dest(s, int(l), f), dst, f.len);
         }
         lock.lock();
-        if (aborted_) return;
+        UnbusyLocked(s, &ended);
+        if (aborted_) {
+          lock.unlock();
+          Deliver(ended);
+          return;
+        }
       }
       ++s.chunks_got;
       if (forward) {
@@ -284,33 +305,39 @@ void Ring::SendLoop(int k) {
       std::unique_lock<std::mutex> lock(mu_);
       link.cv.wait(lock, [&] { return aborted_ || !link.queue.empty(); });
       if (aborted_) {
-        if (k != 0 || !send_abort_ || closed_.load()) return;
-        send_abort_ = false;
-        item = Send{abort_frame_, nullptr, 0, 0};
+        if (!link.send_abort || closed_.load()) return;
+        link.send_abort = false;
+        item = Send{abort_frame_, nullptr, 0, k};
         lock.unlock();
-        // Best effort: the next node learns why; then it has nothing more to read from us.
+        // Best effort: the next node learns why (after everything sent before).
         (void)link.conn->Send(&item.frame, sizeof(item.frame), nullptr, 0);
         return;
       }
       item = link.queue.front();
       link.queue.pop_front();
+      ++slots_[item.slot].busy;  // Its payload is read outside mu_.
+      link.sending = true;
     }
     const uint64_t len = item.frame.type == kFrameData ? item.frame.len : 0;
     absl::Status st = link.conn->Send(&item.frame, sizeof(item.frame), item.payload, len);
+    std::vector<Ended> ended;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      link.sending = false;
+      Slot& s = slots_[item.slot];
+      UnbusyLocked(s, &ended);
+      if (st.ok() && !aborted_) {
+        --s.sends_pending;
+        MaybeEndLocked(item.slot, &ended);
+      }
+    }
+    Deliver(ended);
     if (!st.ok()) {
       LinkFailed(absl::StrCat("ring link ", k, " to ", to, " failed: ", st.message()));
       return;
     }
     bytes_sent_.fetch_add(len, std::memory_order_relaxed);
     frames_sent_.fetch_add(1, std::memory_order_relaxed);
-    std::vector<Ended> ended;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (aborted_) continue;
-      --slots_[item.slot].sends_pending;
-      MaybeEndLocked(item.slot, &ended);
-    }
-    Deliver(ended);
   }
 }
 
@@ -329,10 +356,24 @@ void Ring::MaybeEndLocked(uint32_t index, std::vector<Ended>* ended) {
   last_ended_ = s.seq;
   Slot& next = slots_[(s.seq + 1) % slots_.size()];
   if (next.active && next.seq == s.seq + 1 && !next.released) ReleaseLocked(next);
+  if (pending_abort_ && !aborted_ && SpareEndedLocked()) ended->push_back(Ended{nullptr, pending_why_, -1});
+}
+
+void Ring::UnbusyLocked(Slot& s, std::vector<Ended>* ended) {
+  if (--s.busy == 0 && s.doomed) {
+    s.doomed = false;
+    ended->push_back(Ended{s.op, abort_why_, -1});
+  }
 }
 
 void Ring::Deliver(std::vector<Ended>& ended) {
-  for (Ended& e : ended) e.op->PartDone(e.status, e.failed_rank);
+  for (Ended& e : ended) {
+    if (e.op != nullptr) {
+      e.op->PartDone(e.status, e.failed_rank);
+    } else if (!closed_.load()) {
+      job_->Fail(e.status, -1);
+    }
+  }
 }
 
 absl::Status Ring::VerdictLocked(const Slot& s, int* failed_rank) const {
@@ -366,17 +407,35 @@ void Ring::Abort(const absl::Status& why) {
     if (aborted_) return;
     aborted_ = true;
     abort_why_ = why;
+    // Frames not yet written belong to ops that now fail: drop them. An op
+    // with a frame being written or landed ends when that is done.
+    for (Link& l : next_) l.queue.clear();
     for (Slot& s : slots_) {
       if (!s.active) continue;
       s.active = false;
-      ended.push_back(Ended{s.op, why, -1});
+      if (s.busy != 0) {
+        s.doomed = true;
+      } else {
+        ended.push_back(Ended{s.op, why, -1});
+      }
     }
-    const int origin = abort_origin_ >= 0 ? abort_origin_ : topo_->my_node;
-    abort_frame_ = NewFrame(kFrameAbort, 0, origin);
+    // Ops up to `spare` ended at the origin: the next nodes may still
+    // complete theirs from frames in flight.
+    const int origin = pending_abort_ ? abort_origin_ : topo_->my_node;
+    abort_frame_ = NewFrame(kFrameAbort, pending_abort_ ? spare_ : last_ended_, origin);
     SetText(&abort_frame_, origin == topo_->my_node
                                ? absl::StrCat("node ", origin, " (", topo_->node_names[origin], "): ", why.message())
                                : std::string(why.message()));
-    send_abort_ = next_node() != origin;
+    for (Link& l : next_) l.send_abort = next_node() != origin;
+    // A cut link can hold a Send or a Recv until keepalive gives up: after
+    // a moment for the abort frames, every connection is shut.
+    abort_thread_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(mu_);
+      close_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return closed_.load(); });
+      lock.unlock();
+      for (Link& l : next_) l.conn->Shutdown();
+      for (auto& c : prev_) c->Shutdown();
+    });
   }
   for (Link& l : next_) l.cv.notify_all();
   slot_cv_.notify_all();
@@ -385,12 +444,15 @@ void Ring::Abort(const absl::Status& why) {
 
 void Ring::LinkFailed(const std::string& why) {
   if (closed_.load()) return;
+  absl::Status st;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (aborted_) return;
+    // After an abort frame, the origin's reason is the one that counts.
+    st = pending_abort_ ? pending_why_ : absl::AbortedError(why);
   }
   LOG(WARNING) << "job '" << job_->key() << "': " << why;
-  job_->Fail(absl::AbortedError(why), -1);
+  job_->Fail(st, -1);
 }
 
 std::string Ring::Pending(uint32_t seq) const {

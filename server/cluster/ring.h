@@ -13,7 +13,15 @@
 //
 // Ordering: a node starts sending op S only after its op S-1 has ended
 // (every frame of S-1 received and sent), so on every link all frames of
-// S-1 precede those of S. A receive thread that meets a frame of an op its
+// S-1 precede those of S.
+//
+// Ending: when a node's job fails (a rank left or died, a link broke, an op
+// timed out), it sends an abort frame on every link, after what it already
+// sent, naming the newest op that ended there (`spare`): everything of the
+// ops up to it is already on the wire, so the next node first ends its own
+// ops up to `spare` from the frames in flight, then fails the job with the
+// origin's reason and forwards the abort. So the end of a job (its ranks
+// leave one node before the last frames reach the next) loses nothing. A receive thread that meets a frame of an op its
 // node has not started yet waits for it (its ranks will submit it: nothing
 // they wait for is behind it), and never waits for a send - sends go
 // through per-link queues and threads - so the ring cannot deadlock.
@@ -79,6 +87,8 @@ class Ring : public scheduler::RemotePart {
     std::deque<Send> queue;  // Under mu_.
     std::condition_variable cv;
     std::thread thread;
+    bool sending = false;     // Under mu_: a Send is in progress.
+    bool send_abort = false;  // Under mu_: still has to send abort_frame_.
   };
   // One op (seq % slots).
   struct Slot {
@@ -92,6 +102,8 @@ class Ring : public scheduler::RemotePart {
     int have_count = 0;
     uint64_t chunks_expected = 0, chunks_got = 0;
     int sends_pending = 0;
+    int busy = 0;         // Frames of it being written or landed right now (outside mu_).
+    bool doomed = false;  // Aborted while busy: ends when busy drops to 0.
     std::vector<Send> own;  // Own frames until released.
     uint64_t started_ns = 0;
     // Landing: per item its bytes and kind (flat/list).
@@ -102,7 +114,8 @@ class Ring : public scheduler::RemotePart {
   void RecvLoop(int link);
   // Under mu_: queues `s` (counted in its slot's sends_pending).
   void QueueLocked(int link, const Send& s);
-  // An op whose ring part ended, and how (PartDone is called outside mu_).
+  // An op whose ring part ended, and how (PartDone is called outside mu_);
+  // op == nullptr: fail the job with `status` (a pending abort is due).
   struct Ended {
     scheduler::Op* op;
     absl::Status status;
@@ -111,8 +124,11 @@ class Ring : public scheduler::RemotePart {
   // Under mu_: ends the op when everything is in and out, and releases the
   // next op's own frames.
   void MaybeEndLocked(uint32_t index, std::vector<Ended>* ended);
-  static void Deliver(std::vector<Ended>& ended);
+  void Deliver(std::vector<Ended>& ended);
   void ReleaseLocked(Slot& s);
+  // Under mu_: a frame of `s` is done being written or landed.
+  void UnbusyLocked(Slot& s, std::vector<Ended>* ended);
+  bool SpareEndedLocked() const { return any_started_ ? int32_t(last_ended_ - spare_) >= 0 : spare_ == 0; }
   absl::Status VerdictLocked(const Slot& s, int* failed_rank) const;
   // Where chunk (item, rank, offset, len) of `s` lands in local rank `l`'s
   // output; null when the frame does not fit this node's shape.
@@ -136,8 +152,16 @@ class Ring : public scheduler::RemotePart {
   bool aborted_ = false;
   absl::Status abort_why_;
   int abort_origin_ = -1;  // Node an abort frame came from (-1: failed here).
-  bool send_abort_ = false;  // Link 0's thread still has to send abort_frame_.
+  // An abort frame came: the origin's ops up to spare_ ended there, so ours
+  // may still complete from frames in flight; the job fails once they have.
+  bool pending_abort_ = false;
+  absl::Status pending_why_;
+  uint32_t spare_ = 0;
   RingFrameV1 abort_frame_{};
+  // After an abort: gives the links a moment to carry the abort frames,
+  // then shuts every connection (a cut link would hold a thread for long).
+  std::thread abort_thread_;
+  std::condition_variable close_cv_;
   std::atomic<bool> closed_{false};
 
   std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, frames_sent_{0}, frames_received_{0}, ops_{0},

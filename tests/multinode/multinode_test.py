@@ -1,0 +1,375 @@
+"""Multi-node jobs for real: several nodes on this machine, each a network
+namespace joined to the others through veth pairs and a bridge (created and
+removed here), each with its own dmagatherd (--peer_listen on its own
+address) and its own rank processes (started inside the namespace). Only
+traffic between these namespaces can make a test pass.
+
+Where network namespaces cannot be made (no CAP_NET_ADMIN), the nodes are
+daemons on 127.0.0.1 with their own ports instead, and the link-cut test is
+skipped (it needs a link to cut).
+"""
+import hashlib
+import hmac
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+import unittest
+
+RUNFILES = os.getcwd()
+DAEMON = os.path.join(RUNFILES, "server", "dmagatherd")
+CTL = os.path.join(RUNFILES, "tools", "dmagatherctl")
+LIB = os.path.join(RUNFILES, "client", "libdmagather.so")
+PY = os.path.join(RUNFILES, "client", "python")
+RANK = os.path.join(RUNFILES, "tests", "multinode", "mn_rank.py")
+PORT = 7411
+MAX_NODES = 8
+
+
+def sh(*args, check=True):
+    return subprocess.run(list(args), check=check, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+class Nodes:
+    """MAX_NODES namespaces on one bridge (or loopback when that is impossible)."""
+
+    def __init__(self):
+        self.tag = f"dmg{os.getpid() % 100000}"
+        self.netns = False
+        self.created = []
+        try:
+            self._make()
+            self.netns = True
+        except (subprocess.CalledProcessError, FileNotFoundError) as e:
+            self.destroy()
+            self.why = (getattr(e, "stderr", "") or str(e)).strip()
+            print(f"network namespaces unavailable ({self.why}); nodes on 127.0.0.1")
+
+    def _make(self):
+        sw = f"{self.tag}sw"
+        sh("ip", "netns", "add", sw)
+        self.created.append(sw)
+        sh("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
+        sh("ip", "-n", sw, "link", "set", "br0", "up")
+        for i in range(MAX_NODES):
+            ns = self.ns(i)
+            sh("ip", "netns", "add", ns)
+            self.created.append(ns)
+            a, b = f"{self.tag}a{i}", f"{self.tag}b{i}"
+            sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
+            sh("ip", "link", "set", a, "netns", sw)
+            sh("ip", "link", "set", b, "netns", ns)
+            sh("ip", "-n", ns, "link", "set", b, "name", "eth0")
+            sh("ip", "-n", ns, "addr", "add", f"10.211.0.{i + 1}/24", "dev", "eth0")
+            sh("ip", "-n", ns, "link", "set", "eth0", "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+            sh("ip", "-n", sw, "link", "set", a, "master", "br0")
+            sh("ip", "-n", sw, "link", "set", a, "up")
+
+    def ns(self, i):
+        return f"{self.tag}n{i}"
+
+    def address(self, i):
+        return f"10.211.0.{i + 1}:{PORT}" if self.netns else "127.0.0.1:0"
+
+    def prefix(self, i):
+        return ["ip", "netns", "exec", self.ns(i)] if self.netns else []
+
+    def link(self, i, up):
+        sh("ip", "-n", f"{self.tag}sw", "link", "set", f"{self.tag}a{i}", "up" if up else "down")
+
+    def destroy(self):
+        for ns in reversed(self.created):
+            sh("ip", "netns", "del", ns, check=False)
+        self.created = []
+
+
+class Cluster:
+    """One dmagatherd per node (fresh for each test)."""
+
+    def __init__(self, nodes, n, op_timeout_s=6):
+        self.nodes = nodes
+        self.dir = tempfile.mkdtemp(prefix="dmagather-mn-", dir="/tmp")
+        self.daemons = []
+        for i in range(n):
+            sock = self.sock(i)
+            with open(os.path.join(self.dir, f"d{i}.log"), "w") as log:
+                p = subprocess.Popen(nodes.prefix(i) + [DAEMON, f"--socket={sock}", "--backend=host", "--workers=2",
+                                                    f"--peer_listen={nodes.address(i)}", "--metrics_listen=",
+                                                        f"--op_timeout_s={op_timeout_s}", "--peer_links=2",
+                                                        "--ring_chunk_kib=256"],
+                                     stdout=log, stderr=subprocess.STDOUT)
+            self.daemons.append(p)
+        for i in range(n):
+            for _ in range(1000):
+                if os.path.exists(self.sock(i)):
+                    break
+                time.sleep(0.01)
+            assert os.path.exists(self.sock(i)), self.log(i)
+
+    def sock(self, i):
+        return os.path.join(self.dir, f"n{i}.sock")
+
+    def log(self, i):
+        with open(os.path.join(self.dir, f"d{i}.log")) as f:
+            return f.read()
+
+    def job_id(self, node=0):
+        import sys
+        sys.path.insert(0, PY)
+        import dmagather
+        return dmagather.job_id_create(self.sock(node), lib=LIB)
+
+    def start_ranks(self, placement, key, scenario, arg=None, job_id=None, env=None, only=None):
+        """placement[r] = node of rank r. Returns the processes (by rank; only
+        the ranks in `only` when given)."""
+        job_id = job_id or self.job_id(placement[0])
+        world = len(placement)
+        e = dict(os.environ, DMAGATHER_PY=PY, DMAGATHER_LIB=LIB, **(env or {}))
+        procs = []
+        for r, node in enumerate(placement):
+            if only is not None and r not in only:
+                continue
+            cmd = self.nodes.prefix(node) + ["/usr/bin/python3", RANK, self.sock(node), job_id, key, str(world),
+                                             str(r), scenario] + ([str(arg)] if arg is not None else [])
+            procs.append(subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        return procs
+
+    @staticmethod
+    def results(procs, timeout):
+        out = {}
+        deadline = time.monotonic() + timeout
+        for r, p in enumerate(procs):
+            try:
+                stdout, stderr = p.communicate(timeout=max(1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                stdout, stderr = p.communicate()
+                out[r] = {"hung": True, "stderr": stderr[-2000:]}
+                continue
+            lines = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
+            out[r] = json.loads(lines[-1][7:]) if lines else {"crashed": p.returncode, "stderr": stderr[-2000:]}
+        return out
+
+    def run(self, placement, key, scenario, arg=None, timeout=120, **kw):
+        return self.results(self.start_ranks(placement, key, scenario, arg, **kw), timeout)
+
+    def ctl(self, i, *args):
+        r = sh(CTL, f"--socket={self.sock(i)}", "--json", *args)
+        return json.loads(r.stdout)
+
+    def stop(self, name):
+        for p in self.daemons:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.daemons:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        keep = os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR")  # Daemon logs, for a failed run.
+        if keep:
+            for i in range(len(self.daemons)):
+                shutil.copy(os.path.join(self.dir, f"d{i}.log"), os.path.join(keep, f"{name}-daemon{i}.log"))
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class MultiNodeTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.nodes = Nodes()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.nodes.destroy()
+
+    def setUp(self):
+        self.cluster = None
+
+    def tearDown(self):
+        if self.cluster is not None:
+            self.cluster.stop(self._testMethodName)
+
+    def start(self, n, **kw):
+        self.cluster = Cluster(self.nodes, n, **kw)
+        return self.cluster
+
+    def assertAllOk(self, res, world):
+        self.assertEqual(sorted(res), list(range(world)))
+        for r in range(world):
+            self.assertEqual(res[r].get("join"), 0, f"rank {r}: {res[r]}")
+
+    def test_bit_exact_every_shape(self):
+        """2, 3, 4 and 8 nodes x 1-4 ranks, contiguous, interleaved and uneven
+        placements: every dtype, odd sizes, in/out of place, list, coalesced."""
+        c = self.start(MAX_NODES)
+        layouts = {
+            "2x1": [0, 1],
+            "2x4": [0, 0, 0, 0, 1, 1, 1, 1],
+            "4x3-interleaved": [r % 4 for r in range(12)],
+            "8x1": list(range(8)),
+            "8x2-interleaved": [r % 8 for r in range(16)],
+            "3-uneven-1-3-2": [2, 1, 1, 0, 1, 2],
+        }
+        for name, placement in layouts.items():
+            with self.subTest(layout=name):
+                t0 = time.monotonic()
+                res = c.run(placement, f"shape-{name}", "matrix", timeout=240)
+                self.assertAllOk(res, len(placement))
+                for r in range(len(placement)):
+                    self.assertGreater(res[r].get("checked", 0), 40, f"rank {r}: {res[r]}")
+                print(f"{name}: {len(placement)} ranks on {len(set(placement))} nodes bit-exact "
+                      f"({res[0]['checked']} ops per rank) in {time.monotonic() - t0:.1f} s")
+
+    def test_disagreement_and_fallback_reach_every_node(self):
+        c = self.start(2)
+        res = c.run([0, 1, 0, 1], "disagree", "disagree")
+        self.assertAllOk(res, 4)
+        for r in range(4):
+            self.assertEqual(res[r]["first"]["code"], 2, res[r])  # INVALID_ARGUMENT everywhere
+            self.assertIn("disagree", res[r]["first"]["message"])
+            self.assertTrue(res[r]["next_ok"], res[r])
+        res = c.run([0, 1, 0, 1], "fallback", "fallback")
+        self.assertAllOk(res, 4)
+        for r in range(4):
+            self.assertEqual(res[r]["first"]["code"], 1, res[r])  # FALLBACK everywhere, with rank 3's reason
+            self.assertIn("rank 3 has no such tensor", res[r]["first"]["message"])
+            self.assertTrue(res[r]["next_ok"], res[r])
+
+    def test_daemon_killed_mid_op(self):
+        c = self.start(3)
+        procs = c.start_ranks([0, 1, 2, 0, 1, 2], "victim", "loop", 60)
+        self.wait_first_ops(procs)
+        c.daemons[2].kill()
+        killed_at = time.time()
+        res = Cluster.results(procs, 60)
+        for r in range(6):
+            self.assertNotIn("hung", res[r], f"rank {r} hung")
+            self.assertNotEqual(res[r].get("code", 0), 0, f"rank {r}: {res[r]}")
+            self.assertLess(res[r]["failed_at"] - killed_at, 15, f"rank {r} learned it late: {res[r]}")
+            if r % 3 == 2:
+                self.assertEqual(res[r]["code"], 3, res[r])  # Its own daemon is gone: UNAVAILABLE.
+            else:
+                self.assertEqual(res[r]["code"], 4, res[r])  # PEER_FAILED naming the node.
+                self.assertRegex(res[r]["message"], r"node 2|node 1 \(")
+        print("daemon of node 2 killed: " + "; ".join(
+            f"rank {r} {res[r]['code']} after {res[r]['failed_at'] - killed_at:.2f} s" for r in range(6)))
+        # The surviving daemons keep serving: a new job on nodes 0 and 1.
+        res = c.run([0, 1, 1, 0], "after-kill", "matrix", timeout=240)
+        self.assertAllOk(res, 4)
+
+    def test_link_cut_mid_op(self):
+        if not self.nodes.netns:
+            self.skipTest(f"needs network namespaces ({self.nodes.why})")
+        c = self.start(3, op_timeout_s=5)
+        procs = c.start_ranks([0, 1, 2], "cut", "loop", 60)
+        self.wait_first_ops(procs)
+        self.nodes.link(1, up=False)
+        cut_at = time.time()
+        try:
+            res = Cluster.results(procs, 60)
+        finally:
+            self.nodes.link(1, up=True)
+        for r in range(3):
+            self.assertNotIn("hung", res[r], f"rank {r} hung")
+            self.assertIn(res[r].get("code"), (4, 5), f"rank {r}: {res[r]}")  # PEER_FAILED or TIMEOUT
+            self.assertLess(res[r]["failed_at"] - cut_at, 20, f"rank {r}: {res[r]}")
+        print("node 1's link cut: " + "; ".join(
+            f"rank {r} {res[r]['code']} after {res[r]['failed_at'] - cut_at:.2f} s: {res[r]['message'][:120]}"
+            for r in range(3)))
+
+    def test_wrong_secret_is_refused(self):
+        c = self.start(2)
+        real = c.job_id(0)
+        prefix, secret_hex, address = real.split("/", 2)
+        # A rank with a forged id (right coordinator, another secret): its
+        # daemon cannot join the job; the job's ranks time out cleanly.
+        forged = f"{prefix}/{'0' * 32 if secret_hex != '0' * 32 else '1' * 32}/{address}"
+        env = {"MN_JOIN_TIMEOUT_MS": "4000"}
+        p0 = c.start_ranks([0, 1], "forged", "join", job_id=real, env=env, only=[0])
+        p1 = c.start_ranks([0, 1], "forged", "join", job_id=forged, env=env, only=[1])
+        res0, res1 = Cluster.results(p0, 30)[0], Cluster.results(p1, 30)[0]
+        self.assertNotEqual(res0.get("join"), 0, res0)
+        self.assertNotEqual(res1.get("join"), 0, res1)
+        # A connection that knows the job's tag but not its secret is refused
+        # while the job bootstraps, and the job then runs undisturbed.
+        job = c.job_id(0)
+        secret = bytes.fromhex(job.split("/")[1])
+        procs = c.start_ranks([0, 1], "guarded", "matrix", job_id=job, env={"MN_JOIN_TIMEOUT_MS": "30000"},
+                              only=[0])
+        for _ in range(100):  # Until rank 0 has joined its daemon (the job is known there).
+            answer = self.inject(c, 0, secret)
+            if b"no rank of that job" not in answer:
+                break
+            time.sleep(0.1)
+        self.assertIn(b"authentication failed", answer)
+        procs += c.start_ranks([0, 1], "guarded", "matrix", job_id=job, env={"MN_JOIN_TIMEOUT_MS": "30000"},
+                               only=[1])
+        res = Cluster.results(procs, 240)
+        self.assertAllOk(res, 2)
+        health = c.ctl(0, "health")
+        self.assertGreaterEqual(int(health.get("peer_auth_failures", 0)), 1, health)
+
+    def inject(self, c, node, secret):
+        """A peer hello with the job's tag and a wrong proof; returns the reply bytes."""
+        host, port = (f"10.211.0.{node + 1}", PORT) if self.nodes.netns else (None, None)
+        if host is None:
+            log = c.log(node)
+            port = int(log.split("peer listener on 127.0.0.1:")[1].split()[0])
+            host = "127.0.0.1"
+        tag = hmac.new(secret, b"tag||", hashlib.sha256).digest()[:16]
+
+        def field(num, value):
+            if isinstance(value, int):
+                return bytes([num << 3]) + bytes([value])
+            return bytes([num << 3 | 2, len(value)]) + value
+
+        hello = field(1, 1) + field(2, b"ring") + field(3, tag) + field(4, os.urandom(32)) + field(5, os.urandom(32))
+        cmd = self.nodes.prefix((node + 1) % 2) + ["/usr/bin/python3", "-c", (
+            "import socket,struct,sys\n"
+            f"s=socket.create_connection(('{host}',{port}),timeout=5)\n"
+            "n=b''\n"
+            "while len(n)<32: n+=s.recv(32-len(n))\n"
+            f"h=bytes.fromhex('{hello.hex()}')\n"
+            "s.sendall(struct.pack('<I',len(h))+h)\n"
+            "data=b''\n"
+            "while True:\n"
+            "  x=s.recv(4096)\n"
+            "  if not x: break\n"
+            "  data+=x\n"
+            "sys.stdout.write(data.hex())\n")]
+        out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=20).stdout
+        return bytes.fromhex(out.strip())
+
+    def test_telemetry_shows_the_ring(self):
+        c = self.start(2)
+        res = c.run([0, 1], "telemetry", "matrix", timeout=240)
+        self.assertAllOk(res, 2)
+        health = c.ctl(0, "health")
+        self.assertEqual(health.get("transport"), "tcp", health)
+        self.assertIn("no RDMA device", health.get("transport_reason", ""))
+        stats = c.ctl(1, "stats")
+        jobs = [j for j in stats.get("jobs", []) if j.get("job_key") == "telemetry"]
+        self.assertTrue(jobs, stats)
+        ring = jobs[0].get("ring", {})
+        self.assertEqual(ring.get("nodes"), 2, ring)
+        self.assertGreater(int(ring.get("bytes_received", 0)), 4 << 20, ring)
+        self.assertGreater(int(ring.get("bytes_sent", 0)), 4 << 20, ring)
+        self.assertEqual(ring.get("transport"), "tcp")
+
+    @staticmethod
+    def wait_first_ops(procs, timeout=60):
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            while time.monotonic() < deadline:
+                line = p.stdout.readline()
+                if not line or line.startswith("FIRST_OP_DONE"):
+                    break
+
+
+if __name__ == "__main__":
+    unittest.main()
