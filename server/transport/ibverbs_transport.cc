@@ -118,7 +118,9 @@ absl::StatusOr<std::shared_ptr<Device>> OpenDevice(VerbsApi* api, const IbverbsO
     const int err = errno;
     if (list != nullptr) api->FreeDeviceList(list);
     if (list == nullptr && err != 0) {
-      return absl::UnavailableError(absl::StrCat("no RDMA device (ibv_get_device_list failed: ", strerror(err), ")"));
+      // ENOSYS: the kernel has no RDMA support at all.
+      return absl::UnavailableError(
+          absl::StrCat("no RDMA device (ibv_get_device_list found none: ", strerror(err), ")"));
     }
     return absl::UnavailableError("no RDMA device (ibv_get_device_list found none)");
   }
@@ -459,7 +461,7 @@ absl::Status IbverbsConnection::Setup(bool initiator) {
     mine.failed = 1;
     std::snprintf(mine.reason, sizeof(mine.reason), "%s", std::string(s.message()).c_str());
   };
-  absl::Status local = SetupLocal();
+  absl::Status local = common::Annotate(SetupLocal(), absl::StrCat("ibverbs setup with ", peer_, ": "));
   if (local.ok()) {
     mine.qpn = qp_->qp_num;
     mine.psn = psn_;
@@ -476,7 +478,7 @@ absl::Status IbverbsConnection::Setup(bool initiator) {
   }
   DMAG_RETURN_IF_ERROR(Exchange(initiator, &mine, &theirs, kInfo));
   if (!local.ok()) return local;
-  absl::Status remote = SetupRemote(theirs);
+  absl::Status remote = common::Annotate(SetupRemote(theirs), absl::StrCat("ibverbs setup with ", peer_, ": "));
   mine = WireInfo{};
   if (!remote.ok()) tell_failure(remote);
   // Ready: the sender's queue pair is RTR with its receives posted, so the

@@ -43,6 +43,11 @@ void FakeVerbs::FailNextSend(uint32_t qpn, ibv_wc_status status) {
   if (it != qps_.end()) it->second.fail_next = status;
 }
 
+void FakeVerbs::FailCreateQp(const std::string& device) {
+  std::lock_guard<std::mutex> lk(mu_);
+  fail_create_qp_ = device;
+}
+
 void FakeVerbs::SetQpError(uint32_t qpn) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = qps_.find(qpn);
@@ -278,6 +283,10 @@ ibv_qp* FakeVerbs::CreateQp(ibv_pd* pd, ibv_qp_init_attr* attr) {
     return nullptr;
   }
   Device* d = DeviceOf(pd->context);
+  if (d->spec.name == fail_create_qp_) {
+    errno = ENOMEM;
+    return nullptr;
+  }
   if (static_cast<int>(attr->cap.max_send_wr) > d->spec.max_qp_wr ||
       static_cast<int>(attr->cap.max_recv_wr) > d->spec.max_qp_wr) {
     errno = EINVAL;

@@ -56,6 +56,8 @@ class FakeVerbs : public VerbsApi {
   // The next send posted on queue pair `qpn` completes with `status` and
   // moves the queue pair to the error state.
   void FailNextSend(uint32_t qpn, ibv_wc_status status);
+  // ibv_create_qp on `device` fails (ENOMEM) from now on.
+  void FailCreateQp(const std::string& device);
   // Moves queue pair `qpn` to the error state now (its receives flush).
   void SetQpError(uint32_t qpn);
   // Queue-pair numbers alive now on `device` (empty: all), in creation order.
@@ -143,6 +145,7 @@ class FakeVerbs : public VerbsApi {
   std::map<uint32_t, Qp> qps_;  // By queue-pair number.
   uint32_t next_key_ = 0x1000;
   uint32_t next_qpn_ = 0x40;
+  std::string fail_create_qp_;
   int cq_overflows_ = 0;
   int rnr_errors_ = 0;
   int64_t writes_ = 0;
