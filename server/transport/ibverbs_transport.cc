@@ -1,20 +1,801 @@
 #include "server/transport/ibverbs_transport.h"
 
-#include <infiniband/verbs.h>
+#include <arpa/inet.h>
+#include <poll.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+#include "server/transport/tcp_transport.h"
 
 namespace dmagather::server::transport {
+namespace {
 
-absl::StatusOr<std::unique_ptr<Transport>> MakeIbverbsTransport() {
+const char* PortStateName(ibv_port_state s) {
+  switch (s) {
+    case IBV_PORT_NOP: return "NOP";
+    case IBV_PORT_DOWN: return "DOWN";
+    case IBV_PORT_INIT: return "INIT";
+    case IBV_PORT_ARMED: return "ARMED";
+    case IBV_PORT_ACTIVE: return "ACTIVE";
+    case IBV_PORT_ACTIVE_DEFER: return "ACTIVE_DEFER";
+  }
+  return "unknown";
+}
+
+bool GidIsZero(const ibv_gid& g) {
+  static const ibv_gid zero{};
+  return std::memcmp(&g, &zero, sizeof(g)) == 0;
+}
+
+// ::ffff:a.b.c.d (what RoCE uses for an interface's IPv4 address).
+bool GidIsIpv4Mapped(const ibv_gid& g) {
+  static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::memcmp(g.raw, prefix, sizeof(prefix)) == 0;
+}
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// An opened device, port and GID, with one protection domain shared by the
+// links of a transport.
+struct Device {
+  VerbsApi* api = nullptr;
+  ibv_context* ctx = nullptr;
+  ibv_pd* pd = nullptr;
+  std::string name;
+  uint8_t port = 0;
+  ibv_port_attr port_attr{};
+  ibv_device_attr device_attr{};
+  int gid_index = 0;
+  ibv_gid gid{};
+
+  ~Device() {
+    if (pd != nullptr) api->DeallocPd(pd);
+    if (ctx != nullptr) api->CloseDevice(ctx);
+  }
+  bool ethernet() const { return port_attr.link_layer == IBV_LINK_LAYER_ETHERNET; }
+  std::string where() const { return absl::StrCat(name, " port ", port); }
+};
+
+absl::Status PickGid(Device* d, const IbverbsOptions& o) {
+  const int table = d->port_attr.gid_tbl_len;
+  if (o.gid_index >= 0) {
+    if (table > 0 && o.gid_index >= table) {
+      return absl::InvalidArgumentError(absl::StrCat("GID index ", o.gid_index, " (DMAGATHER_IB_GID_INDEX) is out of ",
+                                                     d->where(), "'s table of ", table));
+    }
+    d->gid_index = o.gid_index;
+  } else if (!d->ethernet()) {
+    d->gid_index = 0;  // InfiniBand: addressed by LID; GID 0 is the port GUID.
+  } else {
+    // RoCE: prefer RoCE v2 (routable UDP) with an IPv4-mapped address.
+    int v2_ipv4 = -1, v2_any = -1;
+    bool any_entry = false;
+    for (int i = 0; i < std::min(table, 256); ++i) {
+      ibv_gid_entry e{};
+      if (d->api->QueryGidEntry(d->ctx, d->port, i, &e) != 0) continue;
+      any_entry = true;
+      if (e.gid_type != IBV_GID_TYPE_ROCE_V2 || GidIsZero(e.gid)) continue;
+      if (v2_any < 0) v2_any = i;
+      if (GidIsIpv4Mapped(e.gid)) {
+        v2_ipv4 = i;
+        break;
+      }
+    }
+    // Without GID types (old kernels): index 3 is RoCE v2 / IPv4 on mlx5.
+    d->gid_index = v2_ipv4 >= 0 ? v2_ipv4 : v2_any >= 0 ? v2_any : (!any_entry && table > 3) ? 3 : 0;
+  }
+  if (int rc = d->api->QueryGid(d->ctx, d->port, d->gid_index, &d->gid); rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("ibv_query_gid(", d->where(), ", index ", d->gid_index, "): ", strerror(rc)));
+  }
+  if (d->ethernet() && GidIsZero(d->gid)) {
+    return absl::UnavailableError(absl::StrCat("GID index ", d->gid_index, " of ", d->where(),
+                                               " is empty (RoCE needs one; set DMAGATHER_IB_GID_INDEX)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Device>> OpenDevice(VerbsApi* api, const IbverbsOptions& o) {
+  errno = 0;
   int n = 0;
-  ibv_device** list = ibv_get_device_list(&n);
-  if (list == nullptr || n == 0) {
-    if (list != nullptr) ibv_free_device_list(list);
+  ibv_device** list = api->GetDeviceList(&n);
+  if (list == nullptr || n <= 0) {
+    const int err = errno;
+    if (list != nullptr) api->FreeDeviceList(list);
+    if (list == nullptr && err != 0) {
+      // ENOSYS: the kernel has no RDMA support at all.
+      return absl::UnavailableError(
+          absl::StrCat("no RDMA device (ibv_get_device_list found none: ", strerror(err), ")"));
+    }
     return absl::UnavailableError("no RDMA device (ibv_get_device_list found none)");
   }
-  ibv_free_device_list(list);
-  return absl::UnavailableError(absl::StrCat(n, " RDMA device(s) found, but the ibverbs data path is not built"));
+  auto dev = std::make_shared<Device>();
+  dev->api = api;
+  std::vector<std::string> names, why_not;
+  bool found = false;
+  for (int i = 0; i < n && !found; ++i) {
+    const char* raw = api->GetDeviceName(list[i]);
+    std::string name = raw != nullptr ? raw : "?";
+    names.push_back(name);
+    if (!o.device.empty() && name != o.device) continue;
+    ibv_context* ctx = api->OpenDevice(list[i]);
+    if (ctx == nullptr) {
+      why_not.push_back(absl::StrCat(name, ": ibv_open_device: ", strerror(errno)));
+      continue;
+    }
+    ibv_device_attr da{};
+    if (int rc = api->QueryDevice(ctx, &da); rc != 0) {
+      why_not.push_back(absl::StrCat(name, ": ibv_query_device: ", strerror(rc)));
+      api->CloseDevice(ctx);
+      continue;
+    }
+    const int first = o.port > 0 ? o.port : 1, last = o.port > 0 ? o.port : da.phys_port_cnt;
+    for (int p = first; p <= last; ++p) {
+      ibv_port_attr pa{};
+      if (int rc = api->QueryPort(ctx, static_cast<uint8_t>(p), &pa); rc != 0) {
+        why_not.push_back(absl::StrCat(name, " port ", p, ": ibv_query_port: ", strerror(rc)));
+        continue;
+      }
+      if (pa.state != IBV_PORT_ACTIVE) {
+        why_not.push_back(absl::StrCat(name, " port ", p, ": ", PortStateName(pa.state)));
+        continue;
+      }
+      dev->ctx = ctx;
+      dev->name = name;
+      dev->port = static_cast<uint8_t>(p);
+      dev->port_attr = pa;
+      dev->device_attr = da;
+      found = true;
+      break;
+    }
+    if (!found) api->CloseDevice(ctx);
+  }
+  api->FreeDeviceList(list);  // Opened devices stay valid.
+  if (!found) {
+    if (!o.device.empty() && std::find(names.begin(), names.end(), o.device) == names.end()) {
+      return absl::UnavailableError(absl::StrCat("RDMA device '", o.device, "' (DMAGATHER_IB_DEVICE) not found; found ",
+                                                 absl::StrJoin(names, ", ")));
+    }
+    return absl::UnavailableError(absl::StrCat("RDMA device(s) ", absl::StrJoin(names, ", "),
+                                               " found but none has an active port (", absl::StrJoin(why_not, "; "),
+                                               ")"));
+  }
+  DMAG_RETURN_IF_ERROR(PickGid(dev.get(), o));
+  dev->pd = api->AllocPd(dev->ctx);
+  if (dev->pd == nullptr) {
+    return absl::UnavailableError(absl::StrCat("ibv_alloc_pd on ", dev->name, ": ", strerror(errno)));
+  }
+  return dev;
+}
+
+// What each end of a link tells the other over the bootstrap connection
+// (twice: kInfo with its queue pair and ring, then kReady once its queue pair
+// can receive). Host byte order: the fleet is little-endian.
+struct WireInfo {
+  char magic[8];
+  uint32_t version;
+  uint32_t stage;   // kInfo, kReady.
+  uint32_t failed;  // Nonzero: setup failed on the sender; `reason` says why.
+  uint32_t qpn;
+  uint32_t psn;
+  uint32_t lid;
+  uint32_t mtu;  // enum ibv_mtu.
+  uint32_t link_layer;
+  uint8_t gid[16];
+  uint64_t ring_addr;
+  uint32_t ring_rkey;
+  uint32_t slots;
+  uint64_t slot_bytes;
+  char reason[176];
+};
+static_assert(sizeof(WireInfo) == 256, "WireInfo is one 256-byte bootstrap message");
+constexpr char kMagic[8] = {'D', 'G', 'I', 'B', 'V', 'E', 'R', 'B'};
+constexpr uint32_t kVersion = 1;
+constexpr uint32_t kInfo = 1, kReady = 2;
+
+// How long a closing link waits for its posted writes to complete.
+constexpr auto kDrainTimeout = std::chrono::seconds(1);
+
+class IbverbsConnection : public Connection {
+ public:
+  IbverbsConnection(std::shared_ptr<Device> dev, const IbverbsOptions& o, std::unique_ptr<Connection> bootstrap)
+      : dev_(std::move(dev)),
+        api_(dev_->api),
+        bootstrap_(std::move(bootstrap)),
+        peer_(bootstrap_->peer()),
+        slots_(static_cast<uint32_t>(o.slots)),
+        slot_bytes_(o.slot_bytes),
+        credit_batch_(std::max<uint32_t>(1, slots_ / 4)) {
+    const int max_wr = dev_->device_attr.max_qp_wr > 0 ? dev_->device_attr.max_qp_wr : 1 << 14;
+    sq_depth_ = std::min(2 * kIbverbsMaxSlots, max_wr);
+    rq_depth_ = std::min(static_cast<int>(slots_) + kIbverbsMaxSlots, max_wr);
+  }
+
+  ~IbverbsConnection() override {
+    if (connected_) Drain();
+    bootstrap_.reset();  // Closes the socket: the peer sees EOF.
+    if (qp_ != nullptr) api_->DestroyQp(qp_);
+    if (scq_ != nullptr) api_->DestroyCq(scq_);
+    if (rcq_ != nullptr) api_->DestroyCq(rcq_);
+    if (rx_mr_ != nullptr) api_->DeregMr(rx_mr_);
+    if (tx_mr_ != nullptr) api_->DeregMr(tx_mr_);
+    std::free(rx_base_);
+    std::free(tx_base_);
+  }
+
+  absl::Status Setup(bool initiator);
+
+  absl::Status Send(const void* header, size_t header_len, const void* payload, size_t len) override;
+  absl::Status Recv(void* dst, size_t len) override;
+  void Shutdown() override {
+    if (!shut_.exchange(true)) bootstrap_->Shutdown();
+  }
+  const std::string& peer() const override { return peer_; }
+  int fd() const override { return bootstrap_->fd(); }
+
+ private:
+  absl::Status SetupLocal();
+  absl::Status SetupRemote(const WireInfo& theirs);
+  absl::Status Exchange(bool initiator, WireInfo* mine, WireInfo* theirs, uint32_t stage);
+  absl::Status Modify(ibv_qp_attr* attr, int mask, const char* to);
+
+  // All below: mu_ held.
+  void Progress();
+  void HandleRecv(const ibv_wc& wc);
+  void Fail(absl::Status s, bool flush = false);
+  absl::Status CompletionError(const char* what, const ibv_wc& wc) const;
+  bool PostRecv();
+  void FlushCredits();
+  bool PeerGone() const;
+  template <typename Ready, typename Idle>
+  absl::Status Wait(std::unique_lock<std::mutex>& lk, Ready ready, Idle idle, bool data_first);
+  void Drain();
+
+  absl::Status ShutError() const {
+    return absl::UnavailableError(absl::StrCat("connection to ", peer_, " was shut down"));
+  }
+
+  const std::shared_ptr<Device> dev_;
+  VerbsApi* const api_;
+  std::unique_ptr<Connection> bootstrap_;
+  const std::string peer_;
+
+  // Local receive ring.
+  const uint32_t slots_;
+  const size_t slot_bytes_;
+  const uint32_t credit_batch_;
+  int sq_depth_ = 0, rq_depth_ = 0;
+  ibv_cq* scq_ = nullptr;
+  ibv_cq* rcq_ = nullptr;
+  ibv_qp* qp_ = nullptr;
+  char* rx_base_ = nullptr;
+  ibv_mr* rx_mr_ = nullptr;
+  uint32_t psn_ = 0;
+
+  // The peer's ring (and the local send staging that mirrors it).
+  uint64_t remote_addr_ = 0;
+  uint32_t remote_rkey_ = 0;
+  uint32_t remote_slots_ = 0;
+  size_t remote_slot_bytes_ = 0;
+  char* tx_base_ = nullptr;
+  ibv_mr* tx_mr_ = nullptr;
+  bool connected_ = false;
+
+  std::atomic<bool> shut_{false};
+
+  std::mutex mu_;
+  absl::Status error_;       // The first failure (a flush error gives way to its cause).
+  bool error_is_flush_ = false;
+  std::deque<uint32_t> arrived_;  // Lengths of the chunks landed in rx slots, in order.
+  uint32_t tx_credits_ = 0;       // Free slots of the peer's ring.
+  uint32_t credits_to_return_ = 0;
+  int sq_outstanding_ = 0;        // Posted sends whose completion is not polled yet.
+
+  // Receiver thread only.
+  uint64_t rx_head_ = 0;  // Chunks consumed.
+  size_t rx_cursor_ = 0;  // Bytes consumed of the current chunk.
+  // Sender thread only.
+  uint64_t tx_next_ = 0;  // Chunks sent.
+};
+
+absl::Status IbverbsConnection::Modify(ibv_qp_attr* attr, int mask, const char* to) {
+  if (int rc = api_->ModifyQp(qp_, attr, mask); rc != 0) {
+    return absl::UnavailableError(absl::StrCat("ibv_modify_qp to ", to, " (", dev_->where(), ", link to ", peer_,
+                                               "): ", strerror(rc)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status IbverbsConnection::SetupLocal() {
+  const int max_cqe = dev_->device_attr.max_cqe > 0 ? dev_->device_attr.max_cqe : 1 << 16;
+  scq_ = api_->CreateCq(dev_->ctx, std::min(sq_depth_, max_cqe));
+  rcq_ = api_->CreateCq(dev_->ctx, std::min(rq_depth_, max_cqe));
+  if (scq_ == nullptr || rcq_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("ibv_create_cq on ", dev_->name, ": ", strerror(errno)));
+  }
+  ibv_qp_init_attr ia{};
+  ia.send_cq = scq_;
+  ia.recv_cq = rcq_;
+  ia.qp_type = IBV_QPT_RC;
+  ia.sq_sig_all = 0;
+  ia.cap.max_send_wr = sq_depth_;
+  ia.cap.max_recv_wr = rq_depth_;
+  ia.cap.max_send_sge = 1;
+  ia.cap.max_recv_sge = 1;
+  qp_ = api_->CreateQp(dev_->pd, &ia);
+  if (qp_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("ibv_create_qp (RC) on ", dev_->name, ": ", strerror(errno)));
+  }
+  const size_t ring = RoundUp(size_t{slots_} * slot_bytes_, 4096);
+  rx_base_ = static_cast<char*>(std::aligned_alloc(4096, ring));
+  if (rx_base_ == nullptr) return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a ", ring, "-byte ring"));
+  rx_mr_ = api_->RegMr(dev_->pd, rx_base_, ring, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (rx_mr_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("ibv_reg_mr (", ring, " bytes) on ", dev_->name, ": ", strerror(errno)));
+  }
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = dev_->port;
+  a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  DMAG_RETURN_IF_ERROR(Modify(&a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT"));
+  std::random_device rd;
+  psn_ = rd() & 0xffffff;
+  return absl::OkStatus();
+}
+
+absl::Status IbverbsConnection::SetupRemote(const WireInfo& t) {
+  if (t.link_layer != dev_->port_attr.link_layer) {
+    return absl::UnavailableError(absl::StrCat("link layers differ: ", dev_->where(), " is ",
+                                               dev_->ethernet() ? "Ethernet (RoCE)" : "InfiniBand", ", the peer's is not"));
+  }
+  if (t.slots == 0 || t.slots > kIbverbsMaxSlots || t.slot_bytes == 0 || t.slot_bytes > kIbverbsMaxSlotBytes) {
+    return absl::UnavailableError(absl::StrCat("peer's ring of ", t.slots, " x ", t.slot_bytes, " bytes is out of range"));
+  }
+  if (static_cast<int>(slots_ + t.slots) > rq_depth_) {
+    return absl::UnavailableError(absl::StrCat("receive queue of ", rq_depth_, " cannot hold ", slots_, " + ", t.slots,
+                                               " receives"));
+  }
+  remote_addr_ = t.ring_addr;
+  remote_rkey_ = t.ring_rkey;
+  remote_slots_ = t.slots;
+  remote_slot_bytes_ = t.slot_bytes;
+  const size_t ring = RoundUp(size_t{remote_slots_} * remote_slot_bytes_, 4096);
+  tx_base_ = static_cast<char*>(std::aligned_alloc(4096, ring));
+  if (tx_base_ == nullptr) return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a ", ring, "-byte ring"));
+  tx_mr_ = api_->RegMr(dev_->pd, tx_base_, ring, IBV_ACCESS_LOCAL_WRITE);
+  if (tx_mr_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("ibv_reg_mr (", ring, " bytes) on ", dev_->name, ": ", strerror(errno)));
+  }
+  // Receives: one per chunk that may land (slots_) and one per credit
+  // message that may be in flight (at most one per peer slot).
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (uint32_t i = 0; i < slots_ + remote_slots_; ++i) {
+      if (!PostRecv()) return error_;
+    }
+  }
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = static_cast<ibv_mtu>(std::min<uint32_t>(dev_->port_attr.active_mtu, t.mtu));
+  a.dest_qp_num = t.qpn;
+  a.rq_psn = t.psn;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;
+  a.ah_attr.dlid = static_cast<uint16_t>(t.lid);
+  a.ah_attr.sl = 0;
+  a.ah_attr.src_path_bits = 0;
+  a.ah_attr.port_num = dev_->port;
+  if (dev_->ethernet()) {  // RoCE: addressed by GID (a GRH on every packet).
+    a.ah_attr.is_global = 1;
+    std::memcpy(a.ah_attr.grh.dgid.raw, t.gid, sizeof(t.gid));
+    a.ah_attr.grh.sgid_index = static_cast<uint8_t>(dev_->gid_index);
+    a.ah_attr.grh.hop_limit = 64;
+  }
+  DMAG_RETURN_IF_ERROR(Modify(&a,
+                              IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
+                              "RTR"));
+  a = ibv_qp_attr{};
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = 14;  // 4.096 us * 2^14 = 67 ms per try.
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;  // Forever; the credits keep receives posted anyway.
+  a.sq_psn = psn_;
+  a.max_rd_atomic = 1;
+  DMAG_RETURN_IF_ERROR(Modify(&a,
+                              IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                  IBV_QP_MAX_QP_RD_ATOMIC,
+                              "RTS"));
+  return absl::OkStatus();
+}
+
+absl::Status IbverbsConnection::Exchange(bool initiator, WireInfo* mine, WireInfo* theirs, uint32_t stage) {
+  std::memcpy(mine->magic, kMagic, sizeof(kMagic));
+  mine->version = kVersion;
+  mine->stage = stage;
+  auto send = [&] { return bootstrap_->Send(mine, sizeof(*mine), nullptr, 0); };
+  auto recv = [&] { return bootstrap_->Recv(theirs, sizeof(*theirs)); };
+  const std::string what = absl::StrCat("ibverbs setup with ", peer_, ": ");
+  if (initiator || mine->failed) {  // A failed end tells and leaves.
+    DMAG_RETURN_IF_ERROR(common::Annotate(send(), what));
+    if (mine->failed) return absl::OkStatus();
+    DMAG_RETURN_IF_ERROR(common::Annotate(recv(), what));
+  } else {
+    DMAG_RETURN_IF_ERROR(common::Annotate(recv(), what));
+    DMAG_RETURN_IF_ERROR(common::Annotate(send(), what));
+  }
+  if (std::memcmp(theirs->magic, kMagic, sizeof(kMagic)) != 0) {
+    return absl::UnavailableError(absl::StrCat(what, "the peer is not using the ibverbs transport (bad magic)"));
+  }
+  if (theirs->version != kVersion || theirs->stage != stage) {
+    return absl::UnavailableError(
+        absl::StrCat(what, "protocol mismatch (version ", theirs->version, " stage ", theirs->stage, ")"));
+  }
+  if (theirs->failed) {
+    theirs->reason[sizeof(theirs->reason) - 1] = '\0';
+    return absl::UnavailableError(absl::StrCat(what, "the peer could not set up its end: ", theirs->reason));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status IbverbsConnection::Setup(bool initiator) {
+  WireInfo mine{}, theirs{};
+  auto tell_failure = [&](const absl::Status& s) {
+    mine = WireInfo{};
+    mine.failed = 1;
+    std::snprintf(mine.reason, sizeof(mine.reason), "%s", std::string(s.message()).c_str());
+  };
+  absl::Status local = common::Annotate(SetupLocal(), absl::StrCat("ibverbs setup with ", peer_, ": "));
+  if (local.ok()) {
+    mine.qpn = qp_->qp_num;
+    mine.psn = psn_;
+    mine.lid = dev_->port_attr.lid;
+    mine.mtu = dev_->port_attr.active_mtu;
+    mine.link_layer = dev_->port_attr.link_layer;
+    std::memcpy(mine.gid, dev_->gid.raw, sizeof(mine.gid));
+    mine.ring_addr = reinterpret_cast<uintptr_t>(rx_base_);
+    mine.ring_rkey = rx_mr_->rkey;
+    mine.slots = slots_;
+    mine.slot_bytes = slot_bytes_;
+  } else {
+    tell_failure(local);
+  }
+  DMAG_RETURN_IF_ERROR(Exchange(initiator, &mine, &theirs, kInfo));
+  if (!local.ok()) return local;
+  absl::Status remote = common::Annotate(SetupRemote(theirs), absl::StrCat("ibverbs setup with ", peer_, ": "));
+  mine = WireInfo{};
+  if (!remote.ok()) tell_failure(remote);
+  // Ready: the sender's queue pair is RTR with its receives posted, so the
+  // other end may write.
+  DMAG_RETURN_IF_ERROR(Exchange(initiator, &mine, &theirs, kReady));
+  if (!remote.ok()) return remote;
+  std::lock_guard<std::mutex> lk(mu_);
+  tx_credits_ = remote_slots_;
+  connected_ = true;
+  return absl::OkStatus();
+}
+
+void IbverbsConnection::Fail(absl::Status s, bool flush) {
+  if (error_.ok() || (error_is_flush_ && !flush)) {
+    const bool first = error_.ok();
+    error_ = std::move(s);
+    error_is_flush_ = flush;
+    if (first) bootstrap_->Shutdown();  // The peer notices (EOF on its bootstrap socket).
+  }
+}
+
+absl::Status IbverbsConnection::CompletionError(const char* what, const ibv_wc& wc) const {
+  return absl::UnavailableError(absl::StrCat("ibverbs link to ", peer_, " (", dev_->where(), "): ", what,
+                                             " completion failed: ", api_->WcStatusStr(wc.status), " (status ",
+                                             static_cast<int>(wc.status), ", vendor error ", wc.vendor_err, ")"));
+}
+
+bool IbverbsConnection::PostRecv() {
+  ibv_recv_wr wr{};
+  ibv_recv_wr* bad = nullptr;
+  wr.wr_id = 0;
+  wr.num_sge = 0;  // Writes with immediate and zero-byte sends carry no payload here.
+  if (int rc = api_->PostRecv(qp_, &wr, &bad); rc != 0) {
+    Fail(absl::UnavailableError(absl::StrCat("ibv_post_recv on the link to ", peer_, ": ", strerror(rc))));
+    return false;
+  }
+  return true;
+}
+
+void IbverbsConnection::HandleRecv(const ibv_wc& wc) {
+  if (wc.status != IBV_WC_SUCCESS) {
+    Fail(CompletionError("receive", wc), wc.status == IBV_WC_WR_FLUSH_ERR);
+    return;
+  }
+  const uint32_t imm = ntohl(wc.imm_data);
+  if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+    if (imm == 0 || imm > slot_bytes_ || arrived_.size() >= slots_) {
+      Fail(absl::UnavailableError(
+          absl::StrCat("ibverbs link to ", peer_, ": protocol error (chunk of ", imm, " bytes into a full ring?)")));
+      return;
+    }
+    arrived_.push_back(imm);
+  } else if (wc.opcode == IBV_WC_RECV) {
+    tx_credits_ += imm;
+    if (tx_credits_ > remote_slots_) {
+      Fail(absl::UnavailableError(absl::StrCat("ibverbs link to ", peer_, ": protocol error (", tx_credits_,
+                                               " credits for ", remote_slots_, " slots)")));
+      return;
+    }
+  } else {
+    Fail(absl::UnavailableError(absl::StrCat("ibverbs link to ", peer_, ": unexpected completion opcode ",
+                                             static_cast<int>(wc.opcode))));
+    return;
+  }
+  PostRecv();
+}
+
+void IbverbsConnection::Progress() {
+  ibv_wc wc[16];
+  // Sends first: their error is the cause of any flushed receives.
+  for (;;) {
+    const int k = api_->PollCq(scq_, 16, wc);
+    if (k < 0) {
+      Fail(absl::UnavailableError(absl::StrCat("ibv_poll_cq (send) on the link to ", peer_, " failed")));
+      break;
+    }
+    for (int i = 0; i < k; ++i) {
+      --sq_outstanding_;
+      if (wc[i].status != IBV_WC_SUCCESS) {
+        Fail(CompletionError(wc[i].opcode == IBV_WC_SEND ? "credit send" : "RDMA write", wc[i]),
+             wc[i].status == IBV_WC_WR_FLUSH_ERR);
+      }
+    }
+    if (k < 16) break;
+  }
+  for (;;) {
+    const int k = api_->PollCq(rcq_, 16, wc);
+    if (k < 0) {
+      Fail(absl::UnavailableError(absl::StrCat("ibv_poll_cq (receive) on the link to ", peer_, " failed")));
+      break;
+    }
+    for (int i = 0; i < k; ++i) HandleRecv(wc[i]);
+    if (k < 16) break;
+  }
+}
+
+void IbverbsConnection::FlushCredits() {
+  if (credits_to_return_ == 0 || !error_.ok() || sq_outstanding_ >= sq_depth_) return;
+  ibv_send_wr wr{};
+  ibv_send_wr* bad = nullptr;
+  wr.wr_id = 1;
+  wr.opcode = IBV_WR_SEND_WITH_IMM;
+  wr.num_sge = 0;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.imm_data = htonl(credits_to_return_);
+  if (int rc = api_->PostSend(qp_, &wr, &bad); rc != 0) {
+    Fail(absl::UnavailableError(absl::StrCat("ibv_post_send (credits) on the link to ", peer_, ": ", strerror(rc))));
+    return;
+  }
+  ++sq_outstanding_;
+  credits_to_return_ = 0;
+}
+
+bool IbverbsConnection::PeerGone() const {
+  const int fd = bootstrap_->fd();
+  if (fd < 0) return false;
+  // Nothing is sent on the bootstrap connection after setup: readable
+  // means EOF or an error.
+  pollfd p{fd, POLLIN | POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && p.revents != 0;
+}
+
+template <typename Ready, typename Idle>
+absl::Status IbverbsConnection::Wait(std::unique_lock<std::mutex>& lk, Ready ready, Idle idle, bool data_first) {
+  for (int spins = 0;; ++spins) {
+    if (shut_.load()) return ShutError();
+    Progress();
+    if (!data_first && !error_.ok()) return error_;
+    if (ready()) return absl::OkStatus();
+    if (!error_.ok()) return error_;
+    idle();
+    if (spins >= 64 && PeerGone()) {
+      Fail(absl::UnavailableError(absl::StrCat("connection to ", peer_, " closed by the peer")));
+      continue;  // Take what landed before the close.
+    }
+    lk.unlock();
+    if (spins < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 5 * (spins - 63))));
+    }
+    lk.lock();
+  }
+}
+
+absl::Status IbverbsConnection::Send(const void* header, size_t header_len, const void* payload, size_t len) {
+  const char* pieces[2] = {static_cast<const char*>(header), static_cast<const char*>(payload)};
+  const size_t sizes[2] = {header_len, len};
+  int piece = 0;
+  size_t off = 0;
+  size_t remaining = header_len + len;
+  if (shut_.load()) return ShutError();
+  while (remaining > 0) {
+    const size_t chunk = std::min(remaining, remote_slot_bytes_);
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      DMAG_RETURN_IF_ERROR(Wait(
+          lk, [&] { return tx_credits_ > 0 && sq_outstanding_ < sq_depth_; }, [] {}, /*data_first=*/false));
+    }
+    // The slot is free: its credit came back, so the peer has read it and
+    // this side's adapter is done with the staging copy.
+    const uint64_t slot = tx_next_ % remote_slots_;
+    char* dst = tx_base_ + slot * remote_slot_bytes_;
+    for (size_t filled = 0; filled < chunk;) {
+      while (off == sizes[piece]) {
+        ++piece;
+        off = 0;
+      }
+      const size_t n = std::min(chunk - filled, sizes[piece] - off);
+      std::memcpy(dst + filled, pieces[piece] + off, n);
+      filled += n;
+      off += n;
+    }
+    ibv_sge sge{};
+    sge.addr = reinterpret_cast<uintptr_t>(dst);
+    sge.length = static_cast<uint32_t>(chunk);
+    sge.lkey = tx_mr_->lkey;
+    ibv_send_wr wr{};
+    ibv_send_wr* bad = nullptr;
+    wr.wr_id = 0;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.imm_data = htonl(static_cast<uint32_t>(chunk));
+    wr.wr.rdma.remote_addr = remote_addr_ + slot * remote_slot_bytes_;
+    wr.wr.rdma.rkey = remote_rkey_;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (shut_.load()) return ShutError();
+      if (!error_.ok()) return error_;
+      if (int rc = api_->PostSend(qp_, &wr, &bad); rc != 0) {
+        Fail(absl::UnavailableError(absl::StrCat("ibv_post_send (RDMA write) on the link to ", peer_, ": ",
+                                                 strerror(rc))));
+        return error_;
+      }
+      --tx_credits_;
+      ++sq_outstanding_;
+    }
+    ++tx_next_;
+    remaining -= chunk;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status IbverbsConnection::Recv(void* dst, size_t len) {
+  char* out = static_cast<char*>(dst);
+  if (shut_.load()) return ShutError();
+  while (len > 0) {
+    uint32_t chunk;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      DMAG_RETURN_IF_ERROR(Wait(
+          lk, [&] { return !arrived_.empty(); }, [&] { FlushCredits(); }, /*data_first=*/true));
+      chunk = arrived_.front();
+    }
+    const char* src = rx_base_ + (rx_head_ % slots_) * slot_bytes_ + rx_cursor_;
+    const size_t n = std::min<size_t>(chunk - rx_cursor_, len);
+    std::memcpy(out, src, n);
+    out += n;
+    len -= n;
+    rx_cursor_ += n;
+    if (rx_cursor_ == chunk) {
+      std::lock_guard<std::mutex> lk(mu_);
+      arrived_.pop_front();
+      rx_cursor_ = 0;
+      ++rx_head_;
+      if (++credits_to_return_ >= credit_batch_) FlushCredits();
+    }
+  }
+  return absl::OkStatus();
+}
+
+void IbverbsConnection::Drain() {
+  std::unique_lock<std::mutex> lk(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + kDrainTimeout;
+  for (;;) {
+    Progress();
+    if (sq_outstanding_ == 0 || !error_.ok() || std::chrono::steady_clock::now() > deadline) return;
+    lk.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    lk.lock();
+  }
+}
+
+class IbverbsTransport : public Transport {
+ public:
+  IbverbsTransport(std::shared_ptr<Device> dev, const IbverbsOptions& o)
+      : dev_(std::move(dev)), options_(o), tcp_(MakeTcpTransport()) {}
+  const char* name() const override { return "ibverbs"; }
+  absl::StatusOr<std::unique_ptr<Listener>> Listen(const std::string& address) override {
+    return tcp_->Listen(address);
+  }
+  absl::StatusOr<std::unique_ptr<Connection>> Connect(const std::string& address, absl::Duration timeout) override {
+    return tcp_->Connect(address, timeout);
+  }
+  absl::StatusOr<std::unique_ptr<Connection>> Upgrade(std::unique_ptr<Connection> bootstrap, bool initiator) override {
+    if (bootstrap == nullptr) return absl::InvalidArgumentError("Upgrade: no bootstrap connection");
+    auto c = std::make_unique<IbverbsConnection>(dev_, options_, std::move(bootstrap));
+    DMAG_RETURN_IF_ERROR(c->Setup(initiator));
+    return std::unique_ptr<Connection>(std::move(c));
+  }
+
+ private:
+  const std::shared_ptr<Device> dev_;
+  const IbverbsOptions options_;
+  const std::unique_ptr<Transport> tcp_;
+};
+
+template <typename T>
+absl::Status EnvNumber(const char* name, T* out) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return absl::OkStatus();
+  if (!absl::SimpleAtoi(v, out)) {
+    return absl::InvalidArgumentError(absl::StrCat(name, "='", v, "' is not a number"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<IbverbsOptions> IbverbsOptionsFromEnv() {
+  IbverbsOptions o;
+  if (const char* d = std::getenv("DMAGATHER_IB_DEVICE"); d != nullptr && *d != '\0') {
+    std::string s = d;
+    const size_t colon = s.find(':');
+    if (colon != std::string::npos) {
+      if (!absl::SimpleAtoi(s.substr(colon + 1), &o.port) || o.port < 1 || o.port > 255) {
+        return absl::InvalidArgumentError(absl::StrCat("DMAGATHER_IB_DEVICE='", s, "': bad port"));
+      }
+      s.resize(colon);
+    }
+    o.device = s;
+  }
+  DMAG_RETURN_IF_ERROR(EnvNumber("DMAGATHER_IB_GID_INDEX", &o.gid_index));
+  DMAG_RETURN_IF_ERROR(EnvNumber("DMAGATHER_IB_SLOTS", &o.slots));
+  DMAG_RETURN_IF_ERROR(EnvNumber("DMAGATHER_IB_SLOT_BYTES", &o.slot_bytes));
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> MakeIbverbsTransport(VerbsApi* api, const IbverbsOptions& o) {
+  if (o.slots < 1 || o.slots > kIbverbsMaxSlots) {
+    return absl::InvalidArgumentError(absl::StrCat("ibverbs: ", o.slots, " slots (DMAGATHER_IB_SLOTS) is not in [1, ",
+                                                   kIbverbsMaxSlots, "]"));
+  }
+  if (o.slot_bytes < 1 || o.slot_bytes > kIbverbsMaxSlotBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("ibverbs: slot size ", o.slot_bytes,
+                                                   " (DMAGATHER_IB_SLOT_BYTES) is not in [1, ", kIbverbsMaxSlotBytes,
+                                                   "]"));
+  }
+  DMAG_ASSIGN_OR_RETURN(std::shared_ptr<Device> dev, OpenDevice(api, o));
+  return std::unique_ptr<Transport>(new IbverbsTransport(std::move(dev), o));
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> MakeIbverbsTransport() {
+  DMAG_ASSIGN_OR_RETURN(IbverbsOptions o, IbverbsOptionsFromEnv());
+  return MakeIbverbsTransport(RealVerbs(), o);
 }
 
 }  // namespace dmagather::server::transport
