@@ -7,5 +7,6 @@ namespace dmagather::common {
 
 inline constexpr char kMemoryHostMemfd[] = "host_memfd";  // Sealed memfd, handed over on the fd channel (a ticket).
 inline constexpr char kMemoryCudaIpc[] = "cuda_ipc";  // cudaIpcMemHandle_t of an allocation base.
+inline constexpr char kMemoryHipIpc[] = "hip_ipc";    // hipIpcMemHandle_t of an allocation base.
 
 }  // namespace dmagather::common

@@ -23,12 +23,12 @@ ABSL_FLAG(std::string, socket, "/run/dmagather/dmagatherd.sock",
           "Unix socket of the gRPC control plane. Clients find it through DMAGATHER_SOCKET or this default.");
 ABSL_FLAG(std::string, backend, "auto",
           "Copy backend: host (worker threads over shared memory), cuda (copy engines), hip (SDMA), or auto "
-          "(cuda when a GPU and the cuda backend are present, else host; the choice and its reason are logged).");
+          "(hip, then cuda, then host: the first that starts; the choice and its reason are logged).");
 ABSL_FLAG(int, workers, 4, "Host backend: copy worker threads.");
 ABSL_FLAG(int, chunk_kib, 0,
           "Copies are cut into chunks of this many KiB so every worker (host) or stream (cuda) shares a large op. "
-          "0: the backend's default (host 1024, cuda 32768; cuda caps it at 65536).");
-ABSL_FLAG(int, streams, 4, "CUDA backend: copy streams per device.");
+          "0: the backend's default (host 1024, cuda 32768, hip 65536; cuda caps it at 65536, hip at 131072).");
+ABSL_FLAG(int, streams, 4, "GPU backends (cuda, hip): copy streams per device.");
 ABSL_FLAG(double, op_timeout_s, 60.0,
           "An AllGather whose ranks have not all submitted it within this many seconds fails with TIMEOUT on the "
           "ranks that did, and stops the job.");

@@ -10,6 +10,7 @@ PKGS=(
   libabsl-dev libgoogle-glog-dev libgtest-dev libgmock-dev
   libsystemd-dev libibverbs-dev
   libcpp-httplib-dev                                 # dmagatherd --metrics_listen (GET /metrics)
+  libamdhip64-dev libhsa-runtime-dev                 # the hip backend (HIP 5.2.3 headers; libamdhip64 is dlopened)
   clang-14 libclang-rt-14-dev                        # tools/fuzz.sh: libFuzzer + ASan/UBSan runtimes
   systemd                                            # tools/check_unit.sh: systemd-analyze verify
   python3 python3-numpy python3-grpcio python3-protobuf

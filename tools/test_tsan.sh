@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# test_tsan.sh: the CPU unit tests (//tests/server/..., //tests/common/...)
+# test_tsan.sh: the CPU unit tests (//tests/server/..., //tests/common/...;
+# among them the GPU engine on the fake runtime, //tests/server/engines/gpu)
 # under ThreadSanitizer (--config=tsan in .bazelrc: tests tagged cuda, gpu
 # or manual are skipped), then one closing line `N passed, N failed`
 # counting test cases. A race report fails its test (TSan exits 66); the

@@ -24,8 +24,8 @@ struct EngineOptions;  // factory.h
 using EngineCreateFn = std::function<absl::StatusOr<std::unique_ptr<CopyEngine>>(const EngineOptions&)>;
 
 struct EngineBackend {
-  std::string name;  // The --backend value: "host", "cuda".
-  int priority = 0;  // --backend=auto tries higher first (cuda 200 > hip 100 > host 0).
+  std::string name;  // The --backend value: "host", "cuda", "hip".
+  int priority = 0;  // --backend=auto tries higher first (hip 300 > cuda 200 > host 0).
   EngineCreateFn create;
   std::string label;  // The name in messages ("cannot use CUDA: ..."); default: name.
   // For the reasons CreateEngine reports (optional):

@@ -17,7 +17,7 @@ struct KnownBackend {
 constexpr KnownBackend kKnownBackends[] = {
     {"host", "this build has no host backend"},
     {"cuda", "built without the CUDA toolkit"},
-    {"hip", "the hip backend is not written yet"},
+    {"hip", "built without HIP: libamdhip64-dev and libhsa-runtime-dev were not found"},
 };
 
 const KnownBackend* FindKnown(const std::string& name) {

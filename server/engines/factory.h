@@ -15,8 +15,8 @@ struct EngineOptions {
   std::string backend = "auto";
   int workers = 4;
   // Copies are cut into chunks of this size so every worker/stream shares a
-  // large op. 0: the backend's default (host 1 MiB, cuda 32 MiB; cuda caps
-  // it at 64 MiB).
+  // large op. 0: the backend's default (host 1 MiB, cuda 32 MiB, hip 64 MiB; cuda caps
+  // it at 64 MiB, hip at 128 MiB).
   uint64_t chunk_bytes = 0;
   int streams_per_device = 4;
 };
@@ -28,7 +28,7 @@ struct CreatedEngine {
 
 // --backend=NAME: that backend, or an error (Unimplemented when it is not
 // part of this build, naming those that are). auto: the registered backends
-// by descending priority (cuda, then host); the reason says why the ones
+// by descending priority (hip, then cuda, then host); the reason says why the ones
 // before the chosen one could not be used.
 absl::StatusOr<CreatedEngine> CreateEngine(const EngineOptions& options);
 

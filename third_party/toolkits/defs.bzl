@@ -8,11 +8,20 @@ load(
     _CUDA_PATH = "CUDA_PATH",
     _HAS_CUDA = "HAS_CUDA",
     _HAS_HIP = "HAS_HIP",
+    _HIP_HAS_COPY_ON_ENGINE = "HIP_HAS_COPY_ON_ENGINE",
+    _HIP_HAS_MEMCPY_NOCU = "HIP_HAS_MEMCPY_NOCU",
+    _HIP_PATH = "HIP_PATH",
 )
 
 HAS_CUDA = _HAS_CUDA
 HAS_HIP = _HAS_HIP
 CUDA_PATH = _CUDA_PATH
+HIP_PATH = _HIP_PATH
+
+# What the HIP headers offer, as defines for the hip runtime's sources.
+HIP_DEFINES = (["__HIP_PLATFORM_AMD__"] +
+               (["DMAGATHER_HSA_HAS_COPY_ON_ENGINE"] if _HIP_HAS_COPY_ON_ENGINE else []) +
+               (["DMAGATHER_HIP_HAS_MEMCPY_NOCU"] if _HIP_HAS_MEMCPY_NOCU else []))
 
 def if_cuda(if_true, if_false = []):
     """if_true where the CUDA toolkit was found, else if_false."""
@@ -34,3 +43,16 @@ def cuda_cc_test(tags = [], **kwargs):
 def cuda_genrule(**kwargs):
     if _HAS_CUDA:
         native.genrule(**kwargs)
+
+def if_hip(if_true, if_false = []):
+    """if_true where HIP (libamdhip64-dev) was found, else if_false."""
+    return if_true if _HAS_HIP else if_false
+
+def hip_cc_library(**kwargs):
+    if _HAS_HIP:
+        native.cc_library(**kwargs)
+
+def hip_cc_test(tags = [], **kwargs):
+    """A cc_test that needs the HIP headers/library; tagged "hip"."""
+    if _HAS_HIP:
+        native.cc_test(tags = tags + ["hip"], **kwargs)

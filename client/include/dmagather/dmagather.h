@@ -189,7 +189,7 @@ const char* dmagather_status_string(dmagather_status_t status);
 /* A sentence about the last failure on this comm: what, which rank, why.
  * Valid until the next call on the comm. */
 const char* dmagather_last_error(dmagather_comm_t comm);
-/* "host" or "cuda". */
+/* "host", "cuda" or "hip". */
 const char* dmagather_backend(dmagather_comm_t comm);
 int dmagather_comm_rank(dmagather_comm_t comm);
 int dmagather_comm_size(dmagather_comm_t comm);

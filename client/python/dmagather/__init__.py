@@ -413,7 +413,7 @@ class Op:
         return bool(done.value)
 
     def wait_stream(self, stream=None):
-        """CUDA: `stream` (a cudaStream_t as int) waits on the GPU; the verdict
+        """CUDA/HIP: `stream` (a cudaStream_t / hipStream_t as int) waits on the GPU; the verdict
         is read later with test()/wait(). Host backend: stream is None and this
         is wait()."""
         code = self.comm._lib.dmagather_op_wait_stream(self.comm._handle(), self.handle, stream)

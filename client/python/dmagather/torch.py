@@ -62,6 +62,10 @@ import torch.distributed as dist
 
 from . import Comm, DmagatherError, FallbackError, DTYPES, MAX_COALESCED, Op, _Gather, load_library
 
+# Daemon backends whose tensors live on torch "cuda" devices: NVIDIA (cuda) and,
+# on ROCm builds of torch (which expose AMD GPUs as torch.cuda), AMD (hip).
+GPU_BACKENDS = ("cuda", "hip")
+
 log = logging.getLogger("dmagather")
 
 __all__ = ["init", "install", "uninstall", "is_installed", "get", "all_gather_into_tensor", "all_gather_coalesced",
@@ -220,10 +224,11 @@ class DmagatherAllGather:
         if self.comm is None and self.unavailable is None:
             self.unavailable = ("not_enabled", "no communicator")
         self.backend = self.comm.backend if self.comm is not None else None
-        # Stream-ordered mode with the signature cache: the CUDA backend. On the
+        # Stream-ordered mode with the signature cache: the GPU backends (cuda,
+        # and hip: ROCm torch exposes its GPUs as torch.cuda). On the
         # host backend only for tests (stream_ordered=True): there "the stream
         # waits" is nothing and Work.wait()/synchronize() wait on the host.
-        self.stream_ordered = (self.backend == "cuda") if stream_ordered is None else bool(stream_ordered)
+        self.stream_ordered = (self.backend in GPU_BACKENDS) if stream_ordered is None else bool(stream_ordered)
         if self.comm is not None:
             lib = self.comm._lib
             self._lib_async = lib.dmagather_allgather_async
@@ -263,7 +268,7 @@ class DmagatherAllGather:
             shape = (shape,)
         dev = torch.device(device) if device is not None else None
         if self.comm is None or self.backend != "host" or (dev is not None and dev.type != "cpu"):
-            if dev is None and self.backend == "cuda":
+            if dev is None and self.backend in GPU_BACKENDS:
                 dev = torch.device("cuda", torch.cuda.current_device())
             return torch.empty(tuple(shape), dtype=dtype, device=dev)
         if self._pool is None:
@@ -333,7 +338,7 @@ class DmagatherAllGather:
 
     # ---- dmagather's path -----------------------------------------------------
     def _stream_of(self, outs):
-        if self.backend != "cuda":
+        if self.backend not in GPU_BACKENDS:
             return None
         o = outs[0]
         dev = o.device if o.is_cuda else torch.device("cuda", torch.cuda.current_device())
@@ -346,8 +351,8 @@ class DmagatherAllGather:
                 return "a tensor is not contiguous"
             if self.backend == "host" and t.is_cuda:
                 return f"a tensor on {t.device} and the daemon's backend is host"
-            if self.backend == "cuda" and not t.is_cuda:
-                return "a CPU tensor and the daemon's backend is cuda"
+            if self.backend in GPU_BACKENDS and not t.is_cuda:
+                return f"a CPU tensor and the daemon's backend is {self.backend}"
         if self.backend == "host":
             for t in list(ins) + list(outs):
                 try:
@@ -386,7 +391,7 @@ class DmagatherAllGather:
         return self._broken
 
     def _order_on_stream(self, op, stream):
-        if self.backend == "cuda":
+        if self.backend in GPU_BACKENDS:
             try:
                 op.wait_stream(stream)
             except DmagatherError as e:
@@ -462,7 +467,7 @@ class DmagatherAllGather:
             self.counters["dmagather_ops"] += 1
             self.counters["stream_ordered_ops"] += 1
             self._pending.append(op)
-            if self.backend == "cuda":
+            if self.backend in GPU_BACKENDS:
                 if async_op and not order_now:
                     return Work(self, op, stream_pending=True)
                 self._order_on_stream(op, stream)

@@ -1,8 +1,8 @@
-#include "server/engines/cuda/wave_plan.h"
+#include "server/engines/gpu/wave_plan.h"
 
 #include <algorithm>
 
-namespace dmagather::server::engines::cuda {
+namespace dmagather::server::engines::gpu {
 namespace {
 
 // Ring step of a copy: 0 for a rank's own shard, s when the source is s
@@ -64,4 +64,4 @@ void PlanWaves(const std::vector<CopyCmd>& copies, const WavePlanOptions& option
   }
 }
 
-}  // namespace dmagather::server::engines::cuda
+}  // namespace dmagather::server::engines::gpu

@@ -1,7 +1,7 @@
 // PlanWaves: every byte of every copy is covered exactly once, chunks and
 // batches respect their limits, batches are contiguous, streams are dealt
 // round-robin, and the order spreads destinations (ring steps).
-#include "server/engines/cuda/wave_plan.h"
+#include "server/engines/gpu/wave_plan.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <set>
 #include <vector>
 
-namespace dmagather::server::engines::cuda {
+namespace dmagather::server::engines::gpu {
 namespace {
 
 // A flat AllGather of `world` ranks, shard `bytes`, outputs in one arena:
@@ -152,4 +152,4 @@ TEST(WavePlan, StreamsAreDealtRoundRobinAndEmptyPlanIsEmpty) {
 }
 
 }  // namespace
-}  // namespace dmagather::server::engines::cuda
+}  // namespace dmagather::server::engines::gpu

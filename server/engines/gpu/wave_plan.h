@@ -1,16 +1,16 @@
-// WavePlan: how the cuda engine cuts one device's share of an op into
-// copy-engine work. A pure function (no CUDA), so it is tested on CPU-only
+// WavePlan: how the GPU engine cuts one device's share of an op into
+// copy-engine work. A pure function (no GPU runtime), so it is tested on CPU-only
 // machines.
 //
 //  - Every copy is cut into chunks of at most chunk_bytes (single copies of
-//    256 MiB and more were seen to hang a copy engine).
+//    256 MiB and more were seen to hang a copy engine; the runtime caps it).
 //  - Chunks are ordered in ring steps: step s carries, for every
 //    destination rank d, the copy from source (d + s) % world. Consecutive
 //    chunks therefore target different peers instead of all copies hitting
 //    one peer at once (incast).
 //  - The ordered chunks are dealt round-robin to the device's streams, and
 //    each stream's share is issued in batches (waves) of at most max_batch
-//    chunks, one cudaMemcpyBatchAsync call each.
+//    chunks, one runtime copy call each (cudaMemcpyBatchAsync on cuda).
 //
 // Threads: called on the ingress thread; the output vectors are the
 // caller's scratch and keep their capacity (no allocation after warm-up).
@@ -21,7 +21,7 @@
 
 #include "server/engines/copy_engine.h"
 
-namespace dmagather::server::engines::cuda {
+namespace dmagather::server::engines::gpu {
 
 struct WavePlanOptions {
   uint64_t chunk_bytes = 8 << 20;
@@ -42,4 +42,4 @@ struct WaveBatch {
 void PlanWaves(const std::vector<CopyCmd>& copies, const WavePlanOptions& options, std::vector<CopyCmd>* chunks,
                std::vector<WaveBatch>* batches);
 
-}  // namespace dmagather::server::engines::cuda
+}  // namespace dmagather::server::engines::gpu

@@ -1,0 +1,277 @@
+// The cuda GpuRuntime: the GPU engine's calls on the CUDA runtime (linked
+// statically) and the driver functions reached through entry points
+// (common/cuda/cuda_api.h), so dmagatherd starts on machines without a
+// driver. NVIDIA copy engines:
+//  - ready waits on the device: one cuStreamBatchMemOp of
+//    CU_STREAM_MEM_OP_WAIT_VALUE_32 per op and device (falls back to one
+//    cuStreamWaitValue32 per rank if the driver refuses batches);
+//  - copies: cudaMemcpyBatchAsync with cudaMemcpyFlagPreferOverlapWithCompute
+//    (falls back to cudaMemcpyAsync per chunk if unsupported, or with
+//    DMAGATHER_CUDA_BATCH=0), chunks of at most 64 MiB;
+//  - imports: CUDA IPC handles of allocation bases (cudaIpcOpenMemHandle,
+//    size checked with cuMemGetAddressRange);
+//  - rank flags: cudaHostRegister(Mapped | Portable) of the completion block.
+// Registers --backend=cuda (a GpuEngine over this runtime) at the end.
+//
+// Threads: as runtime.h.
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <glog/logging.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda/cuda_api.h"
+#include "common/status.h"
+#include "server/engines/gpu/gpu_engine.h"
+#include "server/engines/gpu/runtime.h"
+
+namespace dmagather::server::engines::gpu {
+namespace {
+
+using ::dmagather::common::cuda::CudaStatus;
+using ::dmagather::common::cuda::CuStatus;
+using ::dmagather::common::cuda::DriverApi;
+
+class CudaRuntime : public GpuRuntime {
+ public:
+  // Fails (Unavailable) when there is no driver or no device.
+  static absl::StatusOr<std::unique_ptr<GpuRuntime>> Create() {
+    DMAG_ASSIGN_OR_RETURN(int n, ::dmagather::common::cuda::CudaAvailable());
+    DMAG_ASSIGN_OR_RETURN(const DriverApi* api, ::dmagather::common::cuda::Driver());
+    return std::unique_ptr<GpuRuntime>(new CudaRuntime(api, n));
+  }
+
+  const char* name() const override { return "cuda"; }
+  const char* label() const override { return "CUDA"; }
+  const char* device_kind() const override { return "cuda"; }
+  const char* ipc_memory_kind() const override { return common::kMemoryCudaIpc; }
+  size_t ipc_handle_bytes() const override { return sizeof(cudaIpcMemHandle_t); }
+  int num_devices() const override { return num_devices_; }
+  uint64_t max_transfer_bytes() const override { return kCudaMaxTransferBytes; }
+  uint64_t default_chunk_bytes() const override { return kCudaDefaultChunkBytes; }
+  bool device_waits() const override { return true; }
+  std::string Describe() const override {
+    return batch_copies_ok_ ? "cudaMemcpyBatchAsync" : "cudaMemcpyAsync";
+  }
+
+  absl::Status SetDevice(int device) override {
+    DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<bool> EnablePeerAccess(int a, int b) override {
+    int can = 0;
+    DMAG_CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can, a, b));
+    if (!can) return false;
+    DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(a));
+    cudaError_t err = cudaDeviceEnablePeerAccess(b, 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) {
+      cudaGetLastError();
+    } else if (err != cudaSuccess) {
+      return CudaStatus(absl::StrCat("cudaDeviceEnablePeerAccess(", a, "->", b, ")").c_str(), err);
+    }
+    return true;
+  }
+  absl::StatusOr<GpuStream> CreateStream(int device) override {
+    DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    cudaStream_t s = nullptr;
+    DMAG_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return static_cast<GpuStream>(s);
+  }
+  void DestroyStream(int device, GpuStream s) override {
+    cudaSetDevice(device);
+    cudaStreamDestroy(static_cast<cudaStream_t>(s));
+  }
+  absl::StatusOr<GpuEvent> CreateEvent(int device) override {
+    DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    cudaEvent_t e = nullptr;
+    DMAG_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return static_cast<GpuEvent>(e);
+  }
+  void DestroyEvent(int device, GpuEvent e) override {
+    cudaSetDevice(device);
+    cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  }
+
+  absl::StatusOr<uint64_t> RegisterFlags(int device, void* pages, uint64_t bytes,
+                                         const uint32_t* ready_word) override {
+    (void)device;
+    cudaError_t err = cudaHostRegister(pages, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+    if (err == cudaErrorHostMemoryAlreadyRegistered) {
+      cudaGetLastError();
+    } else if (err != cudaSuccess) {
+      return CudaStatus("cudaHostRegister(completion flags)", err);
+    }
+    void* dptr = nullptr;
+    err = cudaHostGetDevicePointer(&dptr, const_cast<uint32_t*>(ready_word), 0);
+    if (err != cudaSuccess) {
+      cudaHostUnregister(pages);
+      return CudaStatus("cudaHostGetDevicePointer(ready flag)", err);
+    }
+    return reinterpret_cast<uint64_t>(dptr);
+  }
+  void UnregisterFlags(void* pages) override {
+    cudaError_t err = cudaHostUnregister(pages);
+    if (err != cudaSuccess && err != cudaErrorHostMemoryNotRegistered) {
+      LOG(WARNING) << CudaStatus("cudaHostUnregister(completion flags)", err).message();
+    }
+    if (err != cudaSuccess) cudaGetLastError();
+  }
+
+  // CUDA IPC. (A VMM import - a cuMem fd handed over on the fd channel -
+  // belongs next to this, reached through ImportOther.)
+  absl::StatusOr<IpcMapping> OpenIpc(int device, const std::string& h) override {
+    DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    cudaIpcMemHandle_t handle;
+    std::memcpy(&handle, h.data(), sizeof(handle));
+    void* p = nullptr;
+    DMAG_CUDA_RETURN_IF_ERROR(cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess));
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    CUresult r = api_->cuMemGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(p));
+    if (r != CUDA_SUCCESS) {
+      cudaIpcCloseMemHandle(p);
+      return CuStatus("cuMemGetAddressRange", r);
+    }
+    return IpcMapping{static_cast<char*>(p), size};
+  }
+  void CloseIpc(int device, char* base) override {
+    cudaSetDevice(device);
+    cudaError_t err = cudaIpcCloseMemHandle(base);
+    if (err != cudaSuccess) LOG(WARNING) << CudaStatus("cudaIpcCloseMemHandle", err).message();
+  }
+
+  absl::Status WaitValues(int device, GpuStream stream, const uint64_t* flags, size_t n, uint32_t value) override {
+    (void)device;
+    CUstream s = static_cast<CUstream>(stream);
+    memops_.clear();
+    for (size_t i = 0; i < n; ++i) {
+      CUstreamBatchMemOpParams p;
+      std::memset(&p, 0, sizeof(p));
+      p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+      p.waitValue.address = static_cast<CUdeviceptr>(flags[i]);
+      p.waitValue.value = value;
+      p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+      memops_.push_back(p);
+    }
+    if (batch_memops_ok_) {
+      CUresult r = api_->cuStreamBatchMemOp(s, static_cast<unsigned>(memops_.size()), memops_.data(), 0);
+      if (r == CUDA_SUCCESS) return absl::OkStatus();
+      LOG(WARNING) << CuStatus("cuStreamBatchMemOp", r).message() << "; using one cuStreamWaitValue32 per rank";
+      batch_memops_ok_ = false;
+    }
+    for (const CUstreamBatchMemOpParams& p : memops_) {
+      CUresult r = api_->cuStreamWaitValue32(s, p.waitValue.address, p.waitValue.value, CU_STREAM_WAIT_VALUE_GEQ);
+      if (r != CUDA_SUCCESS) return CuStatus("cuStreamWaitValue32(ready flag)", r);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n) override {
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (batch_copies_ok_) {
+      dsts_.clear();
+      srcs_.clear();
+      sizes_.clear();
+      for (size_t i = 0; i < n; ++i) {
+        dsts_.push_back(chunks[i].dst);
+        srcs_.push_back(const_cast<char*>(chunks[i].src));
+        sizes_.push_back(chunks[i].bytes);
+      }
+      cudaMemcpyAttributes attr;
+      std::memset(&attr, 0, sizeof(attr));
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      attr.srcLocHint.type = cudaMemLocationTypeDevice;
+      attr.srcLocHint.id = device;
+      attr.dstLocHint.type = cudaMemLocationTypeDevice;
+      attr.dstLocHint.id = device;
+      attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+      size_t attr_idx = 0;
+      cudaError_t err = cudaMemcpyBatchAsync(dsts_.data(), srcs_.data(), sizes_.data(), n, &attr, &attr_idx, 1, s);
+      if (err == cudaSuccess) return absl::OkStatus();
+      if (err != cudaErrorNotSupported && err != cudaErrorInvalidValue) {
+        return CudaStatus("cudaMemcpyBatchAsync", err);
+      }
+      cudaGetLastError();
+      LOG(WARNING) << CudaStatus("cudaMemcpyBatchAsync", err).message()
+                   << "; using cudaMemcpyAsync per chunk from now on";
+      batch_copies_ok_ = false;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      DMAG_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(chunks[i].dst, chunks[i].src, chunks[i].bytes, cudaMemcpyDeviceToDevice, s));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status RecordEvent(GpuEvent e, GpuStream s) override {
+    return CudaStatus("cudaEventRecord", cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(s)));
+  }
+  absl::Status StreamWaitEvent(GpuStream s, GpuEvent e) override {
+    return CudaStatus("cudaStreamWaitEvent",
+                      cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0));
+  }
+  absl::StatusOr<bool> QueryEvent(GpuEvent e) override {
+    cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(e));
+    if (err == cudaSuccess) return true;
+    if (err == cudaErrorNotReady) return false;
+    return CudaStatus("cudaEventQuery(end of op)", err);
+  }
+
+ private:
+  CudaRuntime(const DriverApi* api, int n) : api_(api), num_devices_(n) {
+    const char* env = std::getenv("DMAGATHER_CUDA_BATCH");
+    if (env != nullptr && std::strcmp(env, "0") == 0) batch_copies_ok_ = false;
+  }
+
+  const DriverApi* const api_;
+  const int num_devices_;
+  // Issuing-thread scratch and the fallbacks it decided.
+  std::vector<CUstreamBatchMemOpParams> memops_;
+  std::vector<void*> dsts_, srcs_;
+  std::vector<size_t> sizes_;
+  bool batch_memops_ok_ = true;
+  bool batch_copies_ok_ = true;
+};
+
+}  // namespace
+}  // namespace dmagather::server::engines::gpu
+
+// ---------------------------------------------------------------------------
+// Registration (server/engines/engine_registry.h): --backend=cuda, tried by
+// --backend=auto after hip. Kept apart from the runtime above.
+#include "server/engines/engine_registry.h"
+#include "server/engines/factory.h"
+
+namespace dmagather::server::engines::gpu {
+namespace {
+
+EngineBackend CudaBackend() {
+  EngineBackend b;
+  b.name = "cuda";
+  b.priority = 200;
+  b.label = "CUDA";
+  b.unusable = "no usable CUDA GPU";
+  b.create = [](const EngineOptions& o) -> absl::StatusOr<std::unique_ptr<CopyEngine>> {
+    GpuEngine::Options go;
+    go.streams_per_device = o.streams_per_device;
+    go.chunk_bytes = o.chunk_bytes;
+    if (const char* c = std::getenv("DMAGATHER_CUDA_CHUNK_MIB"); c != nullptr && std::atoi(c) > 0) {
+      go.chunk_bytes = uint64_t(std::atoi(c)) << 20;
+    }
+    DMAG_ASSIGN_OR_RETURN(std::unique_ptr<GpuRuntime> rt, CudaRuntime::Create());
+    DMAG_ASSIGN_OR_RETURN(std::unique_ptr<GpuEngine> engine, GpuEngine::Create(std::move(rt), go));
+    return std::unique_ptr<CopyEngine>(std::move(engine));
+  };
+  b.describe = [](const CopyEngine& e) {
+    return absl::StrCat(static_cast<const GpuEngine&>(e).num_devices(), " CUDA GPU(s)");
+  };
+  return b;
+}
+
+const EngineRegistration kCudaRegistration(CudaBackend());
+
+}  // namespace
+}  // namespace dmagather::server::engines::gpu

@@ -1,0 +1,116 @@
+// FakeRuntime: a GpuRuntime on the CPU, for the GPU engine's unit tests. A
+// "device" is a number; its memory is ordinary host memory; each stream is
+// a thread that runs the stream's commands in order (wait for flags, memcpy
+// of chunks, event records and waits), so the engine's logic - chunking,
+// waves, ready gating, ordered completion, failure release, many devices
+// and jobs - runs unchanged and its results can be compared byte for byte.
+// Tests inject failures (a Copy call refused, or a chunk that fails while
+// it runs) and delays (per chunk, per device).
+//
+// The IPC handle of an allocation is MakeHandle(base, bytes): the fake
+// "opens" it by reading the pointer back.
+//
+// Threads: any; every method is thread-safe. Stream threads are joined by
+// DestroyStream (a stream blocked on a flag is cancelled) and by the
+// destructor for any stream left.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "server/engines/gpu/runtime.h"
+
+namespace dmagather::server::engines::gpu {
+
+class FakeRuntime : public GpuRuntime {
+ public:
+  struct Options {
+    int devices = 2;
+    bool device_waits = true;  // false: the engine gates ops on the CPU (as with hip).
+    uint64_t max_transfer_bytes = kCudaMaxTransferBytes;
+    uint64_t default_chunk_bytes = kCudaDefaultChunkBytes;
+    std::string kind = "fake";  // name(), device_kind() and the IPC memory kind's prefix.
+  };
+  explicit FakeRuntime(const Options& options);
+  ~FakeRuntime() override;
+
+  static std::string MakeHandle(const void* base, uint64_t bytes);
+
+  // --- Injection (take effect from the next call) ---
+  // The nth Copy call (1-based, counted from now) on `device` returns `st`
+  // and enqueues nothing.
+  void FailCopyCall(int device, int nth, absl::Status st);
+  // The nth chunk (1-based, counted from now) that runs on `device` fails
+  // with `st` (nothing copied); the end of its op reports it.
+  void FailChunk(int device, int nth, absl::Status st);
+  // Every chunk on `device` takes at least `us` microseconds.
+  void SetChunkDelayUs(int device, uint32_t us);
+
+  // --- Observations ---
+  uint64_t chunks_run() const { return chunks_run_.load(); }
+  uint64_t largest_chunk() const { return largest_chunk_.load(); }
+  int ipc_opens() const { return ipc_opens_.load(); }
+  int ipc_open_now() const { return ipc_open_now_.load(); }
+  int flags_registered() const { return flags_registered_.load(); }
+  int live_streams() const;
+
+  // --- GpuRuntime ---
+  const char* name() const override { return kind_.c_str(); }
+  const char* label() const override { return "fake GPU"; }
+  const char* device_kind() const override { return kind_.c_str(); }
+  const char* ipc_memory_kind() const override { return ipc_kind_.c_str(); }
+  size_t ipc_handle_bytes() const override { return 16; }
+  int num_devices() const override { return options_.devices; }
+  uint64_t max_transfer_bytes() const override { return options_.max_transfer_bytes; }
+  uint64_t default_chunk_bytes() const override { return options_.default_chunk_bytes; }
+  bool device_waits() const override { return options_.device_waits; }
+  std::string Describe() const override { return "fake runtime (CPU threads, memcpy)"; }
+
+  absl::Status SetDevice(int device) override;
+  absl::StatusOr<bool> EnablePeerAccess(int from, int to) override;
+  absl::StatusOr<GpuStream> CreateStream(int device) override;
+  void DestroyStream(int device, GpuStream stream) override;
+  absl::StatusOr<GpuEvent> CreateEvent(int device) override;
+  void DestroyEvent(int device, GpuEvent event) override;
+  absl::StatusOr<uint64_t> RegisterFlags(int device, void* pages, uint64_t bytes, const uint32_t* ready_word) override;
+  void UnregisterFlags(void* pages) override;
+  absl::StatusOr<IpcMapping> OpenIpc(int device, const std::string& handle) override;
+  void CloseIpc(int device, char* base) override;
+  absl::Status WaitValues(int device, GpuStream stream, const uint64_t* flags, size_t n, uint32_t value) override;
+  absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n) override;
+  absl::Status RecordEvent(GpuEvent event, GpuStream stream) override;
+  absl::Status StreamWaitEvent(GpuStream stream, GpuEvent event) override;
+  void BindThread(int device) override { (void)device; }
+  absl::StatusOr<bool> QueryEvent(GpuEvent event) override;
+
+  struct Stream;
+  struct Event;
+
+ private:
+  struct DeviceState {
+    std::mutex mu;
+    int fail_call_at = 0;  // Counts down; 1 = the next call fails.
+    absl::Status fail_call_status;
+    int fail_chunk_at = 0;
+    absl::Status fail_chunk_status;
+    uint32_t delay_us = 0;
+  };
+  // Runs one chunk on `device`: delay, injected failure or memcpy.
+  absl::Status RunChunk(int device, const CopyCmd& c);
+  friend struct Stream;
+
+  const Options options_;
+  const std::string kind_;
+  const std::string ipc_kind_;
+  std::unique_ptr<DeviceState[]> state_;
+  mutable std::mutex streams_mu_;
+  std::map<Stream*, std::unique_ptr<Stream>> streams_;
+  std::atomic<uint64_t> chunks_run_{0}, largest_chunk_{0};
+  std::atomic<int> ipc_opens_{0}, ipc_open_now_{0}, flags_registered_{0};
+};
+
+}  // namespace dmagather::server::engines::gpu

@@ -1,0 +1,556 @@
+#include "server/engines/gpu/gpu_engine.h"
+
+#include <glog/logging.h>
+#include <sched.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "common/cpu_relax.h"
+#include "common/status.h"
+
+namespace dmagather::server::engines::gpu {
+namespace {
+
+using common::CpuRelax;
+
+// A rank's allocation opened through the runtime's IPC; closed with the
+// last reference (which may outlive the engine: it shares the runtime).
+class IpcRegion : public ImportedRegion {
+ public:
+  IpcRegion(std::shared_ptr<GpuRuntime> rt, char* base, uint64_t bytes, int device)
+      : rt_(std::move(rt)), base_(base), bytes_(bytes), device_(device) {}
+  ~IpcRegion() override { rt_->CloseIpc(device_, base_); }
+  char* base() const override { return base_; }
+  uint64_t bytes() const override { return bytes_; }
+
+ private:
+  const std::shared_ptr<GpuRuntime> rt_;
+  char* const base_;
+  const uint64_t bytes_;
+  const int device_;
+};
+
+// A rank on this engine: its device, its completion block registered with
+// the runtime (streams read the ready flag at `ready_flag`; the CPU gate
+// reads `ready_word`); unregistered when the rank is released.
+class GpuRank : public EngineRank {
+ public:
+  GpuRank(std::shared_ptr<GpuRuntime> rt, int device, void* pages, uint64_t ready_flag, const uint32_t* ready_word)
+      : rt_(std::move(rt)), device_(device), pages_(pages), ready_flag_(ready_flag), ready_word_(ready_word) {}
+  ~GpuRank() override { rt_->UnregisterFlags(pages_); }
+  int device() const { return device_; }
+  uint64_t ready_flag() const { return ready_flag_; }
+  const uint32_t* ready_word() const { return ready_word_; }
+
+ private:
+  const std::shared_ptr<GpuRuntime> rt_;
+  const int device_;
+  void* const pages_;
+  const uint64_t ready_flag_;
+  const uint32_t* const ready_word_;
+};
+
+const GpuRank* AsGpu(const EngineRank* r) { return static_cast<const GpuRank*>(r); }
+
+// Backs off while polling: spin (latency: a sleep costs ~60 us of timer
+// slack), yield after 200 us, sleep between polls only after 5 ms.
+void Backoff(uint64_t waited_ns) {
+  if (waited_ns < 200'000) {
+    for (int i = 0; i < 32; ++i) CpuRelax();
+  } else if (waited_ns < 5'000'000) {
+    sched_yield();
+  } else {
+    usleep(50);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Create(std::unique_ptr<GpuRuntime> runtime,
+                                                             const Options& options) {
+  if (runtime == nullptr) return absl::InvalidArgumentError("no GPU runtime");
+  if (options.streams_per_device < 1 || options.streams_per_device > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("streams per device must be 1..64, got ",
+                                                   options.streams_per_device));
+  }
+  if (options.chunk_bytes != 0 && options.chunk_bytes < 4096) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk bytes must be >= 4096, got ", options.chunk_bytes));
+  }
+  if (runtime->num_devices() < 1) return absl::UnavailableError(absl::StrCat("no ", runtime->label(), " device"));
+  auto engine = std::unique_ptr<GpuEngine>(new GpuEngine(std::move(runtime), options));
+  DMAG_RETURN_IF_ERROR(engine->Init());
+  return engine;
+}
+
+GpuEngine::GpuEngine(std::unique_ptr<GpuRuntime> runtime, const Options& options)
+    : runtime_(std::move(runtime)),
+      options_(options),
+      num_devices_(runtime_->num_devices()),
+      chunk_bytes_(std::min(options.chunk_bytes != 0 ? options.chunk_bytes : runtime_->default_chunk_bytes(),
+                            runtime_->max_transfer_bytes())) {}
+
+absl::Status GpuEngine::Init() {
+  GpuRuntime& rt = *runtime_;
+  devices_.resize(num_devices_);
+  const int ns = options_.streams_per_device;
+  for (int d = 0; d < num_devices_; ++d) {
+    Device& dev = devices_[d];
+    dev.ordinal = d;
+    DMAG_RETURN_IF_ERROR(rt.SetDevice(d));
+    dev.streams.resize(ns, nullptr);
+    dev.joins.resize(ns, nullptr);
+    for (int s = 0; s < ns; ++s) {
+      DMAG_ASSIGN_OR_RETURN(dev.streams[s], rt.CreateStream(d));
+      DMAG_ASSIGN_OR_RETURN(dev.joins[s], rt.CreateEvent(d));
+    }
+    DMAG_ASSIGN_OR_RETURN(dev.gate, rt.CreateEvent(d));
+    for (int i = 0; i < 64; ++i) {
+      DMAG_ASSIGN_OR_RETURN(GpuEvent e, rt.CreateEvent(d));
+      dev.free_end.push_back(e);
+    }
+    dev.copies.reserve(64);
+  }
+  // Peer access between every pair of devices that allows it (peer copies
+  // stay on the DMA engines).
+  for (int a = 0; a < num_devices_; ++a) {
+    for (int b = 0; b < num_devices_; ++b) {
+      if (a == b) continue;
+      DMAG_ASSIGN_OR_RETURN(bool ok, rt.EnablePeerAccess(a, b));
+      if (!ok) {
+        LOG(WARNING) << "device " << a << " cannot access device " << b
+                     << " as a peer; copies between them are staged by the driver";
+      }
+    }
+  }
+  stream_used_.resize(ns);
+  tracks_ = std::vector<OpTrack>(kTracks);
+  for (OpTrack& t : tracks_) free_tracks_.push_back(&t);
+  LOG(INFO) << name() << " engine: " << num_devices_ << " device(s), " << ns << " streams each, chunks of "
+            << chunk_bytes_ << " bytes (cap " << rt.max_transfer_bytes() << "), " << options_.max_batch
+            << " chunks per copy call, ready flags waited on " << (rt.device_waits() ? "the device" : "the CPU")
+            << "; " << rt.Describe();
+  for (int d = 0; d < num_devices_; ++d) {
+    completions_.push_back(std::make_unique<Completion>());
+    completions_.back()->ring.resize(kShareSlots);
+  }
+  for (int d = 0; d < num_devices_; ++d) completions_[d]->thread = std::thread([this, d] { CompletionLoop(d); });
+  if (!rt.device_waits()) {
+    gate_ring_.resize(kGateSlots);
+    gate_thread_ = std::thread([this] { GateLoop(); });
+  }
+  return absl::OkStatus();
+}
+
+GpuEngine::~GpuEngine() {
+  Stop();
+  for (Device& dev : devices_) {
+    runtime_->SetDevice(dev.ordinal).IgnoreError();
+    for (GpuStream s : dev.streams) {
+      if (s != nullptr) runtime_->DestroyStream(dev.ordinal, s);
+    }
+    for (GpuEvent e : dev.joins) {
+      if (e != nullptr) runtime_->DestroyEvent(dev.ordinal, e);
+    }
+    for (GpuEvent e : dev.free_end) runtime_->DestroyEvent(dev.ordinal, e);
+    if (dev.gate != nullptr) runtime_->DestroyEvent(dev.ordinal, dev.gate);
+  }
+}
+
+// The import entry point: a rank's memory, by kind. The runtime's IPC
+// handles are opened once and cached by handle; any other kind is the
+// runtime's (ImportOther).
+absl::StatusOr<std::shared_ptr<ImportedRegion>> GpuEngine::Import(const RegionSpec& spec) {
+  if (spec.rank == nullptr) return absl::InvalidArgumentError("import without the owning rank");
+  const int device = AsGpu(spec.rank)->device();
+  if (spec.kind != runtime_->ipc_memory_kind()) return runtime_->ImportOther(spec, device);
+  if (spec.handle.size() != runtime_->ipc_handle_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(runtime_->label(), " IPC handle has ", spec.handle.size(),
+                                                   " bytes, expected ", runtime_->ipc_handle_bytes()));
+  }
+  std::lock_guard<std::mutex> lock(import_mu_);
+  auto it = imports_.find(spec.handle);
+  if (it != imports_.end()) {
+    if (auto region = it->second.lock(); region != nullptr && region->bytes() >= spec.bytes) return region;
+  }
+  for (auto i = imports_.begin(); i != imports_.end();) i = i->second.expired() ? imports_.erase(i) : std::next(i);
+  DMAG_ASSIGN_OR_RETURN(IpcMapping m, runtime_->OpenIpc(device, spec.handle));
+  if (m.bytes < spec.bytes) {
+    runtime_->CloseIpc(device, m.base);
+    return absl::InvalidArgumentError(absl::StrCat("the client registered ", spec.bytes, " bytes but its ",
+                                                   runtime_->label(), " allocation has only ", m.bytes));
+  }
+  auto region = std::make_shared<IpcRegion>(runtime_, m.base, spec.bytes, device);
+  imports_[spec.handle] = region;
+  return std::shared_ptr<ImportedRegion>(std::move(region));
+}
+
+absl::StatusOr<std::unique_ptr<EngineRank>> GpuEngine::AttachRank(const RankAttach& a) {
+  if (a.device.kind != runtime_->device_kind() || a.device.ordinal < 0) {
+    return common::FallbackError(absl::StrCat("this dmagatherd runs the ", name(), " backend but the rank has no ",
+                                              runtime_->label(), " device (no GPU visible to it, or its libdmagather "
+                                              "has no ", runtime_->label(), " support)"));
+  }
+  if (a.device.ordinal >= num_devices_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the rank's ", runtime_->label(), " device ", a.device.ordinal, " is not visible to dmagatherd, which sees ",
+        num_devices_, " device(s): run the daemon and the ranks with the same visible devices"));
+  }
+  DMAG_ASSIGN_OR_RETURN(uint64_t flag,
+                        runtime_->RegisterFlags(a.device.ordinal, a.flag_pages, a.flag_bytes, a.ready_word));
+  return std::unique_ptr<EngineRank>(
+      new GpuRank(runtime_, a.device.ordinal, a.flag_pages, flag, a.ready_word));
+}
+
+GpuEvent GpuEngine::TakeEndEvent(Device& dev) {
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    if (!dev.free_end.empty()) {
+      GpuEvent e = dev.free_end.back();
+      dev.free_end.pop_back();
+      return e;
+    }
+  }
+  auto e = runtime_->CreateEvent(dev.ordinal);
+  return e.ok() ? *e : nullptr;
+}
+
+bool GpuEngine::RanksReady(const EngineOp& op) {
+  for (const EngineRank* r : op.ranks) {
+    if (r == nullptr) continue;
+    const uint32_t* w = AsGpu(r)->ready_word();
+    if (w == nullptr) continue;
+    const uint32_t v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+    if (static_cast<int32_t>(v - op.seq) < 0) return false;
+  }
+  return true;
+}
+
+absl::Status GpuEngine::WaitReady(Device& dev, const EngineOp& op) {
+  if (!runtime_->device_waits()) return absl::OkStatus();  // Gated on the CPU before Issue.
+  flags_.clear();
+  for (const EngineRank* r : op.ranks) {
+    const uint64_t addr = r != nullptr ? AsGpu(r)->ready_flag() : 0;
+    if (addr != 0) flags_.push_back(addr);
+  }
+  if (flags_.empty()) return absl::OkStatus();
+  return runtime_->WaitValues(dev.ordinal, dev.streams[0], flags_.data(), flags_.size(), op.seq);
+}
+
+absl::Status GpuEngine::EnqueueDevice(Device& dev, const EngineOp& op, GpuEvent* end) {
+  GpuRuntime& rt = *runtime_;
+  *end = nullptr;
+  DMAG_RETURN_IF_ERROR(rt.SetDevice(dev.ordinal));
+  WavePlanOptions wo;
+  wo.chunk_bytes = chunk_bytes_;
+  // Small ops stay on stream 0 (fewer calls = lower hop latency); a stream
+  // is added per chunk_bytes of payload, up to streams_per_device.
+  uint64_t dev_bytes = 0;
+  for (const CopyCmd& c : dev.copies) dev_bytes += c.bytes;
+  wo.streams = static_cast<int>(std::min<uint64_t>(options_.streams_per_device,
+                                                   std::max<uint64_t>(1, dev_bytes / wo.chunk_bytes)));
+  wo.max_batch = options_.max_batch;
+  wo.world_size = static_cast<int>(op.ranks.size());
+  PlanWaves(dev.copies, wo, &chunks_, &batches_);
+  chunks_stat_.fetch_add(chunks_.size(), std::memory_order_relaxed);
+  GpuStream s0 = dev.streams[0];
+  const uint64_t t_plan = common::MonotonicNs();
+  absl::Status st = WaitReady(dev, op);
+  const uint64_t t_waits = common::MonotonicNs();
+  memops_ns_.Record(t_waits - t_plan);
+  if (st.ok()) {
+    std::fill(stream_used_.begin(), stream_used_.end(), 0);
+    for (const WaveBatch& b : batches_) stream_used_[b.stream] = 1;
+    bool fan_out = false;
+    for (size_t s = 1; s < stream_used_.size(); ++s) fan_out |= stream_used_[s] != 0;
+    if (fan_out) {
+      st.Update(rt.RecordEvent(dev.gate, s0));
+      for (size_t s = 1; st.ok() && s < stream_used_.size(); ++s) {
+        if (stream_used_[s]) st.Update(rt.StreamWaitEvent(dev.streams[s], dev.gate));
+      }
+    }
+    const uint64_t t_copies = common::MonotonicNs();
+    for (const WaveBatch& b : batches_) {
+      if (!st.ok()) break;
+      st.Update(rt.Copy(dev.ordinal, dev.streams[b.stream], chunks_.data() + b.begin, b.end - b.begin));
+    }
+    copies_ns_.Record(common::MonotonicNs() - t_copies);
+    // Join every stream back into stream 0 (also after an error: the end
+    // event must follow everything that was enqueued).
+    for (size_t s = 1; fan_out && s < stream_used_.size(); ++s) {
+      if (!stream_used_[s]) continue;
+      st.Update(rt.RecordEvent(dev.joins[s], dev.streams[s]));
+      st.Update(rt.StreamWaitEvent(s0, dev.joins[s]));
+    }
+  }
+  GpuEvent e = TakeEndEvent(dev);
+  if (e == nullptr) {
+    st.Update(absl::ResourceExhaustedError("no event for the end of an op"));
+    return st;
+  }
+  absl::Status rs = rt.RecordEvent(e, s0);
+  if (!rs.ok()) {
+    st.Update(rs);
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    dev.free_end.push_back(e);
+    return st;
+  }
+  *end = e;
+  return st;
+}
+
+void GpuEngine::Execute(EngineOp* op) {
+  ops_.fetch_add(1, std::memory_order_relaxed);
+  bytes_.fetch_add(op->plan.bytes, std::memory_order_relaxed);
+  if (op->plan.copies.empty()) {  // Nothing to move (one rank in place, or count 0).
+    op->OnEngineDone(absl::OkStatus());
+    return;
+  }
+  if (runtime_->device_waits()) {
+    Issue(op);
+    return;
+  }
+  // CPU gating: issue now when nothing waits before it and its ranks are
+  // ready; else queue it for the gate thread (in order).
+  std::unique_lock<std::mutex> lock(issue_mu_);
+  if (gate_head_ == gate_tail_ && RanksReady(*op) && !abandon_.load()) {
+    Issue(op);
+    return;
+  }
+  if (gate_tail_ - gate_head_ >= kGateSlots) {  // Back-pressure: the gate is full.
+    gate_cv_.wait(lock, [&] { return gate_tail_ - gate_head_ < kGateSlots; });
+  }
+  gate_ring_[gate_tail_ % kGateSlots] = op;
+  ++gate_tail_;
+  lock.unlock();
+  gate_cv_.notify_all();
+}
+
+void GpuEngine::GateLoop() {
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  std::unique_lock<std::mutex> lock(issue_mu_);
+  uint64_t t0 = 0;
+  for (;;) {
+    gate_cv_.wait(lock, [&] { return gate_head_ != gate_tail_ || stopping_.load(); });
+    if (gate_head_ == gate_tail_) return;  // Stopping and drained.
+    EngineOp* op = gate_ring_[gate_head_ % kGateSlots];
+    if (abandon_.load()) {
+      ++gate_head_;
+      gate_cv_.notify_all();
+      lock.unlock();
+      op->OnEngineDone(absl::UnavailableError(
+          "dmagatherd stopped while the op waited for its ranks' ready flags"));
+      lock.lock();
+      continue;
+    }
+    if (RanksReady(*op)) {
+      ++gate_head_;
+      gate_cv_.notify_all();
+      Issue(op);
+      t0 = 0;
+      continue;
+    }
+    if (t0 == 0) t0 = common::MonotonicNs();
+    lock.unlock();
+    Backoff(common::MonotonicNs() - t0);
+    lock.lock();
+  }
+}
+
+void GpuEngine::Issue(EngineOp* op) {
+  const uint64_t t_start = common::MonotonicNs();
+  absl::Status st;
+  for (Device& dev : devices_) dev.copies.clear();
+  uint64_t same = 0;
+  const int n = static_cast<int>(op->ranks.size());
+  for (const CopyCmd& c : op->plan.copies) {
+    const int dd = c.dst_rank < n && op->ranks[c.dst_rank] != nullptr ? AsGpu(op->ranks[c.dst_rank])->device() : -1;
+    const int sd = c.src_rank < n && op->ranks[c.src_rank] != nullptr ? AsGpu(op->ranks[c.src_rank])->device() : -1;
+    if (dd < 0 || dd >= num_devices_) {
+      st = absl::InternalError(absl::StrCat("rank ", c.dst_rank, " has no ", runtime_->label(),
+                                            " device known to the engine"));
+      break;
+    }
+    devices_[dd].copies.push_back(c);
+    if (sd == dd) ++same;
+  }
+  if (same != 0) {
+    same_device_.fetch_add(same, std::memory_order_relaxed);
+    std::call_once(same_device_logged_, [] {
+      LOG(WARNING) << "ranks share a GPU: their AllGather copies are same-device copies, which the driver runs on "
+                      "SMs/CUs (not DMA engines) when issued from dmagatherd; they time-slice with the ranks' "
+                      "kernels. Counted as fallback 'same_device_copy_on_sm'. Run one rank per GPU to avoid it.";
+    });
+  }
+  // Track the op (back-pressure if completions lag); the issuer holds one
+  // share of it until every device's share is enqueued.
+  OpTrack* t = TakeTrack();
+  t->op = op;
+  t->status = st;
+  t->open.store(1, std::memory_order_relaxed);
+  if (st.ok()) {
+    for (Device& dev : devices_) {
+      if (dev.copies.empty()) continue;
+      GpuEvent end = nullptr;
+      absl::Status ds = EnqueueDevice(dev, *op, &end);
+      if (end != nullptr) {
+        Completion& c = *completions_[dev.ordinal];
+        t->open.fetch_add(1, std::memory_order_acq_rel);
+        {
+          std::unique_lock<std::mutex> lock(c.mu);
+          c.space_cv.wait(lock, [&] { return c.tail - c.head < kShareSlots; });
+          c.ring[c.tail % kShareSlots] = Share{t, end};
+          ++c.tail;
+        }
+        c.cv.notify_one();
+      }
+      if (!ds.ok()) {
+        std::lock_guard<std::mutex> lock(t->mu);
+        t->status.Update(ds);
+        break;
+      }
+    }
+  }
+  execute_ns_.Record(common::MonotonicNs() - t_start);
+  CloseShare(t, absl::OkStatus());  // The issuer's own share: may complete the op here.
+}
+
+GpuEngine::OpTrack* GpuEngine::TakeTrack() {
+  std::unique_lock<std::mutex> lock(tracks_mu_);
+  tracks_cv_.wait(lock, [this] { return !free_tracks_.empty(); });
+  OpTrack* t = free_tracks_.back();
+  free_tracks_.pop_back();
+  return t;
+}
+
+void GpuEngine::CloseShare(OpTrack* t, const absl::Status& st) {
+  if (!st.ok()) {
+    std::lock_guard<std::mutex> lock(t->mu);
+    t->status.Update(st);
+  }
+  if (t->open.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  EngineOp* op = t->op;
+  absl::Status status;
+  {
+    std::lock_guard<std::mutex> lock(t->mu);
+    status = std::move(t->status);
+    t->status = absl::OkStatus();
+  }
+  {
+    std::lock_guard<std::mutex> lock(tracks_mu_);
+    free_tracks_.push_back(t);
+  }
+  tracks_cv_.notify_one();
+  const uint64_t t_seen = common::MonotonicNs();
+  op->OnEngineDone(status);
+  complete_ns_.Record(common::MonotonicNs() - t_seen);
+}
+
+void GpuEngine::CompletionLoop(int device) {
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // 1 us: short sleeps stay short.
+  runtime_->BindThread(device);
+  Completion& c = *completions_[device];
+  for (;;) {
+    Share sh;
+    {
+      std::unique_lock<std::mutex> lock(c.mu);
+      c.cv.wait(lock, [&] { return c.head != c.tail || stopping_.load(); });
+      if (c.head == c.tail) return;  // Stopping and drained.
+      sh = c.ring[c.head % kShareSlots];
+    }
+    absl::Status st;
+    const uint64_t t0 = common::MonotonicNs();
+    for (;;) {
+      absl::StatusOr<bool> done = runtime_->QueryEvent(sh.end);
+      if (!done.ok()) {
+        st = done.status();
+        break;
+      }
+      if (*done) break;
+      if (abandon_.load(std::memory_order_relaxed)) {
+        st = absl::UnavailableError("dmagatherd stopped while the op's copies were still queued");
+        break;
+      }
+      Backoff(common::MonotonicNs() - t0);
+    }
+    {
+      std::lock_guard<std::mutex> lock(pool_mu_);
+      devices_[device].free_end.push_back(sh.end);
+    }
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      ++c.head;
+    }
+    c.space_cv.notify_one();
+    CloseShare(sh.track, st);
+  }
+}
+
+void GpuEngine::Stop() {
+  if (stopped_.exchange(true)) return;
+  if (execute_ns_.Summary().count != 0) {
+    auto us = [](const common::LatencyHistogram& h) {
+      common::LatencySummaryNs x = h.Summary();
+      return absl::StrCat("p50 ", x.p50 / 1e3, " us, p99 ", x.p99 / 1e3, " us");
+    };
+    LOG(INFO) << name() << " engine: " << execute_ns_.Summary().count << " ops; issue " << us(execute_ns_)
+              << "; ready waits (per device) " << us(memops_ns_) << "; copy calls (per device) " << us(copies_ns_)
+              << "; completion: last share seen -> OnEngineDone done " << us(complete_ns_);
+  }
+  // Give gated and queued work stop_drain_ms to finish; after that, report
+  // it failed.
+  const uint64_t deadline = common::MonotonicNs() + options_.stop_drain_ms * 1'000'000ull;
+  auto drained = [&](auto&& empty) {
+    while (!empty()) {
+      if (common::MonotonicNs() > deadline) {
+        abandon_.store(true);
+        return;
+      }
+      usleep(1000);
+    }
+  };
+  if (gate_thread_.joinable()) {
+    drained([&] {
+      std::lock_guard<std::mutex> lock(issue_mu_);
+      return gate_head_ == gate_tail_;
+    });
+  }
+  for (auto& c : completions_) {
+    if (abandon_.load()) break;
+    drained([&] {
+      std::lock_guard<std::mutex> lock(c->mu);
+      return c->head == c->tail;
+    });
+  }
+  stopping_.store(true);
+  if (gate_thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(issue_mu_);
+    }
+    gate_cv_.notify_all();
+    gate_thread_.join();
+  }
+  for (auto& c : completions_) {
+    {
+      std::lock_guard<std::mutex> lock(c->mu);
+    }
+    c->cv.notify_all();
+    if (c->thread.joinable()) c->thread.join();
+  }
+}
+
+EngineStats GpuEngine::stats() const {
+  EngineStats s;
+  s.ops = ops_.load(std::memory_order_relaxed);
+  s.bytes = bytes_.load(std::memory_order_relaxed);
+  s.chunks = chunks_stat_.load(std::memory_order_relaxed);
+  s.same_device_copies = same_device_.load(std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace dmagather::server::engines::gpu

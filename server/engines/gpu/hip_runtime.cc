@@ -1,0 +1,242 @@
+// The hip GpuRuntime: the GPU engine's calls on HIP (libamdhip64, opened
+// with dlopen by common/hip/hip_api.h, so dmagatherd starts without ROCm),
+// for AMD GPUs, whose copy engines are the SDMA engines. NOT YET RUN ON AMD
+// HARDWARE: it builds against Debian 12's HIP 5.2.3 and is exercised here
+// only up to "no device" (hipGetDeviceCount: hipErrorNoDevice).
+//
+//  - Ready gating on the CPU (device_waits() false). ROCm implements
+//    hipStreamWaitValue32 on ordinary memory - the ranks' ready flags live in
+//    their shared segments, not in hipMallocSignalMemory - as a blit kernel
+//    that spins on the flag, and IPC events are waited the same way; the
+//    daemon launches no kernel (docs/MEASUREMENTS.md), so the engine waits
+//    for every rank's ready flag on the CPU and only then issues the op's
+//    copies (README, "AMD").
+//  - Copies: hipMemcpyAsync device to device on non-blocking streams, at
+//    most 128 MiB per transfer (kHipMaxTransferBytes). ROCm moves copies
+//    between GPUs on SDMA engines while SDMA is enabled (HSA_ENABLE_SDMA unset
+//    or 1); with HSA_ENABLE_SDMA=0 it would use blit kernels, so this
+//    runtime refuses to start then. Where the headers have
+//    hipMemcpyDeviceToDeviceNoCU (detected at build time:
+//    DMAGATHER_HIP_HAS_MEMCPY_NOCU), that kind is used: it never uses
+//    compute units. hsa_amd_memory_async_copy_on_engine (ROCm >= 5.7,
+//    DMAGATHER_HSA_HAS_COPY_ON_ENGINE) is detected and reported but not
+//    used: without it, and today with it, ROCr assigns SDMA engines to the
+//    copies itself.
+//  - Completion: an end event per op and device (hipEventQuery), recorded
+//    without hipEventDisableSystemFence, so its release is system-scope.
+//  - Imports: HIP IPC handles of allocation bases (hipIpcOpenMemHandle; size
+//    from hipMemGetAddressRange).
+// Registers --backend=hip (a GpuEngine over this runtime) at the end: the
+// first choice of --backend=auto.
+//
+// Threads: as runtime.h.
+#include <glog/logging.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/hip/hip_api.h"
+#include "common/memory_kinds.h"
+#include "common/status.h"
+#include "server/engines/gpu/gpu_engine.h"
+#include "server/engines/gpu/runtime.h"
+
+namespace dmagather::server::engines::gpu {
+namespace {
+
+using ::dmagather::common::hip::HipApi;
+using ::dmagather::common::hip::HipStatus;
+
+#ifdef DMAGATHER_HIP_HAS_MEMCPY_NOCU
+constexpr hipMemcpyKind kCopyKind = hipMemcpyDeviceToDeviceNoCU;
+constexpr const char* kCopyKindName = "hipMemcpyDeviceToDeviceNoCU";
+#else
+constexpr hipMemcpyKind kCopyKind = hipMemcpyDeviceToDevice;
+constexpr const char* kCopyKindName = "hipMemcpyDeviceToDevice";
+#endif
+
+#ifdef DMAGATHER_HSA_HAS_COPY_ON_ENGINE
+constexpr const char* kEngineChoice =
+    "hsa_amd_memory_async_copy_on_engine present in the headers (not used: ROCr picks the SDMA engines)";
+#else
+constexpr const char* kEngineChoice =
+    "no hsa_amd_memory_async_copy_on_engine in the headers (ROCm < 5.7): ROCr picks the SDMA engines";
+#endif
+
+class HipRuntime : public GpuRuntime {
+ public:
+  // Fails (Unavailable) without libamdhip64 or without an AMD GPU, and
+  // (FailedPrecondition) when SDMA is disabled.
+  static absl::StatusOr<std::unique_ptr<GpuRuntime>> Create() {
+    DMAG_ASSIGN_OR_RETURN(const HipApi* api, ::dmagather::common::hip::Hip());
+    DMAG_ASSIGN_OR_RETURN(int n, ::dmagather::common::hip::HipAvailable());
+    if (const char* sdma = std::getenv("HSA_ENABLE_SDMA"); sdma != nullptr && std::strcmp(sdma, "0") == 0) {
+      return absl::FailedPreconditionError(
+          "HSA_ENABLE_SDMA=0: ROCm would do the copies with blit kernels, and dmagatherd launches no kernel; "
+          "unset it (or set it to 1) for dmagatherd");
+    }
+    return std::unique_ptr<GpuRuntime>(new HipRuntime(api, n));
+  }
+
+  const char* name() const override { return "hip"; }
+  const char* label() const override { return "HIP"; }
+  const char* device_kind() const override { return "hip"; }
+  const char* ipc_memory_kind() const override { return common::kMemoryHipIpc; }
+  size_t ipc_handle_bytes() const override { return sizeof(hipIpcMemHandle_t); }
+  int num_devices() const override { return num_devices_; }
+  uint64_t max_transfer_bytes() const override { return kHipMaxTransferBytes; }
+  uint64_t default_chunk_bytes() const override { return kHipDefaultChunkBytes; }
+  bool device_waits() const override { return false; }
+  std::string Describe() const override {
+    return absl::StrCat(::dmagather::common::hip::HipLibraryDescription(), ", ", kCopyKindName,
+                        " on SDMA (HSA_ENABLE_SDMA ", std::getenv("HSA_ENABLE_SDMA") ? "set" : "unset", "), ",
+                        kEngineChoice);
+  }
+
+  absl::Status SetDevice(int device) override {
+    DMAG_HIP_RETURN_IF_ERROR(api_, hipSetDevice(device));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<bool> EnablePeerAccess(int a, int b) override {
+    int can = 0;
+    DMAG_HIP_RETURN_IF_ERROR(api_, hipDeviceCanAccessPeer(&can, a, b));
+    if (!can) return false;
+    DMAG_HIP_RETURN_IF_ERROR(api_, hipSetDevice(a));
+    hipError_t err = api_->hipDeviceEnablePeerAccess(b, 0);
+    if (err == hipErrorPeerAccessAlreadyEnabled) {
+      (void)api_->hipGetLastError();
+    } else if (err != hipSuccess) {
+      return HipStatus(absl::StrCat("hipDeviceEnablePeerAccess(", a, "->", b, ")").c_str(), err);
+    }
+    return true;
+  }
+  absl::StatusOr<GpuStream> CreateStream(int device) override {
+    DMAG_HIP_RETURN_IF_ERROR(api_, hipSetDevice(device));
+    hipStream_t s = nullptr;
+    DMAG_HIP_RETURN_IF_ERROR(api_, hipStreamCreateWithFlags(&s, hipStreamNonBlocking));
+    return static_cast<GpuStream>(s);
+  }
+  void DestroyStream(int device, GpuStream s) override {
+    (void)api_->hipSetDevice(device);
+    (void)api_->hipStreamDestroy(static_cast<hipStream_t>(s));
+  }
+  absl::StatusOr<GpuEvent> CreateEvent(int device) override {
+    DMAG_HIP_RETURN_IF_ERROR(api_, hipSetDevice(device));
+    hipEvent_t e = nullptr;
+    // No hipEventDisableSystemFence: the record's release is system-scope.
+    DMAG_HIP_RETURN_IF_ERROR(api_, hipEventCreateWithFlags(&e, hipEventDisableTiming));
+    return static_cast<GpuEvent>(e);
+  }
+  void DestroyEvent(int device, GpuEvent e) override {
+    (void)api_->hipSetDevice(device);
+    (void)api_->hipEventDestroy(static_cast<hipEvent_t>(e));
+  }
+
+  // The engine gates on the CPU (it reads the ready word in the daemon's
+  // own mapping), so the device never reads the flags: nothing to register.
+  absl::StatusOr<uint64_t> RegisterFlags(int device, void* pages, uint64_t bytes,
+                                         const uint32_t* ready_word) override {
+    (void)device;
+    (void)pages;
+    (void)bytes;
+    (void)ready_word;
+    return 0;
+  }
+  void UnregisterFlags(void* pages) override { (void)pages; }
+
+  absl::StatusOr<IpcMapping> OpenIpc(int device, const std::string& h) override {
+    DMAG_HIP_RETURN_IF_ERROR(api_, hipSetDevice(device));
+    hipIpcMemHandle_t handle;
+    std::memcpy(&handle, h.data(), sizeof(handle));
+    void* p = nullptr;
+    DMAG_HIP_RETURN_IF_ERROR(api_, hipIpcOpenMemHandle(&p, handle, hipIpcMemLazyEnablePeerAccess));
+    hipDeviceptr_t base = nullptr;
+    size_t size = 0;
+    hipError_t err = api_->hipMemGetAddressRange(&base, &size, p);
+    if (err != hipSuccess) {
+      (void)api_->hipIpcCloseMemHandle(p);
+      return HipStatus("hipMemGetAddressRange", err);
+    }
+    if (base != p) {
+      LOG(WARNING) << "hipIpcOpenMemHandle returned " << p << " inside an allocation at " << base
+                   << ": using the returned pointer as the region's base";
+    }
+    return IpcMapping{static_cast<char*>(p), size - (static_cast<char*>(p) - static_cast<char*>(base))};
+  }
+  void CloseIpc(int device, char* base) override {
+    (void)api_->hipSetDevice(device);
+    hipError_t err = api_->hipIpcCloseMemHandle(base);
+    if (err != hipSuccess) LOG(WARNING) << HipStatus("hipIpcCloseMemHandle", err).message();
+  }
+
+  absl::Status WaitValues(int, GpuStream, const uint64_t*, size_t, uint32_t) override {
+    return absl::FailedPreconditionError("the hip runtime gates ops on the CPU (no stream waits in dmagatherd)");
+  }
+  absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n) override {
+    (void)device;
+    hipStream_t s = static_cast<hipStream_t>(stream);
+    for (size_t i = 0; i < n; ++i) {
+      DMAG_HIP_RETURN_IF_ERROR(api_, hipMemcpyAsync(chunks[i].dst, chunks[i].src, chunks[i].bytes, kCopyKind, s));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status RecordEvent(GpuEvent e, GpuStream s) override {
+    DMAG_HIP_RETURN_IF_ERROR(api_, hipEventRecord(static_cast<hipEvent_t>(e), static_cast<hipStream_t>(s)));
+    return absl::OkStatus();
+  }
+  absl::Status StreamWaitEvent(GpuStream s, GpuEvent e) override {
+    DMAG_HIP_RETURN_IF_ERROR(api_, hipStreamWaitEvent(static_cast<hipStream_t>(s), static_cast<hipEvent_t>(e), 0));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<bool> QueryEvent(GpuEvent e) override {
+    hipError_t err = api_->hipEventQuery(static_cast<hipEvent_t>(e));
+    if (err == hipSuccess) return true;
+    if (err == hipErrorNotReady) return false;
+    return HipStatus("hipEventQuery(end of op)", err);
+  }
+
+ private:
+  HipRuntime(const HipApi* api, int n) : api_(api), num_devices_(n) {}
+
+  const HipApi* const api_;
+  const int num_devices_;
+};
+
+}  // namespace
+}  // namespace dmagather::server::engines::gpu
+
+// ---------------------------------------------------------------------------
+// Registration (server/engines/engine_registry.h): --backend=hip, the first
+// choice of --backend=auto. Kept apart from the runtime above.
+#include "server/engines/engine_registry.h"
+#include "server/engines/factory.h"
+
+namespace dmagather::server::engines::gpu {
+namespace {
+
+EngineBackend HipBackend() {
+  EngineBackend b;
+  b.name = "hip";
+  b.priority = 300;
+  b.label = "HIP";
+  b.unusable = "no usable AMD GPU";
+  b.create = [](const EngineOptions& o) -> absl::StatusOr<std::unique_ptr<CopyEngine>> {
+    GpuEngine::Options go;
+    go.streams_per_device = o.streams_per_device;
+    go.chunk_bytes = o.chunk_bytes;
+    DMAG_ASSIGN_OR_RETURN(std::unique_ptr<GpuRuntime> rt, HipRuntime::Create());
+    DMAG_ASSIGN_OR_RETURN(std::unique_ptr<GpuEngine> engine, GpuEngine::Create(std::move(rt), go));
+    return std::unique_ptr<CopyEngine>(std::move(engine));
+  };
+  b.describe = [](const CopyEngine& e) {
+    return absl::StrCat(static_cast<const GpuEngine&>(e).num_devices(), " AMD GPU(s) (HIP, SDMA)");
+  };
+  return b;
+}
+
+const EngineRegistration kHipRegistration(HipBackend());
+
+}  // namespace
+}  // namespace dmagather::server::engines::gpu

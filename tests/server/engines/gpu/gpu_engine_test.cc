@@ -1,0 +1,509 @@
+// The GPU engine's logic on the fake runtime (CPU threads + memcpy): the
+// same engine code that runs over CUDA and HIP. Every test runs twice: with
+// device-side ready waits and the CUDA transfer cap (as --backend=cuda), and
+// with CPU gating and the HIP cap (as --backend=hip). Assertions are on the
+// bytes that land in the output buffers and on the order and status of
+// completions.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "server/engines/gpu/fake_runtime.h"
+#include "server/engines/gpu/gpu_engine.h"
+
+namespace dmagather::server::engines::gpu {
+namespace {
+
+struct Flavor {
+  const char* name;
+  bool device_waits;
+  uint64_t cap;
+  uint64_t default_chunk;
+};
+const Flavor kCudaLike{"cuda_like", true, kCudaMaxTransferBytes, kCudaDefaultChunkBytes};
+const Flavor kHipLike{"hip_like", false, kHipMaxTransferBytes, kHipDefaultChunkBytes};
+
+// Completion log shared by every op of a test: (tag, seq) in the order
+// OnEngineDone ran.
+struct Log {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::pair<int, uint32_t>> done;
+};
+
+class TestOp : public EngineOp {
+ public:
+  TestOp(Log* log, int tag) : log_(log), tag_(tag) {}
+  void OnEngineDone(absl::Status status) override {
+    std::lock_guard<std::mutex> lock(log_->mu);
+    ++calls;
+    result = std::move(status);
+    log_->done.emplace_back(tag_, seq);
+    log_->cv.notify_all();
+  }
+  // Waits (bounded) for the op's completion.
+  bool Wait(int ms = 20000) {
+    std::unique_lock<std::mutex> lock(log_->mu);
+    return log_->cv.wait_for(lock, std::chrono::milliseconds(ms), [&] { return calls > 0; });
+  }
+  bool Done() {
+    std::lock_guard<std::mutex> lock(log_->mu);
+    return calls > 0;
+  }
+  int calls = 0;
+  absl::Status result;
+
+ private:
+  Log* const log_;
+  const int tag_;
+};
+
+// One rank: its device, completion page (ready word), input shard and
+// output (world * shard bytes), imported through the fake's IPC.
+struct Rank {
+  int device = 0;
+  void* page = nullptr;
+  uint32_t* ready = nullptr;
+  std::vector<char> send, recv;
+  std::unique_ptr<EngineRank> er;
+  std::shared_ptr<ImportedRegion> send_region, recv_region;
+  ~Rank() { std::free(page); }
+  void SetReady(uint32_t v) { __atomic_store_n(ready, v, __ATOMIC_RELEASE); }
+};
+
+// A job: world ranks, shard bytes each, out-of-place inputs, in-place own
+// shard (the engine never copies a rank onto itself).
+struct Job {
+  std::vector<std::unique_ptr<Rank>> ranks;
+  uint64_t shard = 0;
+  int id = 0;
+
+  static char Byte(int job, uint32_t seq, int rank, uint64_t i) {
+    return static_cast<char>((job * 131 + seq * 17 + rank * 29 + i * 7 + (i >> 12)) & 0xff);
+  }
+  // Fresh inputs for op `seq`; outputs poisoned except each rank's own shard.
+  void Fill(uint32_t seq) {
+    const int w = static_cast<int>(ranks.size());
+    for (int r = 0; r < w; ++r) {
+      Rank& k = *ranks[r];
+      for (uint64_t i = 0; i < shard; ++i) k.send[i] = Byte(id, seq, r, i);
+      std::memset(k.recv.data(), 0xEE, k.recv.size());
+      std::memcpy(k.recv.data() + r * shard, k.send.data(), shard);
+    }
+  }
+  // The plan the scheduler would build: every rank's shard into every
+  // other rank's output.
+  void Plan(TestOp* op, uint32_t seq) {
+    const int w = static_cast<int>(ranks.size());
+    op->seq = seq;
+    op->plan.Clear();
+    op->ranks.clear();
+    for (auto& r : ranks) op->ranks.push_back(r->er.get());
+    for (int d = 0; d < w; ++d) {
+      for (int s = 0; s < w; ++s) {
+        if (s == d) continue;
+        op->plan.copies.push_back(CopyCmd{ranks[d]->recv_region->base() + s * shard,
+                                          ranks[s]->send_region->base(), shard, s, d});
+        op->plan.bytes += shard;
+      }
+    }
+  }
+  // Number of output bytes that differ from the expected AllGather of op `seq`.
+  uint64_t Wrong(uint32_t seq) const {
+    const int w = static_cast<int>(ranks.size());
+    uint64_t wrong = 0;
+    for (int d = 0; d < w; ++d) {
+      for (int s = 0; s < w; ++s) {
+        for (uint64_t i = 0; i < shard; ++i) wrong += ranks[d]->recv[s * shard + i] != Byte(id, seq, s, i);
+      }
+    }
+    return wrong;
+  }
+  // Output bytes still poisoned (never written), other than own shards.
+  uint64_t Untouched() const {
+    const int w = static_cast<int>(ranks.size());
+    uint64_t n = 0;
+    for (int d = 0; d < w; ++d) {
+      for (int s = 0; s < w; ++s) {
+        if (s == d) continue;
+        for (uint64_t i = 0; i < shard; ++i) n += ranks[d]->recv[s * shard + i] == static_cast<char>(0xEE);
+      }
+    }
+    return n;
+  }
+  void SetReady(uint32_t v) {
+    for (auto& r : ranks) r->SetReady(v);
+  }
+};
+
+class GpuEngineTest : public ::testing::TestWithParam<Flavor> {
+ protected:
+  void Start(int devices, GpuEngine::Options eo = {}, uint64_t cap = 0) {
+    FakeRuntime::Options fo;
+    fo.devices = devices;
+    fo.device_waits = GetParam().device_waits;
+    fo.max_transfer_bytes = cap != 0 ? cap : GetParam().cap;
+    fo.default_chunk_bytes = GetParam().default_chunk;
+    auto rt = std::make_unique<FakeRuntime>(fo);
+    fake_ = rt.get();
+    auto e = GpuEngine::Create(std::move(rt), eo);
+    ASSERT_TRUE(e.ok()) << e.status();
+    engine_ = *std::move(e);
+  }
+  // A job of `devices.size()` ranks, rank r on devices[r].
+  std::unique_ptr<Job> MakeJob(const std::vector<int>& devices, uint64_t shard) {
+    auto job = std::make_unique<Job>();
+    job->shard = shard;
+    job->id = next_job_++;
+    const int w = static_cast<int>(devices.size());
+    for (int r = 0; r < w; ++r) {
+      auto k = std::make_unique<Rank>();
+      k->device = devices[r];
+      k->page = std::aligned_alloc(4096, 4096);
+      std::memset(k->page, 0, 4096);
+      k->ready = static_cast<uint32_t*>(k->page);
+      k->send.resize(shard);
+      k->recv.resize(shard * w);
+      RankAttach a;
+      a.rank = r;
+      a.device = DeviceRef{fake_->device_kind(), devices[r]};
+      a.flag_pages = k->page;
+      a.flag_bytes = 4096;
+      a.ready_word = k->ready;
+      auto er = engine_->AttachRank(a);
+      EXPECT_TRUE(er.ok()) << er.status();
+      if (!er.ok()) return nullptr;
+      k->er = *std::move(er);
+      k->send_region = Import(*k, k->send.data(), k->send.size());
+      k->recv_region = Import(*k, k->recv.data(), k->recv.size());
+      job->ranks.push_back(std::move(k));
+    }
+    return job;
+  }
+  std::shared_ptr<ImportedRegion> Import(const Rank& k, const void* p, uint64_t bytes) {
+    RegionSpec spec;
+    spec.kind = fake_->ipc_memory_kind();
+    spec.bytes = bytes;
+    spec.handle = FakeRuntime::MakeHandle(p, bytes);
+    spec.rank = k.er.get();
+    auto r = engine_->Import(spec);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : nullptr;
+  }
+
+  FakeRuntime* fake_ = nullptr;
+  std::unique_ptr<GpuEngine> engine_;
+  Log log_;
+  int next_job_ = 1;
+};
+
+TEST_P(GpuEngineTest, ChunkedMultiWaveOpsAreBitExact) {
+  GpuEngine::Options eo;
+  eo.chunk_bytes = 64 << 10;
+  eo.streams_per_device = 3;
+  eo.max_batch = 2;
+  Start(2, eo);
+  // 4 ranks over 2 devices; shards not a multiple of the chunk.
+  auto job = MakeJob({0, 1, 0, 1}, (1 << 20) + 4097);
+  for (uint32_t seq = 1; seq <= 3; ++seq) {
+    job->Fill(seq);
+    TestOp op(&log_, 0);
+    job->Plan(&op, seq);
+    job->SetReady(seq);
+    engine_->Execute(&op);
+    ASSERT_TRUE(op.Wait());
+    ASSERT_TRUE(op.result.ok()) << op.result;
+    EXPECT_EQ(job->Wrong(seq), 0u) << "op " << seq;
+  }
+  EXPECT_LE(fake_->largest_chunk(), 64u << 10);
+  // 12 copies of 17 chunks each, 3 times.
+  EXPECT_EQ(engine_->stats().chunks, 3u * 12 * 17);
+  EXPECT_EQ(engine_->stats().same_device_copies, 3u * 4);  // Ranks 0/2 and 1/3 share a device.
+}
+
+TEST_P(GpuEngineTest, ChunksNeverExceedTheRuntimeCap) {
+  GpuEngine::Options eo;
+  eo.chunk_bytes = uint64_t{1} << 30;  // Asked for 1 GiB...
+  Start(1, eo);
+  EXPECT_EQ(engine_->chunk_bytes(), GetParam().cap);  // ...capped at the runtime's limit.
+  engine_.reset();
+  // The same cap logic with a small cap, moving real data.
+  Start(2, eo, /*cap=*/32 << 10);
+  EXPECT_EQ(engine_->chunk_bytes(), 32u << 10);
+  auto job = MakeJob({0, 1}, 300000);
+  job->Fill(1);
+  TestOp op(&log_, 0);
+  job->Plan(&op, 1);
+  job->SetReady(1);
+  engine_->Execute(&op);
+  ASSERT_TRUE(op.Wait());
+  ASSERT_TRUE(op.result.ok()) << op.result;
+  EXPECT_EQ(job->Wrong(1), 0u);
+  EXPECT_LE(fake_->largest_chunk(), 32u << 10);
+}
+
+TEST_P(GpuEngineTest, ManyDevicesManyJobsInterleaved) {
+  GpuEngine::Options eo;
+  eo.chunk_bytes = 16 << 10;
+  Start(8, eo);
+  std::vector<std::unique_ptr<Job>> jobs;
+  jobs.push_back(MakeJob({0, 1, 2, 3, 4, 5, 6, 7}, 40000));
+  jobs.push_back(MakeJob({7, 6, 5, 4}, 70001));
+  jobs.push_back(MakeJob({2, 5}, 123457));
+  constexpr uint32_t kOps = 6;
+  for (uint32_t seq = 1; seq <= kOps; ++seq) {
+    std::vector<std::unique_ptr<TestOp>> ops;
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      jobs[j]->Fill(seq);
+      ops.push_back(std::make_unique<TestOp>(&log_, static_cast<int>(j)));
+      jobs[j]->Plan(ops.back().get(), seq);
+      jobs[j]->SetReady(seq);
+      engine_->Execute(ops.back().get());
+    }
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      ASSERT_TRUE(ops[j]->Wait());
+      ASSERT_TRUE(ops[j]->result.ok()) << ops[j]->result;
+      EXPECT_EQ(ops[j]->calls, 1);
+      EXPECT_EQ(jobs[j]->Wrong(seq), 0u) << "job " << j << " op " << seq;
+    }
+  }
+}
+
+TEST_P(GpuEngineTest, CompletionIsInOrderPerDeviceAndASlowDeviceDelaysOnlyItsOwn) {
+  GpuEngine::Options eo;
+  eo.chunk_bytes = 8 << 10;
+  Start(4, eo);
+  fake_->SetChunkDelayUs(0, 3000);  // Device 0 is slow.
+  auto slow = MakeJob({0, 1}, 16 << 10);  // Its copies into rank 0 run on device 0.
+  auto fast = MakeJob({2, 3}, 16 << 10);
+  constexpr uint32_t kOps = 5;
+  std::vector<std::unique_ptr<TestOp>> slow_ops, fast_ops;
+  slow->SetReady(kOps);
+  fast->SetReady(kOps);
+  slow->Fill(1);
+  fast->Fill(1);
+  for (uint32_t seq = 1; seq <= kOps; ++seq) {
+    slow_ops.push_back(std::make_unique<TestOp>(&log_, 0));
+    slow->Plan(slow_ops.back().get(), seq);
+    engine_->Execute(slow_ops.back().get());
+  }
+  for (uint32_t seq = 1; seq <= kOps; ++seq) {
+    fast_ops.push_back(std::make_unique<TestOp>(&log_, 1));
+    fast->Plan(fast_ops.back().get(), seq);
+    engine_->Execute(fast_ops.back().get());
+  }
+  for (auto& op : fast_ops) ASSERT_TRUE(op->Wait());
+  for (auto& op : slow_ops) ASSERT_TRUE(op->Wait());
+  std::vector<uint32_t> slow_order, fast_order;
+  size_t last_fast = 0, first_slow_done = SIZE_MAX;
+  {
+    std::lock_guard<std::mutex> lock(log_.mu);
+    for (size_t i = 0; i < log_.done.size(); ++i) {
+      (log_.done[i].first == 0 ? slow_order : fast_order).push_back(log_.done[i].second);
+      if (log_.done[i].first == 1) last_fast = i;
+      if (log_.done[i].first == 0 && i < first_slow_done) first_slow_done = i;
+    }
+  }
+  EXPECT_EQ(slow_order, (std::vector<uint32_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(fast_order, (std::vector<uint32_t>{1, 2, 3, 4, 5}));
+  // Issued after every slow op, the fast job's ops were not held behind them.
+  EXPECT_LT(last_fast, first_slow_done);
+  for (auto& op : slow_ops) EXPECT_TRUE(op->result.ok()) << op->result;
+  EXPECT_EQ(slow->Wrong(1), 0u);
+  EXPECT_EQ(fast->Wrong(1), 0u);
+}
+
+TEST_P(GpuEngineTest, CopiesDoNotStartBeforeEveryReadyFlagReachesTheSeq) {
+  GpuEngine::Options eo;
+  eo.chunk_bytes = 16 << 10;
+  Start(2, eo);
+  auto job = MakeJob({0, 1, 0}, 50000);
+  job->Fill(7);
+  job->SetReady(6);
+  job->ranks[0]->SetReady(7);
+  job->ranks[1]->SetReady(7);  // Rank 2 is one op behind.
+  TestOp op(&log_, 0);
+  job->Plan(&op, 7);
+  engine_->Execute(&op);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(op.Done());
+  EXPECT_EQ(job->Untouched(), uint64_t{6} * 50000);  // Not one byte moved.
+  job->ranks[2]->SetReady(7);
+  ASSERT_TRUE(op.Wait());
+  ASSERT_TRUE(op.result.ok()) << op.result;
+  EXPECT_EQ(job->Wrong(7), 0u);
+}
+
+TEST_P(GpuEngineTest, ReadyFlagsCompareWrapping) {
+  Start(2);
+  auto job = MakeJob({0, 1}, 4096);
+  const uint32_t seq = 2;  // The flag wrapped from 0xffffffff to 3: >= 2.
+  job->Fill(seq);
+  job->SetReady(3);
+  TestOp op(&log_, 0);
+  job->Plan(&op, seq);
+  engine_->Execute(&op);
+  ASSERT_TRUE(op.Wait());
+  EXPECT_TRUE(op.result.ok()) << op.result;
+  EXPECT_EQ(job->Wrong(seq), 0u);
+}
+
+TEST_P(GpuEngineTest, AChunkThatFailsFailsItsOpAndLaterOpsProceed) {
+  GpuEngine::Options eo;
+  eo.chunk_bytes = 8 << 10;
+  Start(2, eo);
+  auto job = MakeJob({0, 1}, 40000);
+  fake_->FailChunk(1, 3, absl::DataLossError("injected: SDMA descriptor error"));
+  job->Fill(1);
+  job->SetReady(1);
+  TestOp op1(&log_, 0);
+  job->Plan(&op1, 1);
+  engine_->Execute(&op1);
+  ASSERT_TRUE(op1.Wait());
+  EXPECT_EQ(op1.calls, 1);
+  EXPECT_EQ(op1.result.code(), absl::StatusCode::kDataLoss) << op1.result;
+  EXPECT_NE(op1.result.message().find("injected"), std::string::npos);
+  for (uint32_t seq = 2; seq <= 3; ++seq) {
+    job->Fill(seq);
+    job->SetReady(seq);
+    TestOp op(&log_, 0);
+    job->Plan(&op, seq);
+    engine_->Execute(&op);
+    ASSERT_TRUE(op.Wait());
+    ASSERT_TRUE(op.result.ok()) << op.result;
+    EXPECT_EQ(job->Wrong(seq), 0u);
+  }
+}
+
+TEST_P(GpuEngineTest, ACopyCallThatFailsFailsItsOpAndLaterOpsProceed) {
+  GpuEngine::Options eo;
+  eo.chunk_bytes = 8 << 10;
+  eo.max_batch = 1;
+  Start(2, eo);
+  auto job = MakeJob({0, 1, 1}, 30000);
+  fake_->FailCopyCall(1, 2, absl::InternalError("injected: copy call refused"));
+  job->Fill(1);
+  job->SetReady(1);
+  TestOp op1(&log_, 0);
+  job->Plan(&op1, 1);
+  engine_->Execute(&op1);
+  ASSERT_TRUE(op1.Wait());
+  EXPECT_EQ(op1.calls, 1);
+  EXPECT_EQ(op1.result.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(op1.result.message().find("injected: copy call refused"), std::string::npos) << op1.result;
+  job->Fill(2);
+  job->SetReady(2);
+  TestOp op2(&log_, 0);
+  job->Plan(&op2, 2);
+  engine_->Execute(&op2);
+  ASSERT_TRUE(op2.Wait());
+  ASSERT_TRUE(op2.result.ok()) << op2.result;
+  EXPECT_EQ(job->Wrong(2), 0u);
+}
+
+TEST_P(GpuEngineTest, StopFinishesWorkInFlight) {
+  GpuEngine::Options eo;
+  eo.chunk_bytes = 8 << 10;
+  Start(2, eo);
+  fake_->SetChunkDelayUs(0, 500);
+  fake_->SetChunkDelayUs(1, 500);
+  auto job = MakeJob({0, 1}, 64 << 10);
+  job->Fill(1);
+  job->SetReady(3);
+  std::vector<std::unique_ptr<TestOp>> ops;
+  for (uint32_t seq = 1; seq <= 3; ++seq) {
+    ops.push_back(std::make_unique<TestOp>(&log_, 0));
+    job->Plan(ops.back().get(), seq);
+    engine_->Execute(ops.back().get());
+  }
+  engine_->Stop();
+  for (auto& op : ops) {
+    EXPECT_TRUE(op->Done());
+    EXPECT_TRUE(op->result.ok()) << op->result;
+  }
+  EXPECT_EQ(job->Wrong(1), 0u);
+}
+
+TEST_P(GpuEngineTest, StopFailsWorkThatCannotFinish) {
+  GpuEngine::Options eo;
+  eo.stop_drain_ms = 100;
+  Start(2, eo);
+  auto job = MakeJob({0, 1}, 8192);
+  job->Fill(1);  // Never ready.
+  TestOp op(&log_, 0);
+  job->Plan(&op, 1);
+  engine_->Execute(&op);
+  const auto t0 = std::chrono::steady_clock::now();
+  engine_->Stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  ASSERT_TRUE(op.Done());
+  EXPECT_EQ(op.calls, 1);
+  EXPECT_EQ(op.result.code(), absl::StatusCode::kUnavailable) << op.result;
+  EXPECT_EQ(job->Untouched(), uint64_t{2} * 8192);
+  // The abandoned copies are still queued on the fake streams: destroy the
+  // engine (which cancels them) before the buffers go.
+  engine_.reset();
+  EXPECT_EQ(job->Untouched(), uint64_t{2} * 8192);
+}
+
+TEST_P(GpuEngineTest, ImportsAreCachedByHandleAndClosedWithTheLastReference) {
+  Start(2);
+  auto job = MakeJob({0, 1}, 4096);
+  const int opens = fake_->ipc_opens();
+  // The same allocation again: no second open.
+  auto again = Import(*job->ranks[0], job->ranks[0]->recv.data(), job->ranks[0]->recv.size());
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again.get(), job->ranks[0]->recv_region.get());
+  EXPECT_EQ(fake_->ipc_opens(), opens);
+  EXPECT_EQ(fake_->ipc_open_now(), 4);
+  // More bytes than the allocation has.
+  RegionSpec spec;
+  spec.kind = fake_->ipc_memory_kind();
+  spec.bytes = 1 << 20;
+  spec.handle = FakeRuntime::MakeHandle(job->ranks[1]->send.data() + 1, 4096);
+  spec.rank = job->ranks[1]->er.get();
+  auto big = engine_->Import(spec);
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument) << big.status();
+  EXPECT_EQ(fake_->ipc_open_now(), 4);
+  // Another memory kind: FALLBACK from the runtime.
+  spec.kind = "host_memfd";
+  auto other = engine_->Import(spec);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition) << other.status();
+  // A wrong handle size.
+  spec.kind = fake_->ipc_memory_kind();
+  spec.handle = "short";
+  EXPECT_EQ(engine_->Import(spec).status().code(), absl::StatusCode::kInvalidArgument);
+  again.reset();
+  job.reset();
+  EXPECT_EQ(fake_->ipc_open_now(), 0);
+  EXPECT_EQ(fake_->flags_registered(), 0);
+}
+
+TEST_P(GpuEngineTest, AttachRankChecksTheDevice) {
+  Start(2);
+  alignas(4096) static uint32_t page[1024];
+  RankAttach a;
+  a.flag_pages = page;
+  a.flag_bytes = sizeof(page);
+  a.ready_word = page;
+  a.device = DeviceRef{"cpu", -1};
+  EXPECT_EQ(engine_->AttachRank(a).status().code(), absl::StatusCode::kFailedPrecondition);
+  a.device = DeviceRef{fake_->device_kind(), 2};
+  auto r = engine_->AttachRank(a);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("sees 2 device(s)"), std::string::npos) << r.status();
+}
+
+INSTANTIATE_TEST_SUITE_P(Runtimes, GpuEngineTest, ::testing::Values(kCudaLike, kHipLike),
+                         [](const ::testing::TestParamInfo<Flavor>& i) { return std::string(i.param.name); });
+
+}  // namespace
+}  // namespace dmagather::server::engines::gpu
