@@ -70,11 +70,20 @@ void Ring::Run() {
 }
 
 void Ring::Close() {
-  if (closed_.exchange(true)) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (closed_.load()) return;
     if (!aborted_) abort_why_ = absl::CancelledError("the job ended");
     aborted_ = true;
+    for (Link& l : next_) l.cv.notify_all();
+    // The abort frames go out first (briefly: a cut link cannot hold us).
+    close_cv_.wait_for(lock, std::chrono::seconds(1), [this] {
+      for (const Link& l : next_) {
+        if (l.send_abort) return false;
+      }
+      return true;
+    });
+    closed_.store(true);
   }
   close_cv_.notify_all();
   if (abort_thread_.joinable()) abort_thread_.join();
@@ -198,6 +207,12 @@ void Ring::RecvLoop(int k) {
     RingFrameV1 f;
     absl::Status st = conn.Recv(&f, sizeof(f));
     if (!st.ok()) {
+      {
+        // After an abort frame the origin is ending: its links close. The
+        // ops it ended are complete here or time out; nothing to add.
+        std::lock_guard<std::mutex> lock(mu_);
+        if (pending_abort_) return;
+      }
       LinkFailed(absl::StrCat("ring link ", k, " from ", from, " broke: ", st.message()));
       return;
     }
@@ -222,7 +237,7 @@ void Ring::RecvLoop(int k) {
         }
         now = pending_abort_ && SpareEndedLocked();
       }
-      if (now && !closed_.load()) job_->Fail(pending_why_, -1);
+      if (now && !closed_.load()) job_->FailAfter(pending_why_, f.seq);
       return;  // Nothing follows an abort frame on its link.
     }
     const uint32_t idx = f.seq % slots_.size();
@@ -305,12 +320,16 @@ void Ring::SendLoop(int k) {
       std::unique_lock<std::mutex> lock(mu_);
       link.cv.wait(lock, [&] { return aborted_ || !link.queue.empty(); });
       if (aborted_) {
-        if (!link.send_abort || closed_.load()) return;
-        link.send_abort = false;
-        item = Send{abort_frame_, nullptr, 0, k};
-        lock.unlock();
-        // Best effort: the next node learns why (after everything sent before).
-        (void)link.conn->Send(&item.frame, sizeof(item.frame), nullptr, 0);
+        if (link.send_abort) {
+          // Best effort: the next node learns why (after everything sent before).
+          link.sending = true;
+          lock.unlock();
+          (void)link.conn->Send(&abort_frame_, sizeof(abort_frame_), nullptr, 0);
+          lock.lock();
+          link.sending = false;
+          link.send_abort = false;
+          close_cv_.notify_all();
+        }
         return;
       }
       item = link.queue.front();
@@ -356,7 +375,9 @@ void Ring::MaybeEndLocked(uint32_t index, std::vector<Ended>* ended) {
   last_ended_ = s.seq;
   Slot& next = slots_[(s.seq + 1) % slots_.size()];
   if (next.active && next.seq == s.seq + 1 && !next.released) ReleaseLocked(next);
-  if (pending_abort_ && !aborted_ && SpareEndedLocked()) ended->push_back(Ended{nullptr, pending_why_, -1});
+  if (pending_abort_ && !aborted_ && SpareEndedLocked()) {
+    ended->push_back(Ended{nullptr, pending_why_, -1, spare_});
+  }
 }
 
 void Ring::UnbusyLocked(Slot& s, std::vector<Ended>* ended) {
@@ -371,7 +392,7 @@ void Ring::Deliver(std::vector<Ended>& ended) {
     if (e.op != nullptr) {
       e.op->PartDone(e.status, e.failed_rank);
     } else if (!closed_.load()) {
-      job_->Fail(e.status, -1);
+      job_->FailAfter(e.status, e.spare);  // Our ops up to the spare have ended; the rest fail.
     }
   }
 }
@@ -444,15 +465,23 @@ void Ring::Abort(const absl::Status& why) {
 
 void Ring::LinkFailed(const std::string& why) {
   if (closed_.load()) return;
+  bool pending;
   absl::Status st;
+  uint32_t spare;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (aborted_) return;
     // After an abort frame, the origin's reason is the one that counts.
-    st = pending_abort_ ? pending_why_ : absl::AbortedError(why);
+    pending = pending_abort_;
+    st = pending ? pending_why_ : absl::AbortedError(why);
+    spare = spare_;
   }
   LOG(WARNING) << "job '" << job_->key() << "': " << why;
-  job_->Fail(st, -1);
+  if (pending) {
+    job_->FailAfter(st, spare);
+  } else {
+    job_->Fail(st, -1);
+  }
 }
 
 std::string Ring::Pending(uint32_t seq) const {

@@ -115,11 +115,13 @@ class Ring : public scheduler::RemotePart {
   // Under mu_: queues `s` (counted in its slot's sends_pending).
   void QueueLocked(int link, const Send& s);
   // An op whose ring part ended, and how (PartDone is called outside mu_);
-  // op == nullptr: fail the job with `status` (a pending abort is due).
+  // op == nullptr: fail the job with `status` (a pending abort is due),
+  // sparing ops up to `spare`.
   struct Ended {
     scheduler::Op* op;
     absl::Status status;
     int failed_rank;
+    uint32_t spare = 0;
   };
   // Under mu_: ends the op when everything is in and out, and releases the
   // next op's own frames.

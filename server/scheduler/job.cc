@@ -31,7 +31,7 @@ void Op::PartDone(const absl::Status& status, int failed_rank) {
   }
   // Copies that finished after the job failed may have read a dead rank's
   // buffer (the cuda engine lets such waits go on): report the job's failure.
-  if (verdict.ok() && job->failed()) {
+  if (verdict.ok() && job->failed() && !job->Spared(seq)) {
     job->FinishOp(this, job->failure(), job->failed_rank());
     return;
   }
@@ -162,6 +162,14 @@ void Job::Fail(const absl::Status& status, int failed_rank) {
   }
   // The other nodes learn it through the ring; ops in flight end with it.
   if (remote_ != nullptr && all_joined_.load()) remote_->Abort(status);
+}
+
+void Job::FailAfter(const absl::Status& status, uint32_t spare) {
+  if (!failed()) {
+    spare_.store(spare, std::memory_order_release);
+    has_spare_.store(true, std::memory_order_release);
+  }
+  Fail(status, -1);
 }
 
 absl::Status Job::failure() const {

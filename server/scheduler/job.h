@@ -81,6 +81,13 @@ class Job {
 
   // --- Failure: the first reason wins and fails every later op. ---
   void Fail(const absl::Status& status, int failed_rank);
+  // As Fail, for a failure that started on another node after its op
+  // `spare` ended there: ops up to `spare` still complete normally here.
+  void FailAfter(const absl::Status& status, uint32_t spare);
+  // Whether op `seq` is spared by a FailAfter.
+  bool Spared(uint32_t seq) const {
+    return has_spare_.load(std::memory_order_acquire) && int32_t(seq - spare_.load(std::memory_order_acquire)) <= 0;
+  }
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   absl::Status failure() const;
   int failed_rank() const;
@@ -124,6 +131,8 @@ class Job {
   std::atomic<bool> all_joined_{false};
 
   std::atomic<bool> failed_{false};
+  std::atomic<bool> has_spare_{false};
+  std::atomic<uint32_t> spare_{0};
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   int failed_rank_ ABSL_GUARDED_BY(mu_) = -1;
 
