@@ -123,7 +123,7 @@ absl::Status Daemon::Start() {
   if (fstat(doorbell_.fd(), &bell_st) == 0) registry_->SetDoorbellIdentity(bell_st.st_dev, bell_st.st_ino);
   service::Registry* reg = registry_.get();
   if (!options_.peers.listen.empty()) {
-    auto peers = cluster::PeerService::Create(options_.peers);
+    auto peers = cluster::PeerService::Create(options_.peers, engine_.get());
     if (!peers.ok()) {
       fd_channel_->Stop();
       return common::Annotate(peers.status(), "--peer_listen: ");

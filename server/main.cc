@@ -63,6 +63,12 @@ ABSL_FLAG(std::string, transport, "auto",
           "reason is logged and shown by `dmagatherctl health`).");
 ABSL_FLAG(int, peer_links, 4, "Multi-node jobs: connections to the next node per job (1..64).");
 ABSL_FLAG(int, ring_chunk_kib, 1024, "Multi-node jobs: ring chunk size in KiB (4..65536).");
+ABSL_FLAG(int, ring_transit_mib, 4096,
+          "Multi-node jobs on GPU backends: pinned host memory one job's ring may hold for staging (MiB); an op "
+          "that needs more is answered FALLBACK.");
+ABSL_FLAG(std::string, ring_staging, "auto",
+          "Multi-node jobs: auto (stage through pinned host memory only where rank memory is device memory) or "
+          "always (also on the host backend: exercises the GPU backends' path on a CPU machine).");
 ABSL_FLAG(std::string, log_level, "info", "Least severe messages logged: info, warning or error.");
 
 namespace {
@@ -120,6 +126,13 @@ int main(int argc, char** argv) {
   o.peers.transport = absl::GetFlag(FLAGS_transport);
   o.peers.links = absl::GetFlag(FLAGS_peer_links);
   o.peers.chunk_bytes = uint64_t(std::max(0, absl::GetFlag(FLAGS_ring_chunk_kib))) << 10;
+  o.peers.transit_bytes = uint64_t(std::max(1, absl::GetFlag(FLAGS_ring_transit_mib))) << 20;
+  const std::string staging = absl::GetFlag(FLAGS_ring_staging);
+  if (staging != "auto" && staging != "always") {
+    std::fprintf(stderr, "dmagatherd: --ring_staging=%s: expected auto or always\n", staging.c_str());
+    return 2;
+  }
+  o.peers.force_staging = staging == "always";
 
   o.max_jobs_per_uid = std::max(0, absl::GetFlag(FLAGS_max_jobs_per_uid));
   o.max_sessions_per_uid = std::max(0, absl::GetFlag(FLAGS_max_sessions_per_uid));

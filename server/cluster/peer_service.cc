@@ -31,16 +31,18 @@ std::string Hostname() {
 
 }  // namespace
 
-PeerService::PeerService(const PeerOptions& options) : options_(options) {}
+PeerService::PeerService(const PeerOptions& options, engines::CopyEngine* engine)
+    : options_(options), engine_(engine) {}
 
-absl::StatusOr<std::unique_ptr<PeerService>> PeerService::Create(const PeerOptions& options) {
+absl::StatusOr<std::unique_ptr<PeerService>> PeerService::Create(const PeerOptions& options,
+                                                                 engines::CopyEngine* engine) {
   if (options.links < 1 || options.links > 64) {
     return absl::InvalidArgumentError(absl::StrCat("--peer_links=", options.links, " is outside 1..64"));
   }
   if (options.chunk_bytes < 4096 || options.chunk_bytes > (64u << 20)) {
     return absl::InvalidArgumentError("--ring_chunk_kib must be within 4..65536");
   }
-  std::unique_ptr<PeerService> s(new PeerService(options));
+  std::unique_ptr<PeerService> s(new PeerService(options, engine));
   s->tcp_ = transport::MakeTcpTransport();
   DMAG_ASSIGN_OR_RETURN(s->transport_, transport::CreateTransport(options.transport, &s->transport_reason_));
   LOG(INFO) << "peer transport: " << s->transport_->name() << " (" << s->transport_reason_ << ")";
@@ -420,6 +422,9 @@ absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<schedul
   }
   RingOptions ro;
   ro.chunk_bytes = table.chunk_bytes();
+  ro.engine = engine_;
+  ro.transit_bytes = options_.transit_bytes;
+  ro.force_staging = options_.force_staging;
   ro.transport = data->name();
   ro.transport_reason = data.get() == transport_.get() ? transport_reason_
                                                        : absl::StrCat("not every node offers ", transport_->name());

@@ -37,6 +37,7 @@
 #include "absl/time/time.h"
 #include "dmagather/v1/peer.pb.h"
 #include "server/cluster/job_id.h"
+#include "server/engines/copy_engine.h"
 #include "server/scheduler/job.h"
 #include "server/transport/transport.h"
 
@@ -50,6 +51,8 @@ struct PeerOptions {
   std::string transport = "auto";
   int links = 4;                  // Connections to the next node, per job.
   uint64_t chunk_bytes = 1 << 20; // Ring chunk.
+  uint64_t transit_bytes = uint64_t{4} << 30;  // Host staging per job (GPU backends).
+  bool force_staging = false;                   // --ring_staging=always.
   absl::Duration handshake_timeout = absl::Seconds(5);
 };
 
@@ -61,7 +64,10 @@ struct PeerStats {
 
 class PeerService {
  public:
-  static absl::StatusOr<std::unique_ptr<PeerService>> Create(const PeerOptions& options);
+  // `engine`: the node's copy engine (rings stage through it where rank
+  // memory is not host memory).
+  static absl::StatusOr<std::unique_ptr<PeerService>> Create(const PeerOptions& options,
+                                                             engines::CopyEngine* engine);
   ~PeerService();
   void Stop();
 
@@ -99,7 +105,7 @@ class PeerService {
     bool done = false;
   };
 
-  explicit PeerService(const PeerOptions& options);
+  PeerService(const PeerOptions& options, engines::CopyEngine* engine);
   void AcceptLoop();
   void Handle(std::unique_ptr<transport::Connection> conn);
   void ServeCoordinator(const std::shared_ptr<Pending>& p, transport::Connection& conn);
@@ -113,6 +119,7 @@ class PeerService {
   void Forget(const std::shared_ptr<Pending>& p);
 
   const PeerOptions options_;
+  engines::CopyEngine* const engine_;
   std::unique_ptr<transport::Transport> tcp_;        // Bootstrap (always tcp).
   std::unique_ptr<transport::Transport> transport_;  // Data links.
   std::string transport_reason_;

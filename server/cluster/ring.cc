@@ -52,6 +52,7 @@ Ring::Ring(scheduler::Job* job, std::shared_ptr<const scheduler::Topology> topol
     : job_(job),
       topo_(std::move(topology)),
       options_(std::move(options)),
+      staged_(options_.engine != nullptr && (options_.force_staging || !options_.engine->host_addressable())),
       next_(to_next.size()),
       prev_(std::move(from_prev)),
       slots_(abi::kRingSlotsV1) {
@@ -62,7 +63,38 @@ Ring::Ring(scheduler::Job* job, std::shared_ptr<const scheduler::Topology> topol
   }
 }
 
-Ring::~Ring() { Close(); }
+Ring::~Ring() {
+  Close();
+  for (Slot& s : slots_) {
+    if (s.staging != nullptr) options_.engine->FreeStaging(s.staging);
+  }
+}
+
+absl::Status Ring::EnsureStagingLocked(Slot& s, uint64_t bytes) {
+  if (s.staging_bytes >= bytes) return absl::OkStatus();
+  auto release = [&](Slot& x) {
+    if (x.staging == nullptr) return;
+    options_.engine->FreeStaging(x.staging);
+    staging_total_ -= x.staging_bytes;
+    x.staging = nullptr;
+    x.staging_bytes = 0;
+  };
+  release(s);
+  for (Slot& x : slots_) {
+    if (staging_total_ + bytes <= options_.transit_bytes) break;
+    if (!x.active) release(x);
+  }
+  if (staging_total_ + bytes > options_.transit_bytes) {
+    return common::FallbackError(absl::StrCat(
+        "allgather #", s.seq, " needs ", bytes >> 20, " MiB of ring transit on this node, over the ",
+        options_.transit_bytes >> 20, " MiB left of dmagatherd --ring_transit_mib"));
+  }
+  DMAG_ASSIGN_OR_RETURN(void* p, options_.engine->AllocStaging(bytes));
+  s.staging = static_cast<char*>(p);
+  s.staging_bytes = bytes;
+  staging_total_ += bytes;
+  return absl::OkStatus();
+}
 
 void Ring::Run() {
   for (size_t i = 0; i < next_.size(); ++i) next_[i].thread = std::thread(&Ring::SendLoop, this, int(i));
@@ -124,27 +156,41 @@ void Ring::Start(Op* op, const absl::Status& local_verdict, int failed_rank) {
     Slot& s = slots_[idx];
     s.seq = op->seq;
     s.op = op;
-    s.local_ok = local_verdict.ok();
     std::fill(s.have.begin(), s.have.end(), 0);
     s.have_count = 1;
     s.chunks_expected = s.chunks_got = 0;
     s.sends_pending = 0;
     s.own.clear();
     s.item_bytes.clear();
+    s.item_base.clear();
     s.released = false;
     s.started_ns = common::MonotonicNs();
 
     RingFrameV1 h = NewFrame(kFrameHeader, op->seq, me);
-    h.code = common::ToApiStatus(local_verdict);
+    absl::Status verdict = local_verdict;
+    const std::vector<int>& local = topo_->local_ranks();
+    if (verdict.ok()) {
+      const scheduler::RankPart& ref = op->parts[local[0]];
+      uint64_t total = 0;
+      for (const scheduler::Item& it : ref.items) {
+        s.item_base.push_back(total);
+        s.item_bytes.push_back(it.count * common::DtypeSize(it.dtype));
+        total += s.item_bytes.back() * uint64_t(topo_->world_size);
+      }
+      if (staged_) {
+        verdict = EnsureStagingLocked(s, std::max<uint64_t>(total, 1));
+        if (!verdict.ok()) failed_rank = local[0];
+      }
+    }
+    s.local_ok = verdict.ok();
+    h.code = common::ToApiStatus(verdict);
     h.failed_rank = failed_rank;
     if (s.local_ok) {
       // The node's shape (every local rank agreed on it) and its block.
-      const std::vector<int>& local = topo_->local_ranks();
       const scheduler::RankPart& ref = op->parts[local[0]];
       uint64_t sig = Mix(1469598103934665603ull, ref.items.size());
       for (const scheduler::Item& it : ref.items) {
         sig = Mix(Mix(Mix(sig, uint64_t(it.kind)), it.count), it.dtype);
-        s.item_bytes.push_back(it.count * common::DtypeSize(it.dtype));
       }
       h.signature = sig;
       const scheduler::Item& first = ref.items[0];
@@ -162,13 +208,18 @@ void Ring::Start(Op* op, const absl::Status& local_verdict, int failed_rank) {
             d.rank = r;
             d.offset = off;
             d.len = std::min<uint64_t>(options_.chunk_bytes, bytes - off);
-            s.own.push_back(Send{d, src + off, idx, int(c % links)});
+            if (staged_) {
+              // Sent from staging, after its link thread copies it out of the rank's memory.
+              s.own.push_back(Send{d, StagingDest(s, d), idx, int(c % links), src + off, op->ranks[r]});
+            } else {
+              s.own.push_back(Send{d, src + off, idx, int(c % links)});
+            }
           }
         }
       }
       h.chunks = c;
     } else {
-      SetText(&h, local_verdict.message());
+      SetText(&h, verdict.message());
     }
     s.headers[me] = h;
     s.have[me] = 1;
@@ -185,11 +236,19 @@ void Ring::Start(Op* op, const absl::Status& local_verdict, int failed_rank) {
   Deliver(ended);
 }
 
-char* Ring::Dest(const Slot& s, int l, const RingFrameV1& f) const {
-  if (f.item >= s.item_bytes.size()) return nullptr;
-  if (f.rank < 0 || f.rank >= topo_->world_size || topo_->node_of_rank[f.rank] != f.origin) return nullptr;
+bool Ring::Fits(const Slot& s, const RingFrameV1& f) const {
+  if (f.item >= s.item_bytes.size()) return false;
+  if (f.rank < 0 || f.rank >= topo_->world_size || topo_->node_of_rank[f.rank] != f.origin) return false;
   const uint64_t bytes = s.item_bytes[f.item];
-  if (f.len > bytes || f.offset > bytes - f.len) return nullptr;
+  return f.len <= bytes && f.offset <= bytes - f.len;
+}
+
+char* Ring::StagingDest(const Slot& s, const RingFrameV1& f) const {
+  return s.staging + s.item_base[f.item] + uint64_t(f.rank) * s.item_bytes[f.item] + f.offset;
+}
+
+char* Ring::Dest(const Slot& s, int l, const RingFrameV1& f) const {
+  const uint64_t bytes = s.item_bytes[f.item];
   const scheduler::RankPart& p = s.op->parts[topo_->local_ranks()[l]];
   const scheduler::Item& it = p.items[f.item];
   char* base = it.kind == OpKind::kAllGatherList ? p.recv[it.recv_begin + f.rank]
@@ -256,7 +315,8 @@ void Ring::RecvLoop(int k) {
       }
       if (forward) QueueLocked(k, Send{f, nullptr, idx, k});
     } else {
-      char* dst = data && s.local_ok ? Dest(s, 0, f) : nullptr;
+      // Where the chunk lands: the first local output, or (staged) host staging.
+      char* dst = data && s.local_ok && Fits(s, f) ? (staged_ ? StagingDest(s, f) : Dest(s, 0, f)) : nullptr;
       if (data) {
         // The slot cannot end while this chunk is uncounted (nor be failed
         // while busy): land it unlocked.
@@ -285,7 +345,24 @@ void Ring::RecvLoop(int k) {
         chunk_ns_.Record(common::MonotonicNs() - t0);
         bytes_received_.fetch_add(f.len, std::memory_order_relaxed);
         if (dst != nullptr) {
-          for (size_t l = 1; l < topo_->local_ranks().size(); ++l) memcpy(Dest(s, int(l), f), dst, f.len);
+          const std::vector<int>& local = topo_->local_ranks();
+          for (size_t l = staged_ ? 0 : 1; l < local.size(); ++l) {
+            if (!staged_) {
+              memcpy(Dest(s, int(l), f), dst, f.len);
+              continue;
+            }
+            st = options_.engine->StageIn(Dest(s, int(l), f), dst, f.len, s.op->ranks[local[l]]);
+            if (!st.ok()) break;
+          }
+        }
+        if (!st.ok()) {
+          {
+            std::lock_guard<std::mutex> relock(mu_);
+            UnbusyLocked(s, &ended);
+          }
+          Deliver(ended);
+          StagingFailed(st);
+          return;
         }
         lock.lock();
         UnbusyLocked(s, &ended);
@@ -338,7 +415,11 @@ void Ring::SendLoop(int k) {
       link.sending = true;
     }
     const uint64_t len = item.frame.type == kFrameData ? item.frame.len : 0;
-    absl::Status st = link.conn->Send(&item.frame, sizeof(item.frame), item.payload, len);
+    absl::Status staged = absl::OkStatus();
+    if (item.stage_src != nullptr) {
+      staged = options_.engine->StageOut(const_cast<char*>(item.payload), item.stage_src, len, item.stage_rank);
+    }
+    absl::Status st = staged.ok() ? link.conn->Send(&item.frame, sizeof(item.frame), item.payload, len) : staged;
     std::vector<Ended> ended;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -351,6 +432,10 @@ void Ring::SendLoop(int k) {
       }
     }
     Deliver(ended);
+    if (!staged.ok()) {
+      StagingFailed(staged);
+      return;
+    }
     if (!st.ok()) {
       LinkFailed(absl::StrCat("ring link ", k, " to ", to, " failed: ", st.message()));
       return;
@@ -484,6 +569,12 @@ void Ring::LinkFailed(const std::string& why) {
   }
 }
 
+void Ring::StagingFailed(const absl::Status& st) {
+  if (closed_.load()) return;
+  LOG(ERROR) << "job '" << job_->key() << "': ring staging copy failed: " << st;
+  job_->Fail(common::Annotate(st, "ring staging copy (host <-> rank memory) failed: "), -1);
+}
+
 std::string Ring::Pending(uint32_t seq) const {
   std::lock_guard<std::mutex> lock(mu_);
   const Slot& s = slots_[seq % slots_.size()];
@@ -518,6 +609,10 @@ scheduler::RemoteStats Ring::stats() const {
   st.ops = ops_.load();
   st.busy_ns = busy_ns_.load();
   st.chunk_latency = chunk_ns_.Summary();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    st.transit_bytes = staging_total_;
+  }
   return st;
 }
 

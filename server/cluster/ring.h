@@ -47,6 +47,7 @@
 
 #include "common/latency_histogram.h"
 #include "server/cluster/frame.h"
+#include "server/engines/copy_engine.h"
 #include "server/scheduler/job.h"
 #include "server/scheduler/remote.h"
 #include "server/transport/transport.h"
@@ -55,6 +56,11 @@ namespace dmagather::server::cluster {
 
 struct RingOptions {
   uint64_t chunk_bytes = 1 << 20;
+  // Rank memory the daemon cannot address directly (GPU backends) is staged
+  // through pinned host memory of the engine, at most this much per job.
+  engines::CopyEngine* engine = nullptr;
+  uint64_t transit_bytes = uint64_t{4} << 30;
+  bool force_staging = false;  // Stage even where rank memory is host memory (tests the GPU path on CPU).
   std::string transport = "tcp";
   std::string transport_reason;
 };
@@ -81,6 +87,9 @@ class Ring : public scheduler::RemotePart {
     const char* payload;
     uint32_t slot;
     int link;
+    // Staged own chunk: copied from this rank memory into `payload` (host) first.
+    const char* stage_src = nullptr;
+    const engines::EngineRank* stage_rank = nullptr;
   };
   struct Link {
     std::unique_ptr<transport::Connection> conn;
@@ -106,8 +115,10 @@ class Ring : public scheduler::RemotePart {
     bool doomed = false;  // Aborted while busy: ends when busy drops to 0.
     std::vector<Send> own;  // Own frames until released.
     uint64_t started_ns = 0;
-    // Landing: per item its bytes and kind (flat/list).
-    std::vector<uint64_t> item_bytes;
+    // Landing: per item its bytes, and (staged) where its block starts in `staging`.
+    std::vector<uint64_t> item_bytes, item_base;
+    char* staging = nullptr;  // Staged: pinned host copy of the op's output (item_base[i] + rank * bytes).
+    uint64_t staging_bytes = 0;
   };
 
   void SendLoop(int link);
@@ -135,6 +146,12 @@ class Ring : public scheduler::RemotePart {
   // Where chunk (item, rank, offset, len) of `s` lands in local rank `l`'s
   // output; null when the frame does not fit this node's shape.
   char* Dest(const Slot& s, int l, const RingFrameV1& f) const;
+  // Staged: where the chunk lands in the slot's host staging.
+  char* StagingDest(const Slot& s, const RingFrameV1& f) const;
+  bool Fits(const Slot& s, const RingFrameV1& f) const;
+  // Under mu_: staging of at least `bytes` for `s` within the transit budget.
+  absl::Status EnsureStagingLocked(Slot& s, uint64_t bytes);
+  void StagingFailed(const absl::Status& st);
   void LinkFailed(const std::string& why);
   int next_node() const { return (topo_->my_node + 1) % topo_->num_nodes(); }
   int prev_node() const { return (topo_->my_node + topo_->num_nodes() - 1) % topo_->num_nodes(); }
@@ -142,6 +159,8 @@ class Ring : public scheduler::RemotePart {
   scheduler::Job* const job_;
   const std::shared_ptr<const scheduler::Topology> topo_;
   const RingOptions options_;
+  const bool staged_;  // Rank memory is not host memory here: land in staging, copy in.
+  uint64_t staging_total_ = 0;  // Under mu_.
   std::vector<Link> next_;
   std::vector<std::unique_ptr<transport::Connection>> prev_;
   std::vector<std::thread> recv_threads_;

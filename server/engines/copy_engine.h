@@ -134,6 +134,20 @@ class CopyEngine {
   virtual void Stop() = 0;
   virtual EngineStats stats() const = 0;
   virtual int worker_threads() const = 0;
+
+  // --- Multi-node jobs: the ring's transit (server/cluster/ring.h) ---
+  // True when rank memory is plain memory of the daemon (host backend): the
+  // ring lands received bytes in the outputs directly.
+  virtual bool host_addressable() const { return false; }
+  // Otherwise the ring stages through pinned host memory of the daemon and
+  // these synchronous copies between it and a rank's memory, on the DMA
+  // copy engines (host<->device, never a kernel). Called from ring threads.
+  virtual absl::StatusOr<void*> AllocStaging(uint64_t bytes);
+  virtual void FreeStaging(void* host);
+  // rank memory -> host
+  virtual absl::Status StageOut(void* host, const char* src, uint64_t bytes, const EngineRank* rank);
+  // host -> rank memory
+  virtual absl::Status StageIn(char* dst, const void* host, uint64_t bytes, const EngineRank* rank);
 };
 
 }  // namespace dmagather::server::engines

@@ -37,6 +37,7 @@ struct RemoteStats {
   std::string next, prev;  // Node names.
   uint64_t bytes_sent = 0, bytes_received = 0, frames_sent = 0, frames_received = 0, ops = 0;
   uint64_t busy_ns = 0;                    // Summed time ops spent in the ring.
+  uint64_t transit_bytes = 0;              // Host staging held (GPU backends).
   common::LatencySummaryNs chunk_latency;  // Receiving one chunk's payload.
 };
 

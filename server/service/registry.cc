@@ -68,6 +68,7 @@ v1::JobStats StatsOf(const Job& job, const std::vector<std::shared_ptr<Session>>
     ring->set_bytes_sent(rs.bytes_sent);
     ring->set_bytes_received(rs.bytes_received);
     ring->set_ops(rs.ops);
+    ring->set_transit_bytes(rs.transit_bytes);
     ring->set_busy_s(rs.busy_ns * 1e-9);
     ring->set_throughput_gbps(rs.busy_ns != 0 ? rs.bytes_received * 8.0 / rs.busy_ns : 0.0);
     auto* cl = ring->mutable_chunk_latency();

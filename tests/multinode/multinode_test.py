@@ -91,7 +91,7 @@ class Nodes:
 class Cluster:
     """One dmagatherd per node (fresh for each test)."""
 
-    def __init__(self, nodes, n, op_timeout_s=6):
+    def __init__(self, nodes, n, op_timeout_s=6, extra=()):
         self.nodes = nodes
         self.dir = tempfile.mkdtemp(prefix="dmagather-mn-", dir="/tmp")
         self.daemons = []
@@ -101,7 +101,7 @@ class Cluster:
                 p = subprocess.Popen(nodes.prefix(i) + [DAEMON, f"--socket={sock}", "--backend=host", "--workers=2",
                                                     f"--peer_listen={nodes.address(i)}", "--metrics_listen=",
                                                         f"--op_timeout_s={op_timeout_s}", "--peer_links=2",
-                                                        "--ring_chunk_kib=256"],
+                                                        "--ring_chunk_kib=256", *extra],
                                      stdout=log, stderr=subprocess.STDOUT)
             self.daemons.append(p)
         for i in range(n):
@@ -224,6 +224,24 @@ class MultiNodeTest(unittest.TestCase):
                     self.assertGreater(res[r].get("checked", 0), 40, f"rank {r}: {res[r]}")
                 print(f"{name}: {len(placement)} ranks on {len(set(placement))} nodes bit-exact "
                       f"({res[0]['checked']} ops per rank) in {time.monotonic() - t0:.1f} s")
+
+    def test_staged_ring(self):
+        """The GPU backends' ring path (land in pinned host staging, copy into
+        every local output; own chunks copied out of rank memory before they
+        are sent), forced on the host backend: bit-exact; an op over the
+        transit budget is FALLBACK on every rank of every node."""
+        c = self.start(3, extra=("--ring_staging=always", "--ring_transit_mib=64"))
+        for name, placement in {"2x3": [0, 0, 0, 1, 1, 1], "3-uneven-1-3-2": [2, 1, 1, 0, 1, 2]}.items():
+            with self.subTest(layout=name):
+                res = c.run(placement, f"staged-{name}", "matrix", timeout=240)
+                self.assertAllOk(res, len(placement))
+                for r in range(len(placement)):
+                    self.assertGreater(res[r].get("checked", 0), 40, f"rank {r}: {res[r]}")
+        # 4 ranks x 16 MiB float32 shards: 256 MiB of output per op, over the 64 MiB budget.
+        res = c.run([0, 1, 2, 0], "staged-over", "loop", 5)
+        for r in range(4):
+            self.assertEqual(res[r].get("code"), 1, res[r])  # FALLBACK everywhere
+            self.assertIn("ring_transit_mib", res[r]["message"])
 
     def test_disagreement_and_fallback_reach_every_node(self):
         c = self.start(2)

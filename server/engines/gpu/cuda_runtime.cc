@@ -57,6 +57,20 @@ class CudaRuntime : public GpuRuntime {
     return batch_copies_ok_ ? "cudaMemcpyBatchAsync" : "cudaMemcpyAsync";
   }
 
+  // Ring staging: pinned host memory and synchronous host<->device copies
+  // (copy engines; cudaMemcpy between pinned host memory and the device).
+  absl::StatusOr<void*> AllocPinned(uint64_t bytes) override {
+    void* p = nullptr;
+    DMAG_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, bytes, cudaHostAllocPortable));
+    return p;
+  }
+  void FreePinned(void* host) override { cudaFreeHost(host); }
+  absl::Status CopySync(int device, void* dst, const void* src, uint64_t bytes) override {
+    DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    DMAG_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+    return absl::OkStatus();
+  }
+
   absl::Status SetDevice(int device) override {
     DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     return absl::OkStatus();

@@ -15,6 +15,8 @@
 // destructor for any stream left.
 #pragma once
 
+#include <cstring>
+
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -85,6 +87,13 @@ class FakeRuntime : public GpuRuntime {
   absl::Status RecordEvent(GpuEvent event, GpuStream stream) override;
   absl::Status StreamWaitEvent(GpuStream stream, GpuEvent event) override;
   void BindThread(int device) override { (void)device; }
+  // Staging: plain host memory and memcpy (the fake's device memory is host memory).
+  absl::StatusOr<void*> AllocPinned(uint64_t bytes) override { return ::operator new(bytes); }
+  void FreePinned(void* host) override { ::operator delete(host); }
+  absl::Status CopySync(int, void* dst, const void* src, uint64_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
   absl::StatusOr<bool> QueryEvent(GpuEvent event) override;
 
   struct Stream;

@@ -553,4 +553,12 @@ EngineStats GpuEngine::stats() const {
   return s;
 }
 
+absl::Status GpuEngine::StageOut(void* host, const char* src, uint64_t bytes, const EngineRank* rank) {
+  return runtime_->CopySync(AsGpu(rank)->device(), host, src, bytes);
+}
+
+absl::Status GpuEngine::StageIn(char* dst, const void* host, uint64_t bytes, const EngineRank* rank) {
+  return runtime_->CopySync(AsGpu(rank)->device(), dst, host, bytes);
+}
+
 }  // namespace dmagather::server::engines::gpu

@@ -70,6 +70,10 @@ class GpuEngine : public CopyEngine {
   void Execute(EngineOp* op) override;
   void Stop() override;
   EngineStats stats() const override;
+  absl::StatusOr<void*> AllocStaging(uint64_t bytes) override { return runtime_->AllocPinned(bytes); }
+  void FreeStaging(void* host) override { runtime_->FreePinned(host); }
+  absl::Status StageOut(void* host, const char* src, uint64_t bytes, const EngineRank* rank) override;
+  absl::Status StageIn(char* dst, const void* host, uint64_t bytes, const EngineRank* rank) override;
   int worker_threads() const override { return options_.streams_per_device * num_devices_; }
   absl::StatusOr<std::unique_ptr<EngineRank>> AttachRank(const RankAttach& attach) override;
 

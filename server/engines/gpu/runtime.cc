@@ -13,4 +13,12 @@ absl::StatusOr<std::shared_ptr<ImportedRegion>> GpuRuntime::ImportOther(const Re
                                             "'); the client offered '", spec.kind, "' memory"));
 }
 
+absl::StatusOr<void*> GpuRuntime::AllocPinned(uint64_t) {
+  return absl::UnimplementedError(absl::StrCat("the ", name(), " runtime has no pinned staging memory"));
+}
+void GpuRuntime::FreePinned(void*) {}
+absl::Status GpuRuntime::CopySync(int, void*, const void*, uint64_t) {
+  return absl::UnimplementedError(absl::StrCat("the ", name(), " runtime has no staging copies"));
+}
+
 }  // namespace dmagather::server::engines::gpu

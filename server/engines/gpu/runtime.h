@@ -104,6 +104,12 @@ class GpuRuntime {
   virtual absl::Status RecordEvent(GpuEvent event, GpuStream stream) = 0;
   virtual absl::Status StreamWaitEvent(GpuStream stream, GpuEvent event) = 0;
 
+  // --- Multi-node staging (ring threads; any thread) ---
+  // Pinned host memory, and a synchronous copy between it and device
+  // memory of `device` on a copy engine. Default: UNIMPLEMENTED.
+  virtual absl::StatusOr<void*> AllocPinned(uint64_t bytes);
+  virtual void FreePinned(void* host);
+  virtual absl::Status CopySync(int device, void* dst, const void* src, uint64_t bytes);
   // --- Completion threads ---
   // Called once by each completion thread before it polls.
   virtual void BindThread(int device) { (void)SetDevice(device); }

@@ -5,6 +5,8 @@
 // Threads: Execute() on the ingress thread; workers call OnEngineDone().
 #pragma once
 
+#include <cstring>
+
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -29,6 +31,19 @@ class HostEngine : public CopyEngine {
   void Execute(EngineOp* op) override;
   void Stop() override;
   EngineStats stats() const override;
+  bool host_addressable() const override { return true; }
+  // The ring stages only when told to (dmagatherd --ring_staging=always):
+  // the same path as GPU backends, with memcpy.
+  absl::StatusOr<void*> AllocStaging(uint64_t bytes) override { return ::operator new(bytes); }
+  void FreeStaging(void* host) override { ::operator delete(host); }
+  absl::Status StageOut(void* host, const char* src, uint64_t bytes, const EngineRank*) override {
+    std::memcpy(host, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status StageIn(char* dst, const void* host, uint64_t bytes, const EngineRank*) override {
+    std::memcpy(dst, host, bytes);
+    return absl::OkStatus();
+  }
   int worker_threads() const override { return options_.workers; }
 
  private:
