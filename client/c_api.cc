@@ -75,6 +75,9 @@ dmagather_status_t dmagather_comm_init_config(const char* job_key, int world_siz
     if (DMAG_CONFIG_HAS(config, local_world_size)) o.local_world_size = config->local_world_size;
     if (DMAG_CONFIG_HAS(config, job_id) && config->job_id != nullptr) o.job_id = config->job_id;
   }
+  if (o.job_id.empty()) {
+    if (const char* id = std::getenv("DMAGATHER_JOB_ID"); id != nullptr) o.job_id = id;
+  }
   auto impl = dmagather::client::CommImpl::Create(o);
   if (!impl.ok()) return Report(nullptr, impl.status());
   *comm = new dmagather_comm{*std::move(impl), {}};

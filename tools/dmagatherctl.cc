@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "abi/fd_channel_v1.h"
 #include "common/fd_exchange.h"
+#include "dmagather/v1/control.grpc.pb.h"
 #include "dmagather/v1/telemetry.grpc.pb.h"
 
 ABSL_FLAG(std::string, socket, "", "dmagatherd socket (default: $DMAGATHER_SOCKET, then /run/dmagather/dmagatherd.sock).");
@@ -96,11 +97,12 @@ int Fail(const grpc::Status& st, const std::string& socket) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "dmagatherctl [--socket=PATH] [--json] health|jobs|stats [--job=KEY]|metrics\n"
-      "Reads the telemetry of the node's dmagatherd.");
+      "dmagatherctl [--socket=PATH] [--json] health|jobs|stats [--job=KEY]|metrics|job-id\n"
+      "Reads the telemetry of the node's dmagatherd; job-id prints a new multi-node job id naming it as the "
+      "job's coordinator (give it to every rank as DMAGATHER_JOB_ID).");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
-    std::cerr << "usage: dmagatherctl [--socket=PATH] [--json] health|jobs|stats|metrics\n";
+    std::cerr << "usage: dmagatherctl [--socket=PATH] [--json] health|jobs|stats|metrics|job-id\n";
     return 2;
   }
   const std::string cmd = args[1];
@@ -111,6 +113,14 @@ int main(int argc, char** argv) {
   ctx.set_deadline(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(int64_t(absl::GetFlag(FLAGS_timeout_s) * 1000)));
   const bool json = absl::GetFlag(FLAGS_json);
+  if (cmd == "job-id") {
+    auto control = dmagather::v1::Control::NewStub(channel);
+    dmagather::v1::CreateJobIdReply reply;
+    grpc::Status st = control->CreateJobId(&ctx, {}, &reply);
+    if (!st.ok()) return Fail(st, socket);
+    std::printf("%s\n", reply.job_id().c_str());
+    return 0;
+  }
 
   if (cmd == "health") {
     dmagather::v1::HealthReply h;

@@ -80,6 +80,18 @@ int Launch(int world, const std::function<int(int, int)>& fn) {
   for (int r = 0; r < world; ++r) {
     pid_t pid = fork();
     if (pid == 0) {
+      // Multi-node check (run.sh): DMAGATHER_TEST_SOCKETS lists one daemon
+      // per simulated node; rank r joins node r % n (interleaved), and the
+      // library takes the job id from DMAGATHER_JOB_ID.
+      if (const char* socks = getenv("DMAGATHER_TEST_SOCKETS"); socks != nullptr && *socks != '\0') {
+        std::vector<std::string> list;
+        for (const char *p = socks, *q; *p != '\0'; p = *q ? q + 1 : q) {
+          q = strchr(p, ',');
+          if (q == nullptr) q = p + strlen(p);
+          list.emplace_back(p, q);
+        }
+        setenv("DMAGATHER_SOCKET", list[r % list.size()].c_str(), 1);
+      }
       // One rank per GPU where there are several (ranks share GPUs round-robin).
       int devices = 0;
       if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 1) cudaSetDevice(r % devices);

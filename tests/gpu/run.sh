@@ -15,9 +15,10 @@ stage() {
   local dir="$1" root
   root="$(cd "$here/../.." && pwd)"
   (cd "$root" && bazel build -c opt //server:dmagatherd //tests/gpu:allgather_gpu_test //bench:allgather_perf \
-      //client:libdmagather.so) || exit 1
+      //client:libdmagather.so //tools:dmagatherctl) || exit 1
   mkdir -p "$dir/bin" "$dir/lib"
-  local bins=(server/dmagatherd tests/gpu/allgather_gpu_test bench/allgather_perf client/libdmagather.so)
+  local bins=(server/dmagatherd tests/gpu/allgather_gpu_test bench/allgather_perf client/libdmagather.so
+              tools/dmagatherctl)
   for b in "${bins[@]}"; do
     install -m 0755 "$root/bazel-bin/$b" "$dir/bin/$(basename "$b")"
     strip "$dir/bin/$(basename "$b")" 2>/dev/null || true
@@ -50,6 +51,38 @@ run() {
   echo "=== dmagatherd log (last 40 lines)"
   tail -n 40 "$tmp/daemon.log"
   [ -n "${OUT:-}" ] && cp "$tmp/daemon.log" "$OUT/daemon_tests.log"
+
+  # Multi-node on one GPU: ${GPU_NODES:-3} daemons (simulated nodes, tcp
+  # between them on 127.0.0.1, ring staged through pinned host memory with
+  # copy-engine H2D/D2H), ranks interleaved over them, a fresh job id per mode.
+  local socks="" pids="" n
+  for n in $(seq 0 $((${GPU_NODES:-3} - 1))); do
+    "$here/bin/dmagatherd" --socket="$tmp/node$n.sock" --backend=cuda --socket_mode=0666 --metrics_listen= \
+      --peer_listen=127.0.0.1:0 >"$tmp/node$n.log" 2>&1 &
+    pids="$pids $!"
+    socks="$socks${socks:+,}$tmp/node$n.sock"
+  done
+  for n in $(seq 0 $((${GPU_NODES:-3} - 1))); do
+    for _ in $(seq 1 100); do [ -S "$tmp/node$n.sock" ] && break; sleep 0.1; done
+  done
+  for mode in ${GPU_MULTINODE_TESTS:-dtypes stream coalesced ophandles}; do
+    echo "=== allgather_gpu_test $mode across ${GPU_NODES:-3} daemons"
+    local id
+    id="$("$here/bin/dmagatherctl" --socket="$tmp/node0.sock" job-id)"
+    if DMAGATHER_TEST_SOCKETS="$socks" DMAGATHER_JOB_ID="$id" timeout 300 "$here/bin/allgather_gpu_test" "$mode"; then
+      passed=$((passed + 1))
+    else
+      failed=$((failed + 1))
+    fi
+  done
+  for n in $(seq 0 $((${GPU_NODES:-3} - 1))); do
+    "$here/bin/dmagatherctl" --socket="$tmp/node$n.sock" stats | grep -E "^gputest|ring:" | head -8
+  done
+  kill -TERM $pids; wait $pids
+  for n in $(seq 0 $((${GPU_NODES:-3} - 1))); do
+    echo "=== node $n dmagatherd log (last 15 lines)"; tail -n 15 "$tmp/node$n.log"
+    [ -n "${OUT:-}" ] && cp "$tmp/node$n.log" "$OUT/multinode_node$n.log"
+  done
   echo "$passed passed, $failed failed"
   [ "$failed" -eq 0 ]
 }

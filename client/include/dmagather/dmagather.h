@@ -73,7 +73,7 @@ typedef struct {
   int spin;                 /* Pause iterations before a waiting rank sleeps; < 0: $DMAGATHER_SPIN, then 256 */
   int local_rank;           /* Topology hint: rank among the job's ranks on this node (-1: unknown) */
   int local_world_size;     /* Topology hint: the job's ranks on this node (-1: unknown) */
-  const char* job_id;       /* Multi-node job: the id from dmagather_job_id_create (NULL: one node) */
+  const char* job_id;       /* Multi-node job: the id from dmagather_job_id_create (NULL: $DMAGATHER_JOB_ID, else one node) */
 } dmagather_config_t;
 
 #define DMAGATHER_CONFIG_INITIALIZER \
