@@ -106,7 +106,7 @@ class Daemons:
             self.procs.append(subprocess.Popen(
                 nodes.prefix(i) + [DAEMON, f"--socket={self.sock(i)}", "--backend=host", "--metrics_listen=",
                                    f"--peer_listen={nodes.ip(i)}:{PORT}", f"--peer_links={links}",
-                                   f"--ring_chunk_kib={chunk_kib}", "--log_level=warning"],
+                                   f"--ring_chunk_kib={chunk_kib}", "--log_level=" + os.environ.get("RB_LOG_LEVEL", "warning")],
                 stdout=logf, stderr=subprocess.STDOUT))
         for i in range(n):
             for _ in range(500):

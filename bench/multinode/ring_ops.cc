@@ -180,11 +180,22 @@ int main(int argc, char** argv) {
   auto* sh = static_cast<Shared*>(
       mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   if (sh == MAP_FAILED) return 1;
-  for (size_t s = 0; s < kib.size(); ++s) {  // Rank 0's daemon coordinates every job.
-    if (dmagather_job_id_create(sockets[0].c_str(), sh->job_ids[s], DMAGATHER_JOB_ID_MAX) != DMAGATHER_OK) {
-      std::cerr << "ring_ops: job id: " << dmagather_last_error(nullptr) << "\n";
-      return 1;
+  // Rank 0's daemon coordinates every job. The ids come from a child of
+  // their own: gRPC (which the library speaks) must not have run in a
+  // process that forks ranks afterwards (its threads do not survive fork:
+  // a rank's first connection can then hang).
+  if (pid_t pid = fork(); pid == 0) {
+    for (size_t s = 0; s < kib.size(); ++s) {
+      if (dmagather_job_id_create(sockets[0].c_str(), sh->job_ids[s], DMAGATHER_JOB_ID_MAX) != DMAGATHER_OK) {
+        std::cerr << "ring_ops: job id: " << dmagather_last_error(nullptr) << "\n";
+        _exit(1);
+      }
     }
+    _exit(0);
+  } else {
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) return 1;
   }
   std::vector<pid_t> kids;
   for (int r = 0; r < world; ++r) {
