@@ -8,6 +8,9 @@
 // With --sizes_kib it times small ops as bench/small_ops.cc times dmagather:
 // each rank fills its shard, MPI_Barrier, one timed MPI_Allgather, every
 // result checked bit-exact; CSV impl,ranks,shard_KiB,p50_us,p99_us,avg_us,iters.
+// --budget_mib=M (bench/multinode/ring_bench.py) bounds each size's iterations
+// by output bytes, as bench/multinode/ring_ops.cc does: iterations =
+// clamp(M MiB / (shard * ranks), --min_iters, --iters), warmup at most a fifth.
 #include <mpi.h>
 
 #include <algorithm>
@@ -43,10 +46,16 @@ const char* Arg(int argc, char** argv, const char* name, const char* dflt) {
 }
 
 // Small ops: per-op latency (max over ranks), every result checked.
-void RunSmall(const std::vector<size_t>& kib, int iters, int warmup, int rank, int world) {
+void RunSmall(const std::vector<size_t>& kib, int max_iters, int max_warmup, int budget_mib, int min_iters, int rank,
+              int world) {
   if (rank == 0) std::printf("impl,ranks,shard_KiB,p50_us,p99_us,avg_us,iters\n");
   for (size_t k : kib) {
     const size_t shard = k << 10;
+    int iters = max_iters, warmup = max_warmup;
+    if (budget_mib > 0) {
+      iters = std::clamp(int(budget_mib / (double(k) * world / 1024.0)), min_iters, max_iters);
+      warmup = std::max(1, std::min(max_warmup, iters / 5));
+    }
     std::vector<char> buf(shard * world), want(shard);
     std::vector<double> t;
     for (int it = -warmup; it < iters; ++it) {
@@ -85,7 +94,8 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   if (const char* kib = Arg(argc, argv, "--sizes_kib", nullptr)) {
     RunSmall(ParseSizes(kib), std::atoi(Arg(argc, argv, "--iters", "500")),
-             std::atoi(Arg(argc, argv, "--warmup", "20")), rank, world);
+             std::atoi(Arg(argc, argv, "--warmup", "20")), std::atoi(Arg(argc, argv, "--budget_mib", "0")),
+             std::atoi(Arg(argc, argv, "--min_iters", "5")), rank, world);
     MPI_Finalize();
     return 0;
   }
