@@ -1,4 +1,4 @@
-"""Issue 8's multi-node benchmark (run by ring_bench.sh, which builds and installs
+"""The multi-node benchmark (run by ring_bench.sh, which builds and installs
 what it needs; needs root for the network namespaces).
 
 Nodes are network namespaces on one bridge (veth pairs, 10.211.0.N/24, as in

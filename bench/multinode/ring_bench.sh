@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 8: the multi-node ring (tcp over veth between network namespaces)
+# The multi-node ring (tcp over veth between network namespaces)
 # against the veth line rate (iperf3) and Open MPI's MPI_Allgather over TCP
 # across the same namespaces, in alternated rounds of one run. Every
 # dmagather and Open MPI result is checked bit-exact. Writes

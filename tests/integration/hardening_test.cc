@@ -1,4 +1,4 @@
-// Issue 12, findings 1, 2 and 5, through a real daemon and real processes:
+// Hardening, through a real daemon and real processes:
 // memory a client hands over cannot be truncated under the daemon (sealed
 // memfds; an unsealed one is refused), the daemon opens no names and takes
 // identity from the kernel (tickets from the fd channel: missing, wrong,

@@ -1,4 +1,4 @@
-// Issue 12, findings 3, 4, 6 and 7, through a real daemon and real
+// Isolation and limits, through a real daemon and real
 // processes: job keys are per-uid namespaces (another uid cannot squat a
 // key) and telemetry shows a caller only its own jobs unless it is an
 // operator; per-uid limits on jobs, sessions, regions and mapped bytes
