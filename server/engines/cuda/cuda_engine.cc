@@ -131,6 +131,9 @@ absl::Status CudaEngine::Init() {
       }
     }
   }
+  std::vector<int> all_devices;
+  for (int d = 0; d < num_devices_; ++d) all_devices.push_back(d);
+  vmm_ = std::make_unique<VmmImporter>(api_, std::move(all_devices));
   stream_used_.resize(ns);
   tracks_ = std::vector<OpTrack>(kTracks);
   for (OpTrack& t : tracks_) free_tracks_.push_back(&t);
@@ -162,10 +165,16 @@ CudaEngine::~CudaEngine() {
 }
 
 absl::StatusOr<std::shared_ptr<ImportedRegion>> CudaEngine::Import(const RegionSpec& spec) {
+  if (spec.kind == kMemoryCudaVmm) {
+    if (spec.rank == nullptr) return absl::InvalidArgumentError("import without the owning rank");
+    const int device = AsCuda(spec.rank)->device();
+    DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    return vmm_->Import(spec, device);
+  }
   if (spec.kind != kMemoryCudaIpc) {
     return common::FallbackError(absl::StrCat(
-        "this dmagatherd runs the cuda backend, which imports CUDA IPC handles of device memory; the client "
-        "offered '", spec.kind, "' memory"));
+        "this dmagatherd runs the cuda backend, which imports device memory as CUDA IPC handles or VMM "
+        "allocations; the client offered '", spec.kind, "' memory"));
   }
   if (spec.handle.size() != sizeof(cudaIpcMemHandle_t)) {
     return absl::InvalidArgumentError(absl::StrCat("CUDA IPC handle has ", spec.handle.size(),
@@ -241,6 +250,7 @@ cudaEvent_t CudaEngine::TakeEndEvent(Device& dev) {
 absl::Status CudaEngine::WaitReady(Device& dev, const EngineOp& op) {
   cudaStream_t s0 = dev.streams[0];
   memops_.clear();
+  if (op.ready_observed) return absl::OkStatus();
   for (const EngineRank* r : op.ranks) {
     const uint64_t addr = r != nullptr ? AsCuda(r)->ready_flag() : 0;
     if (addr == 0) continue;

@@ -45,6 +45,7 @@
 #include "common/cuda/cuda_api.h"
 #include "common/latency_histogram.h"
 #include "server/engines/copy_engine.h"
+#include "server/engines/cuda/vmm_import.h"
 #include "server/engines/cuda/wave_plan.h"
 
 namespace dmagather::server::engines::cuda {
@@ -150,6 +151,7 @@ class CudaEngine : public CopyEngine {
 
   std::mutex import_mu_;
   std::map<std::string, std::weak_ptr<ImportedRegion>> imports_;  // By IPC handle bytes.
+  std::unique_ptr<VmmImporter> vmm_;  // "cuda_vmm" memory (vmm_import.h).
 
   std::atomic<uint64_t> ops_{0}, bytes_{0}, chunks_stat_{0}, same_device_{0};
   // Where the daemon hop goes (logged at Stop).
