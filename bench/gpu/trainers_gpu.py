@@ -26,6 +26,12 @@ gloo broadcast/all_reduce. Parts:
             same run with a gloo-broadcast all-gather; both runs share one test-only
             reduce-scatter built from gloo all_reduce (set_custom_reduce_scatter). Loss per
             step and every parameter shard bit-identical.
+  vmm       run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (checked): caching-
+            allocator tensors in expandable segments (VMM), sizes growing from 64 KiB to 96 MiB
+            per shard so segments grow and tensors span several mapped chunks, in place and
+            out of place, torch.cuda.empty_cache() between steps (segments shrink: the same
+            addresses come back with new physical memory), then shrinking sizes; bit-exact,
+            and dmagather must serve every op (no fallback).
   overhead  host µs per call of the Python path (dmagather.torch.all_gather_into_tensor,
             stream-ordered) against the C API (dmagather_allgather through ctypes) for
             shards of 4 KiB .. 1 MiB, plus end-to-end µs (call + cudaStreamSynchronize).
@@ -52,7 +58,7 @@ _SRC_PKG = os.path.join(HERE, "..", "..", "client", "python")
 if os.path.isdir(_SRC_PKG):
     sys.path.append(_SRC_PKG)  # after PYTHONPATH
 
-PARTS = ("adapter", "zero3", "fsdp2", "overhead")
+PARTS = ("adapter", "zero3", "fsdp2", "overhead", "vmm")
 SIZES_OVERHEAD = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
 
 
@@ -142,6 +148,48 @@ def part_adapter(ctx):
     failed = any_rank(torch, dist, bool(bad))
     return {"ok": not failed, "mismatches": bad[:10], "host_waited_ops": s["host_waited_ops"],
             "stream_ordered_ops": s["stream_ordered_ops"], "dmagather_ops": s["dmagather_ops"]}
+
+
+def part_vmm(ctx):
+    torch, dist, dt, rank, world, dev = ctx["torch"], ctx["dist"], ctx["dt"], ctx["rank"], ctx["world"], ctx["dev"]
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "expandable_segments:True" not in conf:
+        return {"ok": False, "error": f"run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (is {conf!r})"}
+    a = dt.get()
+    before = a.stats()
+    sizes = [64 << 10, (1 << 20) + 3, (5 << 20) + 17, (21 << 20) + 1, (48 << 20) + 5, 96 << 20]
+    sizes = sizes + sizes[::-1][1:]  # grow, then shrink
+    bad = []
+    seed = 50000
+    reserved = []
+    for step, nbytes in enumerate(sizes):
+        for variant in range(2):  # 0: out of place, 1: in place
+            seed += 1
+            out = torch.empty(world * nbytes, dtype=torch.uint8, device=dev)
+            out.fill_(0x5A)
+            inp = out[rank * nbytes:(rank + 1) * nbytes] if variant else torch.empty(nbytes, dtype=torch.uint8,
+                                                                                       device=dev)
+            inp.copy_(shard_bits(torch, seed, rank, nbytes, dev))
+            dt.all_gather_into_tensor(out, inp)
+            want = torch.cat([shard_bits(torch, seed, r, nbytes, dev) for r in range(world)])
+            if not torch.equal(out, want):
+                bad.append(f"step {step} bytes={nbytes} in_place={bool(variant)}")
+            del out, inp, want
+        torch.cuda.synchronize()
+        dt.synchronize()
+        reserved.append(torch.cuda.memory_reserved())
+        torch.cuda.empty_cache()  # expandable segments unmap their free chunks
+    torch.cuda.synchronize()
+    dt.synchronize()
+    after = a.stats()
+    served = after["dmagather_ops"] - before["dmagather_ops"]
+    fell = after["fallback_ops"] - before["fallback_ops"]
+    if fell or served != 2 * len(sizes):
+        bad.append(f"dmagather served {served} of {2 * len(sizes)} gathers, {fell} fell back: "
+                   f"{after.get('fallback_by_reason')}")
+    failed = any_rank(torch, dist, bool(bad))
+    return {"ok": not failed, "mismatches": bad[:10], "served": served, "alloc_conf": conf,
+            "reserved_bytes_per_step": reserved}
 
 
 def _zero3_run(ctx, gather, steps):
@@ -417,7 +465,7 @@ def main():
     p.add_argument("--gpu", type=int, default=0)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--socket", default=os.environ.get("DMAGATHER_SOCKET"))
-    p.add_argument("--parts", type=lambda s: [x for x in s.split(",") if x], default=list(PARTS))
+    p.add_argument("--parts", type=lambda s: [x for x in s.split(",") if x], default=list(PARTS[:4]))
     p.add_argument("--timeout", type=int, default=900)
     args = p.parse_args()
     for part in args.parts:
