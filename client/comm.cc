@@ -302,7 +302,16 @@ absl::Status CommImpl::RegisterExport(const MemoryExport& e, std::unique_ptr<Own
   // Registrations overlapping this allocation belong to memory that was
   // freed and reused (or unmapped and remapped): drop them first (ops in
   // flight may still name them).
-  auto overlaps = [&](const auto& kv) { return Stale(kv.first, kv.second, e); };
+  // Besides, VMM registrations whose chunks the allocator has unmapped (or
+  // remapped) since: the daemon's import still maps the old physical memory,
+  // which the device gets back only when the import goes. Checked here, on
+  // every new registration (one pointer attribute per registered chunk).
+  auto overlaps = [&](const auto& kv) {
+    if (Stale(kv.first, kv.second, e)) return true;
+    return !kv.second.chunks.empty() && kv.second.owned == nullptr &&
+           !backend_->ChunksCurrent(kv.first, kv.second.chunks, reinterpret_cast<const void*>(kv.first),
+                                    kv.second.bytes);
+  };
   bool stale = false;
   for (const auto& kv : regions_) stale |= overlaps(kv);
   if (stale) {

@@ -157,6 +157,7 @@ def part_vmm(ctx):
         return {"ok": False, "error": f"run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (is {conf!r})"}
     a = dt.get()
     before = a.stats()
+    free_start = torch.cuda.mem_get_info()[0]
     sizes = [64 << 10, (1 << 20) + 3, (5 << 20) + 17, (21 << 20) + 1, (48 << 20) + 5, 96 << 20]
     sizes = sizes + sizes[::-1][1:]  # grow, then shrink
     bad = []
@@ -188,8 +189,11 @@ def part_vmm(ctx):
         bad.append(f"dmagather served {served} of {2 * len(sizes)} gathers, {fell} fell back: "
                    f"{after.get('fallback_by_reason')}")
     failed = any_rank(torch, dist, bool(bad))
+    # Device-wide free memory (all ranks share the GPU) before and after: the
+    # daemon's imports of unmapped chunks must not keep the memory.
+    free_end = torch.cuda.mem_get_info()[0]
     return {"ok": not failed, "mismatches": bad[:10], "served": served, "alloc_conf": conf,
-            "reserved_bytes_per_step": reserved}
+            "reserved_bytes_per_step": reserved, "device_free_start": free_start, "device_free_end": free_end}
 
 
 def _zero3_run(ctx, gather, steps):
