@@ -32,6 +32,10 @@ gloo broadcast/all_reduce. Parts:
             out of place, torch.cuda.empty_cache() between steps (segments shrink: the same
             addresses come back with new physical memory), then shrinking sizes; bit-exact,
             and dmagather must serve every op (no fallback).
+  graph     torch.cuda.graph capture of copy-in (producer) -> dmagather.torch.all_gather_into_tensor
+            -> copy-out (consumer) on static tensors (warmed up outside the graph), replayed 30
+            times with a new input each time (device-to-device copies before each replay, no
+            host sync), every replay's output kept and compared bit-exact at the end.
   overhead  host µs per call of the Python path (dmagather.torch.all_gather_into_tensor,
             stream-ordered) against the C API (dmagather_allgather through ctypes) for
             shards of 4 KiB .. 1 MiB, plus end-to-end µs (call + cudaStreamSynchronize).
@@ -58,7 +62,7 @@ _SRC_PKG = os.path.join(HERE, "..", "..", "client", "python")
 if os.path.isdir(_SRC_PKG):
     sys.path.append(_SRC_PKG)  # after PYTHONPATH
 
-PARTS = ("adapter", "zero3", "fsdp2", "overhead", "vmm")
+PARTS = ("adapter", "zero3", "fsdp2", "overhead", "vmm", "graph")
 SIZES_OVERHEAD = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
 
 
@@ -194,6 +198,48 @@ def part_vmm(ctx):
     free_end = torch.cuda.mem_get_info()[0]
     return {"ok": not failed, "mismatches": bad[:10], "served": served, "alloc_conf": conf,
             "reserved_bytes_per_step": reserved, "device_free_start": free_start, "device_free_end": free_end}
+
+
+def part_graph(ctx):
+    torch, dist, dt, rank, world, dev = ctx["torch"], ctx["dist"], ctx["dt"], ctx["rank"], ctx["world"], ctx["dev"]
+    a = dt.get()
+    before = a.stats()
+    n = (1 << 20) + 5  # bf16 elements per shard
+    replays = 30
+    inputs = [shard_bits(torch, 70000 + i, rank, 2 * n, dev).view(torch.bfloat16) for i in range(replays)]
+    src = torch.empty(n, dtype=torch.bfloat16, device=dev)
+    inp = torch.empty(n, dtype=torch.bfloat16, device=dev)
+    out = torch.empty(world * n, dtype=torch.bfloat16, device=dev)
+    res = torch.empty(world * n, dtype=torch.bfloat16, device=dev)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the graph (the signature's verdict)
+        dt.all_gather_into_tensor(out, inp)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        inp.copy_(src)                       # producer
+        dt.all_gather_into_tensor(out, inp)  # captured: a persistent op
+        res.copy_(out)                       # consumer
+    results = []
+    for i in range(replays):
+        src.copy_(inputs[i])
+        g.replay()
+        results.append(res.clone())
+    torch.cuda.synchronize()
+    bad = []
+    for i, got in enumerate(results):
+        want = torch.cat([shard_bits(torch, 70000 + i, r, 2 * n, dev) for r in range(world)])
+        if not torch.equal(got.view(torch.uint8), want):
+            bad.append(f"replay {i}")
+    del g
+    after = a.stats()
+    captured = after.get("captured_ops", 0) - before.get("captured_ops", 0)
+    if captured != 1 or after["fallback_ops"] != before["fallback_ops"]:
+        bad.append(f"expected one captured dmagather op and no fallback: {after}")
+    failed = any_rank(torch, dist, bool(bad))
+    return {"ok": not failed, "mismatches": bad[:10], "replays": replays, "captured_ops": captured}
 
 
 def _zero3_run(ctx, gather, steps):
@@ -537,7 +583,8 @@ def main():
     for part in args.parts:
         s = summary["parts"][part]
         info = s["rank0"] or {}
-        extra = {k: v for k, v in info.items() if k in ("served", "stream_ordered_ops", "host_waited_ops",
+        extra = {k: v for k, v in info.items() if k in ("served", "stream_ordered_ops", "host_waited_ops", "replays", "captured_ops",
+                                                         "device_free_start", "device_free_end",
                                                          "fsdp_modules", "seconds", "torch")}
         print(f"{part:9s} {'PASSED' if s['ok'] else 'FAILED'} {extra}")
         for m in info.get("mismatches", []) or []:
