@@ -36,21 +36,29 @@ constexpr uint32_t kOpPersistentBit = 0x100;   // In DescriptorV2::op, with the 
 constexpr uint32_t kOpPersistentSlotShift = 16;
 constexpr uint32_t kOpBaseMask = 0xff;
 
+// The done flag of a slot: read by the graph as one little-endian 64-bit
+// word (hi << 32 | lo), written as two 32-bit words.
+struct alignas(8) DoneWordV1 {
+  uint32_t lo;  // Daemon writes 1 per replay; the graph resets it to 0.
+  uint32_t hi;  // Released for good (job failed, daemon gone): nonzero.
+};
+
 struct GraphFlagsV1 {
   uint32_t stamp;                   // Stamp(sizeof(GraphFlagsV1), 1), written by the client.
   uint32_t pad0[15];
   uint32_t ready[kGraphSlotsV1];    // Client graph writes 1; daemon resets to 0.
-  uint64_t done[kGraphSlotsV1];     // Low word: daemon writes 1, graph resets to 0. High word: released for good.
+  DoneWordV1 done[kGraphSlotsV1];
   int32_t status[kGraphSlotsV1];    // Daemon: status of the slot's last replay.
 };
 
 // Offset of the block from the start of the completion block.
 constexpr uint64_t kGraphFlagsOffsetV1 = 4608;
 static_assert(sizeof(CompletionV1) <= kGraphFlagsOffsetV1, "graph flags follow CompletionV1");
-static_assert(kGraphFlagsOffsetV1 + sizeof(uint32_t) * 16 + sizeof(uint32_t) * kGraphSlotsV1 +
-                      sizeof(uint64_t) * kGraphSlotsV1 + sizeof(int32_t) * kGraphSlotsV1 <= 8192,
-              "graph flags fit the completion pages");
-static_assert(offsetof(GraphFlagsV1, done) % 8 == 0, "64-bit done words");
+static_assert(kGraphFlagsOffsetV1 + sizeof(GraphFlagsV1) <= 8192, "graph flags fit the completion pages");
+static_assert(offsetof(GraphFlagsV1, done) % 8 == 0 && sizeof(DoneWordV1) == 8, "64-bit done words");
+static_assert(offsetof(GraphFlagsV1, ready) == 64 && offsetof(GraphFlagsV1, done) == 192 &&
+                  offsetof(GraphFlagsV1, status) == 448,
+              "GraphFlagsV1 layout");
 
 constexpr uint32_t kGraphFlagsStampV1 = Stamp(sizeof(GraphFlagsV1), 1);
 

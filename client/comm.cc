@@ -191,7 +191,7 @@ absl::Status CommImpl::Join() {
       // of its done flag), so no replay waits forever.
       abi::GraphFlagsV1* g = abi::GraphFlagsOf(view_.completion);
       for (uint32_t s = 0; s < abi::kGraphSlotsV1; ++s) {
-        abi::StoreSeqCst(reinterpret_cast<uint32_t*>(&g->done[s]) + 1, 1u);
+        abi::StoreSeqCst(&g->done[s].hi, 1u);
       }
     }
     common::FutexWakeAll(&view_.completion->done_seq);
@@ -706,7 +706,8 @@ absl::Status CommImpl::SubmitCaptured(size_t n, void* stream, uint32_t slot, uin
   abi::GraphFlagsV1* g = abi::GraphFlagsOf(view_.completion);
   abi::StoreRelease(&g->stamp, abi::kGraphFlagsStampV1);
   abi::StoreRelease(&g->ready[slot], 0u);
-  abi::StoreRelease(&g->done[slot], uint64_t{0});
+  abi::StoreRelease(&g->done[slot].hi, 0u);
+  abi::StoreRelease(&g->done[slot].lo, 0u);
   abi::StoreRelease(&g->status[slot], 0);
   for (size_t i = 0; i < n; ++i) scratch_[i].op |= abi::kOpPersistentBit | (slot << abi::kOpPersistentSlotShift);
   // The definition takes a sequence number like any op; ready_seq is not

@@ -320,7 +320,7 @@ class CudaBackend : public ClientBackend {
   absl::Status WaitGraphDone(void* stream, uint32_t slot) override {
     // Low word: this replay is done; high word: released for good (job
     // failed, daemon gone). Then re-arm the low word for the next replay.
-    const uint64_t done = graph_dev_ + offsetof(abi::GraphFlagsV1, done) + sizeof(uint64_t) * slot;
+    const uint64_t done = graph_dev_ + offsetof(abi::GraphFlagsV1, done) + sizeof(abi::DoneWordV1) * slot;
     CUresult r = api_->cuStreamWaitValue64(static_cast<CUstream>(stream), done, 1, CU_STREAM_WAIT_VALUE_GEQ);
     if (r != CUDA_SUCCESS) return CuStatus("cuStreamWaitValue64(graph done flag)", r);
     return CuStatus("cuStreamWriteValue32(graph done flag reset)",

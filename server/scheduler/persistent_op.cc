@@ -8,8 +8,8 @@
 namespace dmagather::server::scheduler {
 namespace {
 
-uint32_t* DoneLow(abi::GraphFlagsV1* f, int slot) { return reinterpret_cast<uint32_t*>(&f->done[slot]); }
-uint32_t* DoneHigh(abi::GraphFlagsV1* f, int slot) { return reinterpret_cast<uint32_t*>(&f->done[slot]) + 1; }
+uint32_t* DoneLow(abi::GraphFlagsV1* f, int slot) { return &f->done[slot].lo; }
+uint32_t* DoneHigh(abi::GraphFlagsV1* f, int slot) { return &f->done[slot].hi; }
 
 }  // namespace
 

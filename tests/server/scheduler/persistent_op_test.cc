@@ -54,8 +54,8 @@ struct Fixture {
   }
   abi::CompletionV1* completion(int r) { return reinterpret_cast<abi::CompletionV1*>(pages[r].get()); }
   abi::GraphFlagsV1* flags(int r) { return abi::GraphFlagsOf(completion(r)); }
-  uint32_t done_lo(int r, int slot) { return static_cast<uint32_t>(flags(r)->done[slot]); }
-  uint32_t done_hi(int r, int slot) { return static_cast<uint32_t>(flags(r)->done[slot] >> 32); }
+  uint32_t done_lo(int r, int slot) { return flags(r)->done[slot].lo; }
+  uint32_t done_hi(int r, int slot) { return flags(r)->done[slot].hi; }
 
   // One op whose parts every rank sent; graph_slot[r] < 0: not captured.
   Op* Submit(uint32_t seq, const std::vector<int>& slots) {
@@ -121,7 +121,7 @@ TEST(PersistentOpTest, DefineThenReplayBitExact) {
             << "replay " << replay << " rank " << r << " shard " << src;
       }
       // The rank's graph re-arms its own wait (low word back to 0).
-      f.flags(r)->done[slots[r]] &= ~uint64_t{0xffffffff};
+      f.flags(r)->done[slots[r]].lo = 0;
     }
   }
   // An ordinary op still runs beside it.
