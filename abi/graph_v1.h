@@ -14,6 +14,11 @@
 //   daemon:        sees every rank's ready[slot] == 1 -> ready[slot] = 0 for
 //                  all -> copies -> status[slot], then done_lo[slot] = 1.
 //
+// When a rank's graph is destroyed, its client writes kGraphSlotReleasedV1
+// into ready[slot]; the daemon then retires the op. The client may reuse the
+// slot at once (it resets the slot's words before defining a new op there;
+// the daemon retires any op still armed on a slot defined again).
+//
 // done[slot] is 64-bit: the daemon writes the low word per replay; the high
 // word is the permanent release, set when the job fails or the daemon goes
 // away (by the daemon, or by the client's watcher), so no replay after that
@@ -35,6 +40,9 @@ constexpr uint32_t kGraphSlotsV1 = 32;
 constexpr uint32_t kOpPersistentBit = 0x100;   // In DescriptorV2::op, with the slot in bits 16..23.
 constexpr uint32_t kOpPersistentSlotShift = 16;
 constexpr uint32_t kOpBaseMask = 0xff;
+// ready[slot] value the client writes (from the CPU) when the graph that held
+// the slot was destroyed: the daemon retires the op (and stops polling it).
+constexpr uint32_t kGraphSlotReleasedV1 = 0xdead0001;
 
 // The done flag of a slot: read by the graph as one little-endian 64-bit
 // word (hi << 32 | lo), written as two 32-bit words.

@@ -54,6 +54,10 @@ class OwnedBuffer {
 struct GraphSlotsFreed {
   absl::Mutex mu;
   std::vector<uint32_t> freed ABSL_GUARDED_BY(mu);
+  // The rank's ready words (abi::GraphFlagsV1::ready): a freed slot's gets
+  // kGraphSlotReleasedV1 so the daemon retires its op. Null once the
+  // communicator is gone.
+  uint32_t* ready ABSL_GUARDED_BY(mu) = nullptr;
 };
 
 class ClientBackend {

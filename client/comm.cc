@@ -170,6 +170,10 @@ absl::Status CommImpl::Join() {
   auto backend = CreateClientBackend(backend_name_, ctx);
   if (!backend.ok()) return abandon(common::Annotate(backend.status(), Rank()));
   backend_ = *std::move(backend);
+  {
+    absl::MutexLock lock(&graph_free_->mu);
+    graph_free_->ready = abi::GraphFlagsOf(view_.completion)->ready;
+  }
   watcher_ = std::thread([this] {
     v1::JoinEvent e;
     std::string reason = absl::StrCat("the connection to dmagatherd at ", options_.socket_path, " was lost");
@@ -228,6 +232,11 @@ absl::Status CommImpl::Close() {
     join_stream_.reset();
   }
   regions_.clear();  // Frees what dmagather_alloc made.
+  {
+    // Graphs destroyed from now on have nobody to tell (the segment goes).
+    absl::MutexLock lock(&graph_free_->mu);
+    graph_free_->ready = nullptr;
+  }
   backend_.reset();
   return st;
 }

@@ -102,8 +102,12 @@ struct GraphSlotOwner {
   static void CUDART_CB Destroy(void* p) {
     auto* o = static_cast<GraphSlotOwner*>(p);
     {
+      // No CUDA call here (a CUDA callback thread): a store and a list.
       absl::MutexLock lock(&o->freed->mu);
       o->freed->freed.push_back(o->slot);
+      if (o->freed->ready != nullptr) {
+        __atomic_store_n(&o->freed->ready[o->slot], abi::kGraphSlotReleasedV1, __ATOMIC_RELEASE);
+      }
     }
     delete o;
   }

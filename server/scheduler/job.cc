@@ -226,7 +226,9 @@ int Job::PollPersistent(engines::CopyEngine* engine) {
   int started = 0;
   for (size_t i = 0; i < persistent_.size(); ++i) {
     PersistentOp* p = persistent_[i].get();
-    if (p->retired()) {
+    if (p->retired() || p->state() == PersistentOp::kReleased) {
+      // Retired (its slot defined again, or a rank's graph gone) or released
+      // for good (the job failed): nothing more to do once it is not running.
       if (p->state() != PersistentOp::kRunning) {
         persistent_.erase(persistent_.begin() + i);
         persistent_count_.store(persistent_.size(), std::memory_order_release);
@@ -236,6 +238,8 @@ int Job::PollPersistent(engines::CopyEngine* engine) {
     }
     if (p->Poll(engine, is_failed, code) == PersistentOp::Polled::kStarted) ++started;
   }
+  // Nothing armed any more: the ingress thread may sleep on the doorbell again.
+  if (persistent_.empty()) has_persistent_.store(false, std::memory_order_release);
   return started;
 }
 

@@ -31,11 +31,23 @@ PersistentOp::Polled PersistentOp::Poll(engines::CopyEngine* engine, bool failed
     Release(failed_code);
     return Polled::kReleased;
   }
+  bool all_ready = true;
   for (size_t r = 0; r < ranks_.size(); ++r) {
     abi::GraphFlagsV1* f = Flags(r);
     if (f == nullptr || ranks_[r]->state() != Rank::State::kActive) return Polled::kIdle;
-    if (abi::LoadAcquire(&f->ready[slots_[r]]) != 1) return Polled::kIdle;
+    const uint32_t v = abi::LoadAcquire(&f->ready[slots_[r]]);
+    if (v == abi::kGraphSlotReleasedV1) {
+      // That rank's graph is gone, and its slot may be reused at once: the
+      // op is retired without writing any rank's done word (a rank that went
+      // on replaying its graph would wait, as for any collective a rank stops
+      // calling; nothing may land in a slot its owner already reuses).
+      abi::StoreRelease(&f->ready[slots_[r]], 0u);
+      Retire();
+      return Polled::kRetired;
+    }
+    all_ready &= v == 1;
   }
+  if (!all_ready) return Polled::kIdle;
   // Every rank's inputs are ready, and every rank has finished reading its
   // output of the previous replay (its consumer ran before its ready write).
   // No rank writes ready again before its done, which comes after the copies.

@@ -36,13 +36,14 @@ class PersistentOp : public engines::EngineOp {
   enum State : int { kArmed = 0, kRunning = 1, kReleased = 2 };
 
   // What Poll() decided (for the caller's counting).
-  enum class Polled { kIdle, kStarted, kReleased };
+  enum class Polled { kIdle, kStarted, kReleased, kRetired };
 
   // `ranks`: the job's ranks (fixed for its life), `slots`: each one's graph slot.
   PersistentOp(Job* job, std::vector<Rank*> ranks, std::vector<int> slots);
 
   // One look at the ready flags (ingress thread). `failed`: the job failed
-  // (status: its failure code) - release instead of starting.
+  // (status: its failure code) - release instead of starting. A rank whose
+  // graph is gone (kGraphSlotReleasedV1): retire.
   Polled Poll(engines::CopyEngine* engine, bool failed, int32_t failed_code);
   void OnEngineDone(absl::Status status) override;
 

@@ -184,3 +184,29 @@ TEST(PersistentOpTest, RedefiningASlotRetiresTheOldOp) {
 
 }  // namespace
 }  // namespace dmagather::testing
+
+namespace dmagather::testing {
+namespace {
+
+TEST(PersistentOpTest, ARanksDestroyedGraphRetiresTheOp) {
+  Fixture f;
+  f.job.Dispatch(f.Submit(1, {2, 3, 4}), &f.engine);
+  ASSERT_TRUE(f.job.has_persistent());
+  f.flags(0)->ready[2] = 1;  // Rank 0 replayed ...
+  f.flags(1)->ready[3] = abi::kGraphSlotReleasedV1;  // ... rank 1's graph is gone.
+  EXPECT_EQ(f.job.PollPersistent(&f.engine), 0);
+  EXPECT_TRUE(f.engine.pending.empty());
+  const std::vector<int> slots = {2, 3, 4};
+  for (int r = 0; r < kWorld; ++r) {
+    // No done word is touched: a slot may already be reused by its owner.
+    EXPECT_EQ(f.done_hi(r, slots[r]), 0u) << "rank " << r;
+    EXPECT_EQ(f.done_lo(r, slots[r]), 0u) << "rank " << r;
+  }
+  EXPECT_EQ(f.flags(1)->ready[3], 0u);
+  f.job.PollPersistent(&f.engine);
+  EXPECT_EQ(f.job.persistent_ops(), 0u);
+  EXPECT_FALSE(f.job.has_persistent());  // The ingress thread may sleep on its doorbell again.
+}
+
+}  // namespace
+}  // namespace dmagather::testing
