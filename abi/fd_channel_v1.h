@@ -25,6 +25,10 @@ enum FdKindV1 : uint32_t {
   kFdBuffer = 2,   // A host buffer to register.
   kFdPing = 3,     // No descriptor; health self-check.
   kFdTelemetry = 4,  // No descriptor; a ticket that proves the caller's uid/groups to Telemetry.Stats/Metrics.
+  // Added with the cuda_vmm memory kind: 1..kMaxFdsPerRequestV1 (abi/device_memory_v1.h) exported
+  // device-memory handles (not memfds; the engine validates them by
+  // importing), one ticket for all; `bytes` is the sum of their chunks.
+  kFdDeviceMemory = 5,
 };
 
 struct FdRequestV1 {

@@ -14,9 +14,14 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "abi/completion_v1.h"
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "client/vmm_walk.h"
+#include "common/memfd.h"
 
 namespace dmagather::client {
 
@@ -28,6 +33,10 @@ struct MemoryExport {
   std::string memory_kind;  // "host_memfd", "cuda_ipc", ...
   int fd = -1;              // "host_memfd": the sealed memfd, handed over on the fd channel (owned by the buffer).
   std::string handle;
+  // "cuda_vmm": the chunks behind the range (identities for the submit-time
+  // check) and their exported descriptors, handed over on the fd channel.
+  std::vector<VmmChunk> chunks;
+  std::shared_ptr<std::vector<common::UniqueFd>> device_fds;
 };
 
 // Memory the library allocated for the caller (dmagather_alloc).
@@ -38,6 +47,17 @@ class OwnedBuffer {
   virtual const MemoryExport& export_info() const = 0;
   // The daemon has imported it.
   virtual void Registered() {}
+};
+
+// Graph slots whose CUDA graphs were destroyed: the backend's destruction
+// callback adds them (any thread), the communicator takes them back.
+struct GraphSlotsFreed {
+  absl::Mutex mu;
+  std::vector<uint32_t> freed ABSL_GUARDED_BY(mu);
+  // The rank's ready words (abi::GraphFlagsV1::ready): a freed slot's gets
+  // kGraphSlotReleasedV1 so the daemon retires its op. Null once the
+  // communicator is gone.
+  uint32_t* ready ABSL_GUARDED_BY(mu) = nullptr;
 };
 
 class ClientBackend {
@@ -53,6 +73,13 @@ class ClientBackend {
   virtual absl::StatusOr<MemoryExport> Describe(const void* ptr, uint64_t bytes) const = 0;
   // Current buffer id of the allocation containing ptr (0: not tracked).
   virtual uint64_t BufferId(const void* ptr) const = 0;
+  // A registration with chunks (VMM): whether the chunks under [ptr,
+  // ptr+bytes) are still the mappings that were registered.
+  virtual bool ChunksCurrent(uintptr_t base, const std::vector<VmmChunk>& chunks, const void* ptr,
+                             uint64_t bytes) const {
+    (void)base, (void)chunks, (void)ptr, (void)bytes;
+    return true;
+  }
   // Whether an unregistered buffer passed to a submit is registered on the
   // way (cuda: any device pointer) or is a caller error (host: only
   // dmagather_alloc memory is reachable).
@@ -70,6 +97,30 @@ class ClientBackend {
   // has_stream_waits(): nothing to enqueue (the host waits instead).
   virtual bool has_stream_waits() const = 0;
   virtual absl::Status WaitDoneOnStream(void* stream, uint32_t seq) = 0;
+
+  // --- CUDA-graph capture (abi/graph_v1.h) ---
+  // Whether `stream` is being captured into a graph; an error where a
+  // capture cannot hold a submit (an invalidated capture). Host: never.
+  virtual absl::StatusOr<bool> Capturing(void* stream) const {
+    (void)stream;
+    return false;
+  }
+  // The replayed stream operations of the persistent op in graph slot
+  // `slot`: inputs ready (a constant write), and wait for done + re-arm.
+  virtual absl::Status WriteGraphReady(void* stream, uint32_t slot) {
+    (void)stream, (void)slot;
+    return absl::UnimplementedError("this backend has no graph capture");
+  }
+  virtual absl::Status WaitGraphDone(void* stream, uint32_t slot) {
+    (void)stream, (void)slot;
+    return absl::UnimplementedError("this backend has no graph capture");
+  }
+  // Ties graph slot `slot` to the graph `stream` captures into: when that
+  // graph (and every instance of it) is destroyed, the slot goes to `freed`.
+  virtual absl::Status OnGraphSlotTaken(void* stream, uint32_t slot, std::shared_ptr<GraphSlotsFreed> freed) {
+    (void)stream, (void)slot, (void)freed;
+    return absl::OkStatus();
+  }
 };
 
 // What a backend gets at creation: the rank's completion block (page-

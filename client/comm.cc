@@ -10,7 +10,9 @@
 #include <random>
 
 #include "abi/descriptor_v2.h"
+#include "abi/device_memory_v1.h"
 #include "abi/fd_channel_v1.h"
+#include "abi/graph_v1.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/api_names.h"
@@ -184,6 +186,10 @@ absl::Status CommImpl::Join() {
   auto backend = CreateClientBackend(backend_name_, ctx);
   if (!backend.ok()) return abandon(common::Annotate(backend.status(), Rank()));
   backend_ = *std::move(backend);
+  {
+    absl::MutexLock lock(&graph_free_->mu);
+    graph_free_->ready = abi::GraphFlagsOf(view_.completion)->ready;
+  }
   watcher_ = std::thread([this] {
     v1::JoinEvent e;
     std::string reason = absl::StrCat("the connection to dmagatherd at ", options_.socket_path, " was lost");
@@ -201,6 +207,12 @@ absl::Status CommImpl::Join() {
       // No daemon will ever publish done again: release the rank's streams
       // (their done waits pass); the calls report UNAVAILABLE.
       abi::StoreSeqCst(&view_.completion->done_seq, released_done_ + (1u << 30));
+      // Captured ops: the permanent release of every graph slot (high word
+      // of its done flag), so no replay waits forever.
+      abi::GraphFlagsV1* g = abi::GraphFlagsOf(view_.completion);
+      for (uint32_t s = 0; s < abi::kGraphSlotsV1; ++s) {
+        abi::StoreSeqCst(&g->done[s].hi, 1u);
+      }
     }
     common::FutexWakeAll(&view_.completion->done_seq);
   });
@@ -236,6 +248,11 @@ absl::Status CommImpl::Close() {
     join_stream_.reset();
   }
   regions_.clear();  // Frees what dmagather_alloc made.
+  {
+    // Graphs destroyed from now on have nobody to tell (the segment goes).
+    absl::MutexLock lock(&graph_free_->mu);
+    graph_free_->ready = nullptr;
+  }
   backend_.reset();
   return st;
 }
@@ -272,20 +289,54 @@ absl::StatusOr<abi::BufferRefV1> CommImpl::Resolve(const void* ptr, uint64_t byt
   if (ref.ok()) {
     // A cached registration is valid only while its allocation lives.
     auto it = --regions_.upper_bound(reinterpret_cast<uintptr_t>(ptr));
-    if (backend_->BufferId(ptr) == it->second.buffer_id) return ref;
+    if (Current(it->first, it->second, ptr, bytes)) return ref;
   }
   DMAG_RETURN_IF_ERROR(Register(const_cast<void*>(ptr), bytes));
   return Lookup(ptr, bytes, what);
 }
 
+bool CommImpl::Current(uintptr_t base, const Region& r, const void* ptr, uint64_t bytes) const {
+  if (!r.chunks.empty()) return backend_->ChunksCurrent(base, r.chunks, ptr, bytes);
+  return backend_->BufferId(ptr) == r.buffer_id;
+}
+
+bool CommImpl::Stale(uintptr_t base, const Region& r, const MemoryExport& e) const {
+  if (!(base < e.base + e.bytes && e.base < base + r.bytes)) return false;  // No overlap.
+  if (r.chunks.empty() || e.chunks.empty() || base == e.base) return true;
+  // Two VMM registrations over shared chunks are both valid while every
+  // shared chunk is the same mapping in both.
+  for (const VmmChunk& c : r.chunks) {
+    const uintptr_t cb = base + c.offset;
+    if (cb + c.bytes <= e.base || cb >= e.base + e.bytes) continue;
+    bool same = false;
+    for (const VmmChunk& d : e.chunks) {
+      if (e.base + d.offset == cb && d.bytes == c.bytes && d.id == c.id) same = true;
+    }
+    if (!same) return true;
+  }
+  return false;
+}
+
 absl::Status CommImpl::RegisterExport(const MemoryExport& e, std::unique_ptr<OwnedBuffer> owned) {
   auto same = regions_.find(e.base);
-  if (same != regions_.end() && same->second.buffer_id == e.buffer_id && same->second.bytes == e.bytes) {
-    return absl::OkStatus();  // Already registered (the cache hit).
+  if (same != regions_.end() && same->second.bytes == e.bytes && same->second.buffer_id == e.buffer_id) {
+    bool hit = same->second.chunks.size() == e.chunks.size();
+    for (size_t i = 0; hit && i < e.chunks.size(); ++i) hit = same->second.chunks[i].id == e.chunks[i].id;
+    if (hit) return absl::OkStatus();  // Already registered (the cache hit).
   }
   // Registrations overlapping this allocation belong to memory that was
-  // freed and reused: drop them first (ops in flight may still name them).
-  auto overlaps = [&](const auto& kv) { return kv.first < e.base + e.bytes && e.base < kv.first + kv.second.bytes; };
+  // freed and reused (or unmapped and remapped): drop them first (ops in
+  // flight may still name them).
+  // Besides, VMM registrations whose chunks the allocator has unmapped (or
+  // remapped) since: the daemon's import still maps the old physical memory,
+  // which the device gets back only when the import goes. Checked here, on
+  // every new registration (one pointer attribute per registered chunk).
+  auto overlaps = [&](const auto& kv) {
+    if (Stale(kv.first, kv.second, e)) return true;
+    return !kv.second.chunks.empty() && kv.second.owned == nullptr &&
+           !backend_->ChunksCurrent(kv.first, kv.second.chunks, reinterpret_cast<const void*>(kv.first),
+                                    kv.second.bytes);
+  };
   bool stale = false;
   for (const auto& kv : regions_) stale |= overlaps(kv);
   if (stale) {
@@ -313,6 +364,26 @@ absl::Status CommImpl::RegisterExport(const MemoryExport& e, std::unique_ptr<Own
     }
     req.set_ticket(handed->ticket);
   }
+  if (e.device_fds != nullptr) {
+    // Exported device allocations, up to kMaxFdsPerRequestV1 per hand-over;
+    // Register names the tickets in chunk order.
+    const std::vector<common::UniqueFd>& fds = *e.device_fds;
+    for (size_t i = 0; i < fds.size(); i += abi::kMaxFdsPerRequestV1) {
+      std::vector<int> batch;
+      uint64_t batch_bytes = 0;
+      for (size_t j = i; j < fds.size() && j < i + abi::kMaxFdsPerRequestV1; ++j) {
+        batch.push_back(fds[j].get());
+        batch_bytes += e.chunks[j].bytes;
+      }
+      auto handed = common::ExchangeFds(common::FdChannelPath(options_.socket_path), abi::kFdDeviceMemory, batch,
+                                        batch_bytes);
+      if (!handed.ok()) {
+        return common::Annotate(handed.status(), absl::StrCat(Rank(), "handing ", fds.size(),
+                                                              " device allocations to dmagatherd: "));
+      }
+      req.add_tickets(handed->ticket);
+    }
+  }
   req.set_handle(e.handle);
   req.set_client_base(e.base);
   v1::RegisterReply reply;
@@ -324,6 +395,7 @@ absl::Status CommImpl::RegisterExport(const MemoryExport& e, std::unique_ptr<Own
   r.bytes = e.bytes;
   r.id = reply.region_id();
   r.buffer_id = e.buffer_id;
+  r.chunks = e.chunks;
   r.owned = std::move(owned);
   return absl::OkStatus();
 }
@@ -346,7 +418,7 @@ absl::Status CommImpl::Register(void* ptr, size_t bytes) {
   auto known = Lookup(ptr, bytes, "registered");
   if (known.ok()) {
     auto it = --regions_.upper_bound(reinterpret_cast<uintptr_t>(ptr));
-    if (it->second.owned != nullptr || backend_->BufferId(ptr) == it->second.buffer_id) return absl::OkStatus();
+    if (it->second.owned != nullptr || Current(it->first, it->second, ptr, bytes)) return absl::OkStatus();
   }
   auto e = backend_->Describe(ptr, bytes);
   if (!e.ok()) return common::Annotate(e.status(), Rank());
@@ -572,7 +644,13 @@ absl::Status CommImpl::PrepareItem(const GatherItem& item, void* stream, abi::De
                     "recv + rank*count)"));
       }
     }
-    if (send != own) DMAG_RETURN_IF_ERROR(backend_->CopyAsync(own, send, bytes, stream));
+    if (send != own) {
+      if (defer_copies_) {
+        deferred_.push_back(DeferredCopy{own, send, bytes});  // After the capture's verdict.
+      } else {
+        DMAG_RETURN_IF_ERROR(backend_->CopyAsync(own, send, bytes, stream));
+      }
+    }
     send = own;
   }
   DMAG_ASSIGN_OR_RETURN(d->send, Resolve(send, bytes, "send"));
@@ -591,10 +669,31 @@ absl::Status CommImpl::Submit(const GatherItem* items, size_t n, void* stream, u
   } else {
     local = common::Annotate(backend_->CheckStream(stream), Rank());
   }
+  // Under CUDA-graph capture the op becomes a persistent op in a graph slot.
+  int slot = -1;
+  if (local.ok()) {
+    auto capturing = backend_->Capturing(stream);
+    if (!capturing.ok()) {
+      local = common::Annotate(capturing.status(), Rank());
+    } else if (*capturing) {
+      slot = TakeGraphSlot();
+      if (slot < 0) {
+        local = absl::ResourceExhaustedError(absl::StrCat(
+            Rank(), "all ", abi::kGraphSlotsV1,
+            " graph slots of this communicator hold captured AllGathers of live CUDA graphs; destroy graphs "
+            "(and their executable instances) first"));
+      }
+    }
+  }
+  defer_copies_ = slot >= 0;
+  deferred_.clear();
   for (size_t i = 0; local.ok() && i < n; ++i) {
     std::memset(&scratch_[i], 0, offsetof(abi::DescriptorV2, recv));
     local = PrepareItem(items[i], stream, &scratch_[i]);
   }
+  defer_copies_ = false;
+  if (local.ok() && slot >= 0) return SubmitCaptured(n, stream, static_cast<uint32_t>(slot), op);
+  if (slot >= 0) ReleaseGraphSlot(static_cast<uint32_t>(slot));
   if (!local.ok()) {
     // This rank cannot take part: the op still takes its sequence number and
     // fails on every rank with this status, so no rank waits for it.
@@ -605,6 +704,63 @@ absl::Status CommImpl::Submit(const GatherItem* items, size_t n, void* stream, u
   DMAG_RETURN_IF_ERROR(backend_->WriteReady(stream, static_cast<uint32_t>(submitted_ + 1)));
   DMAG_RETURN_IF_ERROR(Publish(scratch_.data(), n));
   if (op != nullptr) *op = submitted_;
+  return absl::OkStatus();
+}
+
+int CommImpl::TakeGraphSlot() {
+  {
+    // Slots whose graphs were destroyed since (the user object's callback).
+    absl::MutexLock lock(&graph_free_->mu);
+    for (uint32_t s : graph_free_->freed) graph_slots_used_ &= ~(1u << s);
+    graph_free_->freed.clear();
+  }
+  for (uint32_t s = 0; s < abi::kGraphSlotsV1; ++s) {
+    if ((graph_slots_used_ & (1u << s)) == 0) {
+      graph_slots_used_ |= 1u << s;
+      return static_cast<int>(s);
+    }
+  }
+  return -1;
+}
+
+void CommImpl::ReleaseGraphSlot(uint32_t slot) { graph_slots_used_ &= ~(1u << slot); }
+
+absl::Status CommImpl::SubmitCaptured(size_t n, void* stream, uint32_t slot, uint64_t* op) {
+  // Fresh flag words: the daemon retires any earlier op of this slot when
+  // it arms the new one.
+  abi::GraphFlagsV1* g = abi::GraphFlagsOf(view_.completion);
+  abi::StoreRelease(&g->stamp, abi::kGraphFlagsStampV1);
+  abi::StoreRelease(&g->ready[slot], 0u);
+  abi::StoreRelease(&g->done[slot].hi, 0u);
+  abi::StoreRelease(&g->done[slot].lo, 0u);
+  abi::StoreRelease(&g->status[slot], 0);
+  for (size_t i = 0; i < n; ++i) scratch_[i].op |= abi::kOpPersistentBit | (slot << abi::kOpPersistentSlotShift);
+  // The definition takes a sequence number like any op; ready_seq is not
+  // written for it (nothing of it runs until a replay).
+  absl::Status st = Publish(scratch_.data(), n);
+  if (!st.ok()) {
+    ReleaseGraphSlot(slot);
+    return st;
+  }
+  if (op != nullptr) *op = submitted_;
+  // The verdict of the definition, on the host, at capture (the ranks
+  // capture their graphs together, as any collective's capture): a graph
+  // whose op was refused would wait forever at its first replay.
+  st = OpWait(submitted_);
+  if (st.ok()) {
+    for (const DeferredCopy& c : deferred_) {
+      st = backend_->CopyAsync(c.dst, c.src, c.bytes, stream);
+      if (!st.ok()) break;
+    }
+  }
+  if (st.ok()) st = backend_->WriteGraphReady(stream, slot);
+  if (st.ok()) st = backend_->OnGraphSlotTaken(stream, slot, graph_free_);
+  if (!st.ok()) {
+    ReleaseGraphSlot(slot);
+    return common::Annotate(st, absl::StrCat(Rank(), "capturing the AllGather into a CUDA graph: "));
+  }
+  graph_ops_[submitted_] = GraphOp{slot, false};
+  if (graph_ops_.size() > 4 * abi::kGraphSlotsV1) graph_ops_.erase(graph_ops_.begin());
   return absl::OkStatus();
 }
 
@@ -671,6 +827,23 @@ absl::StatusOr<bool> CommImpl::OpTest(uint64_t op, absl::Status* op_status) {
 
 absl::Status CommImpl::OpWaitStream(uint64_t op, void* stream) {
   DMAG_ASSIGN_OR_RETURN(uint32_t seq, OpSeq(op));
+  auto captured = graph_ops_.find(op);
+  if (captured != graph_ops_.end()) {
+    // A captured op: its wait is part of the same graph, once.
+    if (captured->second.waited) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Rank(), "op ", op, " was captured into a CUDA graph and already waited on a stream; a captured op is "
+                  "waited exactly once, in the same capture"));
+    }
+    DMAG_ASSIGN_OR_RETURN(bool capturing, backend_->Capturing(stream));
+    if (!capturing) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Rank(), "op ", op, " was captured into a CUDA graph: wait for it on a stream of the same capture"));
+    }
+    DMAG_RETURN_IF_ERROR(backend_->WaitGraphDone(stream, captured->second.slot));
+    captured->second.waited = true;
+    return absl::OkStatus();
+  }
   if (!backend_->has_stream_waits()) {
     DMAG_RETURN_IF_ERROR(common::Annotate(backend_->CheckStream(stream), Rank()));
     DMAG_RETURN_IF_ERROR(WaitDone(seq));

@@ -99,6 +99,7 @@ class CommImpl {
     uint64_t bytes = 0;
     uint32_t id = 0;
     uint64_t buffer_id = 0;              // Allocation identity (0: not tracked by the backend).
+    std::vector<VmmChunk> chunks;        // VMM: the mappings registered (checked instead of buffer_id).
     std::unique_ptr<OwnedBuffer> owned;  // Set when dmagather_alloc made it.
   };
   // The status of one finished op, from its error record.
@@ -120,12 +121,24 @@ class CommImpl {
   // registrations of freed-and-reused memory first).
   absl::Status RegisterExport(const MemoryExport& e, std::unique_ptr<OwnedBuffer> owned);
   absl::Status DeregisterRegion(uint32_t region_id);
+  // Whether the registration at `base` still describes the memory under
+  // [ptr, ptr+bytes) (not freed and reused, not unmapped and remapped).
+  bool Current(uintptr_t base, const Region& r, const void* ptr, uint64_t bytes) const;
+  // Whether an existing registration must go before `e` is registered: it
+  // overlaps `e` and is not the very same mappings (VMM regions may overlap).
+  bool Stale(uintptr_t base, const Region& r, const MemoryExport& e) const;
   // Fills `d` for one item (buffers resolved, own shard copied on stream
   // backends). Any error means this rank refuses the op.
   absl::Status PrepareItem(const GatherItem& item, void* stream, abi::DescriptorV2* d);
   // Publishes `n` descriptors of op `seq` (items_following set here).
   absl::Status Publish(abi::DescriptorV2* ds, size_t n);
   absl::Status PublishRefusal(const absl::Status& why);
+  // The capture path of Submit: defines a persistent op in graph `slot`
+  // (items in scratch_), waits for its verdict, then enqueues the deferred
+  // own-shard copies and the graph's ready write on `stream`.
+  absl::Status SubmitCaptured(size_t n, void* stream, uint32_t slot, uint64_t* op);
+  int TakeGraphSlot();  // -1 when every slot is held.
+  void ReleaseGraphSlot(uint32_t slot);
   absl::Status PublishSlot(const void* d, size_t bytes);
   absl::Status CheckHealthy();  // Open, daemon alive, no job-ending error.
   // Blocks until done_seq >= seq (cyclically) or the daemon is gone.
@@ -172,6 +185,25 @@ class CommImpl {
   bool closed_ = false;
   std::map<uintptr_t, Region> regions_;  // By client base address.
   std::vector<abi::DescriptorV2> scratch_;  // Descriptors of the op being submitted.
+
+  // CUDA-graph capture: graph slots in use (bit per slot), the captured ops
+  // by handle (their slot, and whether a stream wait was captured), the own-
+  // shard copies of the op being captured (enqueued after its verdict), and
+  // the slots whose graphs were destroyed (filled by a CUDA callback).
+  struct GraphOp {
+    uint32_t slot = 0;
+    bool waited = false;
+  };
+  struct DeferredCopy {
+    void* dst;
+    const void* src;
+    uint64_t bytes;
+  };
+  uint32_t graph_slots_used_ = 0;
+  std::map<uint64_t, GraphOp> graph_ops_;
+  bool defer_copies_ = false;
+  std::vector<DeferredCopy> deferred_;
+  std::shared_ptr<GraphSlotsFreed> graph_free_ = std::make_shared<GraphSlotsFreed>();
 
   // Declared last: released (stream registrations undone, owned memory
   // freed) before the segment goes.

@@ -10,10 +10,16 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "absl/strings/str_format.h"
+#include "abi/device_memory_v1.h"
+#include "abi/graph_v1.h"
 #include "client/backend.h"
+#include "client/vmm_walk.h"
 #include "common/cuda/cuda_api.h"
 #include "common/memory_kinds.h"
 #include "common/status.h"
@@ -33,6 +39,79 @@ int CurrentDevice() {
   }
   return d;
 }
+
+// The driver's view of VMM mappings, for WalkVmm / VmmCurrent.
+class CudaVmmDriver : public VmmDriver {
+ public:
+  explicit CudaVmmDriver(const ::dmagather::common::cuda::DriverApi* api) : api_(api) {}
+  absl::Status Mapping(uintptr_t addr, uintptr_t* base, uint64_t* size, uint64_t* id) const override {
+    CUdeviceptr b = 0;
+    size_t n = 0;
+    CUresult r = api_->cuMemGetAddressRange(&b, &n, static_cast<CUdeviceptr>(addr));
+    if (r != CUDA_SUCCESS) return absl::NotFoundError(CuStatus("cuMemGetAddressRange", r).message());
+    unsigned long long buffer_id = 0;
+    r = api_->cuPointerGetAttribute(&buffer_id, CU_POINTER_ATTRIBUTE_BUFFER_ID, static_cast<CUdeviceptr>(addr));
+    if (r != CUDA_SUCCESS) return absl::NotFoundError(CuStatus("cuPointerGetAttribute(BUFFER_ID)", r).message());
+    *base = static_cast<uintptr_t>(b);
+    *size = n;
+    *id = buffer_id;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<int> Export(uintptr_t base) const override {
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = api_->cuMemRetainAllocationHandle(&h, reinterpret_cast<void*>(base));
+    if (r != CUDA_SUCCESS) {
+      return common::FallbackError(absl::StrFormat(
+          "%s: the memory at 0x%x is neither legacy-IPC memory nor a VMM allocation dmagather can export",
+          CuStatus("cuMemRetainAllocationHandle", r).message(), base));
+    }
+    CUmemAllocationProp prop;
+    std::memset(&prop, 0, sizeof(prop));
+    r = api_->cuMemGetAllocationPropertiesFromHandle(&prop, h);
+    if (r != CUDA_SUCCESS) {
+      api_->cuMemRelease(h);
+      return CuStatus("cuMemGetAllocationPropertiesFromHandle", r);
+    }
+    if ((prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
+      api_->cuMemRelease(h);
+      return common::FallbackError(absl::StrFormat(
+          "the VMM allocation mapped at 0x%x was created without a shareable handle type (cuMemCreate with "
+          "requestedHandleTypes = 0x%x, no CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), so no other process can "
+          "map it",
+          base, unsigned(prop.requestedHandleTypes)));
+    }
+    int fd = -1;
+    r = api_->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    api_->cuMemRelease(h);
+    if (r != CUDA_SUCCESS) {
+      return common::FallbackError(absl::StrCat(CuStatus("cuMemExportToShareableHandle(POSIX fd)", r).message(),
+                                                ": this VMM allocation cannot be shared with dmagatherd"));
+    }
+    return fd;
+  }
+
+ private:
+  const ::dmagather::common::cuda::DriverApi* const api_;
+};
+
+// Frees a graph slot when the CUDA graph that captured it is destroyed
+// (a user object the graph and its instances hold).
+struct GraphSlotOwner {
+  uint32_t slot;
+  std::shared_ptr<GraphSlotsFreed> freed;
+  static void CUDART_CB Destroy(void* p) {
+    auto* o = static_cast<GraphSlotOwner*>(p);
+    {
+      // No CUDA call here (a CUDA callback thread): a store and a list.
+      absl::MutexLock lock(&o->freed->mu);
+      o->freed->freed.push_back(o->slot);
+      if (o->freed->ready != nullptr) {
+        __atomic_store_n(&o->freed->ready[o->slot], abi::kGraphSlotReleasedV1, __ATOMIC_RELEASE);
+      }
+    }
+    delete o;
+  }
+};
 
 class CudaBuffer : public OwnedBuffer {
  public:
@@ -61,14 +140,17 @@ class CudaBackend : public ClientBackend {
         cudaHostRegister(block, ctx.flag_bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
     void* ready = nullptr;
     void* done = nullptr;
+    void* graph = nullptr;
     cudaError_t err = cudaHostGetDevicePointer(&ready, &block->ready_seq, 0);
     if (err == cudaSuccess) err = cudaHostGetDevicePointer(&done, &block->done_seq, 0);
+    if (err == cudaSuccess) err = cudaHostGetDevicePointer(&graph, abi::GraphFlagsOf(block), 0);
     if (err != cudaSuccess) {
       cudaHostUnregister(block);
       return CudaStatus("cudaHostGetDevicePointer(completion flags)", err);
     }
     return std::unique_ptr<ClientBackend>(new CudaBackend(api, ctx.device, block, reinterpret_cast<uint64_t>(ready),
-                                                          reinterpret_cast<uint64_t>(done)));
+                                                          reinterpret_cast<uint64_t>(done),
+                                                          reinterpret_cast<uint64_t>(graph)));
   }
   ~CudaBackend() override {
     if (cudaHostUnregister(block_) != cudaSuccess) cudaGetLastError();
@@ -105,6 +187,9 @@ class CudaBackend : public ClientBackend {
       return absl::InvalidArgumentError(
           absl::StrFormat("buffer %p is on CUDA device %d, but the rank uses device %d", ptr, ordinal, device_));
     }
+    int legacy_ipc = 1;
+    r = api_->cuPointerGetAttribute(&legacy_ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p);
+    if (r == CUDA_SUCCESS && legacy_ipc == 0) return DescribeNonLegacy(ptr, bytes);
     MemoryExport e;
     unsigned long long id = 0;
     r = api_->cuPointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, p);
@@ -136,6 +221,42 @@ class CudaBackend : public ClientBackend {
     return e;
   }
 
+  // Memory legacy CUDA IPC cannot share: stream-ordered pools and VMM.
+  absl::StatusOr<MemoryExport> DescribeNonLegacy(const void* ptr, uint64_t bytes) const {
+    const CUdeviceptr p = reinterpret_cast<CUdeviceptr>(ptr);
+    void* pool = nullptr;
+    if (api_->cuPointerGetAttribute(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p) == CUDA_SUCCESS &&
+        pool != nullptr) {
+      return common::FallbackError(absl::StrFormat(
+          "%p is stream-ordered pool memory (cudaMallocAsync); dmagather cannot share pool memory with "
+          "dmagatherd (the default pool is not exportable, and importing exportable pools is not built yet)",
+          ptr));
+    }
+    auto walk = WalkVmm(vmm_, reinterpret_cast<uintptr_t>(ptr), bytes, /*export_fds=*/true);
+    if (!walk.ok()) return walk.status();
+    MemoryExport e;
+    e.base = walk->base;
+    e.bytes = walk->bytes;
+    e.buffer_id = walk->chunks.front().id;
+    e.memory_kind = common::kMemoryCudaVmm;
+    std::vector<abi::VmmChunkV1> table;
+    for (const VmmChunk& c : walk->chunks) table.push_back(abi::VmmChunkV1{c.offset, c.bytes, c.id});
+    abi::VmmTableHeaderV1 h{};
+    h.stamp = abi::kVmmTableStampV1;
+    h.chunks = static_cast<uint32_t>(table.size());
+    h.device = static_cast<uint32_t>(device_);
+    e.handle.assign(reinterpret_cast<const char*>(&h), sizeof(h));
+    e.handle.append(reinterpret_cast<const char*>(table.data()), table.size() * sizeof(abi::VmmChunkV1));
+    e.chunks = std::move(walk->chunks);
+    e.device_fds = std::make_shared<std::vector<common::UniqueFd>>(std::move(walk->fds));
+    return e;
+  }
+
+  bool ChunksCurrent(uintptr_t base, const std::vector<VmmChunk>& chunks, const void* ptr,
+                     uint64_t bytes) const override {
+    return VmmCurrent(vmm_, base, chunks, reinterpret_cast<uintptr_t>(ptr), bytes);
+  }
+
   uint64_t BufferId(const void* ptr) const override {
     unsigned long long id = 0;
     if (api_->cuPointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, reinterpret_cast<CUdeviceptr>(ptr)) !=
@@ -158,6 +279,57 @@ class CudaBackend : public ClientBackend {
                     api_->cuStreamWriteValue32(static_cast<CUstream>(stream), ready_dev_, seq, 0));
   }
   bool has_stream_waits() const override { return true; }
+
+  absl::StatusOr<bool> Capturing(void* stream) const override {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    cudaError_t err = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &st);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return common::Annotate(CudaStatus("cudaStreamIsCapturing", err),
+                              "cannot tell whether the stream is being captured (the legacy default stream "
+                              "cannot be used while another stream captures in global mode): ");
+    }
+    if (st == cudaStreamCaptureStatusInvalidated) {
+      return absl::FailedPreconditionError(
+          "the stream's CUDA graph capture was invalidated by an earlier error; the AllGather cannot be captured");
+    }
+    return st == cudaStreamCaptureStatusActive;
+  }
+  absl::Status OnGraphSlotTaken(void* stream, uint32_t slot, std::shared_ptr<GraphSlotsFreed> freed) override {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    cudaGraph_t graph = nullptr;
+    DMAG_CUDA_RETURN_IF_ERROR(cudaStreamGetCaptureInfo(static_cast<cudaStream_t>(stream), &st, nullptr, &graph));
+    if (st != cudaStreamCaptureStatusActive || graph == nullptr) {
+      return absl::FailedPreconditionError("the stream is no longer being captured");
+    }
+    auto* owner = new GraphSlotOwner{slot, std::move(freed)};
+    cudaUserObject_t obj = nullptr;
+    cudaError_t err = cudaUserObjectCreate(&obj, owner, &GraphSlotOwner::Destroy, 1, cudaUserObjectNoDestructorSync);
+    if (err != cudaSuccess) {
+      delete owner;
+      return CudaStatus("cudaUserObjectCreate", err);
+    }
+    err = cudaGraphRetainUserObject(graph, obj, 1, cudaGraphUserObjectMove);
+    if (err != cudaSuccess) {
+      cudaUserObjectRelease(obj, 1);  // Runs Destroy: the slot is free again.
+      return CudaStatus("cudaGraphRetainUserObject", err);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status WriteGraphReady(void* stream, uint32_t slot) override {
+    const uint64_t ready = graph_dev_ + offsetof(abi::GraphFlagsV1, ready) + sizeof(uint32_t) * slot;
+    return CuStatus("cuStreamWriteValue32(graph ready flag)",
+                    api_->cuStreamWriteValue32(static_cast<CUstream>(stream), ready, 1, 0));
+  }
+  absl::Status WaitGraphDone(void* stream, uint32_t slot) override {
+    // Low word: this replay is done; high word: released for good (job
+    // failed, daemon gone). Then re-arm the low word for the next replay.
+    const uint64_t done = graph_dev_ + offsetof(abi::GraphFlagsV1, done) + sizeof(abi::DoneWordV1) * slot;
+    CUresult r = api_->cuStreamWaitValue64(static_cast<CUstream>(stream), done, 1, CU_STREAM_WAIT_VALUE_GEQ);
+    if (r != CUDA_SUCCESS) return CuStatus("cuStreamWaitValue64(graph done flag)", r);
+    return CuStatus("cuStreamWriteValue32(graph done flag reset)",
+                    api_->cuStreamWriteValue32(static_cast<CUstream>(stream), done, 0, 0));
+  }
   absl::Status WaitDoneOnStream(void* stream, uint32_t seq) override {
     return CuStatus("cuStreamWaitValue32(done flag)",
                     api_->cuStreamWaitValue32(static_cast<CUstream>(stream), done_dev_, seq,
@@ -166,14 +338,22 @@ class CudaBackend : public ClientBackend {
 
  private:
   CudaBackend(const ::dmagather::common::cuda::DriverApi* api, int device, abi::CompletionV1* block,
-              uint64_t ready_dev, uint64_t done_dev)
-      : api_(api), device_(device), block_(block), ready_dev_(ready_dev), done_dev_(done_dev) {}
+              uint64_t ready_dev, uint64_t done_dev, uint64_t graph_dev)
+      : api_(api),
+        vmm_(api),
+        device_(device),
+        block_(block),
+        ready_dev_(ready_dev),
+        done_dev_(done_dev),
+        graph_dev_(graph_dev) {}
 
   const ::dmagather::common::cuda::DriverApi* const api_;
+  const CudaVmmDriver vmm_;
   const int device_;
   abi::CompletionV1* const block_;
   const uint64_t ready_dev_;
   const uint64_t done_dev_;
+  const uint64_t graph_dev_;  // Device address of the GraphFlagsV1 block.
 };
 
 const bool kRegistered = RegisterClientBackend(ClientBackendEntry{

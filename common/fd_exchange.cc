@@ -18,6 +18,14 @@ std::string FdChannelPath(const std::string& socket_path) { return socket_path +
 
 absl::StatusOr<FdExchangeResult> ExchangeFd(const std::string& path, uint32_t kind, int fd, uint64_t bytes,
                                             int timeout_ms) {
+  std::vector<int> fds;
+  if (fd >= 0) fds.push_back(fd);
+  return ExchangeFds(path, kind, fds, bytes, timeout_ms);
+}
+
+absl::StatusOr<FdExchangeResult> ExchangeFds(const std::string& path, uint32_t kind, const std::vector<int>& fds,
+                                             uint64_t bytes, int timeout_ms) {
+  if (fds.size() > 253) return absl::InvalidArgumentError("more than 253 descriptors in one fd-channel message");
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat("fd channel path '", path, "' is too long"));
@@ -52,16 +60,19 @@ absl::StatusOr<FdExchangeResult> ExchangeFd(const std::string& path, uint32_t ki
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))];
-  if (fd >= 0) {
-    memset(ctl, 0, sizeof(ctl));
-    msg.msg_control = ctl;
-    msg.msg_controllen = sizeof(ctl);
+  std::vector<char> ctl(fds.empty() ? 0 : CMSG_SPACE(sizeof(int) * fds.size()) + alignof(cmsghdr));
+  if (!fds.empty()) {
+    // Aligned start inside the buffer.
+    char* at = ctl.data();
+    at += (alignof(cmsghdr) - reinterpret_cast<uintptr_t>(at) % alignof(cmsghdr)) % alignof(cmsghdr);
+    memset(at, 0, CMSG_SPACE(sizeof(int) * fds.size()));
+    msg.msg_control = at;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
     cmsghdr* c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
   }
   ssize_t n;
   do {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/memfd.h"
@@ -27,5 +28,8 @@ struct FdExchangeResult {
 // and sentence.
 absl::StatusOr<FdExchangeResult> ExchangeFd(const std::string& channel_path, uint32_t kind, int fd,
                                             uint64_t bytes, int timeout_ms = 5000);
+// The same with several descriptors in one request (kFdDeviceMemory).
+absl::StatusOr<FdExchangeResult> ExchangeFds(const std::string& channel_path, uint32_t kind, const std::vector<int>& fds,
+                                             uint64_t bytes, int timeout_ms = 5000);
 
 }  // namespace dmagather::common

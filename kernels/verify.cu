@@ -18,7 +18,7 @@ __host__ __device__ inline uint64_t Seed0(uint64_t seed, int rank) {
   return seed * 0x100000001b3ull + uint64_t(rank) * 0x9e3779b97f4a7c15ull + 1;
 }
 
-__global__ void FillKernel(unsigned char* dst, size_t bytes, uint64_t s0) {
+__device__ __forceinline__ void FillBody(unsigned char* dst, size_t bytes, uint64_t s0) {
   const size_t words = (bytes + 7) / 8;
   const bool aligned = (reinterpret_cast<uintptr_t>(dst) & 7) == 0;
   for (size_t w = blockIdx.x * size_t(blockDim.x) + threadIdx.x; w < words; w += size_t(gridDim.x) * blockDim.x) {
@@ -32,8 +32,8 @@ __global__ void FillKernel(unsigned char* dst, size_t bytes, uint64_t s0) {
   }
 }
 
-__global__ void CompareKernel(const unsigned char* src, size_t bytes, uint64_t s0, unsigned long long* bad,
-                              unsigned long long* first) {
+__device__ __forceinline__ void CompareBody(const unsigned char* src, size_t bytes, uint64_t s0,
+                                            unsigned long long* bad, unsigned long long* first) {
   const size_t words = (bytes + 7) / 8;
   const bool aligned = (reinterpret_cast<uintptr_t>(src) & 7) == 0;
   unsigned long long n = 0, lo = ~0ull;
@@ -56,6 +56,25 @@ __global__ void CompareKernel(const unsigned char* src, size_t bytes, uint64_t s
     atomicMin(first, lo);
   }
 }
+
+__global__ void FillKernel(unsigned char* dst, size_t bytes, uint64_t s0) { FillBody(dst, bytes, s0); }
+
+__global__ void CompareKernel(const unsigned char* src, size_t bytes, uint64_t s0, unsigned long long* bad,
+                              unsigned long long* first) {
+  CompareBody(src, bytes, s0, bad, first);
+}
+
+// The seed read from device memory (a step counter a CUDA graph advances).
+__global__ void FillKernelDev(unsigned char* dst, size_t bytes, const unsigned long long* seed, int rank) {
+  FillBody(dst, bytes, Seed0(*seed, rank));
+}
+
+__global__ void CompareKernelDev(const unsigned char* src, size_t bytes, const unsigned long long* seed, int rank,
+                                 unsigned long long* bad, unsigned long long* first) {
+  CompareBody(src, bytes, Seed0(*seed, rank), bad, first);
+}
+
+__global__ void IncrementKernel(unsigned long long* p) { *p += 1; }
 
 __global__ void Bf16Kernel(unsigned short* dst, size_t n, uint64_t s0) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
@@ -100,6 +119,26 @@ int FillRandomBf16(void* dst, size_t n, uint64_t seed, void* stream) {
   if (n == 0) return 0;
   Bf16Kernel<<<Blocks(n * 8), 256, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<unsigned short*>(dst), n,
                                                                         Seed0(seed, 0));
+  return int(cudaGetLastError());
+}
+
+int FillPatternDeviceSeed(void* dst, size_t bytes, const unsigned long long* d_seed, int rank, void* stream) {
+  if (bytes == 0) return 0;
+  FillKernelDev<<<Blocks(bytes), 256, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<unsigned char*>(dst), bytes,
+                                                                              d_seed, rank);
+  return int(cudaGetLastError());
+}
+
+int ComparePatternDeviceSeed(const void* src, size_t bytes, const unsigned long long* d_seed, int rank,
+                             unsigned long long* d_mismatches, unsigned long long* d_first_bad, void* stream) {
+  if (bytes == 0) return 0;
+  CompareKernelDev<<<Blocks(bytes), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const unsigned char*>(src), bytes, d_seed, rank, d_mismatches, d_first_bad);
+  return int(cudaGetLastError());
+}
+
+int Increment(unsigned long long* d_value, void* stream) {
+  IncrementKernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(d_value);
   return int(cudaGetLastError());
 }
 

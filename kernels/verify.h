@@ -23,6 +23,14 @@ int FillPattern(void* dst, size_t bytes, uint64_t seed, int rank, void* stream);
 int ComparePattern(const void* src, size_t bytes, uint64_t seed, int rank, unsigned long long* d_mismatches,
                    unsigned long long* d_first_bad, void* stream);
 
+// The same two with the seed read from device memory when the kernel runs
+// (so a captured CUDA graph uses a new seed per replay: see Increment).
+int FillPatternDeviceSeed(void* dst, size_t bytes, const unsigned long long* d_seed, int rank, void* stream);
+int ComparePatternDeviceSeed(const void* src, size_t bytes, const unsigned long long* d_seed, int rank,
+                             unsigned long long* d_mismatches, unsigned long long* d_first_bad, void* stream);
+// *d_value += 1 (one thread).
+int Increment(unsigned long long* d_value, void* stream);
+
 // Benchmark support: n bfloat16 values uniform in [-1, 1) (no NaN/Inf, not
 // zeros, so matrix-product timings are those of real data).
 int FillRandomBf16(void* dst, size_t n, uint64_t seed, void* stream);

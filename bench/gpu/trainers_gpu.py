@@ -26,6 +26,16 @@ gloo broadcast/all_reduce. Parts:
             same run with a gloo-broadcast all-gather; both runs share one test-only
             reduce-scatter built from gloo all_reduce (set_custom_reduce_scatter). Loss per
             step and every parameter shard bit-identical.
+  vmm       run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (checked): caching-
+            allocator tensors in expandable segments (VMM), sizes growing from 64 KiB to 96 MiB
+            per shard so segments grow and tensors span several mapped chunks, in place and
+            out of place, torch.cuda.empty_cache() between steps (segments shrink: the same
+            addresses come back with new physical memory), then shrinking sizes; bit-exact,
+            and dmagather must serve every op (no fallback).
+  graph     torch.cuda.graph capture of copy-in (producer) -> dmagather.torch.all_gather_into_tensor
+            -> copy-out (consumer) on static tensors (warmed up outside the graph), replayed 30
+            times with a new input each time (device-to-device copies before each replay, no
+            host sync), every replay's output kept and compared bit-exact at the end.
   overhead  host µs per call of the Python path (dmagather.torch.all_gather_into_tensor,
             stream-ordered) against the C API (dmagather_allgather through ctypes) for
             shards of 4 KiB .. 1 MiB, plus end-to-end µs (call + cudaStreamSynchronize).
@@ -52,7 +62,7 @@ _SRC_PKG = os.path.join(HERE, "..", "..", "client", "python")
 if os.path.isdir(_SRC_PKG):
     sys.path.append(_SRC_PKG)  # after PYTHONPATH
 
-PARTS = ("adapter", "zero3", "fsdp2", "overhead")
+PARTS = ("adapter", "zero3", "fsdp2", "overhead", "vmm", "graph")
 SIZES_OVERHEAD = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
 
 
@@ -142,6 +152,94 @@ def part_adapter(ctx):
     failed = any_rank(torch, dist, bool(bad))
     return {"ok": not failed, "mismatches": bad[:10], "host_waited_ops": s["host_waited_ops"],
             "stream_ordered_ops": s["stream_ordered_ops"], "dmagather_ops": s["dmagather_ops"]}
+
+
+def part_vmm(ctx):
+    torch, dist, dt, rank, world, dev = ctx["torch"], ctx["dist"], ctx["dt"], ctx["rank"], ctx["world"], ctx["dev"]
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "expandable_segments:True" not in conf:
+        return {"ok": False, "error": f"run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (is {conf!r})"}
+    a = dt.get()
+    before = a.stats()
+    free_start = torch.cuda.mem_get_info()[0]
+    sizes = [64 << 10, (1 << 20) + 3, (5 << 20) + 17, (21 << 20) + 1, (48 << 20) + 5, 96 << 20]
+    sizes = sizes + sizes[::-1][1:]  # grow, then shrink
+    bad = []
+    seed = 50000
+    reserved = []
+    for step, nbytes in enumerate(sizes):
+        for variant in range(2):  # 0: out of place, 1: in place
+            seed += 1
+            out = torch.empty(world * nbytes, dtype=torch.uint8, device=dev)
+            out.fill_(0x5A)
+            inp = out[rank * nbytes:(rank + 1) * nbytes] if variant else torch.empty(nbytes, dtype=torch.uint8,
+                                                                                       device=dev)
+            inp.copy_(shard_bits(torch, seed, rank, nbytes, dev))
+            dt.all_gather_into_tensor(out, inp)
+            want = torch.cat([shard_bits(torch, seed, r, nbytes, dev) for r in range(world)])
+            if not torch.equal(out, want):
+                bad.append(f"step {step} bytes={nbytes} in_place={bool(variant)}")
+            del out, inp, want
+        torch.cuda.synchronize()
+        dt.synchronize()
+        reserved.append(torch.cuda.memory_reserved())
+        torch.cuda.empty_cache()  # expandable segments unmap their free chunks
+    torch.cuda.synchronize()
+    dt.synchronize()
+    after = a.stats()
+    served = after["dmagather_ops"] - before["dmagather_ops"]
+    fell = after["fallback_ops"] - before["fallback_ops"]
+    if fell or served != 2 * len(sizes):
+        bad.append(f"dmagather served {served} of {2 * len(sizes)} gathers, {fell} fell back: "
+                   f"{after.get('fallback_by_reason')}")
+    failed = any_rank(torch, dist, bool(bad))
+    # Device-wide free memory (all ranks share the GPU) before and after: the
+    # daemon's imports of unmapped chunks must not keep the memory.
+    free_end = torch.cuda.mem_get_info()[0]
+    return {"ok": not failed, "mismatches": bad[:10], "served": served, "alloc_conf": conf,
+            "reserved_bytes_per_step": reserved, "device_free_start": free_start, "device_free_end": free_end}
+
+
+def part_graph(ctx):
+    torch, dist, dt, rank, world, dev = ctx["torch"], ctx["dist"], ctx["dt"], ctx["rank"], ctx["world"], ctx["dev"]
+    a = dt.get()
+    before = a.stats()
+    n = (1 << 20) + 5  # bf16 elements per shard
+    replays = 30
+    inputs = [shard_bits(torch, 70000 + i, rank, 2 * n, dev).view(torch.bfloat16) for i in range(replays)]
+    src = torch.empty(n, dtype=torch.bfloat16, device=dev)
+    inp = torch.empty(n, dtype=torch.bfloat16, device=dev)
+    out = torch.empty(world * n, dtype=torch.bfloat16, device=dev)
+    res = torch.empty(world * n, dtype=torch.bfloat16, device=dev)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the graph (the signature's verdict)
+        dt.all_gather_into_tensor(out, inp)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        inp.copy_(src)                       # producer
+        dt.all_gather_into_tensor(out, inp)  # captured: a persistent op
+        res.copy_(out)                       # consumer
+    results = []
+    for i in range(replays):
+        src.copy_(inputs[i])
+        g.replay()
+        results.append(res.clone())
+    torch.cuda.synchronize()
+    bad = []
+    for i, got in enumerate(results):
+        want = torch.cat([shard_bits(torch, 70000 + i, r, 2 * n, dev) for r in range(world)])
+        if not torch.equal(got.view(torch.uint8), want):
+            bad.append(f"replay {i}")
+    del g
+    after = a.stats()
+    captured = after.get("captured_ops", 0) - before.get("captured_ops", 0)
+    if captured != 1 or after["fallback_ops"] != before["fallback_ops"]:
+        bad.append(f"expected one captured dmagather op and no fallback: {after}")
+    failed = any_rank(torch, dist, bool(bad))
+    return {"ok": not failed, "mismatches": bad[:10], "replays": replays, "captured_ops": captured}
 
 
 def _zero3_run(ctx, gather, steps):
@@ -417,7 +515,7 @@ def main():
     p.add_argument("--gpu", type=int, default=0)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--socket", default=os.environ.get("DMAGATHER_SOCKET"))
-    p.add_argument("--parts", type=lambda s: [x for x in s.split(",") if x], default=list(PARTS))
+    p.add_argument("--parts", type=lambda s: [x for x in s.split(",") if x], default=list(PARTS[:4]))
     p.add_argument("--timeout", type=int, default=900)
     args = p.parse_args()
     for part in args.parts:
@@ -485,7 +583,8 @@ def main():
     for part in args.parts:
         s = summary["parts"][part]
         info = s["rank0"] or {}
-        extra = {k: v for k, v in info.items() if k in ("served", "stream_ordered_ops", "host_waited_ops",
+        extra = {k: v for k, v in info.items() if k in ("served", "stream_ordered_ops", "host_waited_ops", "replays", "captured_ops",
+                                                         "device_free_start", "device_free_end",
                                                          "fsdp_modules", "seconds", "torch")}
         print(f"{part:9s} {'PASSED' if s['ok'] else 'FAILED'} {extra}")
         for m in info.get("mismatches", []) or []:

@@ -36,6 +36,7 @@ struct DeviceRef {
 };
 
 using common::kMemoryCudaIpc;
+using common::kMemoryCudaVmm;
 using common::kMemoryHostMemfd;
 
 // The engine's own state for one rank (device, flag mappings). Created at
@@ -62,6 +63,8 @@ struct RegionSpec {
   std::string kind;     // kMemoryHostMemfd, kMemoryCudaIpc, ...
   uint64_t bytes = 0;
   int fd = -1;          // kMemoryHostMemfd: the sealed memfd the client handed over (borrowed for the call).
+  std::vector<int> fds;  // kMemoryCudaVmm: the exported allocations, in chunk order (borrowed for the call).
+  pid_t owner_pid = 0;   // The registering process (kernel identity), for import caches.
   std::string handle;   // Opaque export handle (kMemoryCudaIpc: 64 bytes).
   const EngineRank* rank = nullptr;  // The owning rank (its device).
 };
@@ -104,6 +107,10 @@ class EngineOp {
   // per rank, the EngineRank from AttachRank. Set before Execute().
   uint32_t seq = 0;
   std::vector<const EngineRank*> ranks;
+  // The ranks' inputs are known to be ready already (a persistent op's
+  // replay: the daemon saw every rank's graph ready flag), so the engine
+  // does not wait on the ready_seq flags.
+  bool ready_observed = false;
   // Engine scratch space: the plan cut into chunks and the claim counters.
   std::vector<CopyCmd> chunks;
   std::atomic<size_t> next_chunk{0};

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "abi/descriptor_v2.h"
+#include "abi/graph_v1.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -62,6 +63,14 @@ void Ingress::Validate(const Request& d, uint32_t expected_seq, int rank, const 
   if (d.seq != expected_seq) {
     return invalid(absl::StrCat("descriptor carries sequence ", d.seq, ", the daemon expected ", expected_seq));
   }
+  if (part->items.empty()) {
+    part->graph_slot = d.graph_slot;
+  } else if (d.graph_slot != part->graph_slot) {
+    return invalid("the items of a coalesced op are not all captured into the same graph op");
+  }
+  if (d.graph_slot >= static_cast<int>(abi::kGraphSlotsV1)) {
+    return invalid(absl::StrCat("graph slot ", d.graph_slot, " (0..", abi::kGraphSlotsV1 - 1, ")"));
+  }
   if (d.raw_op != uint32_t(OpKind::kAllGather) && d.raw_op != uint32_t(OpKind::kAllGatherList)) {
     return invalid(absl::StrCat("unknown operation ", d.raw_op));
   }
@@ -111,6 +120,11 @@ void Ingress::Validate(const Request& d, uint32_t expected_seq, int rank, const 
     }
   }
   part->items.push_back(item);
+  if (part->graph_slot >= 0) {
+    // A persistent op keeps its buffers mapped for as long as it is armed.
+    part->holds.push_back(regions.Hold(d.send.region_id));
+    for (uint32_t i = 0; i < d.num_recv; ++i) part->holds.push_back(regions.Hold(d.recv[i].region_id));
+  }
 }
 
 int Ingress::PollJob(const JobFeed& feed, uint64_t now_ns) {
@@ -204,6 +218,7 @@ int Ingress::PollOnce(uint64_t now_ns, bool sweep) {
   for (const JobFeed& feed : jobs_) {
     if (!feed.job->all_joined()) continue;
     consumed += PollJob(feed, now_ns);
+    consumed += feed.job->PollPersistent(engine_);
     if (sweep) feed.job->Sweep(now_ns, options_.op_timeout);
   }
   epoch_.fetch_add(1, std::memory_order_acq_rel);
@@ -225,7 +240,13 @@ void Ingress::Loop() {
     if (!backoff.Pause()) continue;
     const uint32_t bell = abi::LoadSeqCst(&doorbell_->seq);
     abi::StoreSeqCst(&doorbell_->sleeping, 1u);
-    if (!AnyPending() && !stop_.load()) common::FutexWait(&doorbell_->seq, bell, 10'000'000);
+    // Armed persistent (graph) ops are started by a GPU write of their ready
+    // flag, which rings no doorbell: look again soon while any is armed.
+    bool persistent = false;
+    for (const JobFeed& feed : jobs_) persistent |= feed.job->has_persistent();
+    if (!AnyPending() && !stop_.load()) {
+      common::FutexWait(&doorbell_->seq, bell, persistent ? kPersistentPollNs : 10'000'000);
+    }
     epoch_.fetch_add(1, std::memory_order_acq_rel);  // Asleep: no snapshot was being read.
     abi::StoreSeqCst(&doorbell_->sleeping, 0u);
     backoff.Reset();

@@ -31,6 +31,10 @@ struct JobFeed {
   std::vector<std::shared_ptr<RankInput>> inputs;
 };
 
+// While a job has armed persistent ops, the idle ingress thread sleeps at
+// most this long between polls of their ready flags.
+inline constexpr uint64_t kPersistentPollNs = 20'000;
+
 class Ingress {
  public:
   struct Hooks {

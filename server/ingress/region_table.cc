@@ -27,6 +27,12 @@ absl::Status RegionTable::Remove(uint32_t region_id, const std::atomic<uint32_t>
   return absl::OkStatus();
 }
 
+std::shared_ptr<engines::ImportedRegion> RegionTable::Hold(uint32_t region_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = regions_.find(region_id);
+  return it == regions_.end() ? nullptr : it->second;
+}
+
 absl::StatusOr<char*> RegionTable::Resolve(uint32_t region_id, uint64_t offset, uint64_t bytes,
                                            const char* what) const {
   absl::MutexLock lock(&mu_);

@@ -29,6 +29,9 @@ class RegionTable {
   absl::Status Remove(uint32_t region_id, const std::atomic<uint32_t>& inflight);
   // Daemon-side address of [offset, offset+bytes) of a region, checked.
   absl::StatusOr<char*> Resolve(uint32_t region_id, uint64_t offset, uint64_t bytes, const char* what) const;
+  // A reference that keeps a region mapped (a persistent op's buffers);
+  // null when there is no such region.
+  std::shared_ptr<engines::ImportedRegion> Hold(uint32_t region_id) const;
   // Drops every region (the rank is gone and nothing is in flight).
   void Clear();
 

@@ -240,6 +240,25 @@ void Job::Dispatch(Op* op, engines::CopyEngine* engine) {
     FinishOp(op, verdict, failed_rank);
     return;
   }
+  int captured = 0;
+  for (const RankPart& p : op->parts) captured += p.graph_slot >= 0 ? 1 : 0;
+  if (captured != 0) {
+    if (captured != world_size_) {
+      std::vector<int> which;
+      for (int r = 0; r < world_size_; ++r) {
+        if (op->parts[r].graph_slot >= 0) which.push_back(r);
+      }
+      FinishOp(op, absl::InvalidArgumentError(absl::StrCat(
+                       "allgather #", op->seq, ": ranks disagree: rank(s) ", absl::StrJoin(which, ","),
+                       " captured it into a CUDA graph, the others submitted it directly")),
+               -1);
+      return;
+    }
+    // The definition of a persistent op: armed here, completed at once; its
+    // replays come from the ranks' graphs.
+    FinishOp(op, DefinePersistent(op), -1);
+    return;
+  }
   BuildPlan(op);
   op->open_parts.store(1, std::memory_order_release);
   op->state.store(Op::kRunning, std::memory_order_release);
@@ -247,6 +266,76 @@ void Job::Dispatch(Op* op, engines::CopyEngine* engine) {
   // Recorded here, not in FinishOp: the engine may finish the op (and the
   // slot be reused) before Execute returns, so the op is not touched again.
   counters.hop_latency.Record(common::MonotonicNs() - op->matched_ns);
+}
+
+absl::Status Job::DefinePersistent(Op* op) {
+  if (persistent_.size() >= size_t{abi::kGraphSlotsV1} * 64) {
+    return absl::ResourceExhaustedError(absl::StrCat("allgather #", op->seq, ": job '", key_, "' already has ",
+                                                     persistent_.size(), " captured ops"));
+  }
+  BuildPlan(op);
+  std::vector<Rank*> ranks;
+  std::vector<int> slots;
+  for (int r = 0; r < world_size_; ++r) {
+    ranks.push_back(ranks_[r].get());
+    slots.push_back(op->parts[r].graph_slot);
+  }
+  // A slot a rank defines again replaces its earlier op (the client reuses
+  // a slot only after the graph that held it is gone).
+  for (auto& p : persistent_) {
+    if (p != nullptr && p->state() != PersistentOp::kRunning) {
+      bool same = false;
+      for (int r = 0; r < world_size_ && !same; ++r) same = p->slot(r) == slots[r];
+      if (same) p->Retire();
+    }
+  }
+  auto p = std::make_unique<PersistentOp>(this, std::move(ranks), std::move(slots));
+  p->plan = op->plan;
+  p->ranks = op->ranks;
+  for (RankPart& part : op->parts) {
+    for (auto& h : part.holds) p->holds.push_back(std::move(h));
+    part.holds.clear();
+  }
+  persistent_.push_back(std::move(p));
+  persistent_count_.store(persistent_.size(), std::memory_order_release);
+  has_persistent_.store(true, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+int Job::PollPersistent(engines::CopyEngine* engine) {
+  if (!has_persistent_.load(std::memory_order_relaxed)) return 0;
+  const bool is_failed = failed();
+  const int32_t code = is_failed ? common::ToApiStatus(failure()) : 0;
+  int started = 0;
+  for (size_t i = 0; i < persistent_.size(); ++i) {
+    PersistentOp* p = persistent_[i].get();
+    if (p->retired() || p->state() == PersistentOp::kReleased) {
+      // Retired (its slot defined again, or a rank's graph gone) or released
+      // for good (the job failed): nothing more to do once it is not running.
+      if (p->state() != PersistentOp::kRunning) {
+        persistent_.erase(persistent_.begin() + i);
+        persistent_count_.store(persistent_.size(), std::memory_order_release);
+        --i;
+      }
+      continue;
+    }
+    if (p->Poll(engine, is_failed, code) == PersistentOp::Polled::kStarted) ++started;
+  }
+  // Nothing armed any more: the ingress thread may sleep on the doorbell again.
+  if (persistent_.empty()) has_persistent_.store(false, std::memory_order_release);
+  return started;
+}
+
+void Job::PersistentStarted() { inflight_ops_.fetch_add(1, std::memory_order_acq_rel); }
+
+void Job::PersistentFinished(uint64_t bytes, int32_t code) {
+  if (code == 0) {
+    counters.ops.fetch_add(1, std::memory_order_relaxed);
+    counters.bytes.fetch_add(bytes, std::memory_order_relaxed);
+  } else {
+    counters.errors[code].fetch_add(1, std::memory_order_relaxed);
+  }
+  inflight_ops_.fetch_sub(1, std::memory_order_acq_rel);
 }
 
 void Job::Sweep(uint64_t now_ns, absl::Duration op_timeout) {

@@ -27,6 +27,7 @@
 #include "common/latency_histogram.h"
 #include "server/engines/copy_engine.h"
 #include "server/scheduler/op.h"
+#include "server/scheduler/persistent_op.h"
 #include "server/scheduler/rank.h"
 #include "server/scheduler/remote.h"
 
@@ -107,6 +108,17 @@ class Job {
   // Records errors, publishes done flags in order, frees the slot.
   void FinishOp(Op* op, const absl::Status& status, int failed_rank);
 
+  // --- Persistent (CUDA-graph captured) ops ---
+  // Ingress thread: one look at every armed persistent op's ready flags;
+  // starts those whose every rank replayed. Returns how many started.
+  int PollPersistent(engines::CopyEngine* engine);
+  bool has_persistent() const { return has_persistent_.load(std::memory_order_acquire); }
+  size_t persistent_ops() const { return persistent_count_.load(std::memory_order_acquire); }
+  // A replay went to the engine / came back (counts it in flight, so the
+  // ranks' segments stay until it is done).
+  void PersistentStarted();
+  void PersistentFinished(uint64_t bytes, int32_t code);
+
   int ops_in_flight() const { return inflight_ops_.load(std::memory_order_acquire); }
   JobCounters counters;
 
@@ -136,7 +148,13 @@ class Job {
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   int failed_rank_ ABSL_GUARDED_BY(mu_) = -1;
 
+  // Arms the op defined by `op` (every rank's part names a graph slot).
+  absl::Status DefinePersistent(Op* op);
+
   std::vector<Op> slots_;
+  std::vector<std::unique_ptr<PersistentOp>> persistent_;  // Ingress thread only.
+  std::atomic<bool> has_persistent_{false};
+  std::atomic<size_t> persistent_count_{0};
   std::atomic<int> inflight_ops_{0};
   // Orders the writes into the ranks' completion blocks (error records,
   // then done flags) between the threads that finish ops.

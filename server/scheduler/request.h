@@ -8,11 +8,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "common/dtype.h"
+#include "server/engines/copy_engine.h"
 
 namespace dmagather::server::scheduler {
 
@@ -45,6 +47,9 @@ struct Request {
   // Set when the rank refused to take part (kOpRefuse) or the descriptor
   // could not be decoded: the op fails on every rank with this status.
   absl::Status refusal;
+  // The rank's graph slot when the op is being defined as a persistent
+  // (CUDA-graph captured) op (abi/graph_v1.h); -1 for an ordinary op.
+  int graph_slot = -1;
 };
 
 // One validated item: what the rank's tensor looks like and where it is.
@@ -66,8 +71,14 @@ struct RankPart {
   uint32_t items_expected = 0;   // From the first descriptor's items_following + 1.
   std::vector<Item> items;
   std::vector<char*> recv;  // Daemon-side output pointers of all items.
+  int graph_slot = -1;      // Persistent op: the rank's graph slot (every item names the same).
+  // Persistent op: references that keep the item buffers mapped while the
+  // op stays armed (the client may deregister them meanwhile).
+  std::vector<std::shared_ptr<engines::ImportedRegion>> holds;
 
   void Reset() {
+    graph_slot = -1;
+    holds.clear();
     started = false;
     arrived = false;
     status = absl::OkStatus();

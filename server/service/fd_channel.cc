@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "abi/device_memory_v1.h"
 #include "abi/fd_channel_v1.h"
 #include "abi/ring_v1.h"
 #include "absl/strings/str_cat.h"
@@ -22,7 +23,7 @@
 namespace dmagather::server::service {
 namespace {
 
-constexpr int kMaxFdsPerMessage = 4;  // Room to see (and close) a few extra descriptors.
+constexpr int kMaxFdsPerMessage = abi::kMaxFdsPerRequestV1 + 4;  // Room to see (and close) a few extra descriptors.
 
 }  // namespace
 
@@ -185,6 +186,21 @@ bool FdChannel::Serve(Conn& c) {
     h.gid = c.gid;
     h.pid = c.pid;
     h.groups = c.groups;
+    auto ticket = tickets_->Issue(std::move(h));
+    if (!ticket.ok()) return refuse(ticket.status());
+    Reply(c, absl::OkStatus(), *ticket, -1);
+    return true;
+  }
+  if (req.kind == abi::kFdDeviceMemory) {
+    // Exported GPU allocations (not memfds): the engine checks them when it
+    // imports them, for the session of this very process only.
+    Handover h;
+    h.kind = req.kind;
+    h.uid = c.uid;
+    h.gid = c.gid;
+    h.pid = c.pid;
+    h.bytes = req.bytes;
+    h.fds = std::move(fds);
     auto ticket = tickets_->Issue(std::move(h));
     if (!ticket.ok()) return refuse(ticket.status());
     Reply(c, absl::OkStatus(), *ticket, -1);

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "abi/device_memory_v1.h"
 #include "abi/ring_v1.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -31,6 +32,15 @@ absl::StatusOr<abi::FdRequestV1> ParseFdRequest(const void* data, size_t n, int 
   }
   if (req.kind == abi::kFdTelemetry) {
     if (num_fds != 0) return absl::InvalidArgumentError("fd channel: a telemetry request carries no descriptor");
+    return req;
+  }
+  if (req.kind == abi::kFdDeviceMemory) {
+    if (num_fds < 1 || num_fds > abi::kMaxFdsPerRequestV1) {
+      return absl::InvalidArgumentError(absl::StrCat("fd channel: a device-memory hand-over carries 1..",
+                                                     abi::kMaxFdsPerRequestV1, " descriptors, this one had ",
+                                                     num_fds));
+    }
+    if (req.bytes == 0) return absl::InvalidArgumentError("fd channel: a device-memory hand-over of 0 bytes");
     return req;
   }
   if (req.kind != abi::kFdSegment && req.kind != abi::kFdBuffer) {

@@ -303,7 +303,29 @@ absl::StatusOr<uint32_t> Registry::Register(const v1::RegisterRequest& req) {
   spec.rank = s->rank()->engine();
   DMAG_RETURN_IF_ERROR(CheckRegisterRequest(req));
   Handover buffer;
+  std::vector<Handover> device_handovers;
   Session::Registered what;
+  spec.owner_pid = s->pid();
+  if (!req.tickets().empty()) {
+    // Exported device allocations (cuda_vmm): every ticket from the session's
+    // own process, their chunks adding up to the registered bytes.
+    uint64_t handed_bytes = 0;
+    for (const std::string& t : req.tickets()) {
+      DMAG_ASSIGN_OR_RETURN(Handover h, tickets_->Take(t, abi::kFdDeviceMemory));
+      if (h.uid != s->uid() || h.pid != s->pid()) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "register: device memory was handed over by another process than rank ", s->rank_index(),
+            "'s (a ticket works only for the process, and uid, that handed the memory over)"));
+      }
+      handed_bytes += h.bytes;
+      for (const common::UniqueFd& fd : h.fds) spec.fds.push_back(fd.get());
+      device_handovers.push_back(std::move(h));
+    }
+    if (handed_bytes != req.bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("register: ", req.bytes(), " bytes asked for, but ",
+                                                     handed_bytes, " were handed over"));
+    }
+  }
   if (!req.ticket().empty()) {
     DMAG_ASSIGN_OR_RETURN(buffer, tickets_->Take(req.ticket(), abi::kFdBuffer));
     // The buffer must come from the session's own process: a ticket of

@@ -29,6 +29,12 @@ absl::Status CheckRegisterRequest(const v1::RegisterRequest& req) {
   if (req.ticket().empty() && req.memory_kind() == common::kMemoryHostMemfd) {
     return absl::PermissionDeniedError("register: host memory needs the ticket of its fd-channel hand-over");
   }
+  if (req.tickets().empty() && req.memory_kind() == common::kMemoryCudaVmm) {
+    return absl::PermissionDeniedError("register: VMM device memory needs the tickets of its fd-channel hand-overs");
+  }
+  if (!req.tickets().empty() && !req.ticket().empty()) {
+    return absl::InvalidArgumentError("register: a buffer is handed over as one memfd ticket or device tickets, not both");
+  }
   return absl::OkStatus();
 }
 

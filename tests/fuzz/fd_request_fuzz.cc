@@ -43,6 +43,9 @@ int FuzzOne(const uint8_t* data, size_t size) {
     case abi::kFdBuffer:
       if (num_fds != 1) __builtin_trap();
       break;
+    case abi::kFdDeviceMemory:
+      if (num_fds < 1 || num_fds > abi::kMaxFdsPerRequestV1 || req->bytes == 0) __builtin_trap();
+      break;
     default:
       __builtin_trap();
   }

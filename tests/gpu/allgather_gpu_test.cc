@@ -27,6 +27,24 @@
 //             backend cannot reach): every rank's op completes with
 //             DMAGATHER_FALLBACK naming rank 1, no stream hangs, no output
 //             byte is touched, and the next op is bit-exact
+//   vmm       VMM memory (cuMemCreate with a POSIX fd handle type, 2 MiB
+//             chunks mapped back to back, as PyTorch's expandable segments):
+//             send and output tensors that span several chunks at odd
+//             offsets, registered on submit; then a chunk under the output
+//             unmapped and a new allocation mapped at the same address (the
+//             client must re-register: the old import still holds the old
+//             memory), and the output range grown by a newly mapped chunk;
+//             bit-exact every time; host cost of the per-submit check
+//   vmm_unshareable  3 ranks; rank 1's output is VMM memory created without
+//             a shareable handle type: every rank's op completes with
+//             DMAGATHER_FALLBACK naming rank 1 and the reason (never
+//             INVALID_ARGUMENT), no stream hangs, the next op is bit-exact
+//   graph     producer kernel (seed from a device step counter) ->
+//             AllGather (out of place, and in place on a second buffer) ->
+//             consumer check kernel, captured into one CUDA graph, replayed
+//             100 times with no host synchronisation between replays: every
+//             replay bit-exact on every rank; then an ordinary op
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -42,6 +60,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cuda/cuda_api.h"
 #include "dmagather/client.h"
 #include "kernels/verify.h"
 
@@ -512,6 +531,295 @@ int ModeFallback(int rank, int world) {
   return CheckOne(c, ck, s, send, recv, DMAGATHER_UINT8, count, 0, 778, "after fallback");
 }
 
+// --- VMM memory ---
+
+const dmagather::common::cuda::DriverApi* Drv() {
+  auto d = dmagather::common::cuda::Driver();
+  return d.ok() ? *d : nullptr;
+}
+
+// A reserved range with `chunks` physical allocations of `chunk` bytes
+// mapped back to back (as an expandable segment).
+struct VmmArena {
+  CUdeviceptr va = 0;
+  size_t reserved = 0, chunk = 0;
+  int device = 0;
+  bool shareable = true;
+  std::vector<CUmemGenericAllocationHandle> handles;  // 0 = not mapped.
+  int Create(size_t max_chunks, size_t chunk_bytes, size_t mapped, bool share) {
+    const auto* d = Drv();
+    if (d == nullptr) { Fail("no driver"); return 1; }
+    CK(cudaGetDevice(&device));
+    chunk = chunk_bytes;
+    shareable = share;
+    reserved = max_chunks * chunk;
+    if (d->cuMemAddressReserve(&va, reserved, chunk, 0, 0) != CUDA_SUCCESS) { Fail("cuMemAddressReserve"); return 1; }
+    handles.assign(max_chunks, 0);
+    for (size_t i = 0; i < mapped; ++i) {
+      if (Map(i)) return 1;
+    }
+    return 0;
+  }
+  int Map(size_t i) {
+    const auto* d = Drv();
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    prop.requestedHandleTypes = shareable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
+    CUmemGenericAllocationHandle h = 0;
+    if (d->cuMemCreate(&h, chunk, &prop, 0) != CUDA_SUCCESS) { Fail("cuMemCreate"); return 1; }
+    if (d->cuMemMap(va + i * chunk, chunk, 0, h, 0) != CUDA_SUCCESS) { Fail("cuMemMap"); return 1; }
+    CUmemAccessDesc a;
+    memset(&a, 0, sizeof(a));
+    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a.location.id = device;
+    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (d->cuMemSetAccess(va + i * chunk, chunk, &a, 1) != CUDA_SUCCESS) { Fail("cuMemSetAccess"); return 1; }
+    handles[i] = h;
+    return 0;
+  }
+  int Unmap(size_t i) {
+    const auto* d = Drv();
+    if (d->cuMemUnmap(va + i * chunk, chunk) != CUDA_SUCCESS) { Fail("cuMemUnmap"); return 1; }
+    d->cuMemRelease(handles[i]);
+    handles[i] = 0;
+    return 0;
+  }
+  char* at(size_t off) const { return reinterpret_cast<char*>(va) + off; }
+};
+
+// One flat AllGather between arbitrary device pointers, checked bit-exact.
+int GatherChecked(dmagather::Comm& c, Checker& ck, cudaStream_t s, char* in, char* recv, size_t shard,
+                  uint64_t seed, const std::string& label) {
+  const int world = c.size(), rank = c.rank();
+  CK(cudaMemsetAsync(recv, 0xA5, shard * world, s));
+  if (in != recv + rank * shard) CK(cudaMemsetAsync(recv + rank * shard, 0x5A, shard, s));
+  dmagather::kernels::FillPattern(in, shard, seed, rank, s);
+  if (!Ok(c, c.AllGather(in, recv, shard, DMAGATHER_UINT8, s), label)) return 1;
+  for (int r = 0; r < world; ++r) ck.Compare(recv + r * shard, shard, seed, r, s);
+  unsigned long long first = 0;
+  const unsigned long long bad = ck.Read(s, &first);
+  if (!Ok(c, c.Wait(), label + " wait")) return 1;
+  if (bad != 0) {
+    Fail("rank " + std::to_string(rank) + " " + label + ": " + std::to_string(bad) + " wrong words, first at byte " +
+         std::to_string(first));
+    ck.Reset(s);
+    return 1;
+  }
+  return 0;
+}
+
+int ModeVmm(int rank, int world) {
+  dmagather::Comm c(nullptr, Job("vmm"), world, rank);
+  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  Checker ck;
+  if (ck.Init()) return 1;
+  const size_t chunk = 2 << 20;
+  VmmArena in, out;
+  // Inputs: 4 chunks; outputs: up to 12 chunks, 8 mapped at first.
+  if (in.Create(4, chunk, 4, true) || out.Create(12, chunk, 8, true)) return 1;
+  const size_t shard = (3 << 20) + 12345;        // Spans 2-3 chunks wherever it starts.
+  const size_t in_off = (1 << 20) + 333;          // Inside chunk 0, runs into chunk 2.
+  const size_t out_off = (1 << 20) + 4097;        // Output: world * shard from here.
+  if (out_off + world * shard > 8 * chunk) { Fail("layout"); return 1; }
+  int bad = 0;
+  for (int i = 0; i < 20; ++i) {  // Out of place, then in place, alternating.
+    char* recv = out.at(out_off);
+    char* src = (i % 2 == 0) ? in.at(in_off) : recv + rank * shard;
+    bad += GatherChecked(c, ck, s, src, recv, shard, 5000 + i, "vmm step " + std::to_string(i));
+  }
+  // Host cost of the per-submit validity check of a registration (one
+  // pointer attribute per chunk under the range): dmagather_register of
+  // already registered VMM memory vs cudaMalloc memory.
+  char* plain = static_cast<char*>(c.Alloc(world * shard));
+  if (plain == nullptr) { Fail("alloc: " + c.error()); return 1; }
+  auto time_register = [&](char* p) {
+    const auto t0 = Clock::now();
+    for (int k = 0; k < 2000; ++k) c.Register(p, world * shard);
+    return std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / 2000;
+  };
+  const double us_plain = time_register(plain), us_vmm = time_register(out.at(out_off));
+  // Remap: the chunk under rank 1's output shard gets new physical memory at
+  // the same address (what an allocator does after empty_cache and regrowth).
+  cudaStreamSynchronize(s);
+  sh->step[rank].store(1);
+  for (int r = 0; r < world; ++r) while (sh->step[r].load() < 1) usleep(100);
+  const size_t remap_chunk = (out_off + 1 * shard) / chunk;
+  if (out.Unmap(remap_chunk) || out.Map(remap_chunk)) return 1;
+  for (int i = 0; i < 4; ++i) {
+    bad += GatherChecked(c, ck, s, in.at(in_off), out.at(out_off), shard, 6000 + i, "after remap " + std::to_string(i));
+  }
+  // Growth: map chunks 8..11 and gather into a range that reaches them.
+  for (size_t k = 8; k < 12; ++k) {
+    if (out.Map(k)) return 1;
+  }
+  const size_t grown_off = 6 * chunk + 777;
+  const size_t grown_shard = (12 * chunk - grown_off) / world - 5;
+  VmmArena big_in;
+  if (big_in.Create(5, chunk, 5, true)) return 1;
+  bad += GatherChecked(c, ck, s, big_in.at(3), out.at(grown_off), grown_shard, 7000, "grown range");
+  bad += GatherChecked(c, ck, s, big_in.at(3), out.at(grown_off), grown_shard, 7001, "grown range again");
+  if (rank == 0) {
+    printf("  vmm: 2 MiB chunks, shard %zu B spanning chunks; 20 steps + 4 after a remap + 2 over grown range, %d "
+           "failed on rank 0; per-submit registration check: %.2f us (VMM, %zu chunks) vs %.2f us (cudaMalloc)\n",
+           shard, bad, us_vmm, (out_off % chunk + world * shard + chunk - 1) / chunk, us_plain);
+  }
+  return bad != 0;
+}
+
+int ModeVmmUnshareable(int rank, int world) {
+  dmagather::Comm c(nullptr, Job("vmm_unshareable"), world, rank);
+  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  Checker ck;
+  if (ck.Init()) return 1;
+  const size_t chunk = 2 << 20, shard = (1 << 20) + 99;
+  VmmArena out;
+  if (out.Create(4, chunk, 4, /*share=*/rank != 1)) return 1;
+  char* send = static_cast<char*>(c.Alloc(shard));
+  if (send == nullptr) { Fail("alloc: " + c.error()); return 1; }
+  CK(cudaMemsetAsync(out.at(0), 0x33, shard * world, s));
+  dmagather::kernels::FillPattern(send, shard, 31, rank, s);
+  dmagather_op_t op = 0;
+  dmagather_status_t st = dmagather_allgather_async(c.get(), send, out.at(0), shard, DMAGATHER_UINT8, s, &op);
+  if (rank == 1 && st != DMAGATHER_FALLBACK) {
+    Fail(std::string("rank 1 (unshareable VMM output) submit returned ") + dmagather_status_string(st) + ": " +
+         c.error());
+    return 1;
+  }
+  if (op == 0) { Fail("rank " + std::to_string(rank) + ": no op handle"); return 1; }
+  dmagather_op_wait_stream(c.get(), op, s);
+  st = dmagather_op_wait(c.get(), op);
+  const std::string why = c.error();
+  if (st != DMAGATHER_FALLBACK || why.find("rank 1") == std::string::npos ||
+      why.find("shareable handle") == std::string::npos) {
+    Fail("rank " + std::to_string(rank) + ": op_wait returned " + dmagather_status_string(st) + " (" + why +
+         "), expected FALLBACK naming rank 1 and the missing shareable handle type");
+    return 1;
+  }
+  CK(cudaStreamSynchronize(s));
+  if (rank == 0) printf("  vmm_unshareable: every rank got FALLBACK: %s\n", why.c_str());
+  char* recv = static_cast<char*>(c.Alloc(shard * world));
+  if (recv == nullptr) { Fail("alloc: " + c.error()); return 1; }
+  return GatherChecked(c, ck, s, send, recv, shard, 32, "after fallback");
+}
+
+// --- CUDA graph capture ---
+
+int ModeGraph(int rank, int world) {
+  dmagather::Comm c(nullptr, Job("graph"), world, rank);
+  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  const size_t shard_a = (2 << 20) + 4104, shard_b = 65536 + 40;  // Bytes (uint8 / float32 counts below).
+  char* send = static_cast<char*>(c.Alloc(shard_a));
+  char* recv_a = static_cast<char*>(c.Alloc(shard_a * world));
+  char* recv_b = static_cast<char*>(c.Alloc(shard_b * world));
+  if (!send || !recv_a || !recv_b) { Fail("alloc: " + c.error()); return 1; }
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  unsigned long long* d = nullptr;  // [0] step, [1] mismatches, [2] first bad
+  CK(cudaMalloc(&d, 24));
+  unsigned long long init[3] = {1000, 0, ~0ull};
+  CK(cudaMemcpy(d, init, sizeof(init), cudaMemcpyHostToDevice));
+  // Capture: step++ -> fill inputs (seed = step) -> gather A (out of place)
+  // and B (in place) -> check every shard of both outputs.
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  dmagather::kernels::Increment(d, s);
+  dmagather::kernels::FillPatternDeviceSeed(send, shard_a, d, rank, s);
+  dmagather::kernels::FillPatternDeviceSeed(recv_b + rank * shard_b, shard_b, d, rank + 100, s);
+  dmagather_status_t st_a = c.AllGather(send, recv_a, shard_a, DMAGATHER_UINT8, s);
+  dmagather_status_t st_b = c.AllGather(recv_b + rank * shard_b, recv_b, shard_b / 4, DMAGATHER_FLOAT32, s);
+  for (int r = 0; r < world; ++r) {
+    dmagather::kernels::ComparePatternDeviceSeed(recv_a + r * shard_a, shard_a, d, r, d + 1, d + 2, s);
+    dmagather::kernels::ComparePatternDeviceSeed(recv_b + r * shard_b, shard_b, d, r + 100, d + 1, d + 2, s);
+  }
+  cudaGraph_t graph = nullptr;
+  cudaError_t end = cudaStreamEndCapture(s, &graph);
+  if (st_a != DMAGATHER_OK || st_b != DMAGATHER_OK) {
+    Fail("rank " + std::to_string(rank) + ": captured allgather returned " + dmagather_status_string(st_a) + "/" +
+         dmagather_status_string(st_b) + ": " + c.error());
+    return 1;
+  }
+  CK(end);
+  cudaGraphExec_t exec = nullptr;
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  // Every rank holds off until all have instantiated (no host sync of the
+  // stream below, only this start line).
+  sh->step[rank].store(1);
+  for (int r = 0; r < world; ++r) while (sh->step[r].load() < 1) usleep(100);
+  const int replays = 100;
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  CK(cudaEventRecord(e0, s));
+  for (int i = 0; i < replays; ++i) {
+    if (i % 17 == 0) dmagather::kernels::Delay(30'000 * (rank + 1), s);  // Ranks replay unevenly.
+    CK(cudaGraphLaunch(exec, s));
+  }
+  CK(cudaEventRecord(e1, s));
+  CK(cudaStreamSynchronize(s));
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  unsigned long long h[3];
+  CK(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost));
+  if (h[0] != 1000 + replays || h[1] != 0) {
+    Fail("rank " + std::to_string(rank) + ": after " + std::to_string(replays) + " replays step=" +
+         std::to_string(h[0]) + ", " + std::to_string(h[1]) + " wrong words (first at byte " + std::to_string(h[2]) +
+         ")");
+    return 1;
+  }
+  if (rank == 0) {
+    printf("  graph: %d replays x 2 captured allgathers (%zu B and %zu B shards, %d ranks), 0 wrong words; %.1f us "
+           "per replay (incl. fill/check kernels and injected delays)\n",
+           replays, shard_a, shard_b, world, ms * 1000 / replays);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  // The ordinary path still works after the graph.
+  Checker ck;
+  if (ck.Init()) return 1;
+  if (GatherChecked(c, ck, s, send, recv_a, shard_a, 8080, "ordinary op after the graph")) return 1;
+  // Graph slots come back when their graphs are destroyed: 40 graphs (more
+  // than the 32 slots) captured, replayed twice, checked and destroyed in turn.
+  const int graphs = 40;
+  for (int k = 0; k < graphs; ++k) {
+    const uint64_t seed = 9000 + k;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    dmagather::kernels::FillPattern(recv_b + rank * shard_b, shard_b, seed, rank, s);
+    dmagather_status_t st = c.AllGather(recv_b + rank * shard_b, recv_b, shard_b, DMAGATHER_UINT8, s);
+    for (int r = 0; r < world; ++r) ck.Compare(recv_b + r * shard_b, shard_b, seed, r, s);
+    cudaGraph_t g = nullptr;
+    cudaError_t e = cudaStreamEndCapture(s, &g);
+    if (st != DMAGATHER_OK) {
+      Fail("rank " + std::to_string(rank) + ": capture " + std::to_string(k) + ": " + dmagather_status_string(st) +
+           ": " + c.error());
+      return 1;
+    }
+    CK(e);
+    cudaGraphExec_t x = nullptr;
+    CK(cudaGraphInstantiate(&x, g, 0));
+    CK(cudaGraphLaunch(x, s));
+    CK(cudaGraphLaunch(x, s));
+    unsigned long long first = 0;
+    const unsigned long long wrong = ck.Read(s, &first);
+    if (wrong != 0) {
+      Fail("rank " + std::to_string(rank) + ": graph " + std::to_string(k) + ": " + std::to_string(wrong) +
+           " wrong words");
+      return 1;
+    }
+    CK(cudaGraphExecDestroy(x));
+    CK(cudaGraphDestroy(g));
+    CK(cudaDeviceSynchronize());
+    usleep(2000);  // The slot's user object is released on a CUDA thread.
+  }
+  if (rank == 0) printf("  graph: %d more graphs captured, replayed and destroyed in turn (32 slots)\n", graphs);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -549,8 +857,14 @@ int main(int argc, char** argv) {
     bad = Launch(3, ModeCoalesced);
   } else if (mode == "fallback") {
     bad = Launch(3, ModeFallback);
+  } else if (mode == "vmm") {
+    bad = Launch(3, ModeVmm);
+  } else if (mode == "vmm_unshareable") {
+    bad = Launch(3, ModeVmmUnshareable);
+  } else if (mode == "graph") {
+    bad = Launch(3, ModeGraph);
   } else {
-    fprintf(stderr, "usage: allgather_gpu_test dtypes|suballoc|stream|eight|kill|mismatch|ophandles|coalesced|fallback\n");
+    fprintf(stderr, "usage: allgather_gpu_test dtypes|suballoc|stream|eight|kill|mismatch|ophandles|coalesced|fallback|vmm|vmm_unshareable|graph\n");
     return 2;
   }
   if (bad != 0 || sh->failures.load() != 0) {

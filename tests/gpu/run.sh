@@ -43,7 +43,7 @@ run() {
   local dpid=$!
   for _ in $(seq 1 100); do [ -S "$DMAGATHER_SOCKET" ] && break; sleep 0.1; done
   local passed=0 failed=0
-  for mode in ${GPU_TESTS:-dtypes suballoc stream eight kill mismatch ophandles coalesced fallback}; do
+  for mode in ${GPU_TESTS:-dtypes suballoc stream eight kill mismatch ophandles coalesced fallback vmm vmm_unshareable graph}; do
     echo "=== allgather_gpu_test $mode"
     if timeout 300 "$here/bin/allgather_gpu_test" "$mode"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
   done

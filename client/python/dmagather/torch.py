@@ -254,6 +254,7 @@ class DmagatherAllGather:
                 "max_numel": self.max_numel, "unavailable": self.unavailable[1] if self.unavailable else None,
                 "dmagather_ops": c["dmagather_ops"], "fallback_ops": c["fallback_ops"],
                 "host_waited_ops": c["host_waited_ops"], "stream_ordered_ops": c["stream_ordered_ops"],
+                "captured_ops": c["captured_ops"],
                 "fallback_by_reason": {k: c["fallback:" + k] for k in REASONS},
                 "last_fallback_reason": self.last_fallback_reason,
                 "host_buffers_allocated": self._pool.allocated if self._pool else 0}
@@ -445,8 +446,12 @@ class DmagatherAllGather:
                 return self._framework(outs, ins, group, async_op)
             stream = self._stream_of(outs)
             key = tuple((i.dtype, i.numel(), o.numel()) for o, i in zip(outs, ins)) if self.stream_ordered else None
+            # Captured into a CUDA graph: the library defines a persistent op and
+            # has its verdict (every rank's) before the submit returns; the graph
+            # then waits for each replay on the stream.
+            capturing = self.backend == "cuda" and torch.cuda.is_current_stream_capturing()
             code, op = self._submit(outs, ins, stream)
-            if key is None or key not in self._served:
+            if key is None or key not in self._served or capturing:
                 # The verdict on the host (every rank: the key is equal everywhere).
                 try:
                     op.wait()
@@ -455,6 +460,12 @@ class DmagatherAllGather:
                     self._served.discard(key)
                     return self._framework(outs, ins, group, async_op)
                 self.counters["dmagather_ops"] += 1
+                if capturing:
+                    self.counters["captured_ops"] += 1
+                    if async_op and not order_now:
+                        return Work(self, op, stream_pending=True)
+                    self._order_on_stream(op, stream)
+                    return Work(self, op) if async_op else None
                 self.counters["host_waited_ops"] += 1
                 if key is not None:
                     self._served.add(key)

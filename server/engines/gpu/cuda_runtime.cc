@@ -27,6 +27,7 @@
 #include "common/status.h"
 #include "server/engines/gpu/gpu_engine.h"
 #include "server/engines/gpu/runtime.h"
+#include "server/engines/gpu/vmm_import.h"
 
 namespace dmagather::server::engines::gpu {
 namespace {
@@ -134,8 +135,14 @@ class CudaRuntime : public GpuRuntime {
     if (err != cudaSuccess) cudaGetLastError();
   }
 
-  // CUDA IPC. (A VMM import - a cuMem fd handed over on the fd channel -
-  // belongs next to this, reached through ImportOther.)
+  // CUDA IPC.
+  // "cuda_vmm": VMM chunks handed over as fds, mapped as one region.
+  absl::StatusOr<std::shared_ptr<ImportedRegion>> ImportOther(const RegionSpec& spec, int device) override {
+    if (spec.kind != common::kMemoryCudaVmm) return GpuRuntime::ImportOther(spec, device);
+    DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    return vmm_->Import(spec, device);
+  }
+
   absl::StatusOr<IpcMapping> OpenIpc(int device, const std::string& h) override {
     DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     cudaIpcMemHandle_t handle;
@@ -238,10 +245,14 @@ class CudaRuntime : public GpuRuntime {
   CudaRuntime(const DriverApi* api, int n) : api_(api), num_devices_(n) {
     const char* env = std::getenv("DMAGATHER_CUDA_BATCH");
     if (env != nullptr && std::strcmp(env, "0") == 0) batch_copies_ok_ = false;
+    std::vector<int> all_devices;
+    for (int d = 0; d < n; ++d) all_devices.push_back(d);
+    vmm_ = std::make_unique<VmmImporter>(api, std::move(all_devices));
   }
 
   const DriverApi* const api_;
   const int num_devices_;
+  std::unique_ptr<VmmImporter> vmm_;  // "cuda_vmm" memory (vmm_import.h).
   // Issuing-thread scratch and the fallbacks it decided.
   std::vector<CUstreamBatchMemOpParams> memops_;
   std::vector<void*> dsts_, srcs_;

@@ -221,6 +221,7 @@ GpuEvent GpuEngine::TakeEndEvent(Device& dev) {
 }
 
 bool GpuEngine::RanksReady(const EngineOp& op) {
+  if (op.ready_observed) return true;  // A graph replay: the ingress thread saw the flags.
   for (const EngineRank* r : op.ranks) {
     if (r == nullptr) continue;
     const uint32_t* w = AsGpu(r)->ready_word();
@@ -233,6 +234,7 @@ bool GpuEngine::RanksReady(const EngineOp& op) {
 
 absl::Status GpuEngine::WaitReady(Device& dev, const EngineOp& op) {
   if (!runtime_->device_waits()) return absl::OkStatus();  // Gated on the CPU before Issue.
+  if (op.ready_observed) return absl::OkStatus();  // A graph replay: the ingress thread saw the flags.
   flags_.clear();
   for (const EngineRank* r : op.ranks) {
     const uint64_t addr = r != nullptr ? AsGpu(r)->ready_flag() : 0;

@@ -3,12 +3,14 @@
 // fake regions, and the engine completes ops when and how the test says.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <vector>
 
 #include "abi/descriptor_v2.h"
+#include "abi/graph_v1.h"
 #include "abi/ring_v1.h"
 #include "common/clock.h"
 #include "common/memfd.h"
@@ -74,6 +76,21 @@ struct FakeRank {
       Publish(&d);
     }
   }
+  // Publishes the definition of a persistent (graph-captured) in-place flat
+  // allgather of `count` uint8 in graph slot `slot`.
+  void SubmitCaptured(uint64_t count, uint32_t slot) {
+    abi::DescriptorV2 d{};
+    d.stamp = abi::kDescriptorStampV2;
+    d.op = abi::kOpAllGatherV2 | abi::kOpPersistentBit | (slot << abi::kOpPersistentSlotShift);
+    d.seq = ++seq;
+    d.count = count;
+    const uint32_t rid = 100 + session->rank();
+    d.send = {rid, 0, session->rank() * count};
+    d.num_recv = 1;
+    d.recv[0] = {rid, 0, 0};
+    Publish(&d);
+  }
+  abi::GraphFlagsV1* graph() { return abi::GraphFlagsOf(view().completion); }
   // Publishes a v2 refusal of the next op with API status `status`.
   void Refuse(int32_t status, const char* reason) {
     abi::DescriptorV2 d{};
@@ -317,6 +334,69 @@ TEST_F(PipelineTest, ARefusalFailsTheOpOnEveryRankWithoutTheEngine) {
   for (auto& r : ranks_) r->Submit(10);
   Poll();
   EXPECT_EQ(engine_.pending.size(), 1u);
+}
+
+}  // namespace
+}  // namespace dmagather::testing
+
+namespace dmagather::testing {
+namespace {
+
+// A graph-captured op end to end through the ingress thread: the definition
+// is decoded (slot from the op code), validated and completed at once; each
+// replay (every rank's ready flag of its slot) is started by the ingress
+// poll and lands bit-exact, also after a rank deregistered the buffer (the
+// armed op holds it); a slot out of range fails the definition everywhere.
+TEST_F(PipelineTest, CapturedOpIsDefinedOnceAndReplayedByReadyFlags) {
+  Make(2);
+  ranks_[0]->SubmitCaptured(100, 5);
+  ranks_[1]->SubmitCaptured(100, 9);
+  Poll();
+  EXPECT_TRUE(engine_.pending.empty());
+  for (auto& r : ranks_) {
+    EXPECT_EQ(r->done(), 1u);
+    EXPECT_EQ(r->errors(), 0u);
+  }
+  EXPECT_TRUE(job_->has_persistent());
+  // Rank 1's buffer is deregistered: the armed op keeps it mapped.
+  std::atomic<uint32_t> none{0};
+  ASSERT_TRUE(ranks_[1]->input->regions.Remove(101, none).ok());
+  EXPECT_GT(ranks_[1]->region.use_count(), 1);  // Besides this test's own reference: the op's.
+  for (int replay = 0; replay < 3; ++replay) {
+    for (int r = 0; r < 2; ++r) {
+      for (int i = 0; i < 100; ++i) ranks_[r]->region->base()[r * 100 + i] = char(replay * 7 + r * 31 + i);
+    }
+    ranks_[0]->graph()->ready[5] = 1;
+    Poll();
+    EXPECT_TRUE(engine_.pending.empty());
+    ranks_[1]->graph()->ready[9] = 1;
+    Poll();
+    ASSERT_EQ(engine_.pending.size(), 1u);
+    EXPECT_EQ(ranks_[0]->graph()->ready[5], 0u);
+    engine_.Complete(0);
+    EXPECT_EQ(ranks_[0]->graph()->done[5].lo, 1u);
+    EXPECT_EQ(ranks_[1]->graph()->done[9].lo, 1u);
+    for (int d = 0; d < 2; ++d) {
+      for (int r = 0; r < 2; ++r) {
+        for (int i = 0; i < 100; ++i) ASSERT_EQ(ranks_[d]->region->base()[r * 100 + i], char(replay * 7 + r * 31 + i));
+      }
+    }
+    ranks_[0]->graph()->done[5].lo = 0;
+    ranks_[1]->graph()->done[9].lo = 0;
+  }
+}
+
+TEST_F(PipelineTest, CapturedOpWithASlotOutOfRangeFailsEverywhere) {
+  Make(2);
+  ranks_[0]->SubmitCaptured(100, 1);
+  ranks_[1]->SubmitCaptured(100, 40);
+  Poll();
+  EXPECT_FALSE(job_->has_persistent());
+  for (auto& r : ranks_) {
+    EXPECT_EQ(r->done(), 1u);
+    ASSERT_EQ(r->errors(), 1u);
+    EXPECT_NE(Message(*r, 0).find("graph slot 40"), std::string::npos) << Message(*r, 0);
+  }
 }
 
 }  // namespace

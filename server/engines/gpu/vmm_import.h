@@ -1,0 +1,74 @@
+// VmmImporter: the daemon's side of "cuda_vmm" memory - GPU allocations made
+// with cuMemCreate (PyTorch's expandable segments, NCCL's cuMem buffers)
+// that legacy CUDA IPC cannot open. The client exported every physical
+// allocation ("chunk") behind a registered range as a POSIX file descriptor
+// and handed them over on the fd channel; the chunk table
+// (abi/device_memory_v1.h) says where each one sits in the range. Import
+// imports each descriptor (cuMemImportFromShareableHandle), reserves one
+// address range for the whole region (cuMemAddressReserve), maps every chunk
+// at its offset (cuMemMap), and makes the range readable and writable from
+// every device of the engine (cuMemSetAccess): a range over several chunks
+// is one contiguous region to the copy engines, as it is to the client.
+//
+// Imports are cached by (process, device, chunk table): the table carries the
+// client's identity of every mapping (its generation), so a range the
+// client's allocator unmapped and mapped again is a new import, never a stale
+// hit. The mapping is unmapped and its range freed with the last reference
+// (weak cache entries, as for IPC handles).
+//
+// Only driver entry points are used, through a DriverApi table: the CPU unit
+// test (tests/server/engines/gpu/vmm_import_test) drives it with a fake one.
+//
+// Threads: Import on gRPC threads (Register), serialised by its own mutex;
+// regions are released on whatever thread drops the last reference.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "abi/device_memory_v1.h"
+#include "absl/status/statusor.h"
+#include "common/cuda/cuda_api.h"
+#include "server/engines/copy_engine.h"
+
+namespace dmagather::server::engines::gpu {
+
+struct VmmTable {
+  int device = -1;
+  std::vector<abi::VmmChunkV1> chunks;
+};
+
+// The chunk table of a registration: stamped, one chunk per handed-over
+// descriptor, chunks back to back from offset 0 adding up to `bytes`.
+absl::StatusOr<VmmTable> ParseVmmTable(const std::string& handle, uint64_t bytes, size_t num_fds);
+
+// The bytes of a chunk table (the client writes it; tests build one).
+std::string EncodeVmmTable(int device, const std::vector<abi::VmmChunkV1>& chunks);
+
+class VmmImporter {
+ public:
+  // `devices`: every device the engine copies on (each gets access).
+  VmmImporter(const ::dmagather::common::cuda::DriverApi* api, std::vector<int> devices);
+
+  // `device` is the owning rank's device (checked against the table).
+  absl::StatusOr<std::shared_ptr<ImportedRegion>> Import(const RegionSpec& spec, int device);
+
+  // Live imports in the cache (for tests and stats).
+  size_t live_imports();
+
+ private:
+  absl::StatusOr<std::shared_ptr<ImportedRegion>> MapRegion(const VmmTable& table, const std::vector<int>& fds,
+                                                            uint64_t bytes);
+
+  const ::dmagather::common::cuda::DriverApi* const api_;
+  const std::vector<int> devices_;
+  std::mutex mu_;
+  std::map<std::string, std::weak_ptr<ImportedRegion>> cache_;  // (pid, device, table) -> region.
+};
+
+}  // namespace dmagather::server::engines::gpu
