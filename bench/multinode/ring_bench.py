@@ -176,7 +176,7 @@ def run_mpi(nodes, n, rpn, sizes, budget, agent, workdir, yield_idle):
         "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
         "--mca", "pml", "ob1", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1" if yield_idle else "0",
         MPI_BENCH, f"--sizes_kib={','.join(map(str, sizes))}", f"--budget_mib={budget}", "--iters=50", "--warmup=5"]
-    r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=900)
+    r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=180)  # A launch that hangs (seen under load) costs the round, not the run.
     if r.returncode != 0:
         raise RuntimeError(f"mpirun failed ({r.returncode}): {r.stderr[-3000:]}\n{r.stdout[-1000:]}")
     return read_csv(r.stdout)

@@ -32,6 +32,9 @@ void SetText(RingFrameV1* f, absl::string_view t) {
   f->text[n] = '\0';
 }
 
+// Smallest chunk a shard is cut into to spread it over the links.
+constexpr uint64_t kMinChunk = 64 << 10;
+
 RingFrameV1 NewFrame(uint16_t type, uint32_t seq, int origin) {
   RingFrameV1 f;
   memset(&f, 0, sizeof(f));
@@ -198,21 +201,27 @@ void Ring::Start(Op* op, const absl::Status& local_verdict, int failed_rank) {
                                " count=", first.count, " dtype=", common::DtypeName(first.dtype),
                                ref.items.size() > 1 ? absl::StrCat(" (+", ref.items.size() - 1, " items)") : ""));
       uint64_t c = 0;
+      // Every link carries a share even of a small op: a shard is cut into
+      // at least `links` chunks (down to kMinChunk), and each origin starts
+      // on its own link, so forwarded blocks spread over the links too.
       for (size_t i = 0; i < ref.items.size(); ++i) {
         const uint64_t bytes = s.item_bytes[i];
+        const uint64_t step = std::min<uint64_t>(
+            options_.chunk_bytes, std::max<uint64_t>(kMinChunk, (bytes + links - 1) / uint64_t(links)));
         for (int r : local) {
           const char* src = op->parts[r].items[i].send;
-          for (uint64_t off = 0; off < bytes; off += options_.chunk_bytes, ++c) {
+          for (uint64_t off = 0; off < bytes; off += step, ++c) {
             RingFrameV1 d = NewFrame(kFrameData, op->seq, me);
             d.item = static_cast<uint32_t>(i);
             d.rank = r;
             d.offset = off;
-            d.len = std::min<uint64_t>(options_.chunk_bytes, bytes - off);
+            d.len = std::min<uint64_t>(step, bytes - off);
+            const int link = int((c + uint64_t(me)) % uint64_t(links));
             if (staged_) {
               // Sent from staging, after its link thread copies it out of the rank's memory.
-              s.own.push_back(Send{d, StagingDest(s, d), idx, int(c % links), src + off, op->ranks[r]});
+              s.own.push_back(Send{d, StagingDest(s, d), idx, link, src + off, op->ranks[r]});
             } else {
-              s.own.push_back(Send{d, src + off, idx, int(c % links)});
+              s.own.push_back(Send{d, src + off, idx, link});
             }
           }
         }
