@@ -127,18 +127,7 @@ int main(int argc, char** argv) {
   auto* sh = static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   if (sh == MAP_FAILED) return 1;
   const std::string job = absl::StrFormat("small-%d", getpid());
-  std::vector<pid_t> kids;
-  for (int r = 0; r < world; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) _exit(RunRank(r, world, job, kib, iters, warmup, sh));
-    kids.push_back(pid);
-  }
-  int bad = 0;
-  for (pid_t p : kids) {
-    int st = 0;
-    waitpid(p, &st, 0);
-    bad += !WIFEXITED(st) || WEXITSTATUS(st) != 0;
-  }
+  const int bad = dmagather::bench::ForkRanks(world, [&](int r) { return RunRank(r, world, job, kib, iters, warmup, sh); });
   if (bad != 0 || sh->failures.load() != 0) {
     std::cerr << "small_ops: FAILED: " << sh->why << "\n";
     return 1;

@@ -1,11 +1,31 @@
 #include "bench/verify.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_format.h"
 
 namespace dmagather::bench {
+
+int ForkRanks(int world, const std::function<int(int)>& rank) {
+  std::vector<pid_t> kids;
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) _exit(rank(r));
+    kids.push_back(pid);
+  }
+  int bad = 0;
+  for (pid_t p : kids) {
+    int st = 0;
+    waitpid(p, &st, 0);
+    bad += !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+  }
+  return bad;
+}
+
 
 void FillPattern(char* dst, size_t bytes, uint64_t seed, int rank) {
   uint64_t s = seed * 0x100000001b3ull + uint64_t(rank) * 0x9e3779b97f4a7c15ull + 1;

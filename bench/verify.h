@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,10 @@ inline uint64_t SplitMix64(uint64_t& x) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
 }
+
+// Runs rank(r) for r in [0, world) in forked processes (each exits with
+// its return value) and returns how many failed (non-zero exit or signal).
+int ForkRanks(int world, const std::function<int(int)>& rank);
 
 // Fills `bytes` with the pattern of (seed, rank).
 void FillPattern(char* dst, size_t bytes, uint64_t seed, int rank);

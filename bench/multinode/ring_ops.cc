@@ -197,18 +197,7 @@ int main(int argc, char** argv) {
     waitpid(pid, &st, 0);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) return 1;
   }
-  std::vector<pid_t> kids;
-  for (int r = 0; r < world; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) _exit(RunRank(r, world, rpn, sockets, netns, kib, sh));
-    kids.push_back(pid);
-  }
-  int bad = 0;
-  for (pid_t p : kids) {
-    int st = 0;
-    waitpid(p, &st, 0);
-    bad += !WIFEXITED(st) || WEXITSTATUS(st) != 0;
-  }
+  const int bad = dmagather::bench::ForkRanks(world, [&](int r) { return RunRank(r, world, rpn, sockets, netns, kib, sh); });
   if (bad != 0 || sh->failures.load() != 0) {
     std::cerr << "ring_ops: FAILED: " << sh->why << "\n";
     return 1;
