@@ -110,6 +110,7 @@ void Ring::Close() {
     if (closed_.load()) return;
     if (!aborted_) abort_why_ = absl::CancelledError("the job ended");
     aborted_ = true;
+    stop_waits_.store(true, std::memory_order_release);
     for (Link& l : next_) l.cv.notify_all();
     // The abort frames go out first (briefly: a cut link cannot hold us).
     close_cv_.wait_for(lock, std::chrono::seconds(1), [this] {
@@ -219,7 +220,7 @@ void Ring::Start(Op* op, const absl::Status& local_verdict, int failed_rank) {
             const int link = int((c + uint64_t(me)) % uint64_t(links));
             if (staged_) {
               // Sent from staging, after its link thread copies it out of the rank's memory.
-              s.own.push_back(Send{d, StagingDest(s, d), idx, link, src + off, op->ranks[r]});
+              s.own.push_back(Send{d, StagingDest(s, d), idx, link, src + off, op->ranks[r], op->ready_observed});
             } else {
               s.own.push_back(Send{d, src + off, idx, link});
             }
@@ -360,7 +361,10 @@ void Ring::RecvLoop(int k) {
               memcpy(Dest(s, int(l), f), dst, f.len);
               continue;
             }
-            st = options_.engine->StageIn(Dest(s, int(l), f), dst, f.len, s.op->ranks[local[l]]);
+            // The output may still be read by the rank's earlier work until it reaches this op.
+            const engines::EngineRank* rank = s.op->ranks[local[l]];
+            if (!s.op->ready_observed) st = options_.engine->WaitRankReady(rank, f.seq, stop_waits_);
+            if (st.ok()) st = options_.engine->StageIn(Dest(s, int(l), f), dst, f.len, rank);
             if (!st.ok()) break;
           }
         }
@@ -426,7 +430,11 @@ void Ring::SendLoop(int k) {
     const uint64_t len = item.frame.type == kFrameData ? item.frame.len : 0;
     absl::Status staged = absl::OkStatus();
     if (item.stage_src != nullptr) {
-      staged = options_.engine->StageOut(const_cast<char*>(item.payload), item.stage_src, len, item.stage_rank);
+      // The rank's input is written once it has reached this op (its ready flag).
+      if (!item.ready_known) staged = options_.engine->WaitRankReady(item.stage_rank, item.frame.seq, stop_waits_);
+      if (staged.ok()) {
+        staged = options_.engine->StageOut(const_cast<char*>(item.payload), item.stage_src, len, item.stage_rank);
+      }
     }
     absl::Status st = staged.ok() ? link.conn->Send(&item.frame, sizeof(item.frame), item.payload, len) : staged;
     std::vector<Ended> ended;
@@ -522,6 +530,7 @@ void Ring::Abort(const absl::Status& why) {
     if (aborted_) return;
     aborted_ = true;
     abort_why_ = why;
+    stop_waits_.store(true, std::memory_order_release);
     // Frames not yet written belong to ops that now fail: drop them. An op
     // with a frame being written or landed ends when that is done.
     for (Link& l : next_) l.queue.clear();
@@ -579,7 +588,7 @@ void Ring::LinkFailed(const std::string& why) {
 }
 
 void Ring::StagingFailed(const absl::Status& st) {
-  if (closed_.load()) return;
+  if (closed_.load() || absl::IsCancelled(st)) return;  // Cancelled: the ring is stopping anyway.
   LOG(ERROR) << "job '" << job_->key() << "': ring staging copy failed: " << st;
   job_->Fail(common::Annotate(st, "ring staging copy (host <-> rank memory) failed: "), -1);
 }

@@ -87,9 +87,11 @@ class Ring : public scheduler::RemotePart {
     const char* payload;
     uint32_t slot;
     int link;
-    // Staged own chunk: copied from this rank memory into `payload` (host) first.
+    // Staged own chunk: copied from this rank memory into `payload` (host)
+    // first, once the rank has reached op `frame.seq`.
     const char* stage_src = nullptr;
     const engines::EngineRank* stage_rank = nullptr;
+    bool ready_known = false;  // A graph replay: the ranks' flags were seen already.
   };
   struct Link {
     std::unique_ptr<transport::Connection> conn;
@@ -184,6 +186,7 @@ class Ring : public scheduler::RemotePart {
   std::thread abort_thread_;
   std::condition_variable close_cv_;
   std::atomic<bool> closed_{false};
+  std::atomic<bool> stop_waits_{false};  // Ends staging's waits for ranks' ready flags.
 
   std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, frames_sent_{0}, frames_received_{0}, ops_{0},
       busy_ns_{0};

@@ -155,6 +155,17 @@ class CopyEngine {
   virtual absl::Status StageOut(void* host, const char* src, uint64_t bytes, const EngineRank* rank);
   // host -> rank memory
   virtual absl::Status StageIn(char* dst, const void* host, uint64_t bytes, const EngineRank* rank);
+  // Blocks until `rank` has reached op `seq` in its own order (its ready
+  // flag), so staging reads inputs that are written and writes outputs no
+  // earlier work still reads - what the engine's own copies wait for on the
+  // device. Ends early (CANCELLED) once `cancel` is set. Host backend: a
+  // rank's submit is its ready point, so OK at once.
+  virtual absl::Status WaitRankReady(const EngineRank* rank, uint32_t seq, const std::atomic<bool>& cancel) {
+    (void)rank;
+    (void)seq;
+    (void)cancel;
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace dmagather::server::engines

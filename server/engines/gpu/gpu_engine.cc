@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/cpu_relax.h"
+#include "common/futex.h"
 #include "common/status.h"
 
 namespace dmagather::server::engines::gpu {
@@ -557,6 +558,21 @@ EngineStats GpuEngine::stats() const {
 
 absl::Status GpuEngine::StageOut(void* host, const char* src, uint64_t bytes, const EngineRank* rank) {
   return runtime_->CopySync(AsGpu(rank)->device(), host, src, bytes);
+}
+
+absl::Status GpuEngine::WaitRankReady(const EngineRank* rank, uint32_t seq, const std::atomic<bool>& cancel) {
+  // The ready flag the rank's stream writes (cuStreamWriteValue32) into its
+  // completion block, read from the CPU as the CPU gate does.
+  const uint32_t* w = AsGpu(rank)->ready_word();
+  common::Backoff backoff;
+  while (static_cast<int32_t>(__atomic_load_n(w, __ATOMIC_ACQUIRE) - seq) < 0) {
+    if (cancel.load(std::memory_order_acquire)) return absl::CancelledError("the ring stopped");
+    if (backoff.Pause()) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      backoff.Reset();
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status GpuEngine::StageIn(char* dst, const void* host, uint64_t bytes, const EngineRank* rank) {

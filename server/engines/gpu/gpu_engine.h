@@ -74,6 +74,7 @@ class GpuEngine : public CopyEngine {
   void FreeStaging(void* host) override { runtime_->FreePinned(host); }
   absl::Status StageOut(void* host, const char* src, uint64_t bytes, const EngineRank* rank) override;
   absl::Status StageIn(char* dst, const void* host, uint64_t bytes, const EngineRank* rank) override;
+  absl::Status WaitRankReady(const EngineRank* rank, uint32_t seq, const std::atomic<bool>& cancel) override;
   int worker_threads() const override { return options_.streams_per_device * num_devices_; }
   absl::StatusOr<std::unique_ptr<EngineRank>> AttachRank(const RankAttach& attach) override;
 
