@@ -52,7 +52,8 @@ mapfile -t ABSL < <(grep -o '"-labsl_[a-z0-9_]*"' third_party/system/BUILD | tr 
 LIBS=("${ABSL[@]}" -lprotobuf -lglog -lrt -latomic -lpthread)
 LIB_SRCS=(
   server/ingress/decoder.cc server/ingress/ingress.cc server/ingress/region_table.cc
-  server/scheduler/job.cc server/scheduler/planner.cc server/scheduler/rank.cc
+  server/scheduler/job.cc server/scheduler/planner.cc server/scheduler/rank.cc server/scheduler/persistent_op.cc
+  server/engines/copy_engine.cc
   server/completion/completion_writer.cc common/latency_histogram.cc
   server/service/request_checks.cc server/service/fd_request.cc
 )

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 
+#include "abi/device_memory_v1.h"
 #include "abi/fd_channel_v1.h"
 #include "abi/ring_v1.h"
 #include "server/service/fd_request.h"
