@@ -502,6 +502,46 @@ TEST_P(GpuEngineTest, AttachRankChecksTheDevice) {
   EXPECT_NE(r.status().message().find("sees 2 device(s)"), std::string::npos) << r.status();
 }
 
+// The ring's staging (multi-node jobs) reads a rank's input and writes its
+// output only once the rank has reached the op: WaitRankReady blocks until
+// the rank's ready flag reaches the op's sequence number (wrapping compare),
+// and ends with CANCELLED when the ring stops. Then StageOut/StageIn move
+// the bytes between pinned host memory and rank memory.
+TEST_P(GpuEngineTest, StagingWaitsForTheRanksReadyFlag) {
+  Start(2);
+  auto job = MakeJob({0, 1}, 4096);
+  ASSERT_NE(job, nullptr);
+  Rank& k = *job->ranks[1];
+  std::atomic<bool> cancel{false};
+  __atomic_store_n(k.ready, 6u, __ATOMIC_RELEASE);
+  EXPECT_TRUE(engine_->WaitRankReady(k.er.get(), 6, cancel).ok());  // Reached: at once.
+  std::atomic<bool> done{false};
+  std::thread waiter([&] {
+    EXPECT_TRUE(engine_->WaitRankReady(k.er.get(), 7, cancel).ok());
+    done.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(done.load()) << "returned before the rank reached op 7";
+  __atomic_store_n(k.ready, 7u, __ATOMIC_RELEASE);
+  waiter.join();
+  EXPECT_TRUE(done.load());
+  __atomic_store_n(k.ready, 0xfffffffeu, __ATOMIC_RELEASE);  // Just before the wrap: op 1 is ahead.
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    cancel.store(true);
+  });
+  EXPECT_EQ(engine_->WaitRankReady(k.er.get(), 1, cancel).code(), absl::StatusCode::kCancelled);
+  stopper.join();
+  // The staging copies, bit-exact both ways.
+  auto host = engine_->AllocStaging(4096);
+  ASSERT_TRUE(host.ok()) << host.status();
+  for (size_t i = 0; i < k.send.size(); ++i) k.send[i] = char(i * 7 + 3);
+  ASSERT_TRUE(engine_->StageOut(*host, k.send.data(), 4096, k.er.get()).ok());
+  ASSERT_TRUE(engine_->StageIn(k.recv.data() + 4096, *host, 4096, k.er.get()).ok());
+  EXPECT_EQ(std::memcmp(k.recv.data() + 4096, k.send.data(), 4096), 0);
+  engine_->FreeStaging(*host);
+}
+
 INSTANTIATE_TEST_SUITE_P(Runtimes, GpuEngineTest, ::testing::Values(kCudaLike, kHipLike),
                          [](const ::testing::TestParamInfo<Flavor>& i) { return std::string(i.param.name); });
 
