@@ -71,26 +71,36 @@ Ring::~Ring() {
   for (Slot& s : slots_) {
     if (s.staging != nullptr) options_.engine->FreeStaging(s.staging);
   }
+  for (auto& [p, bytes] : spare_staging_) options_.engine->FreeStaging(p);
 }
 
 absl::Status Ring::EnsureStagingLocked(Slot& s, uint64_t bytes) {
   if (s.staging_bytes >= bytes) return absl::OkStatus();
-  auto release = [&](Slot& x) {
-    if (x.staging == nullptr) return;
-    options_.engine->FreeStaging(x.staging);
-    staging_total_ -= x.staging_bytes;
-    x.staging = nullptr;
-    x.staging_bytes = 0;
-  };
-  release(s);
-  for (Slot& x : slots_) {
-    if (staging_total_ + bytes <= options_.transit_bytes) break;
-    if (!x.active) release(x);
+  // Buffers are never freed while the job runs (freeing pinned memory can
+  // wait for the device, whose streams may wait for ranks that wait for
+  // this ring): a slot's too-small buffer goes to the spare list, and a
+  // spare one that fits is reused before anything is allocated.
+  if (s.staging != nullptr) spare_staging_.emplace_back(s.staging, s.staging_bytes);
+  s.staging = nullptr;
+  s.staging_bytes = 0;
+  size_t best = spare_staging_.size();
+  for (size_t i = 0; i < spare_staging_.size(); ++i) {
+    if (spare_staging_[i].second >= bytes &&
+        (best == spare_staging_.size() || spare_staging_[i].second < spare_staging_[best].second)) {
+      best = i;
+    }
+  }
+  if (best != spare_staging_.size()) {
+    s.staging = spare_staging_[best].first;
+    s.staging_bytes = spare_staging_[best].second;
+    spare_staging_.erase(spare_staging_.begin() + long(best));
+    return absl::OkStatus();
   }
   if (staging_total_ + bytes > options_.transit_bytes) {
     return common::FallbackError(absl::StrCat(
         "allgather #", s.seq, " needs ", bytes >> 20, " MiB of ring transit on this node, over the ",
-        options_.transit_bytes >> 20, " MiB left of dmagatherd --ring_transit_mib"));
+        (options_.transit_bytes - std::min(options_.transit_bytes, staging_total_)) >> 20,
+        " MiB left of dmagatherd --ring_transit_mib"));
   }
   DMAG_ASSIGN_OR_RETURN(void* p, options_.engine->AllocStaging(bytes));
   s.staging = static_cast<char*>(p);
@@ -471,6 +481,11 @@ void Ring::MaybeEndLocked(uint32_t index, std::vector<Ended>* ended) {
   int who = -1;
   absl::Status verdict = VerdictLocked(s, &who);
   s.active = false;
+  if (s.staging != nullptr) {  // Every frame of it is out and in: its staging serves the next op.
+    spare_staging_.emplace_back(s.staging, s.staging_bytes);
+    s.staging = nullptr;
+    s.staging_bytes = 0;
+  }
   ops_.fetch_add(1, std::memory_order_relaxed);
   busy_ns_.fetch_add(common::MonotonicNs() - s.started_ns, std::memory_order_relaxed);
   ended->push_back(Ended{s.op, std::move(verdict), who});

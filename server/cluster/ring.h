@@ -162,7 +162,8 @@ class Ring : public scheduler::RemotePart {
   const std::shared_ptr<const scheduler::Topology> topo_;
   const RingOptions options_;
   const bool staged_;  // Rank memory is not host memory here: land in staging, copy in.
-  uint64_t staging_total_ = 0;  // Under mu_.
+  uint64_t staging_total_ = 0;  // Under mu_: staging allocated (in slots and spare).
+  std::vector<std::pair<char*, uint64_t>> spare_staging_;  // Under mu_: buffers no slot holds.
   std::vector<Link> next_;
   std::vector<std::unique_ptr<transport::Connection>> prev_;
   std::vector<std::thread> recv_threads_;

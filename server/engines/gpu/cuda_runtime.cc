@@ -20,6 +20,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -66,9 +67,25 @@ class CudaRuntime : public GpuRuntime {
     return p;
   }
   void FreePinned(void* host) override { cudaFreeHost(host); }
+  // On a non-blocking stream of the calling (ring) thread, never the legacy
+  // default stream: nothing here may wait behind the engine's streams, whose
+  // ready waits can stand until the ranks' own streams move.
   absl::Status CopySync(int device, void* dst, const void* src, uint64_t bytes) override {
+    struct ThreadStreams {
+      std::map<int, cudaStream_t> by_device;
+      ~ThreadStreams() {
+        for (auto& [d, st] : by_device) {
+          cudaSetDevice(d);
+          cudaStreamDestroy(st);
+        }
+      }
+    };
+    thread_local ThreadStreams streams;
     DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-    DMAG_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+    cudaStream_t& st = streams.by_device[device];
+    if (st == nullptr) DMAG_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    DMAG_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, st));
+    DMAG_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(st));
     return absl::OkStatus();
   }
 
