@@ -64,6 +64,7 @@ CommImpl::CommImpl(const CommOptions& options) : options_(options), op_records_(
   } else if (const char* s = std::getenv("DMAGATHER_SPIN"); s != nullptr && std::atoi(s) >= 0) {
     spin_ = std::atoi(s);
   }
+  if (const char* y = std::getenv("DMAGATHER_YIELDS"); y != nullptr && std::atoi(y) >= 0) yields_ = std::atoi(y);
   scratch_.resize(DMAGATHER_MAX_COALESCED);
 }
 
@@ -541,7 +542,7 @@ absl::Status CommImpl::CheckHealthy() {
 
 absl::Status CommImpl::WaitDone(uint32_t seq) {
   abi::CompletionV1* c = view_.completion;
-  common::Backoff backoff(spin_);
+  common::Backoff backoff(spin_, yields_);
   for (;;) {
     if (backend_->has_stream_waits() && daemon_gone_.load(std::memory_order_acquire)) {
       // done_seq was moved ahead to release the streams; only ops finished

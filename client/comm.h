@@ -173,6 +173,7 @@ class CommImpl {
   abi::DoorbellV1* bell_ = nullptr;
 
   uint32_t spin_ = 256;
+  uint32_t yields_ = 0;  // sched_yield()s after the spins, before sleeping ($DMAGATHER_YIELDS).
   uint64_t submitted_ = 0;    // Ops submitted (the last op handle); low 32 bits = its sequence number.
   uint32_t errors_seen_ = 0;  // Error records returned by Wait().
   uint32_t errors_scanned_ = 0;

@@ -29,7 +29,7 @@ inline void FutexWakeAll(uint32_t* word) {
 // Exponential back-off for polling loops: spin, then yield, then short sleeps.
 class Backoff {
  public:
-  explicit Backoff(uint32_t spins = 4096) : spins_(spins) {}
+  explicit Backoff(uint32_t spins = 4096, uint32_t yields = 64) : spins_(spins), yields_(yields) {}
   // Returns true once the caller should block (futex) instead of polling.
   bool Pause() {
     if (n_ < spins_) {
@@ -37,7 +37,7 @@ class Backoff {
       CpuRelax();
       return false;
     }
-    if (n_ < spins_ + 64) {
+    if (n_ < spins_ + yields_) {
       ++n_;
       sched_yield_();
       return false;
@@ -49,6 +49,7 @@ class Backoff {
  private:
   static void sched_yield_() { syscall(SYS_sched_yield); }
   uint32_t spins_;
+  uint32_t yields_;
   uint32_t n_ = 0;
 };
 

@@ -29,6 +29,9 @@ ABSL_FLAG(int, chunk_kib, 0,
           "Copies are cut into chunks of this many KiB so every worker (host) or stream (cuda) shares a large op. "
           "0: the backend's default (host 1024, cuda 32768, hip 65536; cuda caps it at 65536, hip at 131072).");
 ABSL_FLAG(int, streams, 4, "GPU backends (cuda, hip): copy streams per device.");
+ABSL_FLAG(int, host_inline_kib, 256,
+          "Host backend: ops whose copies total at most this many KiB are copied on the ingress thread "
+          "(no worker wake-up); 0 = always hand them to the workers.");
 ABSL_FLAG(double, op_timeout_s, 60.0,
           "An AllGather whose ranks have not all submitted it within this many seconds fails with TIMEOUT on the "
           "ranks that did, and stops the job.");
@@ -116,6 +119,7 @@ int main(int argc, char** argv) {
   o.engine.workers = absl::GetFlag(FLAGS_workers);
   o.engine.chunk_bytes = uint64_t(absl::GetFlag(FLAGS_chunk_kib)) << 10;
   o.engine.streams_per_device = absl::GetFlag(FLAGS_streams);
+  o.engine.host_inline_bytes = uint64_t(std::max(0, absl::GetFlag(FLAGS_host_inline_kib))) << 10;
   o.op_timeout = absl::Seconds(absl::GetFlag(FLAGS_op_timeout_s));
   o.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
   o.fd_timeout = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_fd_timeout_ms)));

@@ -19,6 +19,9 @@ struct EngineOptions {
   // it at 64 MiB, hip at 128 MiB).
   uint64_t chunk_bytes = 0;
   int streams_per_device = 4;
+  // Host backend: plans of at most this many bytes are copied on the
+  // calling (ingress) thread - waking workers costs more than the copy.
+  uint64_t host_inline_bytes = 256 << 10;
 };
 
 struct CreatedEngine {

@@ -51,6 +51,16 @@ absl::StatusOr<std::shared_ptr<ImportedRegion>> HostEngine::Import(const RegionS
 }
 
 void HostEngine::Execute(EngineOp* op) {
+  if (op->plan.bytes <= options_.inline_bytes && !op->plan.copies.empty()) {
+    // Small: waking a worker (futex, a context switch on a busy machine)
+    // costs more than these copies.
+    for (const CopyCmd& c : op->plan.copies) StreamCopy(c.dst, c.src, c.bytes);
+    ops_.fetch_add(1, std::memory_order_relaxed);
+    bytes_.fetch_add(op->plan.bytes, std::memory_order_relaxed);
+    chunks_.fetch_add(op->plan.copies.size(), std::memory_order_relaxed);
+    op->OnEngineDone(absl::OkStatus());
+    return;
+  }
   op->chunks.clear();
   for (const CopyCmd& c : op->plan.copies) {
     for (uint64_t off = 0; off < c.bytes; off += options_.chunk_bytes) {
@@ -135,6 +145,7 @@ EngineBackend HostBackend() {
   b.create = [](const EngineOptions& o) -> absl::StatusOr<std::unique_ptr<CopyEngine>> {
     HostEngine::Options ho;
     ho.workers = o.workers;
+    ho.inline_bytes = o.host_inline_bytes;
     if (o.chunk_bytes != 0) ho.chunk_bytes = o.chunk_bytes;
     DMAG_ASSIGN_OR_RETURN(std::unique_ptr<HostEngine> engine, HostEngine::Create(ho));
     return std::unique_ptr<CopyEngine>(std::move(engine));

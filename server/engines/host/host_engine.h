@@ -22,6 +22,9 @@ class HostEngine : public CopyEngine {
   struct Options {
     int workers = 4;
     uint64_t chunk_bytes = 1 << 20;
+    // Plans of at most this many bytes are copied on the calling thread
+    // (the ingress thread): no worker wake-up, no hand-off. 0 = never.
+    uint64_t inline_bytes = 256 << 10;
   };
   static absl::StatusOr<std::unique_ptr<HostEngine>> Create(const Options& options);
   ~HostEngine() override;
