@@ -151,7 +151,7 @@ class Cluster:
                 stdout, stderr = p.communicate()
                 out[r] = {"hung": True, "stderr": stderr[-2000:]}
                 continue
-            lines = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
+            lines = [l for l in getattr(p, "early_lines", []) + stdout.splitlines() if l.startswith("RESULT ")]
             out[r] = json.loads(lines[-1][7:]) if lines else {"crashed": p.returncode, "stderr": stderr[-2000:]}
         return out
 
@@ -383,10 +383,12 @@ class MultiNodeTest(unittest.TestCase):
     def wait_first_ops(procs, timeout=60):
         deadline = time.monotonic() + timeout
         for p in procs:
+            p.early_lines = []  # Kept for results(): a rank may end (RESULT) before its first op.
             while time.monotonic() < deadline:
                 line = p.stdout.readline()
                 if not line or line.startswith("FIRST_OP_DONE"):
                     break
+                p.early_lines.append(line.rstrip("\n"))
 
 
 if __name__ == "__main__":
