@@ -137,7 +137,7 @@ absl::Status Daemon::Start() {
       io, engine_.get(), db,
       ingress::Ingress::Hooks{[reg] { return reg->version(); }, [reg] { return reg->Snapshot(); }});
   ingress::Ingress* ing = ingress_.get();
-  registry_->StartReaper([ing] { return ing->epoch(); });
+  registry_->StartReaper([ing] { return ing->epoch(); }, [ing] { ing->Kick(); });
   control_ = std::make_unique<service::ControlService>(reg, Version(), engine_->name());
   started_ = absl::Now();
   telemetry_ = std::make_unique<service::TelemetryService>(reg, tickets_.get(), operator_gid_,

@@ -225,6 +225,11 @@ int Ingress::PollOnce(uint64_t now_ns, bool sweep) {
   return consumed;
 }
 
+void Ingress::Kick() {
+  abi::FetchAdd(&doorbell_->seq, 1u);
+  common::FutexWakeAll(&doorbell_->seq);
+}
+
 void Ingress::Loop() {
   uint64_t last_sweep = 0;
   common::Backoff backoff(options_.spin_iterations);
@@ -245,7 +250,10 @@ void Ingress::Loop() {
     bool persistent = false;
     for (const JobFeed& feed : jobs_) persistent |= feed.job->has_persistent();
     if (!AnyPending() && !stop_.load()) {
-      common::FutexWait(&doorbell_->seq, bell, persistent ? kPersistentPollNs : 10'000'000);
+      // With no job at all there is nothing to sweep: sleep until a rank (or
+      // the reaper, Kick) rings; else wake every 10 ms for timeouts.
+      const uint64_t timeout_ns = persistent ? kPersistentPollNs : jobs_.empty() ? kIdlePollNs : 10'000'000;
+      common::FutexWait(&doorbell_->seq, bell, timeout_ns);
     }
     epoch_.fetch_add(1, std::memory_order_acq_rel);  // Asleep: no snapshot was being read.
     abi::StoreSeqCst(&doorbell_->sleeping, 0u);

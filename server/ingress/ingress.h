@@ -34,6 +34,8 @@ struct JobFeed {
 // While a job has armed persistent ops, the idle ingress thread sleeps at
 // most this long between polls of their ready flags.
 inline constexpr uint64_t kPersistentPollNs = 20'000;
+// Sleep of an idle ingress thread (no job): a doorbell or Kick() ends it.
+inline constexpr uint64_t kIdlePollNs = 1'000'000'000;
 
 class Ingress {
  public:
@@ -65,6 +67,8 @@ class Ingress {
   // Poll passes completed (the reaper frees a retired rank's segment only
   // once a pass that began after the retirement has ended).
   uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
+  // Wakes the thread for one pass (the reaper waits for an epoch).
+  void Kick();
 
   static void Validate(const scheduler::Request& req, uint32_t expected_seq, int rank, const RegionTable& regions,
                        int world_size, scheduler::RankPart* part);

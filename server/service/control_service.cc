@@ -108,7 +108,10 @@ void ControlService::WatcherLoop() {
   std::vector<JoinReactor*> batch, done;
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait_for(lock, std::chrono::milliseconds(20), [this] { return wake_ || stop_; });
+    // Open Joins are polled every 20 ms (a job completing, a session the
+    // daemon ends); with none, only Wake() or a second passing wakes it.
+    cv_.wait_for(lock, reactors_.empty() ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(20),
+                 [this] { return wake_ || stop_; });
     if (stop_) break;
     wake_ = false;
     batch = reactors_;  // Only this thread finishes them, so they stay valid.

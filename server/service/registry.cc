@@ -111,9 +111,18 @@ v1::JobStats StatsOf(const Job& job, const std::vector<std::shared_ptr<Session>>
 
 Registry::~Registry() { StopReaper(); }
 
-void Registry::StartReaper(std::function<uint64_t()> ingress_epoch) {
+void Registry::StartReaper(std::function<uint64_t()> ingress_epoch, std::function<void()> kick) {
   ingress_epoch_ = std::move(ingress_epoch);
+  kick_ = std::move(kick);
   reaper_ = std::thread([this] { ReaperLoop(); });
+}
+
+void Registry::WakeReaper() {
+  {
+    std::lock_guard<std::mutex> lock(reaper_mu_);
+    reaper_wake_ = true;
+  }
+  reaper_cv_.notify_one();
 }
 
 void Registry::StopReaper() {
@@ -127,11 +136,24 @@ void Registry::StopReaper() {
 
 void Registry::ReaperLoop() {
   std::unique_lock<std::mutex> lock(reaper_mu_);
+  bool idle = false;
   while (!reaper_stop_) {
-    reaper_cv_.wait_for(lock, std::chrono::milliseconds(20), [this] { return reaper_stop_; });
+    // Every 20 ms while there are jobs or frees waiting; an idle daemon
+    // wakes once a second (Join wakes it: WakeReaper).
+    reaper_cv_.wait_for(lock, idle ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(20),
+                        [this] { return reaper_stop_ || reaper_wake_; });
     if (reaper_stop_) break;
+    reaper_wake_ = false;
     lock.unlock();
     Reap();
+    bool frees_waiting;
+    {
+      absl::MutexLock l(&mu_);
+      frees_waiting = !retired_.empty();
+      idle = jobs_.empty() && !frees_waiting;
+    }
+    // Deferred frees wait for an ingress pass: ask for one.
+    if (frees_waiting && kick_) kick_();
     lock.lock();
   }
 }
@@ -204,6 +226,7 @@ absl::StatusOr<Joined> Registry::Join(const v1::JoinRequest& req) {
           " jobs, the per-user limit (dmagatherd --max_jobs_per_uid); job '", req.job_key(), "' was not created")));
     }
     ++u.jobs;
+    WakeReaper();
     found = jobs_.emplace(key, JobEntry{}).first;
     found->second.job = std::make_shared<Job>(req.job_key(), req.world_size(), uid, multi_node);
     found->second.sessions.resize(req.world_size());

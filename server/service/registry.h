@@ -94,7 +94,8 @@ class Registry {
 
   // Starts the reaper thread; `ingress_epoch` reports the ingress thread's
   // completed poll passes (nullptr: no ingress thread, free at once).
-  void StartReaper(std::function<uint64_t()> ingress_epoch);
+  // `kick` (may be empty) wakes the ingress thread for a pass while frees wait.
+  void StartReaper(std::function<uint64_t()> ingress_epoch, std::function<void()> kick = nullptr);
   void StopReaper();
 
   // Claims the segment ticket, maps the segment and adds the rank to its
@@ -146,6 +147,7 @@ class Registry {
   using JobId = std::pair<uid_t, std::string>;
   std::shared_ptr<Session> FindSession(uint64_t id, const std::string& secret) const;
   void ReaperLoop();
+  void WakeReaper();
   void DropUsageLocked(uid_t uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseSessionUsageLocked(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -176,10 +178,12 @@ class Registry {
   // Reaper thread and its deferred-free queue: (ingress epoch at
   // retirement, session).
   std::function<uint64_t()> ingress_epoch_;
+  std::function<void()> kick_;
   std::deque<std::pair<uint64_t, std::shared_ptr<Session>>> retired_ ABSL_GUARDED_BY(mu_);
   std::mutex reaper_mu_;
   std::condition_variable reaper_cv_;
   bool reaper_stop_ = false;
+  bool reaper_wake_ = false;
   // Reaper thread only: when it last gave freed heap back (malloc_trim).
   int freed_since_trim_ = 0;
   absl::Time last_trim_ = absl::InfinitePast();
