@@ -39,44 +39,22 @@ constexpr int kMaxRanks = 16;
 constexpr int kMaxIters = 5000;
 constexpr int kMaxSizes = 16;
 
-struct Shared {
-  std::atomic<int> arrived;
-  std::atomic<int> generation;
-  std::atomic<int> failures;
-  char why[256];
+struct Shared : dmagather::bench::RankSync {
   double us[kMaxSizes][kMaxIters][kMaxRanks];
 };
-
-// A barrier in shared memory that spins briefly, then yields (so ranks on
-// an oversubscribed machine do not starve each other).
-void Barrier(Shared* sh, int world) {
-  const int gen = sh->generation.load(std::memory_order_acquire);
-  if (sh->arrived.fetch_add(1) + 1 == world) {
-    sh->arrived.store(0);
-    sh->generation.fetch_add(1, std::memory_order_release);
-    return;
-  }
-  for (int i = 0; sh->generation.load(std::memory_order_acquire) == gen; ++i) {
-    if (i > 200) sched_yield();
-  }
-}
-
-void Fail(Shared* sh, const std::string& why) {
-  if (sh->failures.fetch_add(1) == 0) snprintf(sh->why, sizeof(sh->why), "%s", why.c_str());
-}
 
 int RunRank(int rank, int world, const std::string& job, const std::vector<size_t>& kib, int iters, int warmup,
             Shared* sh) {
   const std::string sock = absl::GetFlag(FLAGS_socket);
   dmagather::Comm comm(sock.empty() ? nullptr : sock.c_str(), job, world, rank);
   if (!comm.ok()) {
-    Fail(sh, "init: " + comm.error());
+    sh->Fail("init: " + comm.error());
     return 1;
   }
   const size_t max_shard = *std::max_element(kib.begin(), kib.end()) << 10;
   char* buf = static_cast<char*>(comm.Alloc(max_shard * world));
   if (buf == nullptr) {
-    Fail(sh, "alloc: " + comm.error());
+    sh->Fail("alloc: " + comm.error());
     return 1;
   }
   std::vector<char> want(max_shard);
@@ -85,24 +63,24 @@ int RunRank(int rank, int world, const std::string& job, const std::vector<size_
     for (int it = -warmup; it < iters; ++it) {
       const uint64_t seed = s * 100000 + (it + warmup);
       dmagather::bench::FillPattern(buf + rank * shard, shard, seed, rank);
-      Barrier(sh, world);
+      sh->Barrier(world);
       const auto t0 = std::chrono::steady_clock::now();
       dmagather_status_t st = comm.AllGather(buf + rank * shard, buf, shard, DMAGATHER_UINT8);
       if (st == DMAGATHER_OK) st = comm.Wait();
       const auto t1 = std::chrono::steady_clock::now();
       if (st != DMAGATHER_OK) {
-        Fail(sh, absl::StrFormat("rank %d: %s: %s", rank, dmagather_status_string(st), comm.error()));
+        sh->Fail(absl::StrFormat("rank %d: %s: %s", rank, dmagather_status_string(st), comm.error()));
         return 1;
       }
       for (int r = 0; r < world; ++r) {  // Every result is checked.
         dmagather::bench::FillPattern(want.data(), shard, seed, r);
         if (std::memcmp(buf + r * shard, want.data(), shard) != 0) {
-          Fail(sh, absl::StrFormat("rank %d: shard %d wrong at %u KiB iteration %d", rank, r, kib[s], it));
+          sh->Fail(absl::StrFormat("rank %d: shard %d wrong at %u KiB iteration %d", rank, r, kib[s], it));
           return 1;
         }
       }
       if (it >= 0) sh->us[s][it][rank] = std::chrono::duration<double, std::micro>(t1 - t0).count();
-      Barrier(sh, world);  // Nobody refills its shard while another still checks.
+      sh->Barrier(world);  // Nobody refills its shard while another still checks.
     }
   }
   return 0;

@@ -1,5 +1,6 @@
 #include "bench/verify.h"
 
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,6 +10,20 @@
 #include "absl/strings/str_format.h"
 
 namespace dmagather::bench {
+
+void RankSync::Barrier(int world) {
+  const int gen = generation.load(std::memory_order_acquire);
+  if (arrived.fetch_add(1) + 1 == world) {
+    arrived.store(0);
+    generation.fetch_add(1, std::memory_order_release);
+    return;
+  }
+  for (int i = 0; generation.load(std::memory_order_acquire) == gen; ++i) {
+    if (failures.load() != 0) return;
+    if (i > 200) sched_yield();
+    if (i > 100000) usleep(50);
+  }
+}
 
 int ForkRanks(int world, const std::function<int(int)>& rank) {
   std::vector<pid_t> kids;

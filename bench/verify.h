@@ -4,8 +4,10 @@
 // communication.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
@@ -24,6 +26,21 @@ inline uint64_t SplitMix64(uint64_t& x) {
 // Runs rank(r) for r in [0, world) in forked processes (each exits with
 // its return value) and returns how many failed (non-zero exit or signal).
 int ForkRanks(int world, const std::function<int(int)>& rank);
+
+// What the forked ranks of a benchmark share (placed in a MAP_SHARED page):
+// a barrier and the first failure.
+struct RankSync {
+  std::atomic<int> arrived;
+  std::atomic<int> generation;
+  std::atomic<int> failures;
+  char why[512];
+  // Spins briefly, then yields, then naps (ranks on an oversubscribed
+  // machine must not starve each other); returns early once a rank failed.
+  void Barrier(int world);
+  void Fail(const std::string& message) {
+    if (failures.fetch_add(1) == 0) std::snprintf(why, sizeof(why), "%s", message.c_str());
+  }
+};
 
 // Fills `bytes` with the pattern of (seed, rank).
 void FillPattern(char* dst, size_t bytes, uint64_t seed, int rank);

@@ -56,32 +56,10 @@ constexpr int kMaxRanks = 32;
 constexpr int kMaxIters = 2000;
 constexpr int kMaxSizes = 16;
 
-struct Shared {
-  std::atomic<int> arrived;
-  std::atomic<int> generation;
-  std::atomic<int> failures;
-  char why[512];
+struct Shared : dmagather::bench::RankSync {
   char job_ids[kMaxSizes][DMAGATHER_JOB_ID_MAX];
   double us[kMaxSizes][kMaxIters][kMaxRanks];
 };
-
-void Barrier(Shared* sh, int world) {
-  const int gen = sh->generation.load(std::memory_order_acquire);
-  if (sh->arrived.fetch_add(1) + 1 == world) {
-    sh->arrived.store(0);
-    sh->generation.fetch_add(1, std::memory_order_release);
-    return;
-  }
-  for (int i = 0; sh->generation.load(std::memory_order_acquire) == gen; ++i) {
-    if (sh->failures.load() != 0) return;
-    if (i > 200) sched_yield();
-    if (i > 100000) usleep(50);
-  }
-}
-
-void Fail(Shared* sh, const std::string& why) {
-  if (sh->failures.fetch_add(1) == 0) snprintf(sh->why, sizeof(sh->why), "%s", why.c_str());
-}
 
 int ItersFor(size_t kib, int world) {
   const double out_mib = double(kib) * world / 1024.0;
@@ -98,7 +76,7 @@ int RunRank(int rank, int world, int rpn, const std::vector<std::string>& socket
     const std::string path = "/var/run/netns/" + netns[node];
     const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
-      Fail(sh, absl::StrFormat("rank %d: cannot enter %s: %s", rank, path, strerror(errno)));
+      sh->Fail(absl::StrFormat("rank %d: cannot enter %s: %s", rank, path, strerror(errno)));
       return 1;
     }
     close(fd);
@@ -117,43 +95,43 @@ int RunRank(int rank, int world, int rpn, const std::vector<std::string>& socket
     const std::string key = absl::StrFormat("%s-%u", absl::GetFlag(FLAGS_key), kib[s]);
     dmagather_comm_t comm = nullptr;
     if (dmagather_comm_init_config(key.c_str(), world, rank, &cfg, &comm) != DMAGATHER_OK) {
-      Fail(sh, absl::StrFormat("rank %d: join %s: %s", rank, key, dmagather_last_error(nullptr)));
+      sh->Fail(absl::StrFormat("rank %d: join %s: %s", rank, key, dmagather_last_error(nullptr)));
       return 1;
     }
     char* buf = nullptr;
     if (dmagather_alloc(comm, shard * world, reinterpret_cast<void**>(&buf)) != DMAGATHER_OK) {
-      Fail(sh, absl::StrFormat("rank %d: alloc: %s", rank, dmagather_last_error(comm)));
+      sh->Fail(absl::StrFormat("rank %d: alloc: %s", rank, dmagather_last_error(comm)));
       return 1;
     }
     for (int it = -warmup; it < iters; ++it) {
       const uint64_t seed = s * 100000 + (it + warmup);
       dmagather::bench::FillPattern(buf + rank * shard, shard, seed, rank);
-      Barrier(sh, world);
+      sh->Barrier(world);
       if (sh->failures.load() != 0) return 1;
       const auto t0 = std::chrono::steady_clock::now();
       dmagather_status_t st = dmagather_allgather(comm, buf + rank * shard, buf, shard, DMAGATHER_UINT8, nullptr);
       if (st == DMAGATHER_OK) st = dmagather_wait(comm);
       const auto t1 = std::chrono::steady_clock::now();
       if (st != DMAGATHER_OK) {
-        Fail(sh, absl::StrFormat("rank %d: %s: %s", rank, dmagather_status_string(st), dmagather_last_error(comm)));
+        sh->Fail(absl::StrFormat("rank %d: %s: %s", rank, dmagather_status_string(st), dmagather_last_error(comm)));
         return 1;
       }
       for (int r = 0; r < world; ++r) {  // Every result is checked.
         dmagather::bench::FillPattern(want.data(), shard, seed, r);
         if (std::memcmp(buf + r * shard, want.data(), shard) != 0) {
-          Fail(sh, absl::StrFormat("rank %d: shard %d wrong at %u KiB iteration %d", rank, r, kib[s], it));
+          sh->Fail(absl::StrFormat("rank %d: shard %d wrong at %u KiB iteration %d", rank, r, kib[s], it));
           return 1;
         }
       }
       if (it >= 0) sh->us[s][it][rank] = std::chrono::duration<double, std::micro>(t1 - t0).count();
-      Barrier(sh, world);  // Nobody refills its shard while another still checks.
+      sh->Barrier(world);  // Nobody refills its shard while another still checks.
     }
     dmagather_free(comm, buf);
     if (dmagather_comm_destroy(comm) != DMAGATHER_OK) {
-      Fail(sh, absl::StrFormat("rank %d: close %s: %s", rank, key, dmagather_last_error(nullptr)));
+      sh->Fail(absl::StrFormat("rank %d: close %s: %s", rank, key, dmagather_last_error(nullptr)));
       return 1;
     }
-    Barrier(sh, world);  // Every rank left this job before the next one starts.
+    sh->Barrier(world);  // Every rank left this job before the next one starts.
   }
   return 0;
 }

@@ -84,9 +84,6 @@ PeerStats PeerService::stats() const {
   st.transport = transport_->name();
   st.transport_reason = transport_reason_;
   st.auth_failures = auth_failures_.load();
-  st.connections = connections_.load();
-  std::lock_guard<std::mutex> lock(mu_);
-  st.jobs_bootstrapping = static_cast<int>(pending_.size());
   return st;
 }
 
@@ -144,7 +141,6 @@ void PeerService::AcceptLoop() {
       if (!absl::IsCancelled(conn.status())) LOG(WARNING) << "peer listener: " << conn.status();
       return;
     }
-    connections_.fetch_add(1);
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
     ++threads_;
@@ -239,7 +235,6 @@ void PeerService::MaybeBuildTableLocked(Pending& p) {
       std::sort(ranks.begin(), ranks.end());
       for (int r : ranks) e->add_ranks(r);
       all_verbs &= u.transport() == "ibverbs";
-      p.table_addresses.push_back(u.peer_address());
     }
     t.set_links(options_.links);
     t.set_chunk_bytes(options_.chunk_bytes);

@@ -58,8 +58,7 @@ struct PeerOptions {
 
 struct PeerStats {
   std::string address, transport, transport_reason;
-  uint64_t auth_failures = 0, connections = 0;
-  int jobs_bootstrapping = 0;
+  uint64_t auth_failures = 0;
 };
 
 class PeerService {
@@ -101,8 +100,6 @@ class PeerService {
     std::vector<std::shared_ptr<CoordNode>> nodes;
     bool table_ready = false;
     v1::NodeTable table;
-    std::vector<std::string> table_addresses;
-    bool done = false;
   };
 
   PeerService(const PeerOptions& options, engines::CopyEngine* engine);
@@ -132,7 +129,7 @@ class PeerService {
   std::map<std::string, std::shared_ptr<Pending>> pending_;  // By job tag.
   int threads_ = 0;  // Handler and bootstrap threads alive.
   bool stopping_ = false;
-  std::atomic<uint64_t> auth_failures_{0}, connections_{0};
+  std::atomic<uint64_t> auth_failures_{0};
 };
 
 }  // namespace dmagather::server::cluster

@@ -249,10 +249,6 @@ std::unique_ptr<Transport> MakeTcpTransport(const TcpOptions& options) {
   return std::make_unique<TcpTransport>(options);
 }
 
-std::unique_ptr<Connection> WrapTcpSocket(int fd, std::string peer) {
-  return std::make_unique<TcpConnection>(fd, std::move(peer));
-}
-
 absl::Status SplitHostPort(const std::string& address, std::string* host, int* port) {
   size_t colon;
   if (!address.empty() && address[0] == '[') {

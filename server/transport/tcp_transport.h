@@ -17,7 +17,4 @@ struct TcpOptions {
 
 std::unique_ptr<Transport> MakeTcpTransport(const TcpOptions& options = TcpOptions{});
 
-// A connected socket as a Connection (takes ownership of fd).
-std::unique_ptr<Connection> WrapTcpSocket(int fd, std::string peer);
-
 }  // namespace dmagather::server::transport

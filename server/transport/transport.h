@@ -56,12 +56,6 @@ class Listener {
   virtual const std::string& address() const = 0;
 };
 
-// Counters of one transport, for telemetry.
-struct TransportInfo {
-  std::string name;    // "tcp", "ibverbs".
-  std::string reason;  // Why this transport is in use (e.g. the fallback reason).
-};
-
 class Transport {
  public:
   virtual ~Transport() = default;
