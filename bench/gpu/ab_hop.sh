@@ -1,24 +1,57 @@
 #!/usr/bin/env bash
-# A/B of the daemon hop at 4 KiB and 64 MiB between two builds staged in one directory: old/
-# (dmagatherd + allgather_perf of the baseline) and bin/ (tests/gpu/run.sh stage), alternated
-# twice on the same GPU. Run from the staged directory on the GPU machine; logs under $OUT.
+# A/B of the daemon hop between two arms on the same GPU, alternated twice,
+# for each op shape below. Run from a directory staged by
+# `tests/gpu/run.sh stage DIR` on the GPU machine; logs under $OUT.
+#
+#   ab_hop.sh ARM_A ARM_B
+#
+# An arm is DIR[:VAR=VALUE...]: the dmagatherd and allgather_perf in DIR
+# (bin = this build, old = a baseline copied beside it), run with those
+# environment settings. E.g.
+#   ab_hop.sh old bin                            (baseline build vs this one)
+#   ab_hop.sh bin:DMAGATHER_CUDA_GRAPHS=0 bin    (one build, a setting off/on)
+# AB_SHAPES picks the shapes (default: 4k_r4 4k_r8 64m_r4).
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 export LD_LIBRARY_PATH="$here/lib:${LD_LIBRARY_PATH:-}"
-one() {  # dir label flags...
-  local d="$1" label="$2"; shift 2
-  local tmp; tmp="$(mktemp -d)"
-  export DMAGATHER_SOCKET="$tmp/d.sock"
-  "$here/$d/dmagatherd" --socket="$DMAGATHER_SOCKET" --backend=cuda >"$OUT/daemon_$label.log" 2>&1 &
-  local dpid=$!
-  for _ in $(seq 1 100); do [ -S "$DMAGATHER_SOCKET" ] && break; sleep 0.1; done
-  (cd "$tmp" && timeout 120 "$here/$d/allgather_perf" "$@") > "$OUT/ab_$label.log" 2>&1
-  kill -TERM "$dpid"; wait "$dpid"
-  echo "$label: $(grep -E '^ +[0-9]+ +[0-9.]+' "$OUT/ab_$label.log" | tail -1 | awk '{print "e2e p50 "$2" p99 "$3}') | $(grep -o 'Execute p50 [0-9.]* us, p99 [0-9.]* us' "$OUT/daemon_$label.log") | $(grep -o 'copy calls (per device) p50 [0-9.]* us' "$OUT/daemon_$label.log")"
+export NCCL_NVLS_ENABLE=0
+out="${OUT:-.}"
+
+shape_flags() {
+  case "$1" in
+    4k_r4) echo "--ranks=4 --check_counts=1 --sizes_mib= --latency_kib=4 --latency_iters=2000 --overlap_s=0" ;;
+    4k_r8) echo "--ranks=8 --check_counts=1 --sizes_mib= --latency_kib=4 --latency_iters=1000 --overlap_s=0" ;;
+    64m_r4) echo "--ranks=4 --check_counts=1 --sizes_mib= --latency_kib=65536 --latency_iters=200 --overlap_s=0" ;;
+    *) echo "unknown shape $1" >&2; exit 2 ;;
+  esac
 }
-small=(--ranks=4 --check_counts=1 --sizes_mib= --latency_kib=4 --latency_iters=2000 --overlap_s=0)
-large=(--ranks=4 --check_counts=1 --sizes_mib= --latency_kib=65536 --latency_iters=200 --overlap_s=0)
-for round in 1 2; do
-  one old "old_4k_$round" "${small[@]}"; one bin "new_4k_$round" "${small[@]}"
-  one old "old_64m_$round" "${large[@]}"; one bin "new_64m_$round" "${large[@]}"
+
+one() {  # arm label shape
+  local arm="$1" label="$2" shape="$3" dir envs
+  dir="${arm%%:*}"
+  envs=""
+  [ "$dir" != "$arm" ] && envs="${arm#*:}"
+  local tmp; tmp="$(mktemp -d)"
+  local sock="$tmp/d.sock"
+  # shellcheck disable=SC2086  # envs is a list of VAR=VALUE words.
+  env $envs "$here/$dir/dmagatherd" --socket="$sock" --backend=cuda >"$out/daemon_$label.log" 2>&1 &
+  local dpid=$!
+  for _ in $(seq 1 100); do [ -S "$sock" ] && break; sleep 0.1; done
+  # shellcheck disable=SC2046
+  (cd "$tmp" && DMAGATHER_SOCKET="$sock" timeout 180 "$here/$dir/allgather_perf" $(shape_flags "$shape")) \
+    >"$out/ab_$label.log" 2>&1
+  kill -TERM "$dpid"; wait "$dpid"
+  printf '%-28s %s | %s | %s\n' "$label" \
+    "$(grep -E '^ +[0-9]+ +[0-9.]+' "$out/ab_$label.log" | tail -1 | awk '{print "e2e p50 "$2" us, p99 "$3" us"}')" \
+    "$(grep -o 'issue p50 [0-9.]* us, p99 [0-9.]* us' "$out/daemon_$label.log")" \
+    "$(grep -o 'copy calls (per device) p50 [0-9.]* us' "$out/daemon_$label.log")"
+}
+
+[ $# -eq 2 ] || { echo "usage: $0 ARM_A ARM_B" >&2; exit 2; }
+for shape in ${AB_SHAPES:-4k_r4 4k_r8 64m_r4}; do
+  for round in 1 2; do
+    one "$1" "A_${shape}_$round" "$shape"
+    one "$2" "B_${shape}_$round" "$shape"
+  done
 done
+echo "A = $1, B = $2"

@@ -15,10 +15,10 @@ stage() {
   local dir="$1" root
   root="$(cd "$here/../.." && pwd)"
   (cd "$root" && bazel build -c opt //server:dmagatherd //tests/gpu:allgather_gpu_test //bench:allgather_perf \
-      //client:libdmagather.so //tools:dmagatherctl) || exit 1
+      //client:libdmagather.so //tools:dmagatherctl //bench/gpu:issue_cost) || exit 1
   mkdir -p "$dir/bin" "$dir/lib"
   local bins=(server/dmagatherd tests/gpu/allgather_gpu_test bench/allgather_perf client/libdmagather.so
-              tools/dmagatherctl)
+              tools/dmagatherctl bench/gpu/issue_cost)
   for b in "${bins[@]}"; do
     install -m 0755 "$root/bazel-bin/$b" "$dir/bin/$(basename "$b")"
     strip "$dir/bin/$(basename "$b")" 2>/dev/null || true
@@ -31,6 +31,7 @@ stage() {
   strip --strip-unneeded "$dir"/lib/*.so* 2>/dev/null || true
   install -m 0755 "$here/run.sh" "$dir/run.sh"
   install -m 0755 "$root/bench/cuda_bench.sh" "$dir/cuda_bench.sh"
+  install -m 0755 "$root/bench/gpu/ab_hop.sh" "$dir/ab_hop.sh"
   du -sh "$dir"
 }
 

@@ -8,6 +8,13 @@
 //  - copies: cudaMemcpyBatchAsync with cudaMemcpyFlagPreferOverlapWithCompute
 //    (falls back to cudaMemcpyAsync per chunk if unsupported, or with
 //    DMAGATHER_CUDA_BATCH=0), chunks of at most 64 MiB;
+//  - copy graphs (DMAGATHER_CUDA_GRAPHS=0 turns them off): a copy call seen
+//    a second time (same device, addresses and sizes: FSDP2 and ZeRO-3
+//    gather into the same buffers every step) is built once into a CUDA
+//    graph of memcpy nodes in a chain and replayed with one cudaGraphLaunch.
+//    Issuing 12 small copies costs ~50 us as a batch and ~2 us as a replay
+//    (bench/gpu/issue_cost.cc; docs/PERFORMANCE.md). Graphs hold addresses,
+//    so every release of an import (IPC close, VMM unmap) drops them all;
 //  - imports: CUDA IPC handles of allocation bases (cudaIpcOpenMemHandle,
 //    size checked with cuMemGetAddressRange);
 //  - rank flags: cudaHostRegister(Mapped | Portable) of the completion block.
@@ -18,11 +25,14 @@
 #include <cuda_runtime_api.h>
 #include <glog/logging.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/cuda/cuda_api.h"
 #include "common/status.h"
@@ -56,7 +66,12 @@ class CudaRuntime : public GpuRuntime {
   uint64_t default_chunk_bytes() const override { return kCudaDefaultChunkBytes; }
   bool device_waits() const override { return true; }
   std::string Describe() const override {
-    return batch_copies_ok_ ? "cudaMemcpyBatchAsync" : "cudaMemcpyAsync";
+    std::string d = batch_copies_ok_ ? "cudaMemcpyBatchAsync" : "cudaMemcpyAsync";
+    if (!graphs_on_) return absl::StrCat(d, "; copy graphs off");
+    return absl::StrCat(d, "; copy graphs (a copy call seen twice is replayed as a CUDA graph): ",
+                        graph_launches_.load(std::memory_order_relaxed), " replays, ",
+                        graphs_built_.load(std::memory_order_relaxed), " built, ",
+                        graph_drops_.load(std::memory_order_relaxed), " dropped by import releases");
   }
 
   // Ring staging: pinned host memory and synchronous host<->device copies
@@ -178,6 +193,7 @@ class CudaRuntime : public GpuRuntime {
   void CloseIpc(int device, char* base) override {
     cudaSetDevice(device);
     cudaError_t err = cudaIpcCloseMemHandle(base);
+    releases_->fetch_add(1, std::memory_order_release);
     if (err != cudaSuccess) LOG(WARNING) << CudaStatus("cudaIpcCloseMemHandle", err).message();
   }
 
@@ -209,6 +225,7 @@ class CudaRuntime : public GpuRuntime {
 
   absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n) override {
     cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (graphs_on_ && ReplayGraph(device, s, chunks, n)) return absl::OkStatus();
     if (batch_copies_ok_) {
       dsts_.clear();
       srcs_.clear();
@@ -262,9 +279,97 @@ class CudaRuntime : public GpuRuntime {
   CudaRuntime(const DriverApi* api, int n) : api_(api), num_devices_(n) {
     const char* env = std::getenv("DMAGATHER_CUDA_BATCH");
     if (env != nullptr && std::strcmp(env, "0") == 0) batch_copies_ok_ = false;
+    env = std::getenv("DMAGATHER_CUDA_GRAPHS");
+    if (env != nullptr && std::strcmp(env, "0") == 0) graphs_on_ = false;
     std::vector<int> all_devices;
     for (int d = 0; d < n; ++d) all_devices.push_back(d);
-    vmm_ = std::make_unique<VmmImporter>(api, std::move(all_devices));
+    vmm_ = std::make_unique<VmmImporter>(api, std::move(all_devices),
+                                         [r = releases_] { r->fetch_add(1, std::memory_order_release); });
+  }
+  ~CudaRuntime() override { DropGraphs(); }
+
+  // --- Copy graphs (issuing thread only) ---
+  // Launches the graph of this copy call when there is one (building it on
+  // the call's second sight); false: issue the copies another way.
+  bool ReplayGraph(int device, cudaStream_t s, const CopyCmd* chunks, size_t n) {
+    const uint64_t releases = releases_->load(std::memory_order_acquire);
+    if (releases != graphs_release_mark_) {
+      graph_drops_.fetch_add(graphs_.size(), std::memory_order_relaxed);
+      DropGraphs();
+      graphs_release_mark_ = releases;
+    }
+    key_.clear();
+    key_.append(reinterpret_cast<const char*>(&device), sizeof(device));
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t k[3] = {reinterpret_cast<uint64_t>(chunks[i].dst), reinterpret_cast<uint64_t>(chunks[i].src),
+                             chunks[i].bytes};
+      key_.append(reinterpret_cast<const char*>(k), sizeof(k));
+    }
+    auto it = graphs_.find(key_);
+    if (it == graphs_.end()) {
+      if (seen_.size() >= kMaxSeen) seen_.clear();
+      if (++seen_[key_] < 2) return false;  // First sight: a one-off is not worth a graph.
+      seen_.erase(key_);
+      if (graphs_.size() >= kMaxGraphs) EvictLeastRecent();
+      absl::StatusOr<cudaGraphExec_t> exec = BuildGraph(chunks, n);
+      if (!exec.ok()) {
+        LOG(WARNING) << exec.status().message() << "; copy graphs off from now on";
+        graphs_on_ = false;
+        return false;
+      }
+      graphs_built_.fetch_add(1, std::memory_order_relaxed);
+      it = graphs_.emplace(key_, CopyGraph{*exec, 0}).first;
+    }
+    it->second.last_use = ++use_clock_;
+    const cudaError_t err = cudaGraphLaunch(it->second.exec, s);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      LOG(WARNING) << CudaStatus("cudaGraphLaunch(copies)", err).message() << "; copy graphs off from now on";
+      DropGraphs();
+      graphs_on_ = false;
+      return false;
+    }
+    graph_launches_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+
+  // The chunks as memcpy nodes, each after the one before: a chain
+  // launches in ~2 us whatever its length, where independent nodes cost
+  // ~1 us each (the driver fans them out over internal streams).
+  static absl::StatusOr<cudaGraphExec_t> BuildGraph(const CopyCmd* chunks, size_t n) {
+    cudaGraph_t g = nullptr;
+    DMAG_CUDA_RETURN_IF_ERROR(cudaGraphCreate(&g, 0));
+    cudaGraphNode_t prev = nullptr;
+    cudaError_t err = cudaSuccess;
+    for (size_t i = 0; i < n && err == cudaSuccess; ++i) {
+      cudaGraphNode_t node = nullptr;
+      err = cudaGraphAddMemcpyNode1D(&node, g, prev != nullptr ? &prev : nullptr, prev != nullptr ? 1 : 0,
+                                     chunks[i].dst, chunks[i].src, chunks[i].bytes, cudaMemcpyDeviceToDevice);
+      prev = node;
+    }
+    cudaGraphExec_t exec = nullptr;
+    if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return CudaStatus("building a copy graph (cudaGraphAddMemcpyNode1D/cudaGraphInstantiate)", err);
+    }
+    return exec;
+  }
+
+  // A graph still in flight is freed by the driver when it completes.
+  void DropGraphs() {
+    for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
+    graphs_.clear();
+    seen_.clear();
+  }
+  void EvictLeastRecent() {
+    auto oldest = graphs_.begin();
+    for (auto it = graphs_.begin(); it != graphs_.end(); ++it) {
+      if (it->second.last_use < oldest->second.last_use) oldest = it;
+    }
+    cudaGraphExecDestroy(oldest->second.exec);
+    graphs_.erase(oldest);
   }
 
   const DriverApi* const api_;
@@ -276,6 +381,25 @@ class CudaRuntime : public GpuRuntime {
   std::vector<size_t> sizes_;
   bool batch_memops_ok_ = true;
   bool batch_copies_ok_ = true;
+
+  // Copy graphs by key (device, then dst/src/bytes of every chunk); keys
+  // seen once (bounded); the count of import releases they were built
+  // under (releases_ is bumped by IPC closes and VMM unmaps on any thread,
+  // and outlives this runtime in VMM regions' release callbacks).
+  static constexpr size_t kMaxGraphs = 1024;
+  static constexpr size_t kMaxSeen = 16384;
+  struct CopyGraph {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t last_use = 0;
+  };
+  bool graphs_on_ = true;
+  absl::flat_hash_map<std::string, CopyGraph> graphs_;
+  absl::flat_hash_map<std::string, uint8_t> seen_;
+  std::string key_;
+  uint64_t use_clock_ = 0;
+  const std::shared_ptr<std::atomic<uint64_t>> releases_ = std::make_shared<std::atomic<uint64_t>>(0);
+  uint64_t graphs_release_mark_ = 0;
+  std::atomic<uint64_t> graph_launches_{0}, graphs_built_{0}, graph_drops_{0};
 };
 
 }  // namespace

@@ -503,7 +503,8 @@ void GpuEngine::Stop() {
     };
     LOG(INFO) << name() << " engine: " << execute_ns_.Summary().count << " ops; issue " << us(execute_ns_)
               << "; ready waits (per device) " << us(memops_ns_) << "; copy calls (per device) " << us(copies_ns_)
-              << "; completion: last share seen -> OnEngineDone done " << us(complete_ns_);
+              << "; completion: last share seen -> OnEngineDone done " << us(complete_ns_) << "; copy path "
+              << runtime_->Describe();
   }
   // Give gated and queued work stop_drain_ms to finish; after that, report
   // it failed.

@@ -18,8 +18,13 @@ using ::dmagather::common::cuda::DriverApi;
 class VmmRegion : public ImportedRegion {
  public:
   VmmRegion(const DriverApi* api, CUdeviceptr va, uint64_t reserved, uint64_t bytes,
-            std::vector<abi::VmmChunkV1> chunks)
-      : api_(api), va_(va), reserved_(reserved), bytes_(bytes), chunks_(std::move(chunks)) {}
+            std::vector<abi::VmmChunkV1> chunks, std::function<void()> on_release)
+      : api_(api),
+        va_(va),
+        reserved_(reserved),
+        bytes_(bytes),
+        chunks_(std::move(chunks)),
+        on_release_(std::move(on_release)) {}
   ~VmmRegion() override {
     for (const abi::VmmChunkV1& c : chunks_) {
       CUresult r = api_->cuMemUnmap(va_ + c.offset, c.bytes);
@@ -27,6 +32,7 @@ class VmmRegion : public ImportedRegion {
     }
     CUresult r = api_->cuMemAddressFree(va_, reserved_);
     if (r != CUDA_SUCCESS) LOG(WARNING) << CuStatus("cuMemAddressFree(imported VMM region)", r).message();
+    if (on_release_) on_release_();
   }
   char* base() const override { return reinterpret_cast<char*>(va_); }
   uint64_t bytes() const override { return bytes_; }
@@ -37,6 +43,7 @@ class VmmRegion : public ImportedRegion {
   const uint64_t reserved_;
   const uint64_t bytes_;
   const std::vector<abi::VmmChunkV1> chunks_;
+  const std::function<void()> on_release_;
 };
 
 }  // namespace
@@ -92,7 +99,8 @@ absl::StatusOr<VmmTable> ParseVmmTable(const std::string& handle, uint64_t bytes
   return t;
 }
 
-VmmImporter::VmmImporter(const DriverApi* api, std::vector<int> devices) : api_(api), devices_(std::move(devices)) {}
+VmmImporter::VmmImporter(const DriverApi* api, std::vector<int> devices, std::function<void()> on_release)
+    : api_(api), devices_(std::move(devices)), on_release_(std::move(on_release)) {}
 
 size_t VmmImporter::live_imports() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -185,7 +193,7 @@ absl::StatusOr<std::shared_ptr<ImportedRegion>> VmmImporter::MapRegion(const Vmm
     r = api_->cuMemSetAccess(va, bytes, access.data(), 1);
   }
   if (r != CUDA_SUCCESS) return undo(CuStatus("cuMemSetAccess", r));
-  return std::shared_ptr<ImportedRegion>(std::make_shared<VmmRegion>(api_, va, bytes, bytes, table.chunks));
+  return std::shared_ptr<ImportedRegion>(std::make_shared<VmmRegion>(api_, va, bytes, bytes, table.chunks, on_release_));
 }
 
 }  // namespace dmagather::server::engines::gpu

@@ -25,6 +25,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -53,7 +54,10 @@ std::string EncodeVmmTable(int device, const std::vector<abi::VmmChunkV1>& chunk
 class VmmImporter {
  public:
   // `devices`: every device the engine copies on (each gets access).
-  VmmImporter(const ::dmagather::common::cuda::DriverApi* api, std::vector<int> devices);
+  // `on_release` (optional) runs after a region is unmapped: the runtime
+  // drops what it built on the region's addresses (its copy graphs).
+  VmmImporter(const ::dmagather::common::cuda::DriverApi* api, std::vector<int> devices,
+              std::function<void()> on_release = nullptr);
 
   // `device` is the owning rank's device (checked against the table).
   absl::StatusOr<std::shared_ptr<ImportedRegion>> Import(const RegionSpec& spec, int device);
@@ -67,6 +71,7 @@ class VmmImporter {
 
   const ::dmagather::common::cuda::DriverApi* const api_;
   const std::vector<int> devices_;
+  const std::function<void()> on_release_;
   std::mutex mu_;
   std::map<std::string, std::weak_ptr<ImportedRegion>> cache_;  // (pid, device, table) -> region.
 };

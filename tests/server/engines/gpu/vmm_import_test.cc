@@ -117,7 +117,12 @@ TEST(VmmImportTest, MapsEveryChunkIntoOneRangeCachesAndReleases) {
   FakeDriver f;
   fake = &f;
   const common::cuda::DriverApi api = FakeApi();
-  VmmImporter imp(&api, {0, 1});
+  int released_regions = 0;
+  // The release callback runs once per region, after its unmap.
+  VmmImporter imp(&api, {0, 1}, [&] {
+    ++released_regions;
+    EXPECT_TRUE(f.reserved.size() <= 1u);
+  });
   auto r = imp.Import(Spec(3, 7, {10, 11, 12}), 0);
   ASSERT_TRUE(r.ok()) << r.status();
   const CUdeviceptr va = reinterpret_cast<CUdeviceptr>((*r)->base());
@@ -146,8 +151,11 @@ TEST(VmmImportTest, MapsEveryChunkIntoOneRangeCachesAndReleases) {
   EXPECT_FALSE(imp.Import(Spec(3, 7, {1, 2, 3}), 1).ok());
   // Last references go: every chunk unmapped, both ranges freed.
   r->reset();
+  EXPECT_EQ(released_regions, 0);  // `again` still holds the first region.
   again->reset();
+  EXPECT_EQ(released_regions, 1);
   remapped->reset();
+  EXPECT_EQ(released_regions, 2);
   EXPECT_TRUE(f.mapped.empty());
   EXPECT_TRUE(f.reserved.empty());
   EXPECT_EQ(imp.live_imports(), 0u);
