@@ -21,6 +21,8 @@ shape_flags() {
   case "$1" in
     4k_r4) echo "--ranks=4 --check_counts=1 --sizes_mib= --latency_kib=4 --latency_iters=2000 --overlap_s=0" ;;
     4k_r8) echo "--ranks=8 --check_counts=1 --sizes_mib= --latency_kib=4 --latency_iters=1000 --overlap_s=0" ;;
+    16m_r4) echo "--ranks=4 --check_counts=1 --sizes_mib= --latency_kib=16384 --latency_iters=300 --overlap_s=0" ;;
+    1m_r4) echo "--ranks=4 --check_counts=1 --sizes_mib= --latency_kib=1024 --latency_iters=1000 --overlap_s=0" ;;
     64m_r4) echo "--ranks=4 --check_counts=1 --sizes_mib= --latency_kib=65536 --latency_iters=200 --overlap_s=0" ;;
     *) echo "unknown shape $1" >&2; exit 2 ;;
   esac

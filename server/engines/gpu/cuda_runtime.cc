@@ -8,11 +8,12 @@
 //  - copies: cudaMemcpyBatchAsync with cudaMemcpyFlagPreferOverlapWithCompute
 //    (falls back to cudaMemcpyAsync per chunk if unsupported, or with
 //    DMAGATHER_CUDA_BATCH=0), chunks of at most 64 MiB;
-//  - copy graphs (DMAGATHER_CUDA_GRAPHS=0 turns them off): a copy call seen
-//    a second time (same device, addresses and sizes: FSDP2 and ZeRO-3
-//    gather into the same buffers every step) is built once into a CUDA
-//    graph of memcpy nodes in a chain and replayed with one cudaGraphLaunch.
-//    Issuing 12 small copies costs ~50 us as a batch and ~2 us as a replay
+//  - copy graphs (DMAGATHER_CUDA_GRAPHS=0 turns them off): a copy call of
+//    chunks up to DMAGATHER_CUDA_GRAPH_MAX_KIB (default 1024) seen a second
+//    time (same device, addresses and sizes: FSDP2 and ZeRO-3 gather into
+//    the same buffers every step) is built once into a CUDA graph of memcpy
+//    nodes in a chain and replayed with one cudaGraphLaunch. Issuing 12
+//    small copies costs ~40 us as a batch and ~1.2 us as a replay
 //    (bench/gpu/issue_cost.cc; docs/PERFORMANCE.md). Graphs hold addresses,
 //    so every release of an import (IPC close, VMM unmap) drops them all;
 //  - imports: CUDA IPC handles of allocation bases (cudaIpcOpenMemHandle,
@@ -68,7 +69,8 @@ class CudaRuntime : public GpuRuntime {
   std::string Describe() const override {
     std::string d = batch_copies_ok_ ? "cudaMemcpyBatchAsync" : "cudaMemcpyAsync";
     if (!graphs_on_) return absl::StrCat(d, "; copy graphs off");
-    return absl::StrCat(d, "; copy graphs (a copy call seen twice is replayed as a CUDA graph): ",
+    return absl::StrCat(d, "; copy graphs (a copy call of chunks <= ", graph_max_chunk_ >> 10,
+                        " KiB seen twice is replayed as a CUDA graph): ",
                         graph_launches_.load(std::memory_order_relaxed), " replays, ",
                         graphs_built_.load(std::memory_order_relaxed), " built, ",
                         graph_drops_.load(std::memory_order_relaxed), " dropped by import releases");
@@ -281,6 +283,8 @@ class CudaRuntime : public GpuRuntime {
     if (env != nullptr && std::strcmp(env, "0") == 0) batch_copies_ok_ = false;
     env = std::getenv("DMAGATHER_CUDA_GRAPHS");
     if (env != nullptr && std::strcmp(env, "0") == 0) graphs_on_ = false;
+    env = std::getenv("DMAGATHER_CUDA_GRAPH_MAX_KIB");
+    if (env != nullptr && std::atoll(env) > 0) graph_max_chunk_ = uint64_t(std::atoll(env)) << 10;
     std::vector<int> all_devices;
     for (int d = 0; d < n; ++d) all_devices.push_back(d);
     vmm_ = std::make_unique<VmmImporter>(api, std::move(all_devices),
@@ -292,6 +296,9 @@ class CudaRuntime : public GpuRuntime {
   // Launches the graph of this copy call when there is one (building it on
   // the call's second sight); false: issue the copies another way.
   bool ReplayGraph(int device, cudaStream_t s, const CopyCmd* chunks, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      if (chunks[i].bytes > graph_max_chunk_) return false;  // Issue cost is small beside the transfer.
+    }
     const uint64_t releases = releases_->load(std::memory_order_acquire);
     if (releases != graphs_release_mark_) {
       graph_drops_.fetch_add(graphs_.size(), std::memory_order_relaxed);
@@ -393,6 +400,10 @@ class CudaRuntime : public GpuRuntime {
     uint64_t last_use = 0;
   };
   bool graphs_on_ = true;
+  // Largest chunk replayed from a graph. Measured on one H200: 4 KiB and
+  // 1 MiB copies issue and run faster from a graph; 32 MiB chunks gained
+  // nothing end to end at p50 and the p99 grew (docs/PERFORMANCE.md).
+  uint64_t graph_max_chunk_ = uint64_t{1} << 20;
   absl::flat_hash_map<std::string, CopyGraph> graphs_;
   absl::flat_hash_map<std::string, uint8_t> seen_;
   std::string key_;

@@ -111,8 +111,14 @@ class GpuEngine : public CopyEngine {
     std::condition_variable space_cv;  // A slot was freed.
     std::vector<Share> ring;
     uint64_t head = 0, tail = 0;
+    // The thread waits on `cv` (the issuer must notify: a futex call on the
+    // hop) only after kCompletionSpinNs without work; else it spins on
+    // `posted` (tail, published) and the issuer skips the notify.
+    bool sleeping = false;
+    std::atomic<uint64_t> posted{0};
     std::thread thread;
   };
+  static constexpr uint64_t kCompletionSpinNs = 200'000;
   static constexpr size_t kShareSlots = 4096;
   static constexpr size_t kTracks = 4096;
   static constexpr size_t kGateSlots = 4096;
@@ -176,6 +182,7 @@ class GpuEngine : public CopyEngine {
   std::atomic<uint64_t> ops_{0}, bytes_{0}, chunks_stat_{0}, same_device_{0};
   // Where the daemon hop goes (logged at Stop).
   common::LatencyHistogram execute_ns_, memops_ns_, copies_ns_, complete_ns_;
+  std::atomic<uint64_t> ready_seen_{0};  // Device waits skipped: the CPU saw every flag at the op.
   std::once_flag same_device_logged_;
 };
 
