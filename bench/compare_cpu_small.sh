@@ -4,10 +4,16 @@
 # op preceded by a barrier on both sides and every result checked bit-exact.
 # Per size: the median over rounds of each side's p50 and p99 (per-op
 # latency, max over ranks), and speed = Open MPI p50 / dmagather p50 (> 1:
-# dmagather faster). Writes results/compare_cpu_small.csv and .png; also
+# dmagather faster). Writes results/compare_cpu_small.csv and .png (and each
+# round's raw CSV under results/compare_cpu_small_raw/); also
 # reports the daemon's CPU time while idle (5 s after the runs).
 #
 #   bench/compare_cpu_small.sh [--ranks=4] [--sizes_kib=4,16,64,256,1024] [--iters=500] [--rounds=3]
+#
+# On a machine without Bazel (e.g. one with more cores than this build
+# machine): BIN=DIR takes dmagatherd, small_ops and mpi_allgather from DIR
+# and installs and builds nothing; MPIRUN names Open MPI's launcher, RESULTS
+# the output folder (default results/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ranks=4; sizes=4,16,64,256,1024; iters=500; rounds=3
@@ -20,29 +26,36 @@ for a in "$@"; do
     *) echo "unknown option $a" >&2; exit 2 ;;
   esac
 done
-tools/install_deps.sh
-missing=""
-for p in openmpi-bin libopenmpi-dev python3-matplotlib; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
-done
-if [ -n "$missing" ]; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >&2
+if [ -z "${BIN:-}" ]; then
+  tools/install_deps.sh
+  missing=""
+  for p in openmpi-bin libopenmpi-dev python3-matplotlib; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+  done
+  if [ -n "$missing" ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >&2
+  fi
+  bazel build -c opt //server:dmagatherd //bench:small_ops //bench:mpi_allgather >&2
+  daemon_bin=bazel-bin/server/dmagatherd small_ops=bazel-bin/bench/small_ops mpi_allgather=bazel-bin/bench/mpi_allgather
+else
+  daemon_bin="$BIN/dmagatherd" small_ops="$BIN/small_ops" mpi_allgather="$BIN/mpi_allgather"
 fi
-bazel build -c opt //server:dmagatherd //bench:small_ops //bench:mpi_allgather >&2
-mkdir -p results
+results="${RESULTS:-results}"
+mkdir -p "$results"
 dir=$(mktemp -d /tmp/dmagather-small-XXXXXX)
-bazel-bin/server/dmagatherd --socket="$dir/d.sock" --backend=host --log_level=warning ${DAEMON_FLAGS:-} 2>"$dir/log" &
+"$daemon_bin" --socket="$dir/d.sock" --backend=host --log_level=warning ${DAEMON_FLAGS:-} 2>"$dir/log" &
 daemon=$!
 trap 'kill -TERM $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf "$dir"' EXIT
 for _ in $(seq 100); do [ -S "$dir/d.sock" ] && break; sleep 0.05; done
 for r in $(seq "$rounds"); do
   echo "round $r/$rounds: dmagather ..." >&2
-  bazel-bin/bench/small_ops --socket="$dir/d.sock" --ranks="$ranks" --sizes_kib="$sizes" --iters="$iters" \
+  "$small_ops" --socket="$dir/d.sock" --ranks="$ranks" --sizes_kib="$sizes" --iters="$iters" \
     >"$dir/dmag_$r.csv"
   echo "round $r/$rounds: Open MPI ..." >&2
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np "$ranks" \
-    bazel-bin/bench/mpi_allgather --sizes_kib="$sizes" --iters="$iters" >"$dir/mpi_$r.csv"
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${MPIRUN:-mpirun}" --oversubscribe -np "$ranks" \
+    "$mpi_allgather" --sizes_kib="$sizes" --iters="$iters" >"$dir/mpi_$r.csv"
 done
+mkdir -p "$results/compare_cpu_small_raw" && cp "$dir"/dmag_*.csv "$dir"/mpi_*.csv "$results/compare_cpu_small_raw/"
 # The daemon idle: CPU seconds and context switches over 5 s.
 read -r u0 s0 < <(awk '{print $14, $15}' /proc/$daemon/stat)
 cs0=$(awk '/ctxt_switches/ {n += $2} END {print n}' /proc/$daemon/task/*/status)
@@ -53,9 +66,9 @@ hz=$(getconf CLK_TCK)
 idle_cpu=$(awk -v a=$((u1 + s1 - u0 - s0)) -v hz="$hz" 'BEGIN {printf "%.2f", 100 * a / hz / 5}')
 idle_wakeups=$(( (cs1 - cs0) / 5 ))
 
-/usr/bin/python3 - "$dir" "$rounds" "$ranks" "$idle_cpu" "$idle_wakeups" <<'PY'
+/usr/bin/python3 - "$dir" "$rounds" "$ranks" "$idle_cpu" "$idle_wakeups" "$results" <<'PY'
 import csv, statistics, sys
-d, rounds, ranks, idle_cpu, wake = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+d, rounds, ranks, idle_cpu, wake, results = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
 def load(prefix):
     out = {}
     for r in range(1, rounds + 1):
@@ -73,7 +86,7 @@ for k in sorted(dm):
     rows.append([k, a50, a99, b50, b99, b50 / a50, a99 / a50])
     print(f"{k:>9} {a50:>9.1f} {a99:>9.1f} {b50:>9.1f} {b99:>9.1f} {b50 / a50:>6.2f} {a99 / a50:>8.2f}")
 print(f"daemon idle: {idle_cpu}% CPU, {wake} context switches/s")
-with open("results/compare_cpu_small.csv", "w") as f:
+with open(f"{results}/compare_cpu_small.csv", "w") as f:
     w = csv.writer(f)
     w.writerow(["shard_KiB", "dmagather_p50_us", "dmagather_p99_us", "openmpi_p50_us", "openmpi_p99_us",
                 "speed_vs_openmpi", "dmagather_p99_over_p50"])
@@ -92,8 +105,8 @@ try:
     ax.set_xlabel("shard per rank (KiB)"); ax.set_ylabel("per-op latency (us)")
     ax.set_title(f"Small AllGathers, {ranks} ranks, one CPU node")
     ax.grid(True, alpha=0.3); ax.legend(); fig.tight_layout()
-    fig.savefig("results/compare_cpu_small.png", dpi=120)
-    print("wrote results/compare_cpu_small.csv, results/compare_cpu_small.png")
+    fig.savefig(f"{results}/compare_cpu_small.png", dpi=120)
+    print(f"wrote {results}/compare_cpu_small.csv, {results}/compare_cpu_small.png")
 except ImportError:
-    print("wrote results/compare_cpu_small.csv (matplotlib missing: no PNG)")
+    print(f"wrote {results}/compare_cpu_small.csv (matplotlib missing: no PNG)")
 PY

@@ -133,6 +133,7 @@ absl::Status Daemon::Start() {
   }
   ingress::Ingress::Options io;
   io.op_timeout = options_.op_timeout;
+  io.spin_iterations = options_.ingress_spin;
   ingress_ = std::make_unique<ingress::Ingress>(
       io, engine_.get(), db,
       ingress::Ingress::Hooks{[reg] { return reg->version(); }, [reg] { return reg->Snapshot(); }});

@@ -37,6 +37,8 @@ struct DaemonOptions {
   unsigned socket_mode = 0660;
   engines::EngineOptions engine;
   absl::Duration op_timeout = absl::Seconds(60);
+  // Polls of the rank rings (a pause each) before the ingress thread sleeps.
+  uint32_t ingress_spin = 2048;
   absl::Duration drain_timeout = absl::Seconds(10);
   // The fd channel: a connection that sends nothing is closed after this.
   absl::Duration fd_timeout = absl::Seconds(2);
