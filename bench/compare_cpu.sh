@@ -16,13 +16,7 @@ for a in "$@"; do
     *) echo "unknown option $a" >&2; exit 2 ;;
   esac
 done
-tools/install_deps.sh
-for p in openmpi-bin libopenmpi-dev python3-matplotlib; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="${missing:-} $p"
-done
-if [ -n "${missing:-}" ]; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >&2
-fi
+tools/install_deps.sh --mpi
 bazel build -c opt //server:dmagatherd //bench:allgather_perf //bench:mpi_allgather >&2
 mkdir -p results
 dir=$(mktemp -d /tmp/dmagather-cmp-XXXXXX)

@@ -27,14 +27,7 @@ for a in "$@"; do
   esac
 done
 if [ -z "${BIN:-}" ]; then
-  tools/install_deps.sh
-  missing=""
-  for p in openmpi-bin libopenmpi-dev python3-matplotlib; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
-  done
-  if [ -n "$missing" ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >&2
-  fi
+  tools/install_deps.sh --mpi
   bazel build -c opt //server:dmagatherd //bench:small_ops //bench:mpi_allgather >&2
   daemon_bin=bazel-bin/server/dmagatherd small_ops=bazel-bin/bench/small_ops mpi_allgather=bazel-bin/bench/mpi_allgather
 else

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages dmagather builds and tests with, only those
 # that are missing (idempotent; a no-op on a prepared machine).
+#
+#   tools/install_deps.sh [--mpi]    --mpi: also Open MPI, matplotlib and
+#                                    iperf3, for the benchmarks that compare
+#                                    with Open MPI and the link rate
 set -euo pipefail
 
 PKGS=(
@@ -16,6 +20,7 @@ PKGS=(
   python3 python3-numpy python3-grpcio python3-protobuf
   python3-torch                                      # tests/python:torch_adapter_test (torch 1.13 CPU, gloo)
 )
+[ "${1:-}" = "--mpi" ] && PKGS+=(openmpi-bin libopenmpi-dev python3-matplotlib iperf3)
 
 missing=()
 for p in "${PKGS[@]}"; do

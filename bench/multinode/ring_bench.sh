@@ -21,13 +21,7 @@ if ! command -v ip >/dev/null || ! ip netns add ringbench-probe-$$ 2>/dev/null; 
   exit 2
 fi
 ip netns del ringbench-probe-$$
-missing=""
-for p in openmpi-bin libopenmpi-dev python3-matplotlib iperf3; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
-done
-if [ -n "$missing" ]; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >&2
-fi
+tools/install_deps.sh --mpi
 bazel build -c opt //server:dmagatherd //tools:dmagatherctl //bench/multinode:ring_ops //bench:mpi_allgather >&2
 mkdir -p results
 # The driver removes its namespaces on exit (normal, error, SIGINT/SIGTERM);
