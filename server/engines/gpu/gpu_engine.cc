@@ -471,12 +471,14 @@ void GpuEngine::CompletionLoop(int device) {
   Completion& c = *completions_[device];
   uint64_t head = 0;  // c.head, as this thread (its only writer) last set it.
   for (;;) {
-    // Ops come in bursts: spin a while for the next share so that the
-    // issuer need not wake this thread (kCompletionSpinNs), then sleep.
+    // Ops come in bursts: poll a while for the next share so that the
+    // issuer need not wake this thread (kCompletionSpinNs), yielding the
+    // core between polls (on a busy machine the copies' own threads, or the
+    // ranks, need it more), then sleep.
     const uint64_t idle_since = common::MonotonicNs();
     while (c.posted.load(std::memory_order_acquire) == head && !stopping_.load(std::memory_order_relaxed) &&
            common::MonotonicNs() - idle_since < kCompletionSpinNs) {
-      for (int i = 0; i < 32; ++i) CpuRelax();
+      sched_yield();
     }
     Share sh;
     {

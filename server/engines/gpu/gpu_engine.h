@@ -112,8 +112,9 @@ class GpuEngine : public CopyEngine {
     std::vector<Share> ring;
     uint64_t head = 0, tail = 0;
     // The thread waits on `cv` (the issuer must notify: a futex call on the
-    // hop) only after kCompletionSpinNs without work; else it spins on
-    // `posted` (tail, published) and the issuer skips the notify.
+    // hop) only after kCompletionSpinNs without work; until then it polls
+    // `posted` (tail, published), yielding between polls, and the issuer
+    // skips the notify.
     bool sleeping = false;
     std::atomic<uint64_t> posted{0};
     std::thread thread;

@@ -281,7 +281,9 @@ TEST_P(GpuEngineTest, CompletionIsInOrderPerDeviceAndASlowDeviceDelaysOnlyItsOwn
   GpuEngine::Options eo;
   eo.chunk_bytes = 8 << 10;
   Start(4, eo);
-  fake_->SetChunkDelayUs(0, 3000);  // Device 0 is slow.
+  // Device 0 is slow: 20 ms per chunk leaves the fast job's ops room on a
+  // loaded 2-core machine (3 ms did not).
+  fake_->SetChunkDelayUs(0, 20000);
   auto slow = MakeJob({0, 1}, 16 << 10);  // Its copies into rank 0 run on device 0.
   auto fast = MakeJob({2, 3}, 16 << 10);
   constexpr uint32_t kOps = 5;
