@@ -1,5 +1,5 @@
-// Robustness driver: puts a real dmagatherd through what issue 12's "held up
-// already" table claims, and prints that table from its own runs.
+// Robustness driver: puts a real dmagatherd through what the robustness table
+// of docs/OPERATIONS.md claims, and prints that table from its own runs.
 //
 //   robustness --dmagatherd=PATH --dmagatherctl=PATH --runs=mutate,kill,restart,soak
 //
@@ -1127,7 +1127,7 @@ void RunSoak(Daemon& daemon) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "robustness --dmagatherd=PATH --dmagatherctl=PATH [--runs=mutate,kill,restart,soak]: issue 12's table");
+      "robustness --dmagatherd=PATH --dmagatherctl=PATH [--runs=mutate,kill,restart,soak]: the robustness table");
   absl::ParseCommandLine(argc, argv);
   signal(SIGPIPE, SIG_IGN);
   std::string base = absl::GetFlag(FLAGS_dir);

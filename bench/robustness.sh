@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Puts a real dmagatherd (host backend) through issue 12's robustness runs and
+# Puts a real dmagatherd (host backend) through the robustness runs and
 # prints the table of docs/OPERATIONS.md "Robustness: what the daemon was put
 # through": random descriptor mutations beside a bit-exact job, rank
 # SIGKILLs, daemon SIGKILL + restart cycles, a multi-job soak.

@@ -57,12 +57,15 @@ int RefusalCode(const absl::Status& s) { return common::IsFallback(s) ? DMAGATHE
 }  // namespace
 
 CommImpl::CommImpl(const CommOptions& options) : options_(options), op_records_(abi::kRingSlotsV1) {
-  // Pause iterations before a waiting rank sleeps on the futex. Short: the
-  // daemon's copy threads need the cores more than a spinning rank does.
+  // Pause iterations before a waiting rank sleeps on the futex: the
+  // option, then $DMAGATHER_SPIN, then the daemon's advice in its Join reply
+  // (which knows the node's cores and ranks), then 256.
   if (options.spin >= 0) {
     spin_ = options.spin;
+    spin_set_ = true;
   } else if (const char* s = std::getenv("DMAGATHER_SPIN"); s != nullptr && std::atoi(s) >= 0) {
     spin_ = std::atoi(s);
+    spin_set_ = true;
   }
   if (const char* y = std::getenv("DMAGATHER_YIELDS"); y != nullptr && std::atoi(y) >= 0) yields_ = std::atoi(y);
   scratch_.resize(DMAGATHER_MAX_COALESCED);
@@ -180,6 +183,7 @@ absl::Status CommImpl::Join() {
   session_secret_ = reply.session_secret();
   backend_name_ = reply.backend().empty() ? "host" : reply.backend();
   daemon_version_ = reply.daemon_version();
+  if (!spin_set_ && reply.has_wait_spin()) spin_ = reply.wait_spin();
   ClientBackendContext ctx;
   ctx.completion = view_.completion;
   ctx.flag_bytes = abi::SegmentLayoutV1::kRingOffset - abi::SegmentLayoutV1::kCompletionOffset;

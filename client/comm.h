@@ -38,7 +38,7 @@ struct CommOptions {
   int world_size = 0;
   int rank = 0;
   int join_timeout_ms = 60000;
-  int spin = -1;  // < 0: $DMAGATHER_SPIN, then 256.
+  int spin = -1;  // < 0: $DMAGATHER_SPIN, then the daemon's advice, then 256.
   int local_rank = -1;
   int local_world_size = -1;
   std::string job_id;  // Multi-node job: from CreateJobId on one rank ("" = one node).
@@ -173,6 +173,7 @@ class CommImpl {
   abi::DoorbellV1* bell_ = nullptr;
 
   uint32_t spin_ = 256;
+  bool spin_set_ = false;  // By the options or $DMAGATHER_SPIN (else the daemon advises).
   uint32_t yields_ = 0;  // sched_yield()s after the spins, before sleeping ($DMAGATHER_YIELDS).
   uint64_t submitted_ = 0;    // Ops submitted (the last op handle); low 32 bits = its sequence number.
   uint32_t errors_seen_ = 0;  // Error records returned by Wait().

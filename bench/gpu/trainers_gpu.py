@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""dmagather.torch on CUDA, as trainers use it (issue 9): several rank processes on ONE GPU.
+"""dmagather.torch on CUDA, as trainers use it (docs/TRAINERS.md): several rank processes on ONE GPU.
 
     DMAGATHER_SOCKET=/path/to/dmagatherd.sock        # a running `dmagatherd --backend=cuda`
     PYTHONPATH=/path/to/client/python                 # the dmagather package (libdmagather.so next to

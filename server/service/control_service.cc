@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "server/service/wait_spin.h"
 
 namespace dmagather::server::service {
 
@@ -144,6 +145,7 @@ bool ControlService::Step(JoinReactor* r) {
       reply->set_world_size(j.job->world_size());
       reply->set_session_secret(j.session->secret());
       reply->set_abi_version(j.session->abi_version());
+      reply->set_wait_spin(AdvisedWaitSpin(UsableCpus(), registry_->num_sessions()));
       for (const auto& k : j.job->ranks()) reply->add_peer_pids(k != nullptr ? k->pid() : 0);  // 0: another node.
       r->phase_ = JoinReactor::Phase::kWritingReply;
       r->writing_.store(true, std::memory_order_release);

@@ -43,6 +43,7 @@
 #include "dmagather/dmagather.h"
 #include "dmagather/v1/control.grpc.pb.h"
 #include "dmagather/v1/telemetry.grpc.pb.h"
+#include "server/service/wait_spin.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/rank_checks.h"
 
@@ -425,7 +426,7 @@ TEST(HardeningTest, TicketsAreSingleUseExpireAndBelongToTheirProcessAndUid) {
   EXPECT_EQ(n.exit_code, 0) << n.message;
   if (geteuid() == 0 && Contains(sh->nobody_mode, "65534")) {
     // uid 65534's segment cannot join uid 0's job: job keys are per-uid
-    // namespaces (issue 12, finding 3), so it waits alone in a job of its
+    // namespaces (docs/ARCHITECTURE.md), so it waits alone in a job of its
     // own uid with that key, and times out there.
     EXPECT_EQ(atoi(sh->nobody_join_error), int(grpc::StatusCode::DEADLINE_EXCEEDED)) << sh->nobody_join_error;
     EXPECT_TRUE(Contains(sh->nobody_join_error, "only 1 of 2")) << sh->nobody_join_error;
@@ -453,6 +454,11 @@ TEST(HardeningTest, JoinIdentityIsTheKernelsPid) {
     REQUIRE(j.joined, j.status.error_message());
     REQUIRE(j.first.joined().peer_pids_size() == 1 && j.first.joined().peer_pids(0) == getpid(),
             absl::StrCat("peer pid ", j.first.joined().peer_pids(0), ", real ", getpid()));
+    // The wait-spin advice: this job's one session on this machine's CPUs
+    // (the daemon inherited this process's affinity).
+    const uint32_t want_spin = server::service::AdvisedWaitSpin(server::service::UsableCpus(), 1);
+    REQUIRE(j.first.joined().has_wait_spin() && j.first.joined().wait_spin() == want_spin,
+            absl::StrCat("wait_spin ", j.first.joined().wait_spin(), ", expected ", want_spin));
     auto tstub = v1::Telemetry::NewStub(channel);
     grpc::ClientContext ctx;
     v1::StatsRequest req;

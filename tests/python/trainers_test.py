@@ -1,4 +1,4 @@
-"""dmagather.torch as trainers use it (issue 9), with Debian's torch 1.13 (CPU,
+"""dmagather.torch as trainers use it (docs/TRAINERS.md), with Debian's torch 1.13 (CPU,
 gloo), the host backend and a real daemon, 3 rank processes per case:
 
 - direct API: init() logs the start line on rank 0 only; all_gather_into_tensor

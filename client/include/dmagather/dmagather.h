@@ -70,7 +70,8 @@ typedef struct {
   unsigned int version;     /* DMAGATHER_VERSION_CODE the caller was built with */
   const char* socket_path;  /* NULL: $DMAGATHER_SOCKET, then DMAGATHER_DEFAULT_SOCKET */
   int join_timeout_ms;      /* <= 0: $DMAGATHER_JOIN_TIMEOUT_MS, then 60000 */
-  int spin;                 /* Pause iterations before a waiting rank sleeps; < 0: $DMAGATHER_SPIN, then 256 */
+  int spin;                 /* Pause iterations before a waiting rank sleeps; < 0: $DMAGATHER_SPIN, then the
+                               daemon's advice (4096 when every rank and the daemon have a core, else 0), then 256 */
   int local_rank;           /* Topology hint: rank among the job's ranks on this node (-1: unknown) */
   int local_world_size;     /* Topology hint: the job's ranks on this node (-1: unknown) */
   const char* job_id;       /* Multi-node job: the id from dmagather_job_id_create (NULL: $DMAGATHER_JOB_ID, else one node) */

@@ -5,7 +5,8 @@
 # bench/mpi_allgather copied into .stage/gpu/bin) and Debian's Open MPI 4.1
 # unpacked there from .stage/cpu/ompi-root.tar.gz (files of openmpi-bin,
 # libopenmpi3, openmpi-common, libpmix2, libevent, libhwloc15 at their own
-# paths; no existing file is overwritten). Everything in $OUT/logs.tar.gz.
+# paths; no existing file is overwritten). Then the GPU suite and the 4 KiB
+# hop of the same build. Everything in $OUT/logs.tar.gz.
 set -u
 root="$(pwd)"
 out="$(mktemp -d)"
@@ -30,5 +31,11 @@ for spin in 0 4096; do
     2>"$out/r8_spin$spin.err" | tee "$out/r8_spin$spin.txt"
 done
 tail -3 "$out"/r4_spin0.err
+# The GPU side of the final build on the same machine: the whole GPU suite,
+# and the 4 KiB hop with copy graphs off and on.
+mkdir -p "$out/suite" "$out/ab_graphs"
+(cd .stage/gpu && OUT="$out/suite" timeout 200 ./run.sh run >"$out/gpu_tests.log" 2>&1)
+grep -E "^(PASS|FAIL)|passed" "$out/gpu_tests.log" | tr '\n' ' '; echo
+(cd .stage/gpu && AB_SHAPES=4k_r4 OUT="$out/ab_graphs" ./ab_hop.sh bin:DMAGATHER_CUDA_GRAPHS=0 bin | tee "$out/ab_graphs.txt")
 tar -C "$out" -czf "${OUT:-/tmp}/logs.tar.gz" .
 echo "total: $SECONDS s"
