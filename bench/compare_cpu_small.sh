@@ -15,6 +15,9 @@
 # and installs and builds nothing; MPIRUN names Open MPI's launcher, RESULTS
 # the output folder (default results/).
 set -euo pipefail
+# Relative BIN and RESULTS name folders of the caller's directory.
+[ -n "${BIN:-}" ] && BIN="$(cd "$BIN" && pwd)"
+[ -n "${RESULTS:-}" ] && { mkdir -p "$RESULTS"; RESULTS="$(cd "$RESULTS" && pwd)"; }
 cd "$(dirname "$0")/.."
 ranks=4; sizes=4,16,64,256,1024; iters=500; rounds=3
 for a in "$@"; do
@@ -48,7 +51,7 @@ for r in $(seq "$rounds"); do
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${MPIRUN:-mpirun}" --oversubscribe -np "$ranks" \
     "$mpi_allgather" --sizes_kib="$sizes" --iters="$iters" >"$dir/mpi_$r.csv"
 done
-mkdir -p "$results/compare_cpu_small_raw" && cp "$dir"/dmag_*.csv "$dir"/mpi_*.csv "$results/compare_cpu_small_raw/"
+rm -rf "$results/compare_cpu_small_raw" && mkdir -p "$results/compare_cpu_small_raw" && cp "$dir"/dmag_*.csv "$dir"/mpi_*.csv "$results/compare_cpu_small_raw/"
 # The daemon idle: CPU seconds and context switches over 5 s.
 read -r u0 s0 < <(awk '{print $14, $15}' /proc/$daemon/stat)
 cs0=$(awk '/ctxt_switches/ {n += $2} END {print n}' /proc/$daemon/task/*/status)

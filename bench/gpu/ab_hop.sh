@@ -5,9 +5,9 @@
 #
 #   ab_hop.sh ARM_A ARM_B
 #
-# An arm is DIR[:VAR=VALUE...]: the dmagatherd and allgather_perf in DIR
-# (bin = this build, old = a baseline copied beside it), run with those
-# environment settings. E.g.
+# An arm is DIR[:VAR=VALUE[ VAR=VALUE...]]: the dmagatherd and allgather_perf
+# in DIR (bin = this build, old = a baseline copied beside it), run with those
+# environment settings (several separated by spaces, the arm quoted). E.g.
 #   ab_hop.sh old bin                            (baseline build vs this one)
 #   ab_hop.sh bin:DMAGATHER_CUDA_GRAPHS=0 bin    (one build, a setting off/on)
 # AB_SHAPES picks the shapes (default: 4k_r4 4k_r8 64m_r4).
@@ -50,6 +50,7 @@ one() {  # arm label shape
 }
 
 [ $# -eq 2 ] || { echo "usage: $0 ARM_A ARM_B" >&2; exit 2; }
+for shape in ${AB_SHAPES:-4k_r4 4k_r8 64m_r4}; do shape_flags "$shape" >/dev/null || exit 2; done
 for shape in ${AB_SHAPES:-4k_r4 4k_r8 64m_r4}; do
   for round in 1 2; do
     one "$1" "A_${shape}_$round" "$shape"

@@ -226,7 +226,23 @@ std::string Check(char* base, const Op& op, const Op& alt, int ranks, size_t sha
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const int iters = absl::GetFlag(FLAGS_iters);
-  const size_t shard = static_cast<size_t>(absl::GetFlag(FLAGS_shard_kib)) << 10;
+  const size_t shard = static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_shard_kib))) << 10;
+  std::vector<int> rank_counts;
+  for (absl::string_view rs : absl::StrSplit(absl::GetFlag(FLAGS_ranks), ',', absl::SkipEmpty())) {
+    int ranks = 0;
+    // Inputs sit in the arena's first half, two sets of outputs (ranks^2
+    // shards each) in its second.
+    if (!absl::SimpleAtoi(rs, &ranks) || ranks < 2 || size_t(ranks) * ranks * shard > kArena / 4) {
+      std::fprintf(stderr, "issue_cost: --ranks=%s: each entry >= 2 with ranks^2 x shard <= %zu MiB\n",
+                   std::string(rs).c_str(), kArena / 4 >> 20);
+      return 2;
+    }
+    rank_counts.push_back(ranks);
+  }
+  if (iters < 1 || shard == 0 || rank_counts.empty()) {
+    std::fprintf(stderr, "issue_cost: --iters >= 1, --shard_kib >= 1 and at least one rank count\n");
+    return 2;
+  }
 
   // The exporting process: allocates before this process touches CUDA.
   int to_parent[2], to_child[2];
@@ -277,9 +293,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaHostGetDevicePointer(&flags_dev, flags_host, 0));
 
   std::vector<Row> rows;
-  for (absl::string_view rs : absl::StrSplit(absl::GetFlag(FLAGS_ranks), ',')) {
-    int ranks = 0;
-    if (!absl::SimpleAtoi(rs, &ranks) || ranks < 2) continue;
+  for (const int ranks : rank_counts) {
     char* base = static_cast<char*>(ipc);
     const Op op = MakeOp(base, ranks, shard, false);
     const Op alt = MakeOp(base, ranks, shard, true);

@@ -14,8 +14,9 @@
 //    the same buffers every step) is built once into a CUDA graph of memcpy
 //    nodes in a chain and replayed with one cudaGraphLaunch. Issuing 12
 //    small copies costs ~40 us as a batch and ~1.2 us as a replay
-//    (bench/gpu/issue_cost.cc; docs/PERFORMANCE.md). Graphs hold addresses,
-//    so every release of an import (IPC close, VMM unmap) drops them all;
+//    (bench/gpu/issue_cost.cc; docs/PERFORMANCE.md). Graphs hold addresses:
+//    IPC closes and VMM unmaps report their range first and the graphs that
+//    touch it are dropped (copy_graph_cache.h);
 //  - imports: CUDA IPC handles of allocation bases (cudaIpcOpenMemHandle,
 //    size checked with cuMemGetAddressRange);
 //  - rank flags: cudaHostRegister(Mapped | Portable) of the completion block.
@@ -33,10 +34,10 @@
 #include <memory>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/cuda/cuda_api.h"
 #include "common/status.h"
+#include "server/engines/gpu/copy_graph_cache.h"
 #include "server/engines/gpu/gpu_engine.h"
 #include "server/engines/gpu/runtime.h"
 #include "server/engines/gpu/vmm_import.h"
@@ -68,12 +69,10 @@ class CudaRuntime : public GpuRuntime {
   bool device_waits() const override { return true; }
   std::string Describe() const override {
     std::string d = batch_copies_ok_ ? "cudaMemcpyBatchAsync" : "cudaMemcpyAsync";
-    if (!graphs_on_) return absl::StrCat(d, "; copy graphs off");
-    return absl::StrCat(d, "; copy graphs (a copy call of chunks <= ", graph_max_chunk_ >> 10,
-                        " KiB seen twice is replayed as a CUDA graph): ",
-                        graph_launches_.load(std::memory_order_relaxed), " replays, ",
-                        graphs_built_.load(std::memory_order_relaxed), " built, ",
-                        graph_drops_.load(std::memory_order_relaxed), " dropped by import releases");
+    if (graphs_ == nullptr || !graphs_->enabled()) return absl::StrCat(d, "; copy graphs off");
+    return absl::StrCat(d, "; copy graphs (a copy call of chunks <= ", graphs_->max_chunk_bytes() >> 10,
+                        " KiB seen twice is replayed as a CUDA graph): ", graphs_->replays(), " replays, ",
+                        graphs_->built(), " built, ", graphs_->dropped(), " dropped by import releases");
   }
 
   // Ring staging: pinned host memory and synchronous host<->device copies
@@ -194,8 +193,16 @@ class CudaRuntime : public GpuRuntime {
   }
   void CloseIpc(int device, char* base) override {
     cudaSetDevice(device);
+    if (releases_ != nullptr) {  // Before the addresses can be reused.
+      CUdeviceptr lo = 0;
+      size_t size = 0;
+      if (api_->cuMemGetAddressRange(&lo, &size, reinterpret_cast<CUdeviceptr>(base)) == CUDA_SUCCESS) {
+        releases_->Add(lo, size);
+      } else {
+        releases_->Add(0, ~uint64_t{0});  // Unknown extent: drop every graph.
+      }
+    }
     cudaError_t err = cudaIpcCloseMemHandle(base);
-    releases_->fetch_add(1, std::memory_order_release);
     if (err != cudaSuccess) LOG(WARNING) << CudaStatus("cudaIpcCloseMemHandle", err).message();
   }
 
@@ -227,7 +234,7 @@ class CudaRuntime : public GpuRuntime {
 
   absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n) override {
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if (graphs_on_ && ReplayGraph(device, s, chunks, n)) return absl::OkStatus();
+    if (graphs_ != nullptr && graphs_->Replay(device, stream, chunks, n)) return absl::OkStatus();
     if (batch_copies_ok_) {
       dsts_.clear();
       srcs_.clear();
@@ -282,68 +289,22 @@ class CudaRuntime : public GpuRuntime {
     const char* env = std::getenv("DMAGATHER_CUDA_BATCH");
     if (env != nullptr && std::strcmp(env, "0") == 0) batch_copies_ok_ = false;
     env = std::getenv("DMAGATHER_CUDA_GRAPHS");
-    if (env != nullptr && std::strcmp(env, "0") == 0) graphs_on_ = false;
-    env = std::getenv("DMAGATHER_CUDA_GRAPH_MAX_KIB");
-    if (env != nullptr && std::atoll(env) > 0) graph_max_chunk_ = uint64_t(std::atoll(env)) << 10;
+    if (env == nullptr || std::strcmp(env, "0") != 0) {
+      graphs_ = std::make_unique<CopyGraphCache>(GraphOps(), GraphOptions());
+      releases_ = graphs_->releases();
+    }
     std::vector<int> all_devices;
     for (int d = 0; d < n; ++d) all_devices.push_back(d);
-    vmm_ = std::make_unique<VmmImporter>(api, std::move(all_devices),
-                                         [r = releases_] { r->fetch_add(1, std::memory_order_release); });
+    VmmImporter::ReleaseFn on_release;
+    if (releases_ != nullptr) {
+      on_release = [r = releases_](uint64_t base, uint64_t bytes) { r->Add(base, bytes); };
+    }
+    vmm_ = std::make_unique<VmmImporter>(api, std::move(all_devices), std::move(on_release));
   }
-  ~CudaRuntime() override { DropGraphs(); }
-
-  // --- Copy graphs (issuing thread only) ---
-  // Launches the graph of this copy call when there is one (building it on
-  // the call's second sight); false: issue the copies another way.
-  bool ReplayGraph(int device, cudaStream_t s, const CopyCmd* chunks, size_t n) {
-    for (size_t i = 0; i < n; ++i) {
-      if (chunks[i].bytes > graph_max_chunk_) return false;  // Issue cost is small beside the transfer.
-    }
-    const uint64_t releases = releases_->load(std::memory_order_acquire);
-    if (releases != graphs_release_mark_) {
-      graph_drops_.fetch_add(graphs_.size(), std::memory_order_relaxed);
-      DropGraphs();
-      graphs_release_mark_ = releases;
-    }
-    key_.clear();
-    key_.append(reinterpret_cast<const char*>(&device), sizeof(device));
-    for (size_t i = 0; i < n; ++i) {
-      const uint64_t k[3] = {reinterpret_cast<uint64_t>(chunks[i].dst), reinterpret_cast<uint64_t>(chunks[i].src),
-                             chunks[i].bytes};
-      key_.append(reinterpret_cast<const char*>(k), sizeof(k));
-    }
-    auto it = graphs_.find(key_);
-    if (it == graphs_.end()) {
-      if (seen_.size() >= kMaxSeen) seen_.clear();
-      if (++seen_[key_] < 2) return false;  // First sight: a one-off is not worth a graph.
-      seen_.erase(key_);
-      if (graphs_.size() >= kMaxGraphs) EvictLeastRecent();
-      absl::StatusOr<cudaGraphExec_t> exec = BuildGraph(chunks, n);
-      if (!exec.ok()) {
-        LOG(WARNING) << exec.status().message() << "; copy graphs off from now on";
-        graphs_on_ = false;
-        return false;
-      }
-      graphs_built_.fetch_add(1, std::memory_order_relaxed);
-      it = graphs_.emplace(key_, CopyGraph{*exec, 0}).first;
-    }
-    it->second.last_use = ++use_clock_;
-    const cudaError_t err = cudaGraphLaunch(it->second.exec, s);
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      LOG(WARNING) << CudaStatus("cudaGraphLaunch(copies)", err).message() << "; copy graphs off from now on";
-      DropGraphs();
-      graphs_on_ = false;
-      return false;
-    }
-    graph_launches_.fetch_add(1, std::memory_order_relaxed);
-    return true;
-  }
-
-  // The chunks as memcpy nodes, each after the one before: a chain
-  // launches in ~2 us whatever its length, where independent nodes cost
-  // ~1 us each (the driver fans them out over internal streams).
-  static absl::StatusOr<cudaGraphExec_t> BuildGraph(const CopyCmd* chunks, size_t n) {
+  // A graph of the chunks as memcpy nodes, each after the one before: a
+  // chain launches in ~1.2-2.3 us whatever its length, where independent
+  // nodes cost ~1 us each (the driver fans them out over internal streams).
+  static absl::StatusOr<CopyGraphCache::Graph> BuildGraph(const CopyCmd* chunks, size_t n) {
     cudaGraph_t g = nullptr;
     DMAG_CUDA_RETURN_IF_ERROR(cudaGraphCreate(&g, 0));
     cudaGraphNode_t prev = nullptr;
@@ -359,24 +320,34 @@ class CudaRuntime : public GpuRuntime {
     cudaGraphDestroy(g);
     if (err != cudaSuccess) {
       cudaGetLastError();
-      return CudaStatus("building a copy graph (cudaGraphAddMemcpyNode1D/cudaGraphInstantiate)", err);
+      return CudaStatus("cudaGraphAddMemcpyNode1D/cudaGraphInstantiate", err);
     }
-    return exec;
+    return static_cast<CopyGraphCache::Graph>(exec);
   }
-
-  // A graph still in flight is freed by the driver when it completes.
-  void DropGraphs() {
-    for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
-    graphs_.clear();
-    seen_.clear();
+  static CopyGraphCache::Ops GraphOps() {
+    CopyGraphCache::Ops ops;
+    ops.build = BuildGraph;
+    ops.launch = [](CopyGraphCache::Graph g, void* stream) {
+      cudaError_t err = cudaGraphLaunch(static_cast<cudaGraphExec_t>(g), static_cast<cudaStream_t>(stream));
+      if (err != cudaSuccess) cudaGetLastError();
+      return CudaStatus("cudaGraphLaunch(copies)", err);
+    };
+    // A graph still in flight is freed by the driver when it completes.
+    ops.destroy = [](CopyGraphCache::Graph g) { cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g)); };
+    return ops;
   }
-  void EvictLeastRecent() {
-    auto oldest = graphs_.begin();
-    for (auto it = graphs_.begin(); it != graphs_.end(); ++it) {
-      if (it->second.last_use < oldest->second.last_use) oldest = it;
+  static CopyGraphCache::Options GraphOptions() {
+    CopyGraphCache::Options o;
+    // Largest chunk replayed (DMAGATHER_CUDA_GRAPH_MAX_KIB). Measured on one
+    // H200 (ranks sharing it): 4 KiB and 1 MiB copies issued and ran faster
+    // from a graph; with 16 MiB shards a chain took 2-3.5x longer end to end
+    // and with 64 MiB shards the p99 went from ~1.0 to 2.7 ms (a chain runs
+    // its copies one after another). Not yet measured with ranks on several
+    // GPUs (peer copies on copy engines).
+    if (const char* e = std::getenv("DMAGATHER_CUDA_GRAPH_MAX_KIB"); e != nullptr && std::atoll(e) > 0) {
+      o.max_chunk_bytes = uint64_t(std::atoll(e)) << 10;
     }
-    cudaGraphExecDestroy(oldest->second.exec);
-    graphs_.erase(oldest);
+    return o;
   }
 
   const DriverApi* const api_;
@@ -389,28 +360,10 @@ class CudaRuntime : public GpuRuntime {
   bool batch_memops_ok_ = true;
   bool batch_copies_ok_ = true;
 
-  // Copy graphs by key (device, then dst/src/bytes of every chunk); keys
-  // seen once (bounded); the count of import releases they were built
-  // under (releases_ is bumped by IPC closes and VMM unmaps on any thread,
-  // and outlives this runtime in VMM regions' release callbacks).
-  static constexpr size_t kMaxGraphs = 1024;
-  static constexpr size_t kMaxSeen = 16384;
-  struct CopyGraph {
-    cudaGraphExec_t exec = nullptr;
-    uint64_t last_use = 0;
-  };
-  bool graphs_on_ = true;
-  // Largest chunk replayed from a graph. Measured on one H200: 4 KiB and
-  // 1 MiB copies issue and run faster from a graph; 32 MiB chunks gained
-  // nothing end to end at p50 and the p99 grew (docs/PERFORMANCE.md).
-  uint64_t graph_max_chunk_ = uint64_t{1} << 20;
-  absl::flat_hash_map<std::string, CopyGraph> graphs_;
-  absl::flat_hash_map<std::string, uint8_t> seen_;
-  std::string key_;
-  uint64_t use_clock_ = 0;
-  const std::shared_ptr<std::atomic<uint64_t>> releases_ = std::make_shared<std::atomic<uint64_t>>(0);
-  uint64_t graphs_release_mark_ = 0;
-  std::atomic<uint64_t> graph_launches_{0}, graphs_built_{0}, graph_drops_{0};
+  // Copy graphs (null with DMAGATHER_CUDA_GRAPHS=0) and where import
+  // releases are reported to them.
+  std::unique_ptr<CopyGraphCache> graphs_;
+  std::shared_ptr<ReleaseLog> releases_;
 };
 
 }  // namespace

@@ -18,7 +18,7 @@ using ::dmagather::common::cuda::DriverApi;
 class VmmRegion : public ImportedRegion {
  public:
   VmmRegion(const DriverApi* api, CUdeviceptr va, uint64_t reserved, uint64_t bytes,
-            std::vector<abi::VmmChunkV1> chunks, std::function<void()> on_release)
+            std::vector<abi::VmmChunkV1> chunks, VmmImporter::ReleaseFn on_release)
       : api_(api),
         va_(va),
         reserved_(reserved),
@@ -26,13 +26,13 @@ class VmmRegion : public ImportedRegion {
         chunks_(std::move(chunks)),
         on_release_(std::move(on_release)) {}
   ~VmmRegion() override {
+    if (on_release_) on_release_(va_, reserved_);
     for (const abi::VmmChunkV1& c : chunks_) {
       CUresult r = api_->cuMemUnmap(va_ + c.offset, c.bytes);
       if (r != CUDA_SUCCESS) LOG(WARNING) << CuStatus("cuMemUnmap(imported VMM chunk)", r).message();
     }
     CUresult r = api_->cuMemAddressFree(va_, reserved_);
     if (r != CUDA_SUCCESS) LOG(WARNING) << CuStatus("cuMemAddressFree(imported VMM region)", r).message();
-    if (on_release_) on_release_();
   }
   char* base() const override { return reinterpret_cast<char*>(va_); }
   uint64_t bytes() const override { return bytes_; }
@@ -43,7 +43,7 @@ class VmmRegion : public ImportedRegion {
   const uint64_t reserved_;
   const uint64_t bytes_;
   const std::vector<abi::VmmChunkV1> chunks_;
-  const std::function<void()> on_release_;
+  const VmmImporter::ReleaseFn on_release_;
 };
 
 }  // namespace
@@ -99,7 +99,7 @@ absl::StatusOr<VmmTable> ParseVmmTable(const std::string& handle, uint64_t bytes
   return t;
 }
 
-VmmImporter::VmmImporter(const DriverApi* api, std::vector<int> devices, std::function<void()> on_release)
+VmmImporter::VmmImporter(const DriverApi* api, std::vector<int> devices, ReleaseFn on_release)
     : api_(api), devices_(std::move(devices)), on_release_(std::move(on_release)) {}
 
 size_t VmmImporter::live_imports() {

@@ -53,11 +53,14 @@ std::string EncodeVmmTable(int device, const std::vector<abi::VmmChunkV1>& chunk
 
 class VmmImporter {
  public:
+  // Told a region's range [base, base + bytes) before it is unmapped, so
+  // what was built on those addresses (copy graphs) goes before they can be
+  // reused.
+  using ReleaseFn = std::function<void(uint64_t base, uint64_t bytes)>;
   // `devices`: every device the engine copies on (each gets access).
-  // `on_release` (optional) runs after a region is unmapped: the runtime
-  // drops what it built on the region's addresses (its copy graphs).
+  // `on_release`: optional.
   VmmImporter(const ::dmagather::common::cuda::DriverApi* api, std::vector<int> devices,
-              std::function<void()> on_release = nullptr);
+              ReleaseFn on_release = nullptr);
 
   // `device` is the owning rank's device (checked against the table).
   absl::StatusOr<std::shared_ptr<ImportedRegion>> Import(const RegionSpec& spec, int device);
@@ -71,7 +74,7 @@ class VmmImporter {
 
   const ::dmagather::common::cuda::DriverApi* const api_;
   const std::vector<int> devices_;
-  const std::function<void()> on_release_;
+  const ReleaseFn on_release_;
   std::mutex mu_;
   std::map<std::string, std::weak_ptr<ImportedRegion>> cache_;  // (pid, device, table) -> region.
 };

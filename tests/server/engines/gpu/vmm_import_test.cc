@@ -118,10 +118,12 @@ TEST(VmmImportTest, MapsEveryChunkIntoOneRangeCachesAndReleases) {
   fake = &f;
   const common::cuda::DriverApi api = FakeApi();
   int released_regions = 0;
-  // The release callback runs once per region, after its unmap.
-  VmmImporter imp(&api, {0, 1}, [&] {
+  // The release callback runs once per region with its range, before the
+  // range is unmapped and freed (so nothing can reuse it meanwhile).
+  VmmImporter imp(&api, {0, 1}, [&](uint64_t base, uint64_t bytes) {
     ++released_regions;
-    EXPECT_TRUE(f.reserved.size() <= 1u);
+    EXPECT_EQ(f.reserved.count(base), 1u);
+    EXPECT_EQ(bytes, 3 * kChunk);
   });
   auto r = imp.Import(Spec(3, 7, {10, 11, 12}), 0);
   ASSERT_TRUE(r.ok()) << r.status();
