@@ -20,7 +20,11 @@ PKGS=(
   python3 python3-numpy python3-grpcio python3-protobuf
   python3-torch                                      # tests/python:torch_adapter_test (torch 1.13 CPU, gloo)
 )
-[ "${1:-}" = "--mpi" ] && PKGS+=(openmpi-bin libopenmpi-dev python3-matplotlib iperf3)
+case "${1:-}" in
+  "") ;;
+  --mpi) PKGS+=(openmpi-bin libopenmpi-dev python3-matplotlib iperf3) ;;
+  *) echo "usage: $0 [--mpi]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${PKGS[@]}"; do
