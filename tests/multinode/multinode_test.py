@@ -88,6 +88,13 @@ class Nodes:
         self.created = []
 
 
+# The bit-exact runs are about data, not timeouts: a generous op timeout, so
+# that 16 ranks and 8 daemons on a loaded 2-core machine (sanitizer builds,
+# compiles beside them) are never failed for being slow. The failure tests
+# set their own.
+SHAPE_OP_TIMEOUT_S = 30
+
+
 class Cluster:
     """One dmagatherd per node (fresh for each test)."""
 
@@ -206,7 +213,7 @@ class MultiNodeTest(unittest.TestCase):
     def test_bit_exact_every_shape(self):
         """2, 3, 4 and 8 nodes x 1-4 ranks, contiguous, interleaved and uneven
         placements: every dtype, odd sizes, in/out of place, list, coalesced."""
-        c = self.start(MAX_NODES)
+        c = self.start(MAX_NODES, op_timeout_s=SHAPE_OP_TIMEOUT_S)
         layouts = {
             "2x1": [0, 1],
             "2x4": [0, 0, 0, 0, 1, 1, 1, 1],
@@ -230,7 +237,7 @@ class MultiNodeTest(unittest.TestCase):
         every local output; own chunks copied out of rank memory before they
         are sent), forced on the host backend: bit-exact; an op over the
         transit budget is FALLBACK on every rank of every node."""
-        c = self.start(3, extra=("--ring_staging=always", "--ring_transit_mib=64"))
+        c = self.start(3, op_timeout_s=SHAPE_OP_TIMEOUT_S, extra=("--ring_staging=always", "--ring_transit_mib=64"))
         for name, placement in {"2x3": [0, 0, 0, 1, 1, 1], "3-uneven-1-3-2": [2, 1, 1, 0, 1, 2]}.items():
             with self.subTest(layout=name):
                 res = c.run(placement, f"staged-{name}", "matrix", timeout=240)
