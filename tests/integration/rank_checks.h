@@ -4,10 +4,13 @@
 // must run bit-exact.
 #pragma once
 
+#include <signal.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
+#include <iostream>
 #include <new>
 #include <string>
 #include <thread>
@@ -99,8 +102,15 @@ inline void ExpectJobBitExact(const std::string& socket, const std::string& job,
     }
     return 0;
   });
+  bool killed = false;
   for (size_t r = 0; r < reports.size(); ++r) {
     EXPECT_EQ(reports[r].exit_code, 0) << job << " rank " << r << ": " << reports[r].message;
+    killed |= reports[r].exit_code == 128 + SIGKILL;  // Timed out and killed by the harness.
+  }
+  if (killed && access("tools/dmagatherctl", X_OK) == 0) {  // Where the job stood, for the failure's reader.
+    int rc = 0;
+    std::cerr << "dmagatherctl stats " << job << ":\n"
+              << RunProgram({"tools/dmagatherctl", "--socket=" + socket, "--job=" + job, "stats"}, &rc) << "\n";
   }
 }
 
