@@ -72,12 +72,10 @@ int RunRank(int rank, int world, const std::string& job, const std::vector<size_
         sh->Fail(absl::StrFormat("rank %d: %s: %s", rank, dmagather_status_string(st), comm.error()));
         return 1;
       }
-      for (int r = 0; r < world; ++r) {  // Every result is checked.
-        dmagather::bench::FillPattern(want.data(), shard, seed, r);
-        if (std::memcmp(buf + r * shard, want.data(), shard) != 0) {
-          sh->Fail(absl::StrFormat("rank %d: shard %d wrong at %u KiB iteration %d", rank, r, kib[s], it));
-          return 1;
-        }
+      // Every result is checked.
+      if (const int r = dmagather::bench::FirstWrongShard(buf, shard, world, seed, want.data()); r >= 0) {
+        sh->Fail(absl::StrFormat("rank %d: shard %d wrong at %u KiB iteration %d", rank, r, kib[s], it));
+        return 1;
       }
       if (it >= 0) sh->us[s][it][rank] = std::chrono::duration<double, std::micro>(t1 - t0).count();
       sh->Barrier(world);  // Nobody refills its shard while another still checks.

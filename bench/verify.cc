@@ -42,6 +42,14 @@ int ForkRanks(int world, const std::function<int(int)>& rank) {
 }
 
 
+int FirstWrongShard(const char* out, size_t shard, int world, uint64_t seed, char* scratch) {
+  for (int r = 0; r < world; ++r) {
+    FillPattern(scratch, shard, seed, r);
+    if (std::memcmp(out + r * shard, scratch, shard) != 0) return r;
+  }
+  return -1;
+}
+
 void FillPattern(char* dst, size_t bytes, uint64_t seed, int rank) {
   uint64_t s = seed * 0x100000001b3ull + uint64_t(rank) * 0x9e3779b97f4a7c15ull + 1;
   size_t i = 0;

@@ -45,6 +45,11 @@ struct RankSync {
 // Fills `bytes` with the pattern of (seed, rank).
 void FillPattern(char* dst, size_t bytes, uint64_t seed, int rank);
 
+// The first rank r whose shard r of an AllGather output `out` (world shards
+// of `shard` bytes) is not FillPattern(seed, r); -1 when all are. `scratch`
+// holds at least `shard` bytes.
+int FirstWrongShard(const char* out, size_t shard, int world, uint64_t seed, char* scratch);
+
 enum class Variant {
   kOutOfPlace,  // send and recv are separate buffers.
   kInPlace,     // send == recv + rank*count.

@@ -41,9 +41,9 @@ def log(msg):
     print(f"[{time.monotonic() - t_start:6.1f} s] {msg}", file=sys.stderr, flush=True)
 
 
-def sh(*args, check=True, timeout=None):
-    return subprocess.run(list(args), check=check, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          timeout=timeout)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "multinode"))
+import netns_bridge  # noqa: E402
+from netns_bridge import sh  # noqa: E402
 
 
 def uptime():
@@ -55,42 +55,20 @@ class Nodes:
 
     def __init__(self, n, tag):
         self.tag, self.n, self.created = tag, n, []
-        sw = f"{tag}sw"
-        self._add(sw)
-        sh("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
-        sh("ip", "-n", sw, "link", "set", "br0", "up")
-        for i in range(n):
-            ns = self.ns(i)
-            self._add(ns)
-            a, b = f"{tag}a{i}", f"{tag}b{i}"
-            sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
-            sh("ip", "link", "set", a, "netns", sw)
-            sh("ip", "link", "set", b, "netns", ns)
-            sh("ip", "-n", ns, "link", "set", b, "name", "eth0")
-            sh("ip", "-n", ns, "addr", "add", f"{self.ip(i)}/24", "dev", "eth0")
-            sh("ip", "-n", ns, "link", "set", "eth0", "up")
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-            sh("ip", "-n", sw, "link", "set", a, "master", "br0")
-            sh("ip", "-n", sw, "link", "set", a, "up")
-
-    def _add(self, ns):
-        sh("ip", "netns", "add", ns)
-        self.created.append(ns)
+        netns_bridge.build(tag, n, self.created)
 
     def ns(self, i):
-        return f"{self.tag}n{i}"
+        return netns_bridge.node_ns(self.tag, i)
 
     @staticmethod
     def ip(i):
-        return f"10.211.0.{i + 1}"
+        return netns_bridge.node_ip(i)
 
     def prefix(self, i):
         return ["ip", "netns", "exec", self.ns(i)]
 
     def destroy(self):
-        for ns in reversed(self.created):
-            sh("ip", "netns", "del", ns, check=False)
-        self.created = []
+        netns_bridge.destroy(self.created)
 
 
 class Daemons:

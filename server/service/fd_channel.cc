@@ -178,43 +178,26 @@ bool FdChannel::Serve(Conn& c) {
     Reply(c, absl::OkStatus(), "", -1);
     return true;
   }
-  if (req.kind == abi::kFdTelemetry) {
-    // A ticket that only says who the caller is (for Telemetry.Stats/Metrics).
-    Handover h;
-    h.kind = req.kind;
-    h.uid = c.uid;
-    h.gid = c.gid;
-    h.pid = c.pid;
-    h.groups = c.groups;
-    auto ticket = tickets_->Issue(std::move(h));
-    if (!ticket.ok()) return refuse(ticket.status());
-    Reply(c, absl::OkStatus(), *ticket, -1);
-    return true;
-  }
-  if (req.kind == abi::kFdDeviceMemory) {
-    // Exported GPU allocations (not memfds): the engine checks them when it
-    // imports them, for the session of this very process only.
-    Handover h;
-    h.kind = req.kind;
-    h.uid = c.uid;
-    h.gid = c.gid;
-    h.pid = c.pid;
-    h.bytes = req.bytes;
-    h.fds = std::move(fds);
-    auto ticket = tickets_->Issue(std::move(h));
-    if (!ticket.ok()) return refuse(ticket.status());
-    Reply(c, absl::OkStatus(), *ticket, -1);
-    return true;
-  }
-  absl::Status ok = common::CheckSealedMemfd(fds[0].get(), req.bytes);
-  if (!ok.ok()) return refuse(common::Annotate(ok, "fd channel: "));
+  // Every ticket carries who handed it over (from the kernel) and the kind.
   Handover h;
   h.kind = req.kind;
   h.uid = c.uid;
   h.gid = c.gid;
   h.pid = c.pid;
-  h.bytes = req.bytes;
-  h.fd = std::move(fds[0]);
+  if (req.kind == abi::kFdTelemetry) {
+    // A ticket that only says who the caller is (for Telemetry.Stats/Metrics).
+    h.groups = c.groups;
+  } else if (req.kind == abi::kFdDeviceMemory) {
+    // Exported GPU allocations (not memfds): the engine checks them when it
+    // imports them, for the session of this very process only.
+    h.bytes = req.bytes;
+    h.fds = std::move(fds);
+  } else {
+    absl::Status ok = common::CheckSealedMemfd(fds[0].get(), req.bytes);
+    if (!ok.ok()) return refuse(common::Annotate(ok, "fd channel: "));
+    h.bytes = req.bytes;
+    h.fd = std::move(fds[0]);
+  }
   auto ticket = tickets_->Issue(std::move(h));
   if (!ticket.ok()) return refuse(ticket.status());
   Reply(c, absl::OkStatus(), *ticket, req.kind == abi::kFdSegment ? doorbell_fd_ : -1);

@@ -16,6 +16,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -30,8 +31,9 @@ PORT = 7411
 MAX_NODES = 8
 
 
-def sh(*args, check=True):
-    return subprocess.run(list(args), check=check, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import netns_bridge  # noqa: E402  (beside this file)
+from netns_bridge import sh  # noqa: E402
 
 
 class Nodes:
@@ -50,31 +52,13 @@ class Nodes:
             print(f"network namespaces unavailable ({self.why}); nodes on 127.0.0.1")
 
     def _make(self):
-        sw = f"{self.tag}sw"
-        sh("ip", "netns", "add", sw)
-        self.created.append(sw)
-        sh("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
-        sh("ip", "-n", sw, "link", "set", "br0", "up")
-        for i in range(MAX_NODES):
-            ns = self.ns(i)
-            sh("ip", "netns", "add", ns)
-            self.created.append(ns)
-            a, b = f"{self.tag}a{i}", f"{self.tag}b{i}"
-            sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
-            sh("ip", "link", "set", a, "netns", sw)
-            sh("ip", "link", "set", b, "netns", ns)
-            sh("ip", "-n", ns, "link", "set", b, "name", "eth0")
-            sh("ip", "-n", ns, "addr", "add", f"10.211.0.{i + 1}/24", "dev", "eth0")
-            sh("ip", "-n", ns, "link", "set", "eth0", "up")
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-            sh("ip", "-n", sw, "link", "set", a, "master", "br0")
-            sh("ip", "-n", sw, "link", "set", a, "up")
+        netns_bridge.build(self.tag, MAX_NODES, self.created)
 
     def ns(self, i):
-        return f"{self.tag}n{i}"
+        return netns_bridge.node_ns(self.tag, i)
 
     def address(self, i):
-        return f"10.211.0.{i + 1}:{PORT}" if self.netns else "127.0.0.1:0"
+        return f"{netns_bridge.node_ip(i)}:{PORT}" if self.netns else "127.0.0.1:0"
 
     def prefix(self, i):
         return ["ip", "netns", "exec", self.ns(i)] if self.netns else []
@@ -83,9 +67,7 @@ class Nodes:
         sh("ip", "-n", f"{self.tag}sw", "link", "set", f"{self.tag}a{i}", "up" if up else "down")
 
     def destroy(self):
-        for ns in reversed(self.created):
-            sh("ip", "netns", "del", ns, check=False)
-        self.created = []
+        netns_bridge.destroy(self.created)
 
 
 # The bit-exact runs are about data, not timeouts: a generous op timeout, so
