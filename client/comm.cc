@@ -164,8 +164,33 @@ absl::Status CommImpl::Join() {
   req.set_job_id(options_.job_id);
   join_ctx_ = std::make_unique<grpc::ClientContext>();
   join_stream_ = stub_->Join(join_ctx_.get(), req);
+  // The stream lives as long as the session, so it has no deadline; its
+  // first event (the reply) must come within the join timeout plus slack,
+  // else the call is cancelled: a Join that never reaches the daemon must
+  // not hang the rank.
   v1::JoinEvent ev;
-  const bool got = join_stream_->Read(&ev);
+  bool got = false;
+  bool no_answer = false;
+  {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool answered = false;
+    std::thread watchdog([&] {
+      std::unique_lock<std::mutex> lock(mu);
+      if (!cv.wait_for(lock, std::chrono::milliseconds(int64_t{options_.join_timeout_ms} + 10000),
+                       [&] { return answered; })) {
+        no_answer = true;
+        join_ctx_->TryCancel();
+      }
+    });
+    got = join_stream_->Read(&ev);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      answered = true;
+    }
+    cv.notify_one();
+    watchdog.join();
+  }
   auto abandon = [this](const absl::Status& why) {
     join_ctx_->TryCancel();
     join_stream_->Finish();
@@ -175,6 +200,11 @@ absl::Status CommImpl::Join() {
   if (!got || !ev.has_joined()) {
     grpc::Status st = join_stream_->Finish();
     join_stream_.reset();
+    if (no_answer) {
+      return absl::DeadlineExceededError(absl::StrCat("rank ", options_.rank, ": dmagatherd did not answer the join of job '",
+                                                      options_.job_key, "' within ", options_.join_timeout_ms + 10000,
+                                                      " ms"));
+    }
     if (st.ok()) return absl::UnavailableError("dmagatherd closed the join without an answer");
     return FromGrpc(st, absl::StrCat("rank ", options_.rank, " could not join job '", options_.job_key, "'"));
   }
