@@ -604,7 +604,7 @@ TEST(HardeningTest, FdChannelUnderAbuseClosesEverythingAndKeepsServing) {
   EXPECT_TRUE(job_done);
   // Descriptors back to the baseline, threads too but for gRPC's own pools
   // (event_engine, default-executor), which grow on demand under load and
-  // shrink on their own schedule: up to 4 more of those (seen: 2).
+  // shrink on their own schedule: up to 4 more of those (seen: 1).
   constexpr int kGrpcPoolSlack = 4;
   const bool back = WaitFor(
       [&] {
