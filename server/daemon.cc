@@ -18,6 +18,7 @@
 #include "common/fd_exchange.h"
 #include "common/status.h"
 #include "server/ingress/ingress.h"
+#include "server/service/control_listener.h"
 #include "server/service/control_service.h"
 #include "server/service/fd_channel.h"
 #include "server/service/ticket_table.h"
@@ -110,6 +111,8 @@ absl::Status Daemon::Start() {
   fo.path = fd_path;
   fo.mode = options_.socket_mode;
   fo.timeout = options_.fd_timeout;
+  fo.max_connections_per_uid = options_.fd_max_connections_per_uid;
+  fo.device_memory = !engine_->host_addressable();
   DMAG_ASSIGN_OR_RETURN(fd_channel_, service::FdChannel::Listen(fo, tickets_.get(), doorbell_.fd()));
   fd_channel_->Start();
 
@@ -139,7 +142,20 @@ absl::Status Daemon::Start() {
       ingress::Ingress::Hooks{[reg] { return reg->version(); }, [reg] { return reg->Snapshot(); }});
   ingress::Ingress* ing = ingress_.get();
   registry_->StartReaper([ing] { return ing->epoch(); }, [ing] { ing->Kick(); });
-  control_ = std::make_unique<service::ControlService>(reg, Version(), engine_->name());
+  service::ControlListener::Options lo;
+  lo.path = path;
+  lo.mode = options_.socket_mode;
+  lo.max_connections = options_.max_connections;
+  lo.max_connections_per_uid = options_.max_connections_per_uid;
+  auto listener = service::ControlListener::Listen(lo);
+  if (!listener.ok()) {
+    fd_channel_->Stop();
+    return listener.status();
+  }
+  listener_ = *std::move(listener);
+  service::ControlListener* lis = listener_.get();
+  control_ = std::make_unique<service::ControlService>(reg, Version(), engine_->name(),
+                                                       [lis](const std::string& peer) { return lis->PeerOf(peer); });
   started_ = absl::Now();
   telemetry_ = std::make_unique<service::TelemetryService>(reg, tickets_.get(), operator_gid_,
                                                           [this](v1::HealthReply* h) {
@@ -163,18 +179,18 @@ absl::Status Daemon::Start() {
     }
   });
 
+  // No listening port of gRPC's own: the listener accepts (and knows who
+  // connected), then hands each connection to the server.
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + path, grpc::InsecureServerCredentials());
   builder.RegisterService(control_.get());
   builder.RegisterService(telemetry_.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
+    listener_->Stop();
     fd_channel_->Stop();
-    return absl::UnavailableError(absl::StrCat("cannot listen on unix:", path));
+    return absl::UnavailableError(absl::StrCat("cannot start the gRPC server for unix:", path));
   }
-  if (chmod(path.c_str(), options_.socket_mode) != 0) {
-    LOG(WARNING) << "chmod " << path << ": " << strerror(errno);
-  }
+  listener_->Start(server_.get());
   ingress_->Start();
   StartMetricsHttp();
   LOG(INFO) << "dmagatherd " << Version() << " serving on " << path << " (fd channel " << fd_path << "), backend "
@@ -196,6 +212,7 @@ void Daemon::Stop(const std::string& reason) {
   if (registry_->total_ops_in_flight() != 0) {
     LOG(WARNING) << registry_->total_ops_in_flight() << " op(s) still in flight after the drain timeout";
   }
+  listener_->Stop();  // No new connections; removes the socket.
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   registry_->StopReaper();
   ingress_->Stop();

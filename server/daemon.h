@@ -28,6 +28,7 @@ class Registry;
 class ControlService;
 class TelemetryService;
 class FdChannel;
+class ControlListener;
 class TicketTable;
 class MetricsHttpServer;
 }  // namespace service
@@ -42,6 +43,10 @@ struct DaemonOptions {
   absl::Duration drain_timeout = absl::Seconds(10);
   // The fd channel: a connection that sends nothing is closed after this.
   absl::Duration fd_timeout = absl::Seconds(2);
+  int fd_max_connections_per_uid = 32;
+  // The control socket: connections open at once, in all and per uid.
+  int max_connections = 1024;
+  int max_connections_per_uid = 64;
   // How long a hand-over's ticket waits for its Join/Register.
   absl::Duration ticket_ttl = absl::Seconds(5);
   // Per-uid limits (jobs, sessions, regions, mapped host bytes; 0 = none).
@@ -87,6 +92,7 @@ class Daemon {
   common::MemfdMapping doorbell_;
   std::unique_ptr<service::TicketTable> tickets_;
   std::unique_ptr<service::FdChannel> fd_channel_;
+  std::unique_ptr<service::ControlListener> listener_;
   std::unique_ptr<service::Registry> registry_;
   std::unique_ptr<ingress::Ingress> ingress_;
   std::unique_ptr<service::ControlService> control_;

@@ -44,6 +44,13 @@ ABSL_FLAG(std::string, socket_mode, "0660",
 ABSL_FLAG(int, fd_timeout_ms, 2000,
           "The fd channel (<socket>.fd): a connection that has not sent its one request within this many ms is "
           "closed.");
+ABSL_FLAG(int, fd_max_connections_per_uid, 32,
+          "The fd channel: connections one uid may have open at once (beyond it a new one is closed at once; when "
+          "the channel's 256 slots are full, the user holding the most gives up its oldest). 0: no per-user cap.");
+ABSL_FLAG(int, max_connections, 1024, "The control socket: connections open at once, all users together.");
+ABSL_FLAG(int, max_connections_per_uid, 64,
+          "The control socket: connections one uid may have open at once (a rank holds one); beyond it a new "
+          "connection is closed at once. 0: no per-user cap.");
 ABSL_FLAG(int, fd_ticket_ttl_ms, 5000,
           "A descriptor handed over on the fd channel must be claimed by its Join/Register within this many ms.");
 ABSL_FLAG(int, max_jobs_per_uid, 64, "Per-user limit: jobs one uid may have at once (0: no limit).");
@@ -127,6 +134,9 @@ int main(int argc, char** argv) {
   o.ingress_spin = static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_ingress_spin)));
   o.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
   o.fd_timeout = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_fd_timeout_ms)));
+  o.fd_max_connections_per_uid = std::max(0, absl::GetFlag(FLAGS_fd_max_connections_per_uid));
+  o.max_connections = std::max(1, absl::GetFlag(FLAGS_max_connections));
+  o.max_connections_per_uid = std::max(0, absl::GetFlag(FLAGS_max_connections_per_uid));
   o.ticket_ttl = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_fd_ticket_ttl_ms)));
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.peers.listen = absl::GetFlag(FLAGS_peer_listen);

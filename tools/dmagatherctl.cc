@@ -14,6 +14,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <iostream>
 #include <string>
 
@@ -87,6 +90,15 @@ std::string TelemetryTicket(const std::string& socket) {
 int Fail(const grpc::Status& st, const std::string& socket) {
   std::cerr << "dmagatherctl: " << socket << ": " << st.error_message() << "\n";
   if (st.error_code() == grpc::StatusCode::UNAVAILABLE || st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    struct stat sb;
+    if (access(socket.c_str(), R_OK | W_OK) != 0 && (errno == EACCES || errno == EPERM) &&
+        stat(socket.c_str(), &sb) == 0) {
+      std::cerr << "permission denied: this user (uid " << getuid() << ") may not connect to " << socket
+                << " (owner uid " << sb.st_uid << ", gid " << sb.st_gid << ", mode " << std::oct
+                << (sb.st_mode & 07777) << std::dec
+                << "); the operator sets who may with dmagatherd --socket_mode and the socket's group\n";
+      return 4;
+    }
     std::cerr << "is dmagatherd running? (systemctl status dmagatherd)\n";
     return 3;
   }

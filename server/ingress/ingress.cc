@@ -232,13 +232,15 @@ void Ingress::Kick() {
 
 void Ingress::Loop() {
   uint64_t last_sweep = 0;
+  uint64_t last_work = options_.clock->NowNs();
   common::Backoff backoff(options_.spin_iterations);
   while (!stop_.load(std::memory_order_relaxed)) {
-    const uint64_t now = common::MonotonicNs();
+    const uint64_t now = options_.clock->NowNs();
     const bool sweep = now - last_sweep > 2'000'000;
     if (sweep) last_sweep = now;
     const int consumed = PollOnce(now, sweep);
     if (consumed != 0) {
+      last_work = now;
       backoff.Reset();
       continue;
     }
@@ -252,7 +254,9 @@ void Ingress::Loop() {
     if (!AnyPending() && !stop_.load()) {
       // With no job at all there is nothing to sweep: sleep until a rank (or
       // the reaper, Kick) rings; else wake every 10 ms for timeouts.
-      const uint64_t timeout_ns = persistent ? kPersistentPollNs : jobs_.empty() ? kIdlePollNs : 10'000'000;
+      const uint64_t timeout_ns = persistent ? PersistentPollNs(options_.clock->NowNs() - last_work)
+                                  : jobs_.empty()   ? kIdlePollNs
+                                                    : 10'000'000;
       common::FutexWait(&doorbell_->seq, bell, timeout_ns);
     }
     epoch_.fetch_add(1, std::memory_order_acq_rel);  // Asleep: no snapshot was being read.

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
 #include "abi/ring_v1.h"
 #include "absl/time/time.h"
 #include "server/engines/copy_engine.h"
@@ -32,8 +33,16 @@ struct JobFeed {
 };
 
 // While a job has armed persistent ops, the idle ingress thread sleeps at
-// most this long between polls of their ready flags.
+// most this long between polls of their ready flags right after work; the
+// sleep grows with the idle time (1/64 of it) up to kPersistentIdlePollNs,
+// so an armed but unused graph costs ~1000 wake-ups a second, not 50,000.
 inline constexpr uint64_t kPersistentPollNs = 20'000;
+inline constexpr uint64_t kPersistentIdlePollNs = 1'000'000;
+// The sleep between polls of armed persistent ops, `idle_ns` after the last work.
+inline uint64_t PersistentPollNs(uint64_t idle_ns) {
+  const uint64_t grown = idle_ns / 64;
+  return grown < kPersistentPollNs ? kPersistentPollNs : grown > kPersistentIdlePollNs ? kPersistentIdlePollNs : grown;
+}
 // Sleep of an idle ingress thread (no job): a doorbell or Kick() ends it.
 inline constexpr uint64_t kIdlePollNs = 1'000'000'000;
 
@@ -46,6 +55,8 @@ class Ingress {
   struct Options {
     absl::Duration op_timeout = absl::Seconds(60);
     uint32_t spin_iterations = 2048;
+    // Op timeouts, sweeps and the persistent-op poll read time here.
+    common::Clock* clock = &common::RealClock();
   };
 
   Ingress(const Options& options, engines::CopyEngine* engine, abi::DoorbellV1* doorbell, Hooks hooks);

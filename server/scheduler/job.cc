@@ -254,6 +254,15 @@ void Job::Dispatch(Op* op, engines::CopyEngine* engine) {
                -1);
       return;
     }
+    if (engine->host_addressable()) {
+      // Nothing on host memory can start a replay but a rank writing the
+      // flag itself, and polling for that would keep the daemon awake.
+      FinishOp(op, absl::InvalidArgumentError(absl::StrCat(
+                       "allgather #", op->seq, ": captured (graph) ops need a GPU backend; this dmagatherd runs '",
+                       engine->name(), "' on host memory")),
+               -1);
+      return;
+    }
     // The definition of a persistent op: armed here, completed at once; its
     // replays come from the ranks' graphs.
     FinishOp(op, DefinePersistent(op), -1);

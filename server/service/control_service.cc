@@ -54,8 +54,9 @@ class JoinReactor final : public grpc::ServerWriteReactor<v1::JoinEvent> {
   std::atomic<bool> write_ok_{true};
 };
 
-ControlService::ControlService(Registry* registry, std::string version, std::string backend)
-    : registry_(registry), version_(std::move(version)), backend_(std::move(backend)) {
+ControlService::ControlService(Registry* registry, std::string version, std::string backend, WhoIsCalling who,
+                               common::Clock* clock)
+    : registry_(registry), who_(std::move(who)), clock_(clock), version_(std::move(version)), backend_(std::move(backend)) {
   watcher_ = std::thread([this] { WatcherLoop(); });
 }
 
@@ -83,10 +84,16 @@ int ControlService::open_joins() const {
   return static_cast<int>(reactors_.size());
 }
 
-grpc::ServerWriteReactor<v1::JoinEvent>* ControlService::Join(grpc::CallbackServerContext*,
+grpc::ServerWriteReactor<v1::JoinEvent>* ControlService::Join(grpc::CallbackServerContext* ctx,
                                                               const v1::JoinRequest* req) {
   auto* r = new JoinReactor(this, *req);
-  auto joined = registry_->Join(*req);
+  const std::optional<PeerCred> caller = who_ != nullptr ? who_(ctx->peer()) : std::nullopt;
+  if (!caller.has_value()) {
+    r->Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                           absl::StrCat("join: dmagatherd cannot tell who is calling (peer '", ctx->peer(), "')")));
+    return r;
+  }
+  auto joined = registry_->Join(*req, *caller);
   if (!joined.ok()) {
     LOG(WARNING) << "join of rank " << req->rank() << " to job '" << req->job_key()
                  << "' refused: " << joined.status().message();
@@ -95,7 +102,7 @@ grpc::ServerWriteReactor<v1::JoinEvent>* ControlService::Join(grpc::CallbackServ
   }
   r->joined_ = *std::move(joined);
   r->timeout_ms_ = req->join_timeout_ms() > 0 ? req->join_timeout_ms() : 60000;
-  r->deadline_ = absl::Now() + absl::Milliseconds(r->timeout_ms_);
+  r->deadline_ = clock_->Now() + absl::Milliseconds(r->timeout_ms_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     reactors_.push_back(r);
@@ -153,7 +160,7 @@ bool ControlService::Step(JoinReactor* r) {
       return false;
     }
     const bool failed = j.job->failed();  // A multi-node job whose setup failed.
-    if (!cancelled && !stopping && !failed && absl::Now() < r->deadline_) return false;
+    if (!cancelled && !stopping && !failed && clock_->Now() < r->deadline_) return false;
     std::vector<int> missing = j.job->missing_ranks();
     registry_->EndSession(j);
     if (failed) {

@@ -15,12 +15,15 @@
 #pragma once
 
 #include <condition_variable>
+#include <functional>
+#include <optional>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/time/time.h"
 #include "dmagather/v1/control.grpc.pb.h"
+#include "common/clock.h"
 #include "server/service/registry.h"
 
 namespace dmagather::server::service {
@@ -29,7 +32,11 @@ class JoinReactor;
 
 class ControlService final : public v1::Control::WithCallbackMethod_Join<v1::Control::Service> {
  public:
-  ControlService(Registry* registry, std::string version, std::string backend);
+  // `who` names the caller of a call from its ServerContext::peer()
+  // (ControlListener::PeerOf); a Join whose caller it cannot name is refused.
+  using WhoIsCalling = std::function<std::optional<PeerCred>(const std::string& grpc_peer)>;
+  ControlService(Registry* registry, std::string version, std::string backend, WhoIsCalling who,
+                 common::Clock* clock = &common::RealClock());
   ~ControlService() override;
 
   grpc::ServerWriteReactor<v1::JoinEvent>* Join(grpc::CallbackServerContext* ctx,
@@ -55,6 +62,8 @@ class ControlService final : public v1::Control::WithCallbackMethod_Join<v1::Con
   bool Step(JoinReactor* r);
 
   Registry* const registry_;
+  const WhoIsCalling who_;
+  common::Clock* const clock_;  // Join deadlines.
   const std::string version_;
   const std::string backend_;
   mutable std::mutex mu_;

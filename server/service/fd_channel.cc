@@ -92,23 +92,40 @@ void FdChannel::AcceptAll() {
     c.fd.reset(fd);
     ucred cred{};
     socklen_t len = sizeof(cred);
-    if (static_cast<int>(conns_.size()) >= options_.max_connections ||
-        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
       refused_.fetch_add(1, std::memory_order_relaxed);
-      continue;  // Closed here: the table is full (or the kernel has no credentials).
+      continue;  // Closed here: the kernel has no credentials for it.
     }
     c.uid = cred.uid;
     c.gid = cred.gid;
     c.pid = cred.pid;
-    // Supplementary groups as the kernel has them for the peer (Linux 4.13+).
-    gid_t groups[256];
-    socklen_t glen = sizeof(groups);
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen) == 0) {
-      c.groups.assign(groups, groups + glen / sizeof(gid_t));
-    }
-    c.deadline = absl::Now() + options_.timeout;
-    conns_.push_back(std::move(c));
+    Admit(std::move(c));
   }
+}
+
+void FdChannel::Admit(Conn c) {
+  const FairShare::Decision d = share_.Decide(c.uid);
+  if (d.verdict == FairShare::Verdict::kRefuse) {
+    shed_.fetch_add(1, std::memory_order_relaxed);
+    LOG_EVERY_N(WARNING, 1000) << "fd channel: connection of pid " << c.pid << " closed: " << d.why
+                               << " (dmagatherd --fd_max_connections_per_uid)";
+    return;  // c.fd closes here.
+  }
+  if (d.verdict == FairShare::Verdict::kEvict) {
+    auto oldest = std::find_if(conns_.begin(), conns_.end(), [&](const Conn& o) { return o.uid == d.evict_uid; });
+    share_.Remove(oldest->uid);
+    conns_.erase(oldest);  // Closes it.
+    shed_.fetch_add(1, std::memory_order_relaxed);
+  }
+  // Supplementary groups as the kernel has them for the peer (Linux 4.13+).
+  gid_t groups[256];
+  socklen_t glen = sizeof(groups);
+  if (getsockopt(c.fd.get(), SOL_SOCKET, SO_PEERGROUPS, groups, &glen) == 0) {
+    c.groups.assign(groups, groups + glen / sizeof(gid_t));
+  }
+  c.deadline_ns = options_.clock->NowNs() + uint64_t(absl::ToInt64Nanoseconds(options_.timeout));
+  share_.Add(c.uid);
+  conns_.push_back(std::move(c));
 }
 
 void FdChannel::Reply(const Conn& c, const absl::Status& status, const std::string& ticket, int fd) {
@@ -188,6 +205,10 @@ bool FdChannel::Serve(Conn& c) {
     // A ticket that only says who the caller is (for Telemetry.Stats/Metrics).
     h.groups = c.groups;
   } else if (req.kind == abi::kFdDeviceMemory) {
+    if (!options_.device_memory) {
+      return refuse(absl::FailedPreconditionError(
+          "fd channel: this dmagatherd runs on host memory and takes no device-memory hand-overs"));
+    }
     // Exported GPU allocations (not memfds): the engine checks them when it
     // imports them, for the session of this very process only.
     h.bytes = req.bytes;
@@ -206,16 +227,18 @@ bool FdChannel::Serve(Conn& c) {
 
 void FdChannel::Loop() {
   std::vector<pollfd> pfds;
-  absl::Time next_expiry = absl::Now();
+  uint64_t next_expiry = options_.clock->NowNs();
+  constexpr uint64_t kSweepNs = 250'000'000;
   while (!stop_.load(std::memory_order_acquire)) {
-    const absl::Time now = absl::Now();
-    absl::Time wake_at = now + absl::Milliseconds(250);
-    for (const Conn& c : conns_) wake_at = std::min(wake_at, c.deadline);
+    const uint64_t now = options_.clock->NowNs();
+    uint64_t wake_at = now + kSweepNs;
+    for (const Conn& c : conns_) wake_at = std::min(wake_at, c.deadline_ns);
     pfds.clear();
     pfds.push_back({wake_.get(), POLLIN, 0});
     pfds.push_back({listen_.get(), POLLIN, 0});
     for (const Conn& c : conns_) pfds.push_back({c.fd.get(), POLLIN, 0});
-    const int timeout_ms = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(wake_at - now)) + 1);
+    // Never more than a sweep: a FakeClock's time moves without waking poll.
+    const int timeout_ms = static_cast<int>(std::min<uint64_t>(wake_at > now ? wake_at - now : 0, kSweepNs) / 1'000'000) + 1;
     int r = poll(pfds.data(), pfds.size(), timeout_ms);
     if (r < 0 && errno != EINTR) {
       LOG(ERROR) << "fd channel poll: " << strerror(errno);
@@ -224,13 +247,15 @@ void FdChannel::Loop() {
     }
     if (stop_.load(std::memory_order_acquire)) break;
     // Connections first (their pollfd indices are valid only before accepting more).
-    const absl::Time t = absl::Now();
+    const uint64_t t = options_.clock->NowNs();
     size_t keep = 0;
     for (size_t i = 0; i < conns_.size(); ++i) {
       bool done = false;
       if (r > 0 && pfds[i + 2].revents != 0) done = Serve(conns_[i]);
-      if (!done && conns_[i].deadline <= t) done = true;  // Silent too long: closed.
-      if (!done) {
+      if (!done && conns_[i].deadline_ns <= t) done = true;  // Silent too long: closed.
+      if (done) {
+        share_.Remove(conns_[i].uid);
+      } else {
         if (keep != i) conns_[keep] = std::move(conns_[i]);
         ++keep;
       }
@@ -239,7 +264,7 @@ void FdChannel::Loop() {
     if (r > 0 && (pfds[1].revents & POLLIN) != 0) AcceptAll();
     if (t >= next_expiry) {
       tickets_->Expire();
-      next_expiry = t + absl::Milliseconds(250);
+      next_expiry = t + kSweepNs;
     }
   }
 }

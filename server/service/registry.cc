@@ -158,7 +158,7 @@ void Registry::ReaperLoop() {
   }
 }
 
-absl::StatusOr<Joined> Registry::Join(const v1::JoinRequest& req) {
+absl::StatusOr<Joined> Registry::Join(const v1::JoinRequest& req, const PeerCred& caller) {
   if (stopping()) return absl::UnavailableError("dmagatherd is shutting down");
   DMAG_RETURN_IF_ERROR(CheckJoinRequest(req));
   if (!req.backend().empty() && req.backend() != engine_->name()) {
@@ -184,10 +184,12 @@ absl::StatusOr<Joined> Registry::Join(const v1::JoinRequest& req) {
         "shared memory, which dmagatherd no longer opens)");
   }
   DMAG_ASSIGN_OR_RETURN(Handover segment, tickets_->Take(req.segment_ticket(), abi::kFdSegment));
-  if (req.pid() > 0 && req.pid() != segment.pid) {
-    // Another pid namespace, or a client that says something else: the kernel's pid counts.
-    VLOG(1) << "join of rank " << req.rank() << ": request says pid " << req.pid() << ", the kernel says "
-            << segment.pid;
+  if (caller.uid != segment.uid || caller.pid != segment.pid) {
+    // The ticket is spent either way: whoever leaked it must hand over again.
+    return absl::PermissionDeniedError(absl::StrCat(
+        "join: the segment ticket was handed over by pid ", segment.pid, " (uid ", segment.uid,
+        "), but this Join comes from pid ", caller.pid, " (uid ", caller.uid,
+        "); a ticket is good only for the process that handed the memory over"));
   }
   const uid_t uid = segment.uid;
   uint64_t id;
@@ -386,48 +388,19 @@ absl::StatusOr<uint32_t> Registry::Register(const v1::RegisterRequest& req) {
     auto same = s->by_inode.find(what.key);
     if (same != s->by_inode.end()) return same->second;
   }
-  const uid_t uid = s->uid();
   {
-    // Reserve against the uid's limits before anything is mapped.
     absl::MutexLock lock(&mu_);
     if (s->ended.load(std::memory_order_acquire)) {
       return absl::NotFoundError(absl::StrCat("no session ", req.session_id(), " with that secret"));
     }
-    Usage& u = usage_[uid];
-    if (limits_.max_regions_per_uid > 0 && u.regions >= limits_.max_regions_per_uid) {
-      DropUsageLocked(uid);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "register: uid ", uid, " already has ", limits_.max_regions_per_uid,
-          " registered regions, the per-user limit (dmagatherd --max_regions_per_uid); deregister or free "
-          "buffers first"));
-    }
-    if (limits_.max_mapped_bytes_per_uid > 0 && what.host_bytes > limits_.max_mapped_bytes_per_uid - std::min(
-                                                      u.mapped_bytes, limits_.max_mapped_bytes_per_uid)) {
-      const uint64_t held = u.mapped_bytes;
-      DropUsageLocked(uid);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "register: ", what.host_bytes, " more host bytes would take uid ", uid, " past ",
-          limits_.max_mapped_bytes_per_uid, " mapped bytes, the per-user limit (dmagatherd "
-          "--max_mapped_bytes_per_uid; it holds ", held, ")"));
-    }
-    ++u.regions;
-    u.mapped_bytes += what.host_bytes;
-    ++s->charged_regions;
-    s->charged_bytes += what.host_bytes;
   }
+  // Charged against the uid's limits before anything is mapped; the charge
+  // then lives as long as the daemon holds the region (RegionLedger).
+  DMAG_ASSIGN_OR_RETURN(std::unique_ptr<RegionLedger::Charge> charge, ledger_->Reserve(s->uid(), what.host_bytes));
   auto region = engine_->Import(spec);
-  if (!region.ok()) {
-    absl::MutexLock lock(&mu_);
-    Usage& u = usage_[uid];
-    --u.regions;
-    u.mapped_bytes -= what.host_bytes;
-    --s->charged_regions;
-    s->charged_bytes -= what.host_bytes;
-    DropUsageLocked(uid);
-    return region.status();
-  }
+  if (!region.ok()) return region.status();  // The charge goes with it.
   uint32_t id = next_region_id_.fetch_add(1);
-  s->input()->regions.Add(id, *std::move(region));
+  s->input()->regions.Add(id, RegionLedger::Attach(*std::move(region), std::move(charge)));
   if (what.host) s->by_inode[what.key] = id;
   s->registered[id] = what;
   return id;
@@ -440,16 +413,8 @@ absl::Status Registry::Deregister(uint64_t session_id, const std::string& secret
   DMAG_RETURN_IF_ERROR(s->input()->regions.Remove(region_id, s->rank()->inflight));
   auto it = s->registered.find(region_id);
   if (it != s->registered.end()) {
+    // Un-charged when the last holder (a captured or running op) lets go.
     if (it->second.host) s->by_inode.erase(it->second.key);
-    absl::MutexLock lock(&mu_);
-    if (s->charged_regions > 0) {
-      Usage& u = usage_[s->uid()];
-      --u.regions;
-      u.mapped_bytes -= it->second.host_bytes;
-      --s->charged_regions;
-      s->charged_bytes -= it->second.host_bytes;
-      DropUsageLocked(s->uid());
-    }
     s->registered.erase(it);
   }
   return absl::OkStatus();
@@ -457,20 +422,9 @@ absl::Status Registry::Deregister(uint64_t session_id, const std::string& secret
 
 void Registry::DropUsageLocked(uid_t uid) {
   auto it = usage_.find(uid);
-  if (it != usage_.end() && it->second.jobs == 0 && it->second.sessions == 0 && it->second.regions == 0 &&
-      it->second.mapped_bytes == 0) {
+  if (it != usage_.end() && it->second.jobs == 0 && it->second.sessions == 0) {
     usage_.erase(it);
   }
-}
-
-void Registry::ReleaseSessionUsageLocked(Session& s) {
-  if (s.charged_regions == 0 && s.charged_bytes == 0) return;
-  Usage& u = usage_[s.uid()];
-  u.regions -= s.charged_regions;
-  u.mapped_bytes -= s.charged_bytes;
-  s.charged_regions = 0;
-  s.charged_bytes = 0;
-  DropUsageLocked(s.uid());
 }
 
 void Registry::FailAll(const absl::Status& why) {
@@ -566,11 +520,6 @@ void Registry::Reap() {
   }
   const int n_freed = static_cast<int>(to_free.size());
   for (auto& s : to_free) s->ReleaseMemory();  // Engine detach, unmaps: outside the lock.
-  if (!to_free.empty()) {
-    // The regions are unmapped: they no longer count against their uid.
-    absl::MutexLock lock(&mu_);
-    for (auto& s : to_free) ReleaseSessionUsageLocked(*s);
-  }
   to_free.clear();
   // Sessions that ended leave freed heap behind (their gRPC streams and
   // connections, protobufs, sessions); glibc keeps it in its arenas unless
@@ -622,6 +571,9 @@ void Registry::FillStats(const std::string& job_key, const Viewer& viewer, v1::S
     e->set_count(errors[c]);
   }
   out->set_registered_bytes(registered);
+  const RegionLedger::Held held = ledger_->total();
+  out->set_held_regions(held.regions);
+  out->set_held_bytes(held.bytes);
   out->set_jobs_completed(jobs_completed_);
   engines::EngineStats es = engine_->stats();
   out->set_same_device_copies(es.same_device_copies);

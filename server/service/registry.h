@@ -45,6 +45,8 @@
 #include "server/engines/copy_engine.h"
 #include "server/ingress/ingress.h"
 #include "server/scheduler/job.h"
+#include "server/service/peer_cred.h"
+#include "server/service/region_ledger.h"
 #include "server/service/session.h"
 #include "server/service/ticket_table.h"
 
@@ -79,7 +81,10 @@ class Registry {
  public:
   // `tickets`: the fd channel's hand-overs, claimed by Join and Register.
   Registry(engines::CopyEngine* engine, TicketTable* tickets, Limits limits = Limits{})
-      : engine_(engine), tickets_(tickets), limits_(limits) {}
+      : engine_(engine),
+        tickets_(tickets),
+        limits_(limits),
+        ledger_(RegionLedger::Create({limits.max_regions_per_uid, limits.max_mapped_bytes_per_uid})) {}
   // The daemon's doorbell memfd (st_dev, st_ino): never registrable as a buffer.
   void SetDoorbellIdentity(dev_t dev, ino_t ino) {
     doorbell_dev_ = dev;
@@ -99,8 +104,11 @@ class Registry {
   void StopReaper();
 
   // Claims the segment ticket, maps the segment and adds the rank to its
-  // job (created if new). The rank's uid and pid are the kernel's.
-  absl::StatusOr<Joined> Join(const v1::JoinRequest& req);
+  // job (created if new). The rank's uid and pid are the kernel's: `caller`
+  // is who sent the Join (the control socket's SO_PEERCRED), and it must be
+  // the process that handed the segment over (the ticket's SO_PEERCRED), so
+  // a ticket seen by another user or process is worth nothing.
+  absl::StatusOr<Joined> Join(const v1::JoinRequest& req, const PeerCred& caller);
   // The Join stream ended: clean (Leave was called, or the join never
   // completed) or not (the rank died). Fails the job's later ops if it was
   // running.
@@ -141,19 +149,17 @@ class Registry {
   struct Usage {
     int jobs = 0;
     int sessions = 0;  // Joined or joining, until the Join stream ends.
-    int regions = 0;   // Registered regions not yet released.
-    uint64_t mapped_bytes = 0;  // Host bytes of those regions.
   };
   using JobId = std::pair<uid_t, std::string>;
   std::shared_ptr<Session> FindSession(uint64_t id, const std::string& secret) const;
   void ReaperLoop();
   void WakeReaper();
   void DropUsageLocked(uid_t uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReleaseSessionUsageLocked(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   engines::CopyEngine* const engine_;
   TicketTable* const tickets_;
   const Limits limits_;
+  const std::shared_ptr<RegionLedger> ledger_;
   cluster::PeerService* peers_ = nullptr;
   dev_t doorbell_dev_ = 0;
   ino_t doorbell_ino_ = 0;

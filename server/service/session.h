@@ -82,8 +82,6 @@ class Session {
   std::map<uint32_t, Registered> registered ABSL_GUARDED_BY(register_mu);
   // What this session charged to its uid's usage (the registry's mu_).
   bool charged_session = false;
-  int charged_regions = 0;
-  uint64_t charged_bytes = 0;
 
   // Undoes the engine's attach, drops the regions, unmaps the segment.
   // Safe to call more than once.

@@ -24,7 +24,7 @@ absl::StatusOr<std::string> TicketTable::Issue(Handover h) {
   DMAG_ASSIGN_OR_RETURN(std::string ticket, common::RandomBytes(kTicketBytes));
   std::vector<Handover> expired;  // Closed outside the lock.
   absl::MutexLock lock(&mu_);
-  const absl::Time now = absl::Now();
+  const absl::Time now = options_.clock->Now();
   int& held = per_uid_[h.uid];
   if (held >= options_.max_per_uid) {
     // Expired ones do not count.
@@ -55,7 +55,7 @@ absl::StatusOr<Handover> TicketTable::Take(const std::string& ticket, uint32_t k
   }
   Entry e = std::move(it->second);
   EraseLocked(it);
-  if (e.expires <= absl::Now()) {
+  if (e.expires <= options_.clock->Now()) {
     return absl::NotFoundError("unknown ticket (never issued, already used or expired)");
   }
   if (e.handover.kind != kind) {
@@ -67,7 +67,7 @@ absl::StatusOr<Handover> TicketTable::Take(const std::string& ticket, uint32_t k
 void TicketTable::Expire() {
   std::vector<Handover> expired;
   absl::MutexLock lock(&mu_);
-  const absl::Time now = absl::Now();
+  const absl::Time now = options_.clock->Now();
   for (auto it = entries_.begin(); it != entries_.end();) {
     auto cur = it++;
     if (cur->second.expires <= now) {

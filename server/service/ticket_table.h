@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/memfd.h"
 
 namespace dmagather::server::service {
@@ -41,6 +42,7 @@ class TicketTable {
  public:
   struct Options {
     absl::Duration ttl = absl::Seconds(5);
+    common::Clock* clock = &common::RealClock();  // Expiry (tests pass a FakeClock).
     int max_per_uid = 64;
   };
   TicketTable() : TicketTable(Options{}) {}

@@ -33,6 +33,7 @@ class FakeCopyEngine : public server::engines::CopyEngine {
   void Stop() override {}
   server::engines::EngineStats stats() const override { return {}; }
   int worker_threads() const override { return 0; }
+  bool host_addressable() const override { return host_memory; }
 
   // Performs op i's copies (memcpy) and completes it with `status`.
   void Complete(size_t i, absl::Status status = absl::OkStatus()) {
@@ -45,6 +46,7 @@ class FakeCopyEngine : public server::engines::CopyEngine {
   }
 
   std::deque<server::engines::EngineOp*> pending;
+  bool host_memory = false;  // true: behaves as the host backend (rank memory is the daemon's).
 };
 
 }  // namespace dmagather::testing

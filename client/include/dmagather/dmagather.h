@@ -21,7 +21,7 @@ extern "C" {
 /* The one place the version is written: the library, the daemon and the
  * Python package all report it from here. */
 #define DMAGATHER_VERSION_MAJOR 0
-#define DMAGATHER_VERSION_MINOR 2
+#define DMAGATHER_VERSION_MINOR 3
 #define DMAGATHER_VERSION_PATCH 0
 #define DMAGATHER_VERSION_CODE \
   (DMAGATHER_VERSION_MAJOR * 10000 + DMAGATHER_VERSION_MINOR * 100 + DMAGATHER_VERSION_PATCH)

@@ -141,7 +141,7 @@ def load_library(path=None):
 
 
 def library_version(lib=None):
-    """The library's dmagather_version() as a string, e.g. "0.2.0"."""
+    """The library's dmagather_version() as a string, e.g. "0.3.0"."""
     return load_library(lib).dmagather_version().decode()
 
 

@@ -124,6 +124,7 @@ FakeRuntime::FakeRuntime(const Options& options)
       state_(new DeviceState[options.devices > 0 ? options.devices : 1]) {}
 
 FakeRuntime::~FakeRuntime() {
+  for (int d = 0; d < options_.devices; ++d) ReleaseDevice(d);
   std::map<Stream*, std::unique_ptr<Stream>> left;
   {
     std::lock_guard<std::mutex> lock(streams_mu_);
@@ -157,6 +158,19 @@ void FakeRuntime::SetChunkDelayUs(int device, uint32_t us) {
   state_[device].delay_us = us;
 }
 
+void FakeRuntime::HoldDevice(int device) {
+  std::lock_guard<std::mutex> lock(state_[device].mu);
+  state_[device].held = true;
+}
+
+void FakeRuntime::ReleaseDevice(int device) {
+  {
+    std::lock_guard<std::mutex> lock(state_[device].mu);
+    state_[device].held = false;
+  }
+  state_[device].released.notify_all();
+}
+
 int FakeRuntime::live_streams() const {
   std::lock_guard<std::mutex> lock(streams_mu_);
   return static_cast<int>(streams_.size());
@@ -167,7 +181,8 @@ absl::Status FakeRuntime::RunChunk(int device, const CopyCmd& c) {
   absl::Status fail;
   {
     DeviceState& s = state_[device];
-    std::lock_guard<std::mutex> lock(s.mu);
+    std::unique_lock<std::mutex> lock(s.mu);
+    s.released.wait(lock, [&] { return !s.held; });
     delay = s.delay_us;
     if (s.fail_chunk_at > 0 && --s.fail_chunk_at == 0) fail = s.fail_chunk_status;
   }

@@ -5,7 +5,8 @@
 // waves, ready gating, ordered completion, failure release, many devices
 // and jobs - runs unchanged and its results can be compared byte for byte.
 // Tests inject failures (a Copy call refused, or a chunk that fails while
-// it runs) and delays (per chunk, per device).
+// it runs), delays (per chunk, per device) and holds (a device's chunks wait
+// until the test releases it: ordering tests that need no clock).
 //
 // The IPC handle of an allocation is MakeHandle(base, bytes): the fake
 // "opens" it by reading the pointer back.
@@ -18,6 +19,7 @@
 #include <cstring>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -51,6 +53,10 @@ class FakeRuntime : public GpuRuntime {
   void FailChunk(int device, int nth, absl::Status st);
   // Every chunk on `device` takes at least `us` microseconds.
   void SetChunkDelayUs(int device, uint32_t us);
+  // Chunks on `device` wait (before copying) until ReleaseDevice(device).
+  // The destructor releases every held device.
+  void HoldDevice(int device);
+  void ReleaseDevice(int device);
 
   // --- Observations ---
   uint64_t chunks_run() const { return chunks_run_.load(); }
@@ -107,6 +113,8 @@ class FakeRuntime : public GpuRuntime {
     int fail_chunk_at = 0;
     absl::Status fail_chunk_status;
     uint32_t delay_us = 0;
+    bool held = false;
+    std::condition_variable released;
   };
   // Runs one chunk on `device`: delay, injected failure or memcpy.
   absl::Status RunChunk(int device, const CopyCmd& c);

@@ -399,5 +399,29 @@ TEST_F(PipelineTest, CapturedOpWithASlotOutOfRangeFailsEverywhere) {
   }
 }
 
+TEST_F(PipelineTest, CapturedOpsAreRefusedOnHostMemorySoNothingIsPolled) {
+  engine_.host_memory = true;
+  Make(2);
+  ranks_[0]->SubmitCaptured(100, 1);
+  ranks_[1]->SubmitCaptured(100, 1);
+  Poll();
+  EXPECT_FALSE(job_->has_persistent()) << "an armed op would keep the ingress thread polling";
+  for (auto& r : ranks_) {
+    EXPECT_EQ(r->done(), 1u);
+    ASSERT_EQ(r->errors(), 1u);
+    EXPECT_EQ(r->error(0).status, DMAGATHER_INVALID_ARGUMENT);
+    EXPECT_NE(Message(*r, 0).find("need a GPU backend"), std::string::npos) << Message(*r, 0);
+  }
+}
+
+TEST(PersistentPollTest, TheSleepGrowsWithIdleTimeAndIsBounded) {
+  EXPECT_EQ(PersistentPollNs(0), kPersistentPollNs);
+  EXPECT_EQ(PersistentPollNs(1'000'000), kPersistentPollNs) << "1 ms after work: still 20 us";
+  EXPECT_EQ(PersistentPollNs(32'000'000), 500'000u);
+  EXPECT_EQ(PersistentPollNs(64'000'000), kPersistentIdlePollNs);
+  EXPECT_EQ(PersistentPollNs(3'600'000'000'000ull), kPersistentIdlePollNs) << "an hour idle: 1 ms, no more";
+  EXPECT_LE(1'000'000'000ull / kPersistentIdlePollNs, 1000u) << "at most 1000 wake-ups a second when idle";
+}
+
 }  // namespace
 }  // namespace dmagather::testing

@@ -50,7 +50,7 @@ class TestOp : public EngineOp {
     log_->cv.notify_all();
   }
   // Waits (bounded) for the op's completion.
-  bool Wait(int ms = 20000) {
+  bool Wait(int ms = 120000) {
     std::unique_lock<std::mutex> lock(log_->mu);
     return log_->cv.wait_for(lock, std::chrono::milliseconds(ms), [&] { return calls > 0; });
   }
@@ -281,9 +281,10 @@ TEST_P(GpuEngineTest, CompletionIsInOrderPerDeviceAndASlowDeviceDelaysOnlyItsOwn
   GpuEngine::Options eo;
   eo.chunk_bytes = 8 << 10;
   Start(4, eo);
-  // Device 0 is slow: 20 ms per chunk leaves the fast job's ops room on a
-  // loaded 2-core machine (3 ms did not).
-  fake_->SetChunkDelayUs(0, 20000);
+  // Device 0 is held: its chunks wait until the test releases it, so the
+  // slow job cannot finish an op before the fast job has finished all of
+  // its own, however the threads are scheduled.
+  fake_->HoldDevice(0);
   auto slow = MakeJob({0, 1}, 16 << 10);  // Its copies into rank 0 run on device 0.
   auto fast = MakeJob({2, 3}, 16 << 10);
   constexpr uint32_t kOps = 5;
@@ -302,22 +303,18 @@ TEST_P(GpuEngineTest, CompletionIsInOrderPerDeviceAndASlowDeviceDelaysOnlyItsOwn
     fast->Plan(fast_ops.back().get(), seq);
     engine_->Execute(fast_ops.back().get());
   }
+  // Issued after every slow op, the fast job's ops are not held behind them.
   for (auto& op : fast_ops) ASSERT_TRUE(op->Wait());
+  for (auto& op : slow_ops) EXPECT_FALSE(op->Done()) << "a slow op finished while its device was held";
+  fake_->ReleaseDevice(0);
   for (auto& op : slow_ops) ASSERT_TRUE(op->Wait());
   std::vector<uint32_t> slow_order, fast_order;
-  size_t last_fast = 0, first_slow_done = SIZE_MAX;
   {
     std::lock_guard<std::mutex> lock(log_.mu);
-    for (size_t i = 0; i < log_.done.size(); ++i) {
-      (log_.done[i].first == 0 ? slow_order : fast_order).push_back(log_.done[i].second);
-      if (log_.done[i].first == 1) last_fast = i;
-      if (log_.done[i].first == 0 && i < first_slow_done) first_slow_done = i;
-    }
+    for (const auto& [job_index, seq] : log_.done) (job_index == 0 ? slow_order : fast_order).push_back(seq);
   }
   EXPECT_EQ(slow_order, (std::vector<uint32_t>{1, 2, 3, 4, 5}));
   EXPECT_EQ(fast_order, (std::vector<uint32_t>{1, 2, 3, 4, 5}));
-  // Issued after every slow op, the fast job's ops were not held behind them.
-  EXPECT_LT(last_fast, first_slow_done);
   for (auto& op : slow_ops) EXPECT_TRUE(op->result.ok()) << op->result;
   EXPECT_EQ(slow->Wrong(1), 0u);
   EXPECT_EQ(fast->Wrong(1), 0u);
