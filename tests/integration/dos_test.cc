@@ -246,5 +246,50 @@ TEST(DosTest, ASegmentTicketIsGoodOnlyForTheProcessThatHandedItOver) {
   FreeSharedPage(sh);
 }
 
+TEST(DosTest, AnOversizedRequestIsRefusedAndTheSessionLives) {
+  auto daemon = DaemonProcess::Start();
+  ASSERT_NE(daemon, nullptr);
+  const std::string socket = daemon->socket();
+  auto reports = RunRanks(1, [&](int, const Reporter& rep) {
+    auto stub = v1::Control::NewStub(grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+    common::MemfdMapping seg = MakeSegment(31);
+    auto t = common::ExchangeFd(common::FdChannelPath(socket), abi::kFdSegment, seg.fd(),
+                                abi::SegmentLayoutV1::kBytes);
+    REQUIRE(t.ok(), std::string(t.status().message()));
+    grpc::ClientContext jctx;
+    auto join = stub->Join(&jctx, JoinReq(UniqueJob("big"), t->ticket, 31));
+    v1::JoinEvent first;
+    REQUIRE(join->Read(&first) && first.has_joined(), "no join");
+    // 5 MiB in one message: over gRPC's 4 MiB receive limit.
+    grpc::ClientContext ctx;
+    v1::RegisterRequest req;
+    req.set_session_id(first.joined().session_id());
+    req.set_session_secret(first.joined().session_secret());
+    req.set_memory_kind("cuda_ipc");
+    req.set_bytes(4096);
+    req.set_handle(std::string(5 << 20, 'x'));
+    v1::RegisterReply reply;
+    grpc::Status s = stub->Register(&ctx, req, &reply);
+    REQUIRE(s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED,
+            absl::StrCat(int(s.error_code()), " ", s.error_message()));
+    // The session is still there: a normal call on it is answered as usual.
+    grpc::ClientContext ctx2;
+    v1::DeregisterRequest dreq;
+    dreq.set_session_id(first.joined().session_id());
+    dreq.set_session_secret(first.joined().session_secret());
+    dreq.set_region_id(12345);
+    v1::DeregisterReply dreply;
+    grpc::Status d = stub->Deregister(&ctx2, dreq, &dreply);
+    REQUIRE(d.error_code() != grpc::StatusCode::UNAVAILABLE && d.error_code() != grpc::StatusCode::CANCELLED,
+            absl::StrCat("the session's connection went with the big message: ", int(d.error_code()), " ",
+                         d.error_message()));
+    REQUIRE(Contains(d.error_message(), "region") || d.ok(), d.error_message());
+    jctx.TryCancel();
+    join->Finish();
+    return 0;
+  });
+  EXPECT_EQ(reports[0].exit_code, 0) << reports[0].message;
+}
+
 }  // namespace
 }  // namespace dmagather::testing

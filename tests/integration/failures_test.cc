@@ -17,19 +17,13 @@
 #include "dmagather/client.h"
 #include "common/clock.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/rank_checks.h"
 
 namespace dmagather::testing {
 namespace {
 
 using bench::CheckAllGather;
 using bench::Variant;
-
-// Shared between the test and its rank processes.
-template <typename T>
-T* SharedPage() {
-  void* p = mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  return new (p) T();
-}
 
 int Report(const Reporter& rep, dmagather_status_t st, const std::string& msg, double seconds = 0) {
   *rep.status = st;
