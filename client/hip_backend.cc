@@ -111,7 +111,8 @@ class HipBackend : public ClientBackend {
     hipDeviceptr_t p = const_cast<void*>(ptr);
     unsigned int type = 0;
     hipError_t err = api_->hipPointerGetAttribute(&type, HIP_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
-    if (err != hipSuccess || type != hipMemoryTypeDevice) {
+    // hipMemoryTypeDevice of the runtime's major (1 before 6.0, 2 after).
+    if (err != hipSuccess || type != api_->abi.memory_type_device) {
       if (err != hipSuccess) (void)api_->hipGetLastError();
       return common::FallbackError(absl::StrFormat(
           "%p is not HIP device memory (the hip backend moves device buffers; host or managed memory is not "

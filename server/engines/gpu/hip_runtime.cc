@@ -15,13 +15,16 @@
 //    most 128 MiB per transfer (kHipMaxTransferBytes). ROCm moves copies
 //    between GPUs on SDMA engines while SDMA is enabled (HSA_ENABLE_SDMA unset
 //    or 1); with HSA_ENABLE_SDMA=0 it would use blit kernels, so this
-//    runtime refuses to start then. Where the headers have
-//    hipMemcpyDeviceToDeviceNoCU (detected at build time:
-//    DMAGATHER_HIP_HAS_MEMCPY_NOCU), that kind is used: it never uses
-//    compute units. hsa_amd_memory_async_copy_on_engine (ROCm >= 5.7,
+//    runtime refuses to start then. The copy kind is chosen from the
+//    runtime's version (common/hip HipAbi), not from the build's headers:
+//    hipMemcpyDeviceToDeviceNoCU where the runtime has it (ROCm >= 6.1; a
+//    6.0 runtime would take 1024 as a plain copy), else
+//    hipMemcpyDeviceToDevice. In clr (6.3) NoCU only changes same-device
+//    copies (an SDMA preference); copies touching IPC-opened memory and
+//    copies between GPUs - all the daemon issues - already go to SDMA.
+//    hsa_amd_memory_async_copy_on_engine (ROCm >= 5.7,
 //    DMAGATHER_HSA_HAS_COPY_ON_ENGINE) is detected and reported but not
-//    used: without it, and today with it, ROCr assigns SDMA engines to the
-//    copies itself.
+//    used: ROCr assigns SDMA engines to the copies itself.
 //  - Completion: an end event per op and device (hipEventQuery), recorded
 //    without hipEventDisableSystemFence, so its release is system-scope.
 //  - Imports: HIP IPC handles of allocation bases (hipIpcOpenMemHandle; size
@@ -48,14 +51,6 @@ namespace {
 
 using ::dmagather::common::hip::HipApi;
 using ::dmagather::common::hip::HipStatus;
-
-#ifdef DMAGATHER_HIP_HAS_MEMCPY_NOCU
-constexpr hipMemcpyKind kCopyKind = hipMemcpyDeviceToDeviceNoCU;
-constexpr const char* kCopyKindName = "hipMemcpyDeviceToDeviceNoCU";
-#else
-constexpr hipMemcpyKind kCopyKind = hipMemcpyDeviceToDevice;
-constexpr const char* kCopyKindName = "hipMemcpyDeviceToDevice";
-#endif
 
 #ifdef DMAGATHER_HSA_HAS_COPY_ON_ENGINE
 constexpr const char* kEngineChoice =
@@ -90,7 +85,7 @@ class HipRuntime : public GpuRuntime {
   uint64_t default_chunk_bytes() const override { return kHipDefaultChunkBytes; }
   bool device_waits() const override { return false; }
   std::string Describe() const override {
-    return absl::StrCat(::dmagather::common::hip::HipLibraryDescription(), ", ", kCopyKindName,
+    return absl::StrCat(::dmagather::common::hip::HipLibraryDescription(), ", ", api_->abi.d2d_kind_name,
                         " on SDMA (HSA_ENABLE_SDMA ", std::getenv("HSA_ENABLE_SDMA") ? "set" : "unset", "), ",
                         kEngineChoice);
   }
@@ -151,7 +146,8 @@ class HipRuntime : public GpuRuntime {
     hipIpcMemHandle_t handle;
     std::memcpy(&handle, h.data(), sizeof(handle));
     void* p = nullptr;
-    DMAG_HIP_RETURN_IF_ERROR(api_, hipIpcOpenMemHandle(&p, handle, hipIpcMemLazyEnablePeerAccess));
+    // hipIpcMemLazyEnablePeerAccess of the runtime's major (0 before 6.0, 1 after).
+    DMAG_HIP_RETURN_IF_ERROR(api_, hipIpcOpenMemHandle(&p, handle, api_->abi.ipc_lazy_enable_peer_access));
     hipDeviceptr_t base = nullptr;
     size_t size = 0;
     hipError_t err = api_->hipMemGetAddressRange(&base, &size, p);
@@ -177,8 +173,9 @@ class HipRuntime : public GpuRuntime {
   absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n) override {
     (void)device;
     hipStream_t s = static_cast<hipStream_t>(stream);
+    const auto kind = static_cast<hipMemcpyKind>(api_->abi.d2d_kind);
     for (size_t i = 0; i < n; ++i) {
-      DMAG_HIP_RETURN_IF_ERROR(api_, hipMemcpyAsync(chunks[i].dst, chunks[i].src, chunks[i].bytes, kCopyKind, s));
+      DMAG_HIP_RETURN_IF_ERROR(api_, hipMemcpyAsync(chunks[i].dst, chunks[i].src, chunks[i].bytes, kind, s));
     }
     return absl::OkStatus();
   }
