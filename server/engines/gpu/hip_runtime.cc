@@ -14,8 +14,9 @@
 //  - Copies: hipMemcpyAsync device to device on non-blocking streams, at
 //    most 128 MiB per transfer (kHipMaxTransferBytes). ROCm moves copies
 //    between GPUs on SDMA engines while SDMA is enabled (HSA_ENABLE_SDMA unset
-//    or 1); with HSA_ENABLE_SDMA=0 it would use blit kernels, so this
-//    runtime refuses to start then. The copy kind is chosen from the
+//    or 1); with HSA_ENABLE_SDMA=0 it would use blit kernels, and with
+//    GPU_FORCE_BLIT_COPY_SIZE=N it would for copies up to N KiB, so this
+//    runtime refuses to start with either. The copy kind is chosen from the
 //    runtime's version (common/hip HipAbi), not from the build's headers:
 //    hipMemcpyDeviceToDeviceNoCU where the runtime has it (ROCm >= 6.1; a
 //    6.0 runtime would take 1024 as a plain copy), else
@@ -71,6 +72,12 @@ class HipRuntime : public GpuRuntime {
       return absl::FailedPreconditionError(
           "HSA_ENABLE_SDMA=0: ROCm would do the copies with blit kernels, and dmagatherd launches no kernel; "
           "unset it (or set it to 1) for dmagatherd");
+    }
+    // clr copies up to GPU_FORCE_BLIT_COPY_SIZE KiB with blit kernels, whatever the memory.
+    if (const char* blit = std::getenv("GPU_FORCE_BLIT_COPY_SIZE"); blit != nullptr && std::atoll(blit) > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "GPU_FORCE_BLIT_COPY_SIZE=", blit, ": ROCm would do copies up to that many KiB with blit kernels, and "
+          "dmagatherd launches no kernel; unset it for dmagatherd"));
     }
     return std::unique_ptr<GpuRuntime>(new HipRuntime(api, n));
   }
