@@ -11,7 +11,8 @@
 # //client:hip_backend with DMAGATHER_HIP_PATH=ROCM_DIR (hip_api.cc checks
 # at compile time that its per-major table agrees with these headers), runs
 # the fake-runtime tests built against them (tests/common/hip:hip_abi_test,
-# tests/client:hip_backend_rocm{5,6,7}_test), and checks that
+# tests/client:hip_backend_rocm{5,6,7}_test,
+# tests/server/engines/factory_hip:hip_runtime_fake_rocm{5,6,7}_test), and checks that
 # build_config.txt names ROCM_DIR and its version. Prints one PASS/FAIL
 # line; exit status 0 on PASS.
 #
@@ -38,8 +39,11 @@ version=$(awk '/#define HIP_VERSION_(MAJOR|MINOR|PATCH)/ {v[$2]=$3} END {print v
 
 FLAGS=(--repo_env=DMAGATHER_HIP_PATH="$rocm")
 BUILD=(//:build_config //common/hip:hip_api //server/engines/gpu:hip_runtime //client:hip_backend)
-TESTS=(//tests/common/hip:hip_abi_test //tests/client:hip_backend_rocm5_test //tests/client:hip_backend_rocm6_test
-       //tests/client:hip_backend_rocm7_test)
+TESTS=(//tests/common/hip:hip_abi_test)
+for major in 5 6 7; do
+  TESTS+=("//tests/client:hip_backend_rocm${major}_test"
+          "//tests/server/engines/factory_hip:hip_runtime_fake_rocm${major}_test")
+done
 
 bazel build "${FLAGS[@]}" "$@" "${BUILD[@]}" || fail "bazel build against HIP $version"
 bin=$(bazel info "${FLAGS[@]}" bazel-bin 2>/dev/null) || fail "bazel info bazel-bin"
