@@ -8,9 +8,11 @@
 # include/hip (hip_runtime_api.h, hip_version.h, amd_detail/) and
 # include/hsa: headers only, no library (libamdhip64 is opened at run time).
 # It builds //common/hip:hip_api, //server/engines/gpu:hip_runtime and
-# //client:hip_backend with DMAGATHER_HIP_PATH=ROCM_DIR (hip_api.cc checks
+# :hsa_copy_queue, and //client:hip_backend with DMAGATHER_HIP_PATH=ROCM_DIR
+# (hip_api.cc checks
 # at compile time that its per-major table agrees with these headers), runs
 # the fake-runtime tests built against them (tests/common/hip:hip_abi_test,
+# tests/server/engines/gpu:hsa_copy_queue_test,
 # tests/client:hip_backend_rocm{5,6,7}_test,
 # tests/server/engines/factory_hip:hip_runtime_fake_rocm{5,6,7}_test), and checks that
 # build_config.txt names ROCM_DIR and its version. Prints one PASS/FAIL
@@ -38,8 +40,9 @@ version=$(awk '/#define HIP_VERSION_(MAJOR|MINOR|PATCH)/ {v[$2]=$3} END {print v
   "$rocm/include/hip/hip_version.h")
 
 FLAGS=(--repo_env=DMAGATHER_HIP_PATH="$rocm")
-BUILD=(//:build_config //common/hip:hip_api //server/engines/gpu:hip_runtime //client:hip_backend)
-TESTS=(//tests/common/hip:hip_abi_test)
+BUILD=(//:build_config //common/hip:hip_api //server/engines/gpu:hip_runtime //server/engines/gpu:hsa_copy_queue
+       //client:hip_backend)
+TESTS=(//tests/common/hip:hip_abi_test //tests/server/engines/gpu:hsa_copy_queue_test)
 for major in 5 6 7; do
   TESTS+=("//tests/client:hip_backend_rocm${major}_test"
           "//tests/server/engines/factory_hip:hip_runtime_fake_rocm${major}_test")
