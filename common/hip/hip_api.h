@@ -9,7 +9,7 @@
 // hipMemcpyDeviceToDeviceNoCU from 6.1, how a stream is checked), and a
 // major this build does not know is refused with the reason. The headers
 // the build used only have to agree with these values on the calls'
-// prototypes (29 of them, unchanged from 5.2 to 7.x); hip_api.cc checks at
+// prototypes (30 of them, unchanged from 5.2 to 7.x); hip_api.cc checks at
 // compile time that the table matches the headers it is built against.
 // HIP errors become absl::Status once, here, naming the call and the code.
 //
