@@ -111,7 +111,8 @@ class HipBackend : public ClientBackend {
     hipDeviceptr_t p = const_cast<void*>(ptr);
     unsigned int type = 0;
     hipError_t err = api_->hipPointerGetAttribute(&type, HIP_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
-    if (err != hipSuccess || type != hipMemoryTypeDevice) {
+    // hipMemoryTypeDevice of the runtime's major (1 before 6.0, 2 after).
+    if (err != hipSuccess || type != api_->abi.memory_type_device) {
       if (err != hipSuccess) (void)api_->hipGetLastError();
       return common::FallbackError(absl::StrFormat(
           "%p is not HIP device memory (the hip backend moves device buffers; host or managed memory is not "
@@ -163,13 +164,41 @@ class HipBackend : public ClientBackend {
   }
   bool registers_on_submit() const override { return true; }
 
-  absl::Status CheckStream(void*) const override { return absl::OkStatus(); }
+  // The caller's stream must be a live HIP stream of this process: ROCm 7
+  // dereferences any other handle in hipMemcpyAsync/hipEventRecord (a
+  // crash in the trainer), where 5.x/6.x returned an error. Checked on
+  // every submit, and again by each call below that hands the stream to HIP
+  // (a lookup in the runtime's stream set; no GPU work), so no path - a
+  // wait on another stream included - reaches HIP with a bad handle.
+  // Null (the default stream), hipStreamPerThread and hipStreamLegacy are
+  // valid.
+  absl::Status CheckStream(void* stream) const override {
+    if (stream == nullptr) return absl::OkStatus();
+    hipStream_t s = static_cast<hipStream_t>(stream);
+    hipError_t err;
+    const char* call;
+    if (api_->abi.stream_check == ::dmagather::common::hip::StreamCheck::kGetId) {
+      unsigned long long id = 0;
+      err = api_->hipStreamGetId(s, &id);
+      call = "hipStreamGetId";
+    } else {
+      unsigned int flags = 0;
+      err = api_->hipStreamGetFlags(s, &flags);
+      call = "hipStreamGetFlags";
+    }
+    if (err == hipSuccess) return absl::OkStatus();
+    (void)api_->hipGetLastError();
+    return absl::InvalidArgumentError(absl::StrFormat("stream %p is not a live HIP stream of this process (%s)",
+                                                      stream, HipStatus(call, err).message()));
+  }
   bool copies_own_shard() const override { return true; }
   absl::Status CopyAsync(void* dst, const void* src, uint64_t bytes, void* stream) override {
+    DMAG_RETURN_IF_ERROR(CheckStream(stream));
     DMAG_HIP_RETURN_IF_ERROR(api_, hipMemcpyAsync(dst, src, bytes, hipMemcpyDefault, static_cast<hipStream_t>(stream)));
     return absl::OkStatus();
   }
   absl::Status WriteReady(void* stream, uint32_t seq) override {
+    DMAG_RETURN_IF_ERROR(CheckStream(stream));
     hipStream_t s = static_cast<hipStream_t>(stream);
     DMAG_HIP_RETURN_IF_ERROR(api_, hipEventRecord(release_, s));  // System-scope release of the inputs.
     DMAG_HIP_RETURN_IF_ERROR(api_, hipStreamWriteValue32(s, ready_dev_, seq, 0));
@@ -177,6 +206,7 @@ class HipBackend : public ClientBackend {
   }
   bool has_stream_waits() const override { return true; }
   absl::Status WaitDoneOnStream(void* stream, uint32_t seq) override {
+    DMAG_RETURN_IF_ERROR(CheckStream(stream));
     hipStream_t s = static_cast<hipStream_t>(stream);
     DMAG_HIP_RETURN_IF_ERROR(api_, hipStreamWaitValue32(s, done_dev_, seq, hipStreamWaitValueGte, 0xFFFFFFFFu));
     DMAG_HIP_RETURN_IF_ERROR(api_, hipEventRecord(acquire_, s));  // System-scope acquire: L2 invalidated.

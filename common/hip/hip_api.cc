@@ -3,7 +3,8 @@
 #include <dlfcn.h>
 #include <hip/hip_version.h>
 
-#include <mutex>
+#include <cstdlib>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 
@@ -36,12 +37,34 @@ absl::Status MakeStatus(const HipApi& a, const char* call, hipError_t err) {
                                                 text != nullptr ? std::string(text) : absl::StrCat(int(err)), ")"));
 }
 
+// hipRuntimeGetVersion's encoding (HIP_VERSION).
+constexpr int kMajorScale = 10000000;
+constexpr int kMinorScale = 100000;
+
+// The table below must agree with the headers this file is compiled
+// against, whatever ROCm they come from (tools/check_hip_build.sh builds it
+// against each one).
+constexpr int kHeaderMajor = HIP_VERSION_MAJOR;
+static_assert(hipMemcpyDeviceToDevice == 3, "hipMemcpyDeviceToDevice moved");
+static_assert(hipMemcpyDefault == 4, "hipMemcpyDefault moved");
+static_assert(sizeof(hipIpcMemHandle_t) == 64, "hipIpcMemHandle_t changed size");
+#if HIP_VERSION_MAJOR >= 6
+static_assert(hipMemoryTypeDevice == 2, "hipMemoryTypeDevice of ROCm >= 6.0");
+static_assert(hipIpcMemLazyEnablePeerAccess == 1, "hipIpcMemLazyEnablePeerAccess of ROCm >= 6.0");
+#else
+static_assert(hipMemoryTypeDevice == 1, "hipMemoryTypeDevice of ROCm 5.x");
+static_assert(hipIpcMemLazyEnablePeerAccess == 0, "hipIpcMemLazyEnablePeerAccess of ROCm 5.x");
+#endif
+#ifdef DMAGATHER_HIP_HAS_MEMCPY_NOCU
+static_assert(HIP_VERSION >= 60100000, "hipMemcpyDeviceToDeviceNoCU in headers older than 6.1");
+static_assert(hipMemcpyDeviceToDeviceNoCU == 1024, "hipMemcpyDeviceToDeviceNoCU moved");
+#endif
+
 struct State {
-  HipApi api;
+  std::unique_ptr<HipLibrary> lib;
   absl::Status loaded = absl::OkStatus();
   absl::Status available = absl::OkStatus();
   int devices = 0;
-  std::string description;
 };
 
 template <typename Fn>
@@ -55,62 +78,22 @@ bool Resolve(void* lib, const char* symbol, Fn* fn, std::string* missing) {
   return true;
 }
 
-#define DMAG_HIP_STR2(x) #x
-#define DMAG_HIP_STR(x) DMAG_HIP_STR2(x)
+std::string Basename(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
 
 const State& Get() {
   static State* state = [] {
     auto* s = new State;
-    const char* soname = "libamdhip64.so." DMAG_HIP_STR(HIP_VERSION_MAJOR);
-    void* lib = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
-    if (lib == nullptr) {
-      const char* why = dlerror();
-      s->loaded = absl::UnavailableError(absl::StrCat(
-          "cannot load ", soname, " (ROCm ", HIP_VERSION_MAJOR, ".x HIP runtime; this build's HIP headers are ",
-          HIP_VERSION_MAJOR, ".", HIP_VERSION_MINOR, "): ", why != nullptr ? why : "dlopen failed"));
+    auto lib = LoadHip(HipLibraryCandidates());
+    if (!lib.ok()) {
+      s->loaded = lib.status();
       s->available = s->loaded;
       return s;
     }
-    std::string missing;
-    HipApi& a = s->api;
-    Resolve(lib, "hipGetDeviceCount", &a.hipGetDeviceCount, &missing);
-    Resolve(lib, "hipGetDevice", &a.hipGetDevice, &missing);
-    Resolve(lib, "hipSetDevice", &a.hipSetDevice, &missing);
-    Resolve(lib, "hipRuntimeGetVersion", &a.hipRuntimeGetVersion, &missing);
-    Resolve(lib, "hipGetLastError", &a.hipGetLastError, &missing);
-    Resolve(lib, "hipGetErrorName", &a.hipGetErrorName, &missing);
-    Resolve(lib, "hipGetErrorString", &a.hipGetErrorString, &missing);
-    Resolve(lib, "hipDeviceCanAccessPeer", &a.hipDeviceCanAccessPeer, &missing);
-    Resolve(lib, "hipDeviceEnablePeerAccess", &a.hipDeviceEnablePeerAccess, &missing);
-    Resolve(lib, "hipStreamCreateWithFlags", &a.hipStreamCreateWithFlags, &missing);
-    Resolve(lib, "hipStreamDestroy", &a.hipStreamDestroy, &missing);
-    Resolve(lib, "hipEventCreateWithFlags", &a.hipEventCreateWithFlags, &missing);
-    Resolve(lib, "hipEventDestroy", &a.hipEventDestroy, &missing);
-    Resolve(lib, "hipEventRecord", &a.hipEventRecord, &missing);
-    Resolve(lib, "hipEventQuery", &a.hipEventQuery, &missing);
-    Resolve(lib, "hipStreamWaitEvent", &a.hipStreamWaitEvent, &missing);
-    Resolve(lib, "hipHostRegister", &a.hipHostRegister, &missing);
-    Resolve(lib, "hipHostUnregister", &a.hipHostUnregister, &missing);
-    Resolve(lib, "hipHostGetDevicePointer", &a.hipHostGetDevicePointer, &missing);
-    Resolve(lib, "hipIpcGetMemHandle", &a.hipIpcGetMemHandle, &missing);
-    Resolve(lib, "hipIpcOpenMemHandle", &a.hipIpcOpenMemHandle, &missing);
-    Resolve(lib, "hipIpcCloseMemHandle", &a.hipIpcCloseMemHandle, &missing);
-    Resolve(lib, "hipMemGetAddressRange", &a.hipMemGetAddressRange, &missing);
-    Resolve(lib, "hipPointerGetAttribute", &a.hipPointerGetAttribute, &missing);
-    Resolve(lib, "hipMalloc", &a.hipMalloc, &missing);
-    Resolve(lib, "hipFree", &a.hipFree, &missing);
-    Resolve(lib, "hipMemcpyAsync", &a.hipMemcpyAsync, &missing);
-    Resolve(lib, "hipStreamWriteValue32", &a.hipStreamWriteValue32, &missing);
-    Resolve(lib, "hipStreamWaitValue32", &a.hipStreamWaitValue32, &missing);
-    if (!missing.empty()) {
-      s->loaded = absl::UnavailableError(absl::StrCat(soname, " lacks ", missing));
-      s->available = s->loaded;
-      return s;
-    }
-    int version = 0;
-    if (a.hipRuntimeGetVersion(&version) != hipSuccess) version = 0;
-    (void)a.hipGetLastError();
-    s->description = absl::StrCat(soname, " (HIP runtime ", version, ")");
+    s->lib = *std::move(lib);
+    const HipApi& a = s->lib->api;
     int n = 0;
     hipError_t err = a.hipGetDeviceCount(&n);
     if (err != hipSuccess) {
@@ -134,13 +117,15 @@ const State& Get() {
 
 absl::Status HipStatus(const char* call, hipError_t err) {
   if (err == hipSuccess) return absl::OkStatus();
-  return MakeStatus(Get().api, call, err);
+  const State& s = Get();
+  static const HipApi kNone;
+  return MakeStatus(s.lib != nullptr ? s.lib->api : kNone, call, err);
 }
 
 absl::StatusOr<const HipApi*> Hip() {
   const State& s = Get();
   if (!s.loaded.ok()) return s.loaded;
-  return &s.api;
+  return &s.lib->api;
 }
 
 absl::StatusOr<int> HipAvailable() {
@@ -149,6 +134,125 @@ absl::StatusOr<int> HipAvailable() {
   return s.devices;
 }
 
-std::string HipLibraryDescription() { return Get().description; }
+std::string HipLibraryDescription() {
+  const State& s = Get();
+  return s.lib != nullptr ? s.lib->description : "";
+}
+
+absl::StatusOr<HipAbi> HipAbiFor(int runtime_version) {
+  HipAbi abi;
+  abi.runtime_version = runtime_version;
+  abi.major = runtime_version / kMajorScale;
+  abi.minor = (runtime_version % kMajorScale) / kMinorScale;
+  if (runtime_version <= 0 || abi.major < kHipOldestMajor || abi.major > kHipNewestMajor) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "HIP runtime version ", runtime_version, " (ROCm ", abi.major, ".", abi.minor, ") is not one this build knows (ROCm ",
+        kHipOldestMajor, ".x to ", kHipNewestMajor,
+        ".x): values that differ between ROCm majors (hipMemoryType, the IPC open flag, copy kinds) would be guessed; "
+        "set DMAGATHER_HIP_LIB to a libamdhip64 of a known major, or use a dmagather that knows this one"));
+  }
+  const bool six = abi.major >= 6;
+  abi.memory_type_device = six ? 2 : 1;
+  abi.ipc_lazy_enable_peer_access = six ? 1 : 0;
+  if (abi.major > 6 || (abi.major == 6 && abi.minor >= 1)) {
+    abi.d2d_kind = 1024;
+    abi.d2d_kind_name = "hipMemcpyDeviceToDeviceNoCU";
+  }
+  abi.stream_check = abi.major >= 7 ? StreamCheck::kGetId : StreamCheck::kGetFlags;
+  return abi;
+}
+
+std::vector<std::string> HipLibraryCandidates() {
+  if (const char* lib = std::getenv("DMAGATHER_HIP_LIB"); lib != nullptr && *lib != '\0') return {lib};
+  std::vector<std::string> names;
+  for (int major = kHipNewestMajor; major >= kHipOldestMajor; --major) {
+    names.push_back(absl::StrCat("libamdhip64.so.", major));
+  }
+  return names;
+}
+
+absl::StatusOr<std::unique_ptr<HipLibrary>> LoadHip(const std::vector<std::string>& candidates) {
+  void* lib = nullptr;
+  std::string path;
+  std::string tried;
+  for (const std::string& c : candidates) {
+    lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib != nullptr) {
+      path = c;
+      break;
+    }
+    const char* why = dlerror();
+    absl::StrAppend(&tried, tried.empty() ? "" : "; ", why != nullptr ? why : c + ": dlopen failed");
+  }
+  if (lib == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot load libamdhip64 (the HIP runtime of ROCm ", kHipOldestMajor,
+                                               ".x to ", kHipNewestMajor, ".x; this build's HIP headers are ",
+                                               kHeaderMajor, ".", HIP_VERSION_MINOR, "): ", tried));
+  }
+  auto out = std::make_unique<HipLibrary>();
+  out->path = path;
+  const std::string name = Basename(path);
+  std::string missing;
+  HipApi& a = out->api;
+  Resolve(lib, "hipGetDeviceCount", &a.hipGetDeviceCount, &missing);
+  Resolve(lib, "hipGetDevice", &a.hipGetDevice, &missing);
+  Resolve(lib, "hipSetDevice", &a.hipSetDevice, &missing);
+  Resolve(lib, "hipRuntimeGetVersion", &a.hipRuntimeGetVersion, &missing);
+  Resolve(lib, "hipGetLastError", &a.hipGetLastError, &missing);
+  Resolve(lib, "hipGetErrorName", &a.hipGetErrorName, &missing);
+  Resolve(lib, "hipGetErrorString", &a.hipGetErrorString, &missing);
+  Resolve(lib, "hipDeviceCanAccessPeer", &a.hipDeviceCanAccessPeer, &missing);
+  Resolve(lib, "hipDeviceEnablePeerAccess", &a.hipDeviceEnablePeerAccess, &missing);
+  Resolve(lib, "hipStreamCreateWithFlags", &a.hipStreamCreateWithFlags, &missing);
+  Resolve(lib, "hipStreamDestroy", &a.hipStreamDestroy, &missing);
+  Resolve(lib, "hipEventCreateWithFlags", &a.hipEventCreateWithFlags, &missing);
+  Resolve(lib, "hipEventDestroy", &a.hipEventDestroy, &missing);
+  Resolve(lib, "hipEventRecord", &a.hipEventRecord, &missing);
+  Resolve(lib, "hipEventQuery", &a.hipEventQuery, &missing);
+  Resolve(lib, "hipStreamWaitEvent", &a.hipStreamWaitEvent, &missing);
+  Resolve(lib, "hipHostRegister", &a.hipHostRegister, &missing);
+  Resolve(lib, "hipHostUnregister", &a.hipHostUnregister, &missing);
+  Resolve(lib, "hipHostGetDevicePointer", &a.hipHostGetDevicePointer, &missing);
+  Resolve(lib, "hipIpcGetMemHandle", &a.hipIpcGetMemHandle, &missing);
+  Resolve(lib, "hipIpcOpenMemHandle", &a.hipIpcOpenMemHandle, &missing);
+  Resolve(lib, "hipIpcCloseMemHandle", &a.hipIpcCloseMemHandle, &missing);
+  Resolve(lib, "hipMemGetAddressRange", &a.hipMemGetAddressRange, &missing);
+  Resolve(lib, "hipPointerGetAttribute", &a.hipPointerGetAttribute, &missing);
+  Resolve(lib, "hipMalloc", &a.hipMalloc, &missing);
+  Resolve(lib, "hipFree", &a.hipFree, &missing);
+  Resolve(lib, "hipMemcpyAsync", &a.hipMemcpyAsync, &missing);
+  Resolve(lib, "hipStreamWriteValue32", &a.hipStreamWriteValue32, &missing);
+  Resolve(lib, "hipStreamWaitValue32", &a.hipStreamWaitValue32, &missing);
+  Resolve(lib, "hipStreamGetFlags", &a.hipStreamGetFlags, &missing);
+  if (!missing.empty()) {
+    dlclose(lib);
+    return absl::UnavailableError(absl::StrCat(name, " lacks ", missing));
+  }
+  int version = 0;
+  hipError_t err = a.hipRuntimeGetVersion(&version);
+  (void)a.hipGetLastError();
+  if (err != hipSuccess) {
+    absl::Status st = MakeStatus(a, "hipRuntimeGetVersion", err);
+    dlclose(lib);
+    return absl::UnavailableError(absl::StrCat(name, ": ", st.message()));
+  }
+  auto abi = HipAbiFor(version);
+  if (!abi.ok()) {
+    dlclose(lib);
+    return absl::UnavailableError(absl::StrCat(name, ": ", abi.status().message()));
+  }
+  a.abi = *abi;
+  if (a.abi.stream_check == StreamCheck::kGetId) {
+    Resolve(lib, "hipStreamGetId", &a.hipStreamGetId, &missing);
+    if (!missing.empty()) {
+      dlclose(lib);
+      return absl::UnavailableError(absl::StrCat(name, " (HIP runtime ", version, ") lacks ", missing,
+                                                 ", which checks streams on ROCm >= 7"));
+    }
+  }
+  out->description =
+      absl::StrCat(name, " (HIP runtime ", version, ", ROCm ", a.abi.major, ".", a.abi.minor, ")");
+  return out;
+}
 
 }  // namespace dmagather::common::hip

@@ -56,3 +56,7 @@ def hip_cc_test(tags = [], **kwargs):
     """A cc_test that needs the HIP headers/library; tagged "hip"."""
     if _HAS_HIP:
         native.cc_test(tags = tags + ["hip"], **kwargs)
+
+def hip_cc_binary(**kwargs):
+    if _HAS_HIP:
+        native.cc_binary(**kwargs)

@@ -8,10 +8,16 @@
 #
 # CUDA: $DMAGATHER_CUDA_PATH, default /usr/local/cuda; present when it has
 #   include/cuda.h, include/cuda_runtime_api.h and lib64/libcudart_static.a.
-# HIP (the AMD backend): $DMAGATHER_HIP_PATH, default /usr; present with
-#   include/hip/hip_runtime_api.h and libamdhip64.so under lib/, lib64/ or
-#   lib/x86_64-linux-gnu/. Also read from its headers (ROCm version
-#   dependent; Debian 12's 5.2 has neither):
+# HIP (the AMD backend): $DMAGATHER_HIP_PATH, default /opt/rocm where it
+#   exists, else /usr (Debian's libamdhip64-dev). Present with
+#   include/hip/hip_runtime_api.h and include/hip/hip_version.h: headers are
+#   enough, libamdhip64 is opened at run time (common/hip/hip_api.h). Its
+#   include/hip and include/hsa are linked into this repository and
+#   :hip_headers puts them first on the include path, so the build compiles
+#   against that ROCm and no other (Debian's /usr/include/hip included).
+#   HIP_VERSION (from hip_version.h) says which ROCm it was built for. Also
+#   read from its headers (ROCm version dependent; Debian 12's 5.2 has
+#   neither):
 #   HIP_HAS_COPY_ON_ENGINE  include/hsa/hsa_ext_amd.h declares
 #                           hsa_amd_memory_async_copy_on_engine (ROCm >= 5.7)
 #   HIP_HAS_MEMCPY_NOCU     include/hip/*.h has hipMemcpyDeviceToDeviceNoCU
@@ -28,14 +34,27 @@ _CUDA_FILES = [
 ]
 
 _HIP_HEADER = "include/hip/hip_runtime_api.h"
+_HIP_VERSION_HEADER = "include/hip/hip_version.h"
 _HIP_LIB_DIRS = ["lib", "lib64", "lib/x86_64-linux-gnu"]
 
 def _exists(rctx, path):
     return rctx.path(path).exists
 
+def _hip_version(text):
+    """(major, minor, patch) from hip_version.h's #defines, -1 where absent."""
+    v = {"MAJOR": -1, "MINOR": -1, "PATCH": -1}
+    for line in text.split("\n"):
+        parts = [p for p in line.replace("\t", " ").split(" ") if p]
+        if len(parts) >= 3 and parts[0] == "#define" and parts[1].startswith("HIP_VERSION_"):
+            key = parts[1][len("HIP_VERSION_"):]
+            if key in v and parts[2].isdigit():
+                v[key] = int(parts[2])
+    return v["MAJOR"], v["MINOR"], v["PATCH"]
+
 def _toolkits_impl(rctx):
     cuda_path = rctx.os.environ.get("DMAGATHER_CUDA_PATH", "/usr/local/cuda").rstrip("/")
-    hip_path = rctx.os.environ.get("DMAGATHER_HIP_PATH", "/usr").rstrip("/")
+    hip_default = "/opt/rocm" if _exists(rctx, "/opt/rocm/" + _HIP_HEADER) else "/usr"
+    hip_path = rctx.os.environ.get("DMAGATHER_HIP_PATH", hip_default).rstrip("/")
     if not cuda_path:
         cuda_path = "/"
     if not hip_path:
@@ -43,10 +62,17 @@ def _toolkits_impl(rctx):
 
     missing_cuda = [f for f in _CUDA_FILES if not _exists(rctx, cuda_path + "/" + f)]
     has_cuda = not missing_cuda
-    has_hip = _exists(rctx, hip_path + "/" + _HIP_HEADER) and any([
-        _exists(rctx, "%s/%s/libamdhip64.so" % (hip_path, d))
-        for d in _HIP_LIB_DIRS
-    ])
+    has_hip = _exists(rctx, hip_path + "/" + _HIP_HEADER) and _exists(rctx, hip_path + "/" + _HIP_VERSION_HEADER)
+    hip_version = ""
+    if has_hip:
+        major, minor, patch = _hip_version(rctx.read(hip_path + "/" + _HIP_VERSION_HEADER))
+        hip_version = "%d.%d.%d" % (major, minor, patch)
+        has_hip = major >= 0
+    hip_lib = ""
+    if has_hip:
+        libs = ["%s/%s/libamdhip64.so" % (hip_path, d) for d in _HIP_LIB_DIRS]
+        libs = [l for l in libs if _exists(rctx, l)]
+        hip_lib = libs[0] if libs else "none (headers only; opened at run time)"
 
     hip_copy_on_engine = False
     hip_nocu = False
@@ -66,6 +92,20 @@ def _toolkits_impl(rctx):
             if _exists(rctx, cuda_path + "/" + d):
                 rctx.symlink(cuda_path + "/" + d, d)
         build.append(rctx.read(Label("//third_party/cuda:cuda.BUILD")))
+    if has_hip:
+        # The ROCm headers, linked into this repository and first on the
+        # include path of everything that depends on :hip_headers.
+        rctx.symlink(hip_path + "/include/hip", "hip_include/hip")
+        if _exists(rctx, hip_path + "/include/hsa"):
+            rctx.symlink(hip_path + "/include/hsa", "hip_include/hsa")
+        build.append("""
+cc_library(
+    name = "hip_headers",
+    hdrs = glob(["hip_include/hip/**", "hip_include/hsa/**"]),
+    includes = ["hip_include"],
+    visibility = ["//visibility:public"],
+)
+""")
     build.append("exports_files([\"config.bzl\", \"config.txt\"])")
     rctx.file("BUILD.bazel", "\n".join(build) + "\n")
 
@@ -76,6 +116,7 @@ def _toolkits_impl(rctx):
         "HAS_HIP = %s" % has_hip,
         "CUDA_PATH = %r" % (cuda_path if has_cuda else ""),
         "HIP_PATH = %r" % (hip_path if has_hip else ""),
+        "HIP_VERSION = %r" % hip_version,
         "HIP_HAS_COPY_ON_ENGINE = %s" % hip_copy_on_engine,
         "HIP_HAS_MEMCPY_NOCU = %s" % hip_nocu,
         "",
@@ -89,6 +130,9 @@ def _toolkits_impl(rctx):
         "CUDA_PATH=%s%s" % (cuda_path if has_cuda else "", why_no_cuda),
         "HAS_HIP=%s" % has_hip,
         "HIP_PATH=%s" % (hip_path if has_hip else ""),
+        "HIP_VERSION=%s" % (hip_version if has_hip else ""),
+        "HIP_INCLUDE=%s" % (hip_path + "/include" if has_hip else ""),
+        "HIP_LIBRARY_AT_BUILD=%s" % (hip_lib if has_hip else ""),
         "HIP_HAS_COPY_ON_ENGINE=%s" % hip_copy_on_engine,
         "HIP_HAS_MEMCPY_NOCU=%s" % hip_nocu,
         "",

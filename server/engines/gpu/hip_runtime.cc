@@ -14,14 +14,18 @@
 //  - Copies: hipMemcpyAsync device to device on non-blocking streams, at
 //    most 128 MiB per transfer (kHipMaxTransferBytes). ROCm moves copies
 //    between GPUs on SDMA engines while SDMA is enabled (HSA_ENABLE_SDMA unset
-//    or 1); with HSA_ENABLE_SDMA=0 it would use blit kernels, so this
-//    runtime refuses to start then. Where the headers have
-//    hipMemcpyDeviceToDeviceNoCU (detected at build time:
-//    DMAGATHER_HIP_HAS_MEMCPY_NOCU), that kind is used: it never uses
-//    compute units. hsa_amd_memory_async_copy_on_engine (ROCm >= 5.7,
+//    or 1); with HSA_ENABLE_SDMA=0 it would use blit kernels, and with
+//    GPU_FORCE_BLIT_COPY_SIZE=N it would for copies up to N KiB, so this
+//    runtime refuses to start with either. The copy kind is chosen from the
+//    runtime's version (common/hip HipAbi), not from the build's headers:
+//    hipMemcpyDeviceToDeviceNoCU where the runtime has it (ROCm >= 6.1; a
+//    6.0 runtime would take 1024 as a plain copy), else
+//    hipMemcpyDeviceToDevice. In clr (6.3) NoCU only changes same-device
+//    copies (an SDMA preference); copies touching IPC-opened memory and
+//    copies between GPUs - all the daemon issues - already go to SDMA.
+//    hsa_amd_memory_async_copy_on_engine (ROCm >= 5.7,
 //    DMAGATHER_HSA_HAS_COPY_ON_ENGINE) is detected and reported but not
-//    used: without it, and today with it, ROCr assigns SDMA engines to the
-//    copies itself.
+//    used: ROCr assigns SDMA engines to the copies itself.
 //  - Completion: an end event per op and device (hipEventQuery), recorded
 //    without hipEventDisableSystemFence, so its release is system-scope.
 //  - Imports: HIP IPC handles of allocation bases (hipIpcOpenMemHandle; size
@@ -49,14 +53,6 @@ namespace {
 using ::dmagather::common::hip::HipApi;
 using ::dmagather::common::hip::HipStatus;
 
-#ifdef DMAGATHER_HIP_HAS_MEMCPY_NOCU
-constexpr hipMemcpyKind kCopyKind = hipMemcpyDeviceToDeviceNoCU;
-constexpr const char* kCopyKindName = "hipMemcpyDeviceToDeviceNoCU";
-#else
-constexpr hipMemcpyKind kCopyKind = hipMemcpyDeviceToDevice;
-constexpr const char* kCopyKindName = "hipMemcpyDeviceToDevice";
-#endif
-
 #ifdef DMAGATHER_HSA_HAS_COPY_ON_ENGINE
 constexpr const char* kEngineChoice =
     "hsa_amd_memory_async_copy_on_engine present in the headers (not used: ROCr picks the SDMA engines)";
@@ -77,6 +73,12 @@ class HipRuntime : public GpuRuntime {
           "HSA_ENABLE_SDMA=0: ROCm would do the copies with blit kernels, and dmagatherd launches no kernel; "
           "unset it (or set it to 1) for dmagatherd");
     }
+    // clr copies up to GPU_FORCE_BLIT_COPY_SIZE KiB with blit kernels, whatever the memory.
+    if (const char* blit = std::getenv("GPU_FORCE_BLIT_COPY_SIZE"); blit != nullptr && std::atoll(blit) > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "GPU_FORCE_BLIT_COPY_SIZE=", blit, ": ROCm would do copies up to that many KiB with blit kernels, and "
+          "dmagatherd launches no kernel; unset it for dmagatherd"));
+    }
     return std::unique_ptr<GpuRuntime>(new HipRuntime(api, n));
   }
 
@@ -90,7 +92,7 @@ class HipRuntime : public GpuRuntime {
   uint64_t default_chunk_bytes() const override { return kHipDefaultChunkBytes; }
   bool device_waits() const override { return false; }
   std::string Describe() const override {
-    return absl::StrCat(::dmagather::common::hip::HipLibraryDescription(), ", ", kCopyKindName,
+    return absl::StrCat(::dmagather::common::hip::HipLibraryDescription(), ", ", api_->abi.d2d_kind_name,
                         " on SDMA (HSA_ENABLE_SDMA ", std::getenv("HSA_ENABLE_SDMA") ? "set" : "unset", "), ",
                         kEngineChoice);
   }
@@ -151,7 +153,8 @@ class HipRuntime : public GpuRuntime {
     hipIpcMemHandle_t handle;
     std::memcpy(&handle, h.data(), sizeof(handle));
     void* p = nullptr;
-    DMAG_HIP_RETURN_IF_ERROR(api_, hipIpcOpenMemHandle(&p, handle, hipIpcMemLazyEnablePeerAccess));
+    // hipIpcMemLazyEnablePeerAccess of the runtime's major (0 before 6.0, 1 after).
+    DMAG_HIP_RETURN_IF_ERROR(api_, hipIpcOpenMemHandle(&p, handle, api_->abi.ipc_lazy_enable_peer_access));
     hipDeviceptr_t base = nullptr;
     size_t size = 0;
     hipError_t err = api_->hipMemGetAddressRange(&base, &size, p);
@@ -177,8 +180,9 @@ class HipRuntime : public GpuRuntime {
   absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n) override {
     (void)device;
     hipStream_t s = static_cast<hipStream_t>(stream);
+    const auto kind = static_cast<hipMemcpyKind>(api_->abi.d2d_kind);
     for (size_t i = 0; i < n; ++i) {
-      DMAG_HIP_RETURN_IF_ERROR(api_, hipMemcpyAsync(chunks[i].dst, chunks[i].src, chunks[i].bytes, kCopyKind, s));
+      DMAG_HIP_RETURN_IF_ERROR(api_, hipMemcpyAsync(chunks[i].dst, chunks[i].src, chunks[i].bytes, kind, s));
     }
     return absl::OkStatus();
   }
