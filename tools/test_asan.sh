@@ -28,7 +28,7 @@ bazel test --config=asan \
   --test_env=DMAGATHER_ASAN_PRELOAD="$asan_lib" \
   "$@" -- //... "${EXCLUDE[@]}" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
-read -r passed failed < <(tools/count_test_cases.sh "$log" "$(bazel info --config=asan bazel-testlogs 2>/dev/null)")
+read -r passed failed skipped < <(tools/count_test_cases.sh "$log" "$(bazel info --config=asan bazel-testlogs 2>/dev/null)")
 if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed, $skipped skipped"
 exit "$rc"

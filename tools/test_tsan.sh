@@ -13,7 +13,7 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 bazel test --config=tsan //tests/server/... //tests/common/... "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
-read -r passed failed < <(tools/count_test_cases.sh "$log" "$(bazel info --config=tsan bazel-testlogs 2>/dev/null)")
+read -r passed failed skipped < <(tools/count_test_cases.sh "$log" "$(bazel info --config=tsan bazel-testlogs 2>/dev/null)")
 if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed, $skipped skipped"
 exit "$rc"
