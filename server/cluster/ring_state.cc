@@ -84,7 +84,10 @@ bool RingState::Malformed(const RingFrameV1& f) const {
 
 RingState::Frame RingState::OnFrame(int link, const RingFrameV1& f, Effects* fx) {
   if (Malformed(f)) {
-    Fail(absl::AbortedError(absl::StrCat(NodeName(prev_node()), " sent a malformed ring frame on link ", link)), fx);
+    if (!aborted_ && !failing_) dead_node_ = prev_node();
+    Fail(absl::AbortedError(
+             absl::StrCat(NodeName(prev_node()), " failed: it sent a malformed ring frame on link ", link)),
+         fx);
     return Frame::kMalformed;
   }
   if (f.type == kFrameHeartbeat) return Frame::kDone;
@@ -215,9 +218,9 @@ void RingState::OnAbortFrame(Side from, const RingFrameV1& f, Effects* fx) {
   spare_ = f.seq;
   abort_origin_ = f.origin;
   abort_from_ = from;
-  if (f.failed_rank >= 0 && f.failed_rank < o_.num_nodes && f.failed_rank != o_.my_node) {
-    // A node died: frames that had to pass through it may never come, so
-    // nothing is spared; fail now.
+  if (f.failed_rank >= 0 && f.failed_rank < o_.num_nodes) {
+    // A node died (or its links did; it may be this one): frames that had
+    // to pass through it may never come, so nothing is spared; fail now.
     dead_node_ = f.failed_rank;
     Fail(pending_why_, fx);
     return;
@@ -234,7 +237,9 @@ void RingState::OnControl(int link, const RingFrameV1& f, Effects* fx) {
   const bool bad = f.magic != kRingMagic || f.version != kRingVersion || f.origin < 0 || f.origin >= o_.num_nodes ||
                    (f.type != kFrameHeartbeat && f.type != kFrameAbort);
   if (bad) {
-    Fail(absl::AbortedError(absl::StrCat(NodeName(next_node()), " sent a malformed control frame on link ", link)),
+    if (!aborted_ && !failing_) dead_node_ = next_node();
+    Fail(absl::AbortedError(
+             absl::StrCat(NodeName(next_node()), " failed: it sent a malformed control frame on link ", link)),
          fx);
     return;
   }
@@ -286,10 +291,10 @@ void RingState::Abort(const absl::Status& why, Effects* fx) {
   SetFrameText(&abort_frame_, origin != me || dead_node_ >= 0
                                   ? std::string(why.message())
                                   : absl::StrCat(NodeName(me), ": ", why.message()));
-  // Both ways round the ring, except back where it came from, to its
-  // origin, or to the node that died.
-  fx->send_abort_next = next_node() != origin && next_node() != dead_node_ && !(pending_ && abort_from_ == Side::kNext);
-  fx->send_abort_prev = prev_node() != origin && prev_node() != dead_node_ && !(pending_ && abort_from_ == Side::kPrev);
+  // Both ways round the ring, except back where it came from or to its
+  // origin. (Also towards a node blamed: only one of its links may be dead.)
+  fx->send_abort_next = next_node() != origin && !(pending_ && abort_from_ == Side::kNext);
+  fx->send_abort_prev = prev_node() != origin && !(pending_ && abort_from_ == Side::kPrev);
 }
 
 void RingState::Tick(Effects* fx) {
