@@ -249,10 +249,13 @@ void RingState::OnControl(int link, const RingFrameV1& f, Effects* fx) {
 void RingState::LinkFailed(Side side, int link, const std::string& why, Effects* fx) {
   if (aborted_ || failing_) return;
   if (pending_) {
+    // The neighbour that sent the abort frame is ending: its links close
+    // once everything before the frame is out.
+    if (side == Side::kNext && abort_from_ == Side::kNext) {
+      return;  // It ended the spared ops: this node's frames of them are all out.
+    }
     if (side == Side::kPrev && abort_from_ == Side::kPrev) {
-      // The previous node is ending after its abort frame: its links close
-      // once everything before it was sent. Once all have, spared ops that
-      // did not end here never will.
+      // Once all its links have closed, spared ops that did not end here never will.
       prev_closed_[link] = 1;
       if (std::count(prev_closed_.begin(), prev_closed_.end(), 1) < o_.links) return;
     }
