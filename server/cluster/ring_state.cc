@@ -52,8 +52,6 @@ void RingState::Start(uint32_t seq, const RingFrameV1& header, uint64_t own_chun
   s.have_count = 1;
   s.chunks_expected = s.chunks_got = 0;
   s.sends_pending = 0;
-  s.busy = 0;
-  s.doomed = false;
   s.released = false;
   s.own_chunks = own_chunks;
   s.local_ok = header.code == 0;

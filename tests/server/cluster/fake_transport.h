@@ -9,6 +9,7 @@
 // Shutdown() makes blocked and later calls on that end fail, as tcp's does.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -31,17 +32,23 @@ struct FakePipe {
   bool shut = false;  // The reading end was shut down.
 };
 
+// Set when the process owning an end dies: from then on nothing it sends
+// leaves (a dead process writes nothing), whichever of its links it uses.
+using OwnerDead = std::shared_ptr<std::atomic<bool>>;
+
 class FakeConnection : public transport::Connection {
  public:
-  FakeConnection(std::shared_ptr<FakePipe> in, std::shared_ptr<FakePipe> out, std::string peer)
-      : in_(std::move(in)), out_(std::move(out)), peer_(std::move(peer)) {}
+  FakeConnection(std::shared_ptr<FakePipe> in, std::shared_ptr<FakePipe> out, std::string peer, OwnerDead dead)
+      : in_(std::move(in)), out_(std::move(out)), peer_(std::move(peer)), dead_(std::move(dead)) {}
   ~FakeConnection() override { Die(); }
   FakeConnection(const FakeConnection&) = delete;
   FakeConnection& operator=(const FakeConnection&) = delete;
 
   absl::Status Send(const void* header, size_t header_len, const void* payload, size_t len) override {
     std::lock_guard<std::mutex> lock(out_->mu);
-    if (out_->reader_gone || out_->writer_gone) return absl::UnavailableError("send to " + peer_ + ": reset");
+    if (dead_->load() || out_->reader_gone || out_->writer_gone) {
+      return absl::UnavailableError("send to " + peer_ + ": reset");
+    }
     const char* h = static_cast<const char*>(header);
     out_->bytes.insert(out_->bytes.end(), h, h + header_len);
     if (len != 0) {
@@ -101,6 +108,7 @@ class FakeConnection : public transport::Connection {
  private:
   std::shared_ptr<FakePipe> in_, out_;
   const std::string peer_;
+  const OwnerDead dead_;
 };
 
 // A connection between `a` (the sending, connecting end) and `b`.
@@ -110,9 +118,9 @@ struct FakeLink {
   FakeConnection* b_end = nullptr;
 
   std::pair<std::unique_ptr<transport::Connection>, std::unique_ptr<transport::Connection>> Make(
-      const std::string& a, const std::string& b) {
-    auto ca = std::make_unique<FakeConnection>(backward, forward, b);
-    auto cb = std::make_unique<FakeConnection>(forward, backward, a);
+      const std::string& a, const std::string& b, OwnerDead a_dead, OwnerDead b_dead) {
+    auto ca = std::make_unique<FakeConnection>(backward, forward, b, std::move(a_dead));
+    auto cb = std::make_unique<FakeConnection>(forward, backward, a, std::move(b_dead));
     a_end = ca.get();
     b_end = cb.get();
     return {std::move(ca), std::move(cb)};

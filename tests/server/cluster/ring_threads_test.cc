@@ -59,9 +59,11 @@ class Cluster {
       return t;
     };
     std::vector<std::vector<std::unique_ptr<transport::Connection>>> to_next(nodes), from_prev(nodes);
+    for (int i = 0; i < nodes; ++i) dead_.push_back(std::make_shared<std::atomic<bool>>(false));
     for (int a = 0; a < nodes; ++a) {
       for (int k = 0; k < links; ++k) {
-        auto [ca, cb] = link(a, k).Make(absl::StrCat("node", a), absl::StrCat("node", (a + 1) % nodes));
+        auto [ca, cb] = link(a, k).Make(absl::StrCat("node", a), absl::StrCat("node", (a + 1) % nodes), dead_[a],
+                                        dead_[(a + 1) % nodes]);
         to_next[a].push_back(std::move(ca));
         from_prev[(a + 1) % nodes].push_back(std::move(cb));
       }
@@ -139,6 +141,7 @@ class Cluster {
 
   // Node `i`'s daemon dies: every connection of it closes at once.
   void Kill(int i) {
+    dead_[i]->store(true);  // First: nothing it sends from now on leaves.
     const int per = int(links_.size()) / n_;
     for (int k = 0; k < per; ++k) {
       link(i, k).a_end->Die();
@@ -148,6 +151,7 @@ class Cluster {
 
  private:
   const int n_;
+  std::vector<OwnerDead> dead_;
   std::vector<FakeLink> links_;
   std::vector<Node> nodes_;
 };
