@@ -343,7 +343,7 @@ class MultiNodeTest(unittest.TestCase):
                 return bytes([num << 3]) + bytes([value])
             return bytes([num << 3 | 2, len(value)]) + value
 
-        hello = field(1, 1) + field(2, b"ring") + field(3, tag) + field(4, os.urandom(32)) + field(5, os.urandom(32))
+        hello = field(1, 2) + field(2, b"ring") + field(3, tag) + field(4, os.urandom(32)) + field(5, os.urandom(32))
         cmd = self.nodes.prefix((node + 1) % 2) + ["/usr/bin/python3", "-c", (
             "import socket,struct,sys\n"
             f"s=socket.create_connection(('{host}',{port}),timeout=5)\n"
