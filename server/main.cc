@@ -82,6 +82,11 @@ ABSL_FLAG(int, ring_transit_mib, 4096,
 ABSL_FLAG(std::string, ring_staging, "auto",
           "Multi-node jobs: auto (stage through pinned host memory only where rank memory is device memory) or "
           "always (also on the host backend: exercises the GPU backends' path on a CPU machine).");
+ABSL_FLAG(int, peer_timeout_ms, 5000,
+          "Multi-node jobs: a next node whose ring heartbeats (sent every fifth of this) stop for this long - "
+          "its host lost power, the network between is cut, nothing closed the connection - is failed: every "
+          "rank of the job gets PEER_FAILED naming it. 0: no heartbeats (only closed connections and the op "
+          "timeout are noticed).");
 ABSL_FLAG(std::string, log_level, "info", "Least severe messages logged: info, warning or error.");
 
 namespace {
@@ -151,6 +156,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.peers.force_staging = staging == "always";
+  o.peers.peer_timeout = absl::Milliseconds(std::max(0, absl::GetFlag(FLAGS_peer_timeout_ms)));
 
   o.max_jobs_per_uid = std::max(0, absl::GetFlag(FLAGS_max_jobs_per_uid));
   o.max_sessions_per_uid = std::max(0, absl::GetFlag(FLAGS_max_sessions_per_uid));

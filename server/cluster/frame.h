@@ -14,7 +14,8 @@ enum RingFrameType : uint16_t {
   kFrameHeader = 1,  // A node's verdict and shape for one op (one per node per op).
   kFrameData = 2,    // One chunk of one rank's shard of one item.
   kFrameSkip = 3,    // A chunk that could not be landed (the op is failing): counted, no payload.
-  kFrameAbort = 4,   // The job failed on the origin node; text says why.
+  kFrameAbort = 4,   // The job failed on the origin node; text says why. Both directions.
+  kFrameHeartbeat = 5,  // Backwards only (receiver to sender): this node is alive.
 };
 
 struct RingFrameV1 {
@@ -30,7 +31,7 @@ struct RingFrameV1 {
   uint64_t len;
   // kFrameHeader.
   int32_t code;         // dmagather_status_t of the node's verdict.
-  int32_t failed_rank;  // Rank the verdict names, -1 none.
+  int32_t failed_rank;  // Rank the verdict names, -1 none. kFrameAbort: the node blamed, -1 none.
   uint64_t signature;   // Hash of the op's shape (items, kinds, counts, dtypes).
   uint64_t chunks;      // Data/skip frames the origin's block has.
   char text[192];       // Error message, or the shape for messages; NUL-terminated.

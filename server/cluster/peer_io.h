@@ -12,7 +12,7 @@
 
 namespace dmagather::server::cluster {
 
-inline constexpr uint32_t kPeerProtocol = 1;
+inline constexpr uint32_t kPeerProtocol = 2;  // 2: links carry heartbeats and aborts backwards.
 inline constexpr size_t kNonceBytes = 32;
 inline constexpr uint32_t kMaxPeerMessage = 1 << 20;
 

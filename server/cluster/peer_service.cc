@@ -420,6 +420,9 @@ absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<schedul
   ro.engine = engine_;
   ro.transit_bytes = options_.transit_bytes;
   ro.force_staging = options_.force_staging;
+  ro.peer_timeout = options_.peer_timeout;
+  ro.heartbeat_interval = std::max(absl::Milliseconds(10), options_.peer_timeout / 5);
+  if (options_.peer_timeout <= absl::ZeroDuration()) ro.heartbeat_interval = absl::ZeroDuration();
   ro.transport = data->name();
   ro.transport_reason = data.get() == transport_.get() ? transport_reason_
                                                        : absl::StrCat("not every node offers ", transport_->name());

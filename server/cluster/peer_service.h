@@ -54,6 +54,9 @@ struct PeerOptions {
   uint64_t transit_bytes = uint64_t{4} << 30;  // Host staging per job (GPU backends).
   bool force_staging = false;                   // --ring_staging=always.
   absl::Duration handshake_timeout = absl::Seconds(5);
+  // --peer_timeout_ms: a next node silent this long is failed; heartbeats go
+  // back every fifth of it (zero: none).
+  absl::Duration peer_timeout = absl::Seconds(5);
 };
 
 struct PeerStats {

@@ -16,24 +16,29 @@
 // S-1 precede those of S.
 //
 // Ending: when a node's job fails (a rank left or died, a link broke, an op
-// timed out), it sends an abort frame on every link, after what it already
-// sent, naming the newest op that ended there (`spare`): everything of the
-// ops up to it is already on the wire, so the next node first ends its own
-// ops up to `spare` from the frames in flight, then fails the job with the
-// origin's reason and forwards the abort. So the end of a job (its ranks
-// leave one node before the last frames reach the next) loses nothing. A receive thread that meets a frame of an op its
+// timed out), it sends an abort frame on every link, both ways round the
+// ring, after what it already sent, naming the newest op that ended there
+// (`spare`): everything of the ops up to it is already on the wire, so a
+// neighbour first ends its own ops up to `spare` from the frames in flight,
+// then fails the job with the origin's reason and passes the abort on. So
+// the end of a job (its ranks leave one node before the last frames reach
+// the next) loses nothing. A receive thread that meets a frame of an op its
 // node has not started yet waits for it (its ranks will submit it: nothing
 // they wait for is behind it), and never waits for a send - sends go
 // through per-link queues and threads - so the ring cannot deadlock.
 //
-// Failure: a link that breaks (peer daemon killed, cable cut: keepalive and
-// TCP_USER_TIMEOUT bound it) fails the job with PEER_FAILED naming the
-// node; the node sends an abort frame on, so every node fails its ops with
-// the same reason. An op that stays incomplete past the op timeout fails
-// the job with TIMEOUT naming the nodes it waits for (Job::Sweep).
+// Failure: which op is where, which node is blamed and who must hear it is
+// RingState's (ring_state.h); this class moves the bytes. A link that
+// breaks, or a next node whose heartbeats stop, fails the job with
+// PEER_FAILED naming the node, and the abort (naming it too, and sparing
+// nothing) goes both ways round the ring, so every surviving node fails at
+// once. An op that stays incomplete past the op timeout fails the job with
+// TIMEOUT naming the nodes it waits for (Job::Sweep).
 //
-// Threads: Start/Pending on the ingress thread; one receive and one send
-// thread per link; Abort from any thread; one mutex (mu_) for the state.
+// Threads: Start/Pending on the ingress thread; per link one receive thread
+// (previous side), one send thread and one control reader (next side); one
+// ticker (heartbeats back, silent links; abort frames back); Abort from any
+// thread; one mutex (mu_) for the state.
 #pragma once
 
 #include <atomic>
@@ -46,7 +51,9 @@
 #include <vector>
 
 #include "common/latency_histogram.h"
+#include "common/clock.h"
 #include "server/cluster/frame.h"
+#include "server/cluster/ring_state.h"
 #include "server/engines/copy_engine.h"
 #include "server/scheduler/job.h"
 #include "server/scheduler/remote.h"
@@ -63,6 +70,10 @@ struct RingOptions {
   bool force_staging = false;  // Stage even where rank memory is host memory (tests the GPU path on CPU).
   std::string transport = "tcp";
   std::string transport_reason;
+  // Heartbeats and silent-peer detection (RingStateOptions).
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  absl::Duration peer_timeout = absl::Seconds(5);
+  const common::Clock* clock = &common::RealClock();
 };
 
 
@@ -85,7 +96,6 @@ class Ring : public scheduler::RemotePart {
   struct Send {
     RingFrameV1 frame;
     const char* payload;
-    uint32_t slot;
     int link;
     // Staged own chunk: copied from this rank memory into `payload` (host)
     // first, once the rank has reached op `frame.seq`.
@@ -97,64 +107,57 @@ class Ring : public scheduler::RemotePart {
     std::unique_ptr<transport::Connection> conn;
     std::deque<Send> queue;  // Under mu_.
     std::condition_variable cv;
-    std::thread thread;
-    bool sending = false;     // Under mu_: a Send is in progress.
-    bool send_abort = false;  // Under mu_: still has to send abort_frame_.
+    std::thread thread;          // Sends the queue (forwards).
+    std::thread control_thread;  // Reads heartbeats and aborts (backwards).
+    bool send_abort = false;  // Under mu_: still has to send the abort frame.
   };
-  // One op (seq % slots).
-  struct Slot {
-    uint32_t seq = 0;
-    bool active = false;    // Started here and not ended.
-    bool released = false;  // Its own frames are queued (op S-1 ended).
+  // What the state machine leaves to the data path, per op slot.
+  struct SlotData {
     scheduler::Op* op = nullptr;
-    bool local_ok = false;
-    std::vector<RingFrameV1> headers;  // Per node.
-    std::vector<char> have;
-    int have_count = 0;
-    uint64_t chunks_expected = 0, chunks_got = 0;
-    int sends_pending = 0;
-    int busy = 0;         // Frames of it being written or landed right now (outside mu_).
-    bool doomed = false;  // Aborted while busy: ends when busy drops to 0.
-    std::vector<Send> own;  // Own frames until released.
+    std::vector<Send> own;  // Own frames (header first) until released.
     uint64_t started_ns = 0;
     // Landing: per item its bytes, and (staged) where its block starts in `staging`.
     std::vector<uint64_t> item_bytes, item_base;
     char* staging = nullptr;  // Staged: pinned host copy of the op's output (item_base[i] + rank * bytes).
     uint64_t staging_bytes = 0;
   };
-
-  void SendLoop(int link);
-  void RecvLoop(int link);
-  // Under mu_: queues `s` (counted in its slot's sends_pending).
-  void QueueLocked(int link, const Send& s);
-  // An op whose ring part ended, and how (PartDone is called outside mu_);
-  // op == nullptr: fail the job with `status` (a pending abort is due),
-  // sparing ops up to `spare`.
+  // What to do outside mu_ after a RingState call: end ops, fail the job.
   struct Ended {
     scheduler::Op* op;
     absl::Status status;
     int failed_rank;
+  };
+  struct Outcome {
+    std::vector<Ended> ended;
+    bool fail = false, fail_after = false;
+    absl::Status fail_status;
     uint32_t spare = 0;
   };
-  // Under mu_: ends the op when everything is in and out, and releases the
-  // next op's own frames.
-  void MaybeEndLocked(uint32_t index, std::vector<Ended>* ended);
-  void Deliver(std::vector<Ended>& ended);
-  void ReleaseLocked(Slot& s);
-  // Under mu_: a frame of `s` is done being written or landed.
-  void UnbusyLocked(Slot& s, std::vector<Ended>* ended);
-  bool SpareEndedLocked() const { return any_started_ ? int32_t(last_ended_ - spare_) >= 0 : spare_ == 0; }
-  absl::Status VerdictLocked(const Slot& s, int* failed_rank) const;
-  // Where chunk (item, rank, offset, len) of `s` lands in local rank `l`'s
-  // output; null when the frame does not fit this node's shape.
-  char* Dest(const Slot& s, int l, const RingFrameV1& f) const;
+
+  static RingStateOptions StateOptions(const scheduler::Topology& topo, int links, const RingOptions& o);
+  void SendLoop(int link);
+  void RecvLoop(int link);
+  void ControlLoop(int link);
+  void TickLoop();
+  // Under mu_: carries out what the state machine asked for (`payload`: the
+  // landed chunk a forward of it is sent from).
+  void ApplyLocked(RingState::Effects& fx, Outcome* out, const char* payload = nullptr);
+  void Deliver(Outcome& out);
+  void QueueLocked(int link, const Send& s);
+  // A chunk (OnFrame said kChunk): lands its payload; false when the ring
+  // stopped reading this link.
+  bool LandChunk(int link, const RingFrameV1& f, std::vector<char>* scratch);
+  void OnLinkError(RingState::Side side, int link, const absl::Status& st);
+  void BuildOwnFrames(scheduler::Op* op, uint32_t idx, RingFrameV1* header);
+  // Where chunk (item, rank, offset, len) of the op in `d` lands in local
+  // rank `l`'s output.
+  char* Dest(const SlotData& d, int l, const RingFrameV1& f) const;
   // Staged: where the chunk lands in the slot's host staging.
-  char* StagingDest(const Slot& s, const RingFrameV1& f) const;
-  bool Fits(const Slot& s, const RingFrameV1& f) const;
-  // Under mu_: staging of at least `bytes` for `s` within the transit budget.
-  absl::Status EnsureStagingLocked(Slot& s, uint64_t bytes);
+  char* StagingDest(const SlotData& d, const RingFrameV1& f) const;
+  bool Fits(const SlotData& d, const RingFrameV1& f) const;
+  // Under mu_: staging of at least `bytes` for `d` within the transit budget.
+  absl::Status EnsureStagingLocked(SlotData& d, uint32_t seq, uint64_t bytes);
   void StagingFailed(const absl::Status& st);
-  void LinkFailed(const std::string& why);
   int next_node() const { return (topo_->my_node + 1) % topo_->num_nodes(); }
   int prev_node() const { return (topo_->my_node + topo_->num_nodes() - 1) % topo_->num_nodes(); }
 
@@ -167,21 +170,14 @@ class Ring : public scheduler::RemotePart {
   std::vector<Link> next_;
   std::vector<std::unique_ptr<transport::Connection>> prev_;
   std::vector<std::thread> recv_threads_;
+  std::thread tick_thread_;
 
   mutable std::mutex mu_;
+  RingState state_;             // Under mu_.
+  std::vector<SlotData> data_;  // Under mu_ (per slot; landing reads it unlocked while the slot is busy).
   std::condition_variable slot_cv_;  // A slot was started / the ring aborted.
-  std::vector<Slot> slots_;
-  uint32_t last_ended_ = 0;  // Seq of the newest op ended here (ops end in order).
-  bool any_started_ = false;
-  bool aborted_ = false;
-  absl::Status abort_why_;
-  int abort_origin_ = -1;  // Node an abort frame came from (-1: failed here).
-  // An abort frame came: the origin's ops up to spare_ ended there, so ours
-  // may still complete from frames in flight; the job fails once they have.
-  bool pending_abort_ = false;
-  absl::Status pending_why_;
-  uint32_t spare_ = 0;
-  RingFrameV1 abort_frame_{};
+  std::condition_variable tick_cv_;  // The ticker has an abort to send back / the ring closes.
+  bool send_abort_prev_ = false;     // Under mu_: the ticker still has to send the abort frame back.
   // After an abort: gives the links a moment to carry the abort frames,
   // then shuts every connection (a cut link would hold a thread for long).
   std::thread abort_thread_;
