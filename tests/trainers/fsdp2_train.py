@@ -32,6 +32,8 @@ def main():
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--custom-all-gather", action="store_true")
     p.add_argument("--rs-allreduce", action="store_true")
+    p.add_argument("--dist-backend", default=None, help="default: gloo on CPU, nccl on CUDA; several ranks on "
+                                                         "one GPU need gloo (rank r on GPU r % count)")
     args = p.parse_args()
 
     from torch.distributed.fsdp import fully_shard, FSDPModule, MixedPrecisionPolicy
@@ -40,10 +42,10 @@ def main():
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if args.device == "cuda":
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
-        dist.init_process_group("nccl")
+        dist.init_process_group(args.dist_backend or "nccl")
         dev = torch.device("cuda", torch.cuda.current_device())
     else:
-        dist.init_process_group("gloo")
+        dist.init_process_group(args.dist_backend or "gloo")
         dev = torch.device("cpu")
     rank, world = dist.get_rank(), dist.get_world_size()
 

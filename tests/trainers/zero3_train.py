@@ -2,12 +2,14 @@
 causal transformer trained for a few steps on data from a seeded generator.
 
     deepspeed --num_gpus N zero3_train.py --out DIR [--steps 6] [--dtype fp32|bf16]
-    torchrun --nproc_per_node N zero3_train.py --out DIR ...
+    torchrun --nproc_per_node N zero3_train.py --out DIR ... [--dist-backend gloo]
 
 Writes DIR/losses.bin (each step's loss on rank 0, float32 bytes of every
 step) and DIR/params.bin (every parameter, gathered, in bytes, rank 0), and
 DIR/summary.json. Runs on CPU (DeepSpeed's CPU accelerator: gloo) or CUDA
-(nccl), whichever DeepSpeed's accelerator is.
+(nccl), whichever DeepSpeed's accelerator is. On CUDA, ranks beyond the GPU
+count share GPUs (rank r on GPU r % count; NCCL refuses that, so several ranks
+on one GPU need --dist-backend gloo, which gathers CUDA tensors).
 """
 import argparse
 import hashlib
@@ -58,13 +60,25 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--dist-backend", default=None, help="default: the accelerator's (gloo on CPU, nccl on CUDA)")
     p.add_argument("--local_rank", type=int, default=-1)  # the deepspeed launcher passes it
     args = p.parse_args()
 
-    deepspeed.init_distributed()
-    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     acc = deepspeed.get_accelerator()
-    device = torch.device(acc.device_name(), acc.current_device()) if acc.device_name() != "cpu" else torch.device("cpu")
+    ds_args = None
+    if acc.device_name() == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", max(args.local_rank, 0)))
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        ds_args = argparse.Namespace(device_rank=index)  # the engine's device (default: LOCAL_RANK)
+        device = torch.device("cuda", index)
+    else:
+        device = torch.device("cpu")
+    if args.dist_backend:
+        deepspeed.init_distributed(dist_backend=args.dist_backend)
+    else:
+        deepspeed.init_distributed()
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     torch.manual_seed(1234)
     micro, seq, vocab = 4, 32, 256
     config = {
@@ -86,7 +100,7 @@ def main():
     with deepspeed.zero.Init(config_dict_or_path=config):
         model = TinyLM(vocab=vocab, seq=seq)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+    engine, _, _, _ = deepspeed.initialize(args=ds_args, model=model, optimizer=opt, config=config)
 
     g = torch.Generator().manual_seed(42)
     losses = []
@@ -110,7 +124,7 @@ def main():
         pb = b"".join(t.reshape(-1).view(torch.uint8).numpy().tobytes() for _, t in blobs)
         open(os.path.join(args.out, "losses.bin"), "wb").write(lb)
         open(os.path.join(args.out, "params.bin"), "wb").write(pb)
-        json.dump({"world": world, "steps": args.steps, "dtype": args.dtype, "device": str(device),
+        json.dump({"world": world, "dist_backend": str(torch.distributed.get_backend()), "steps": args.steps, "dtype": args.dtype, "device": str(device),
                    "losses": [float(x) for x in every[0]], "params": len(blobs),
                    "param_elements": sum(t.numel() for _, t in blobs),
                    "losses_sha256": hashlib.sha256(lb).hexdigest(), "params_sha256": hashlib.sha256(pb).hexdigest(),

@@ -17,9 +17,6 @@ rank order), which every rank makes at the same point of the program. Calls on
 other groups before that go straight to torch. Rank 0 logs one line:
 `dmagather allgather enabled (...)` or `dmagather allgather unavailable (...)`.
 
-DMAGATHER_STATS_FILE=PATH: every rank writes its counters as JSON at exit
-(PATH with {rank} replaced, or PATH.RANK).
-
 Set the variable on every rank (launchers pass the environment to every rank):
 a rank without it never takes part in the setup.
 """
@@ -57,25 +54,10 @@ def _setup():
     import dmagather.torch as dt
     a = dt.init(_default_enabled=False, _origin="DMAGATHER_ALLGATHER=1", host_staging=True)
     a._orig = _orig
-    if a.backend == "host" and not a.stream_ordered:
+    if a.backend == "host" and not a.stream_ordered and dt._env_flag("DMAGATHER_HOST_STAGING") is not False:
         a.host_staging = True  # also when a script's own init() made the adapter first
     _adapter = a
-    if os.environ.get("DMAGATHER_STATS_FILE"):
-        import atexit
-        atexit.register(_write_stats, os.environ["DMAGATHER_STATS_FILE"], a)
     return a
-
-
-def _write_stats(path, a):
-    """DMAGATHER_STATS_FILE: each rank writes its counters (dmagather.torch.stats())
-    as JSON at exit, to the path with {rank} replaced (or .RANK appended)."""
-    import json
-    path = path.replace("{rank}", str(a.rank)) if "{rank}" in path else f"{path}.{a.rank}"
-    try:
-        with open(path, "w") as f:
-            json.dump(dict(a.stats(), rank=a.rank, world_size=a.world_size), f)
-    except OSError:
-        pass
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):

@@ -690,6 +690,9 @@ def init(*, enabled=None, socket=None, max_numel=None, join_timeout_ms=None, job
         staging = env_staging if env_staging is not None else bool(host_staging)
         _adapter = DmagatherAllGather(key, world, rank, comm=comm, max_numel=agreed_max, unavailable=unavailable,
                                       backend_name=fw, stream_ordered=stream_ordered, host_staging=staging)
+        if os.environ.get("DMAGATHER_STATS_FILE"):
+            import atexit
+            atexit.register(_write_stats, os.environ["DMAGATHER_STATS_FILE"], _adapter)
         if rank == 0:
             extra = f", {_origin}" if _origin else ""
             if _adapter.host_staging:
@@ -705,6 +708,18 @@ def init(*, enabled=None, socket=None, max_numel=None, join_timeout_ms=None, job
                 log.warning("dmagather allgather unavailable (%s); using %s allgather%s", unavailable[1], fw,
                             f" ({extra.lstrip(', ')})" if extra else "")
         return _adapter
+
+
+def _write_stats(path, a):
+    """DMAGATHER_STATS_FILE=PATH: at exit each rank writes its counters (stats())
+    as JSON to PATH with {rank} replaced (or PATH.RANK)."""
+    import json
+    path = path.replace("{rank}", str(a.rank)) if "{rank}" in path else f"{path}.{a.rank}"
+    try:
+        with open(path, "w") as f:
+            json.dump(dict(a.stats(), rank=a.rank, world_size=a.world_size), f)
+    except OSError:
+        pass
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
