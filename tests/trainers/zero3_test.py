@@ -6,6 +6,10 @@ on one real daemon (host backend):
   off   no DMAGATHER_ALLGATHER
   on    DMAGATHER_ALLGATHER=1, nothing else
   both  DMAGATHER_ALLGATHER=1 and DeepSpeed's DS_SDMA_ALLGATHER=1
+  install  no DMAGATHER_ALLGATHER (DMAGATHER_HOST_STAGING=1: the host backend
+        stages private CPU tensors); the script calls dmagather.torch.install() after
+        deepspeed.initialize() (DeepSpeed's backend already holds torch's
+        function: install() must replace it there too)
 
 Asserted: every rank's losses and the final (gathered) parameters are the same
 bytes in all three; in `on` and `both` every parameter all-gather of every rank
@@ -38,13 +42,14 @@ class DeepSpeedZero3Test(TrainerCase):
         cls.daemon = Daemon()
         cls.dir = tempfile.mkdtemp(prefix="dmagather-zero3-", dir="/tmp")
         cls.runs = {}
-        for name, switches in (("off", {}), ("on", {"DMAGATHER_ALLGATHER": "1"}),
-                               ("both", {"DMAGATHER_ALLGATHER": "1", "DS_SDMA_ALLGATHER": "1"})):
+        for name, switches, extra in (("off", {}, []), ("on", {"DMAGATHER_ALLGATHER": "1"}, []),
+                                      ("both", {"DMAGATHER_ALLGATHER": "1", "DS_SDMA_ALLGATHER": "1"}, []),
+                                      ("install", {"DMAGATHER_HOST_STAGING": "1"}, ["--install-after-init"])):
             out = os.path.join(cls.dir, name)
             stats = os.path.join(cls.dir, f"{name}-stats.{{rank}}.json")
             env = clean_env(cls.daemon.sock, DMAGATHER_STATS_FILE=stats, **switches)
             cmd = [os.path.join(VENV_BIN, "deepspeed"), "--num_gpus", str(WORLD), "--master_port", str(free_port()),
-                   os.path.join(HERE, "zero3_train.py"), "--out", out, "--steps", str(STEPS)]
+                   os.path.join(HERE, "zero3_train.py"), "--out", out, "--steps", str(STEPS)] + extra
             rc, text = run(cmd, env, RUN_TIMEOUT_S, os.path.join(cls.dir, f"{name}.log"))
             cls.runs[name] = {"rc": rc, "out": text, "dir": out, "stats": rank_stats(stats, WORLD),
                               "daemon": cls.daemon.stats()}
@@ -66,7 +71,7 @@ class DeepSpeedZero3Test(TrainerCase):
         self.assertEqual(start_lines(r["out"]), [])
         self.assertEqual(r["daemon"]["jobs"], [], "a job reached the daemon with dmagather off")
 
-    def check_served(self, name):
+    def check_served(self, name, staged=True):
         r = self.ok(name)
         self.assertEqual(sorted(r["stats"]), list(range(WORLD)), f"{name}: ranks without counters")
         ops = {s["dmagather_ops"] for s in r["stats"].values()}
@@ -77,11 +82,11 @@ class DeepSpeedZero3Test(TrainerCase):
             self.assertTrue(s["enabled"], s)
             self.assertEqual(s["fallback_ops"], 0, f"{name} rank {rank} fell back: {s['fallback_by_reason']} "
                                                    f"({s['last_fallback_reason']})")
-            self.assertEqual(s["staged_ops"], n, "ZeRO-3's CPU tensors are private: every op staged")
+            if staged:
+                self.assertEqual(s["staged_ops"], n, "ZeRO-3's CPU tensors are private: every op staged")
         lines = start_lines(r["out"])
         self.assertEqual(len(lines), 1, f"{name}: start lines {lines}")
         self.assertIn("dmagather allgather enabled (backend=host", lines[0])
-        self.assertIn("DMAGATHER_ALLGATHER=1", lines[0])
         # The daemon's view of the job: the same ops, every rank, no errors, no fallbacks.
         key = r["stats"][0]["job_key"]
         jobs = [j for j in r["daemon"]["jobs"] if j["job_key"] == key]
@@ -101,7 +106,14 @@ class DeepSpeedZero3Test(TrainerCase):
         self.assert_same_bytes(self.runs["off"]["dir"], self.runs["on"]["dir"], "off vs DMAGATHER_ALLGATHER=1")
 
     def test_env_only_serves_every_parameter_gather(self):
-        self.check_served("on")
+        _, line = self.check_served("on")
+        self.assertIn("DMAGATHER_ALLGATHER=1", line)
+
+    def test_install_after_deepspeed_initialize_serves(self):
+        n_install, _ = self.check_served("install")
+        n_on, _ = self.check_served("on")
+        self.assertEqual(n_install, n_on, "install() after initialize missed parameter gathers")
+        self.assert_same_bytes(self.runs["off"]["dir"], self.runs["install"]["dir"], "off vs install() after init")
 
     def test_with_ds_sdma_allgather_bit_identical_and_served(self):
         self.ok("off")

@@ -61,6 +61,8 @@ def main():
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--dist-backend", default=None, help="default: the accelerator's (gloo on CPU, nccl on CUDA)")
+    p.add_argument("--install-after-init", action="store_true",
+                   help="the older route: dmagather.torch.install() after deepspeed.initialize()")
     p.add_argument("--local_rank", type=int, default=-1)  # the deepspeed launcher passes it
     args = p.parse_args()
 
@@ -101,6 +103,9 @@ def main():
         model = TinyLM(vocab=vocab, seq=seq)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     engine, _, _, _ = deepspeed.initialize(args=ds_args, model=model, optimizer=opt, config=config)
+    if args.install_after_init:
+        import dmagather.torch as dt
+        dt.install(enabled=True)  # (without the variable: the start-up hook stays out of it)
 
     g = torch.Generator().manual_seed(42)
     losses = []

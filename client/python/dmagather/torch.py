@@ -54,6 +54,7 @@ import logging
 import os
 import re
 import secrets
+import sys
 import threading
 import weakref
 
@@ -597,6 +598,7 @@ def _reduce_device():
 
 _adapter = None
 _installed = None  # the original dist.all_gather_into_tensor while installed
+_ds_backend = None  # DeepSpeed's backend whose captured all_gather_function install() replaced
 _glock = threading.Lock()
 
 
@@ -768,8 +770,14 @@ def install(**init_kwargs):
     torch.distributed.all_gather_into_tensor (what DeepSpeed ZeRO-3 calls) of
     the WORLD group through dmagather. Collective (calls init()). Every call
     that dmagather does not serve goes to the original function and is counted
-    in stats() by reason. Returns the adapter."""
-    global _installed
+    in stats() by reason. Returns the adapter.
+
+    DeepSpeed's TorchBackend takes torch.distributed.all_gather_into_tensor
+    once, when deepspeed.init_distributed() (or deepspeed.initialize()) builds
+    it, and calls that function from then on: when DeepSpeed's backend already
+    exists, install() replaces the function it holds too. (DMAGATHER_ALLGATHER=1
+    alone, through the start-up hook, needs no call at all.)"""
+    global _installed, _ds_backend
     init_kwargs.setdefault("_default_enabled", False)
     a = init(**init_kwargs)
     with _glock:
@@ -777,7 +785,17 @@ def install(**init_kwargs):
             _installed = _torch_all_gather_into_tensor()
             a._orig = _installed
             dist.all_gather_into_tensor = _patched_all_gather_into_tensor
+            cdb = _deepspeed_backend()
+            if cdb is not None and getattr(cdb, "all_gather_function", None) is _installed:
+                cdb.all_gather_function = _patched_all_gather_into_tensor
+                _ds_backend = cdb
     return a
+
+
+def _deepspeed_backend():
+    """DeepSpeed's communication backend object, if DeepSpeed built one."""
+    m = sys.modules.get("deepspeed.comm.comm")
+    return getattr(m, "cdb", None) if m is not None else None
 
 
 def is_installed():
@@ -785,11 +803,15 @@ def is_installed():
 
 
 def uninstall():
-    global _installed
+    global _installed, _ds_backend
     with _glock:
         if _installed is not None:
             if dist.all_gather_into_tensor is _patched_all_gather_into_tensor:
                 dist.all_gather_into_tensor = _installed
+            if _ds_backend is not None and getattr(_ds_backend, "all_gather_function", None) is \
+                    _patched_all_gather_into_tensor:
+                _ds_backend.all_gather_function = _installed
+            _ds_backend = None
             _installed = None
 
 
