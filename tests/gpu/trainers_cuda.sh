@@ -96,7 +96,7 @@ run() {
     shift
     echo "== $name"
     env -u DMAGATHER_ALLGATHER -u DS_SDMA_ALLGATHER "${envs[@]}" DMAGATHER_STATS_FILE="$out/$name-stats.{rank}.json" \
-      timeout 900 "$@" >"$out/$name.log" 2>&1
+      timeout "${DMAGATHER_RUN_TIMEOUT_S:-180}" "$@" >"$out/$name.log" 2>&1
     echo "$?" >"$out/$name.rc"
     "$here/bin/dmagatherctl" --socket="$work/d.sock" --json stats >"$out/$name-daemon.json" 2>&1
   }

@@ -4,7 +4,8 @@
 # start-up hook itself. Makes (or reuses) the pinned venv
 # (tools/install_venv.sh), builds the library, daemon and dmagatherctl, runs
 # tests/trainers/*_test.py with the venv's python and ends with
-# `N passed, N failed, N skipped`. Arguments: test module names (default all).
+# `N passed, N failed` (`, N skipped` added when something was skipped).
+# Arguments: test module names (default all).
 # DMAGATHER_KEEP_LOGS=1 keeps each run's output under /tmp/dmagather-*.
 set -uo pipefail
 cd "$(dirname "$0")/../.."

@@ -1,6 +1,7 @@
 """Runs the trainer tests (tests/trainers/*_test.py) with this interpreter (the
-venv of tools/install_venv.sh) and ends with `N passed, N failed, N skipped`
-(errors count as failed; a skip is never a pass)."""
+venv of tools/install_venv.sh) and ends with `N passed, N failed`, or
+`N passed, N failed, N skipped` when something was skipped (errors count as
+failed; a skip is never a pass)."""
 import os
 import sys
 import time
@@ -22,7 +23,8 @@ def main(argv):
     skipped = len(result.skipped)
     passed = result.testsRun - failed - skipped
     print(f"trainer tests: {time.monotonic() - t0:.0f} s")
-    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    # The plain closing line; ", N skipped" only when something was skipped.
+    print(f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
     return 0 if failed == 0 else 1
 
 
