@@ -14,9 +14,9 @@
 # on every call (they point at this checkout).
 #
 # torch from PyPI: its Linux x86_64 wheel depends on the CUDA wheels (the
-# CPU-only index is not reachable from CI), about 4.5 GB installed; it runs on
-# CPU all the same. Measured on the CI machine (2 cores): cold (empty cache)
-# see docs/TESTING.md; warm (venv present) under 1 s.
+# CPU-only index is not reachable from CI), 4.7 GB installed; it runs on
+# CPU all the same. Measured on a 2-core machine: cold (empty cache) 98-177 s,
+# warm (venv present) 1.5 s (docs/TESTING.md).
 #
 # Prints the venv's path as its last line: `venv: /path`.
 set -euo pipefail
@@ -48,7 +48,7 @@ t0=$SECONDS
 if [ -f "$venv/.complete" ]; then
   echo "install_venv: reusing $venv (torch $TORCH_VERSION, deepspeed $DEEPSPEED_VERSION)"
 else
-  echo "install_venv: creating $venv (torch $TORCH_VERSION, deepspeed $DEEPSPEED_VERSION; cold: several minutes, ~4.5 GB)"
+  echo "install_venv: creating $venv (torch $TORCH_VERSION, deepspeed $DEEPSPEED_VERSION; cold: about 2-3 minutes, 4.7 GB)"
   rm -rf "$venv"
   "$py" -m venv "$venv"
   pip=("$venv/bin/python" -m pip --disable-pip-version-check --no-input)
