@@ -54,6 +54,7 @@ import logging
 import os
 import re
 import secrets
+import sys
 import threading
 import weakref
 
@@ -196,7 +197,8 @@ class DmagatherAllGather:
     rank, socket=...) joins at once (not collective: use init() for that)."""
 
     def __init__(self, job_key=None, world_size=None, rank=None, socket=None, group=None, *, comm=None,
-                 max_numel=None, unavailable=None, backend_name=None, stream_ordered=None, **comm_options):
+                 max_numel=None, unavailable=None, backend_name=None, stream_ordered=None, host_staging=False,
+                 **comm_options):
         self.group = group
         self.rank = dist.get_rank() if rank is None and dist.is_initialized() else (rank or 0)
         self.world_size = (dist.get_world_size() if world_size is None and dist.is_initialized() else
@@ -229,6 +231,11 @@ class DmagatherAllGather:
         # host backend only for tests (stream_ordered=True): there "the stream
         # waits" is nothing and Work.wait()/synchronize() wait on the host.
         self.stream_ordered = (self.backend in GPU_BACKENDS) if stream_ordered is None else bool(stream_ordered)
+        # Host backend only: private CPU tensors (what an unmodified trainer
+        # gathers) are copied into pooled daemon memory and the gathered
+        # result copied back, instead of a memory_unreachable fallback. Each
+        # rank's own business (no effect on the op's agreement).
+        self.host_staging = bool(host_staging) and self.backend == "host" and not self.stream_ordered
         if self.comm is not None:
             lib = self.comm._lib
             self._lib_async = lib.dmagather_allgather_async
@@ -254,7 +261,7 @@ class DmagatherAllGather:
                 "max_numel": self.max_numel, "unavailable": self.unavailable[1] if self.unavailable else None,
                 "dmagather_ops": c["dmagather_ops"], "fallback_ops": c["fallback_ops"],
                 "host_waited_ops": c["host_waited_ops"], "stream_ordered_ops": c["stream_ordered_ops"],
-                "captured_ops": c["captured_ops"],
+                "captured_ops": c["captured_ops"], "staged_ops": c["staged_ops"],
                 "fallback_by_reason": {k: c["fallback:" + k] for k in REASONS},
                 "last_fallback_reason": self.last_fallback_reason,
                 "host_buffers_allocated": self._pool.allocated if self._pool else 0}
@@ -319,7 +326,7 @@ class DmagatherAllGather:
 
     # ---- the framework's path -------------------------------------------------
     def _framework_one(self, out, inp, group, async_op):
-        orig = self._orig or dist.all_gather_into_tensor
+        orig = self._orig or _torch_all_gather_into_tensor()
         if self._into_tensor:
             try:
                 return orig(out, inp, group=group, async_op=async_op)
@@ -363,6 +370,39 @@ class DmagatherAllGather:
                 except DmagatherError:
                     pass  # not a fallback: the submit fails the op on every rank with the right status
         return None
+
+    def _reachable(self, t):
+        try:
+            self.comm.register(t)
+            return True
+        except FallbackError:
+            return False
+        except DmagatherError:
+            return True  # not about memory: the submit reports it on every rank
+
+    def _stage(self, outs, ins):
+        """Host staging: (outs, ins) with every private CPU tensor replaced by
+        pooled daemon memory (inputs copied in), or None when nothing needs it
+        or a tensor is not a contiguous CPU tensor (then the op is refused as
+        without staging)."""
+        ts = list(ins) + list(outs)
+        if any(t.is_cuda or not t.is_contiguous() for t in ts):
+            return None
+        if self._pool is None:
+            self._pool = _HostPool(self.comm)
+        new_outs, new_ins, any_staged = [], [], False
+        for o, i in zip(outs, ins):
+            if self._reachable(o) and self._reachable(i):
+                new_outs.append(o)
+                new_ins.append(i)
+                continue
+            so = self._pool.tensor(o.shape, o.dtype)
+            si = self._pool.tensor(i.shape, i.dtype)
+            si.copy_(i)
+            new_outs.append(so)
+            new_ins.append(si)
+            any_staged = True
+        return (new_outs, new_ins) if any_staged else None
 
     def _submit(self, outs, ins, stream):
         """Submits this rank's part: returns (code, Op). code != 0: this rank refused."""
@@ -450,7 +490,11 @@ class DmagatherAllGather:
             # has its verdict (every rank's) before the submit returns; the graph
             # then waits for each replay on the stream.
             capturing = self.backend == "cuda" and torch.cuda.is_current_stream_capturing()
-            code, op = self._submit(outs, ins, stream)
+            staged = self._stage(outs, ins) if self.host_staging else None
+            if staged is not None:
+                code, op = self._submit(staged[0], staged[1], stream)
+            else:
+                code, op = self._submit(outs, ins, stream)
             if key is None or key not in self._served or capturing:
                 # The verdict on the host (every rank: the key is equal everywhere).
                 try:
@@ -460,6 +504,11 @@ class DmagatherAllGather:
                     self._served.discard(key)
                     return self._framework(outs, ins, group, async_op)
                 self.counters["dmagather_ops"] += 1
+                if staged is not None:
+                    for o, so in zip(outs, staged[0]):
+                        if so is not o:
+                            o.copy_(so)
+                    self.counters["staged_ops"] += 1
                 if capturing:
                     self.counters["captured_ops"] += 1
                     if async_op and not order_now:
@@ -549,6 +598,7 @@ def _reduce_device():
 
 _adapter = None
 _installed = None  # the original dist.all_gather_into_tensor while installed
+_ds_backend = None  # DeepSpeed's backend whose captured all_gather_function install() replaced
 _glock = threading.Lock()
 
 
@@ -558,7 +608,7 @@ def get():
 
 
 def init(*, enabled=None, socket=None, max_numel=None, join_timeout_ms=None, job_key=None, stream_ordered=None,
-         _default_enabled=True):
+         host_staging=None, _default_enabled=True, _origin=None):
     """Collective (every rank of WORLD calls it, once): agrees on enabled,
     max_numel and a job key, joins the daemon, agrees that every rank joined.
     Returns the adapter; when disabled, every op goes to the framework.
@@ -567,7 +617,10 @@ def init(*, enabled=None, socket=None, max_numel=None, join_timeout_ms=None, job
     and FSDPAllGather: on unless it is 0). socket: default $DMAGATHER_SOCKET.
     max_numel: default $DMAGATHER_MAX_NUMEL, then 2**28. join_timeout_ms: default
     $DMAGATHER_JOIN_TIMEOUT_MS, then 10 s. job_key: default a random key from
-    rank 0 (every rank must pass the same one)."""
+    rank 0 (every rank must pass the same one). host_staging: host backend,
+    stage private CPU tensors through daemon memory (default
+    $DMAGATHER_HOST_STAGING, else off; the DMAGATHER_ALLGATHER=1 start-up hook
+    turns it on)."""
     global _adapter
     with _glock:
         if _adapter is not None:
@@ -635,14 +688,40 @@ def init(*, enabled=None, socket=None, max_numel=None, join_timeout_ms=None, job
                         ([f"join failed on rank(s) {','.join(twos)}"] if twos else [])
                 kind = "daemon_unreachable" if ones else "join_failed"
                 unavailable = (kind, "; ".join(parts) + (f" (this rank: {why})" if why else ""))
+        env_staging = _env_flag("DMAGATHER_HOST_STAGING")
+        staging = env_staging if env_staging is not None else bool(host_staging)
         _adapter = DmagatherAllGather(key, world, rank, comm=comm, max_numel=agreed_max, unavailable=unavailable,
-                                      backend_name=fw, stream_ordered=stream_ordered)
+                                      backend_name=fw, stream_ordered=stream_ordered, host_staging=staging)
+        if os.environ.get("DMAGATHER_STATS_FILE"):
+            import atexit
+            atexit.register(_write_stats, os.environ["DMAGATHER_STATS_FILE"], _adapter)
         if rank == 0:
+            extra = f", {_origin}" if _origin else ""
+            if _adapter.host_staging:
+                extra += ", host staging"
+            if os.environ.get("DS_SDMA_ALLGATHER", "0").strip().lower() in ("1", "true", "yes", "on"):
+                # DeepSpeed's TorchBackend tries its mori SDMA path before the
+                # all-gather function it captured (this one); without mori it is off.
+                extra += "; DS_SDMA_ALLGATHER is set: DeepSpeed's SDMA path, where mori is installed, is tried first"
             if comm is not None:
-                log.warning("dmagather allgather enabled (backend=%s, max_numel=%d)", comm.backend, agreed_max)
+                log.warning("dmagather allgather enabled (backend=%s, max_numel=%d%s)", comm.backend, agreed_max,
+                            extra)
             else:
-                log.warning("dmagather allgather unavailable (%s); using %s allgather", unavailable[1], fw)
+                log.warning("dmagather allgather unavailable (%s); using %s allgather%s", unavailable[1], fw,
+                            f" ({extra.lstrip(', ')})" if extra else "")
         return _adapter
+
+
+def _write_stats(path, a):
+    """DMAGATHER_STATS_FILE=PATH: at exit each rank writes its counters (stats())
+    as JSON to PATH with {rank} replaced (or PATH.RANK)."""
+    import json
+    path = path.replace("{rank}", str(a.rank)) if "{rank}" in path else f"{path}.{a.rank}"
+    try:
+        with open(path, "w") as f:
+            json.dump(dict(a.stats(), rank=a.rank, world_size=a.world_size), f)
+    except OSError:
+        pass
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
@@ -668,6 +747,20 @@ def stats():
     return _adapter.stats() if _adapter is not None else None
 
 
+def _torch_all_gather_into_tensor():
+    """torch's own all_gather_into_tensor, under install()'s patch and the
+    DMAGATHER_ALLGATHER=1 start-up hook's (dmagather._autoload)."""
+    f = dist.all_gather_into_tensor
+    for _ in range(4):
+        if f is _patched_all_gather_into_tensor and _installed is not None:
+            f = _installed
+        elif getattr(f, "_dmagather_original", None) is not None:
+            f = f._dmagather_original
+        else:
+            break
+    return f
+
+
 def _patched_all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
     return _adapter.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
 
@@ -677,16 +770,32 @@ def install(**init_kwargs):
     torch.distributed.all_gather_into_tensor (what DeepSpeed ZeRO-3 calls) of
     the WORLD group through dmagather. Collective (calls init()). Every call
     that dmagather does not serve goes to the original function and is counted
-    in stats() by reason. Returns the adapter."""
-    global _installed
+    in stats() by reason. Returns the adapter.
+
+    DeepSpeed's TorchBackend takes torch.distributed.all_gather_into_tensor
+    once, when deepspeed.init_distributed() (or deepspeed.initialize()) builds
+    it, and calls that function from then on: when DeepSpeed's backend already
+    exists, install() replaces the function it holds too. (DMAGATHER_ALLGATHER=1
+    alone, through the start-up hook, needs no call at all.)"""
+    global _installed, _ds_backend
     init_kwargs.setdefault("_default_enabled", False)
     a = init(**init_kwargs)
     with _glock:
         if _installed is None:
-            _installed = dist.all_gather_into_tensor
+            _installed = _torch_all_gather_into_tensor()
             a._orig = _installed
             dist.all_gather_into_tensor = _patched_all_gather_into_tensor
+            cdb = _deepspeed_backend()
+            if cdb is not None and getattr(cdb, "all_gather_function", None) is _installed:
+                cdb.all_gather_function = _patched_all_gather_into_tensor
+                _ds_backend = cdb
     return a
+
+
+def _deepspeed_backend():
+    """DeepSpeed's communication backend object, if DeepSpeed built one."""
+    m = sys.modules.get("deepspeed.comm.comm")
+    return getattr(m, "cdb", None) if m is not None else None
 
 
 def is_installed():
@@ -694,11 +803,15 @@ def is_installed():
 
 
 def uninstall():
-    global _installed
+    global _installed, _ds_backend
     with _glock:
         if _installed is not None:
             if dist.all_gather_into_tensor is _patched_all_gather_into_tensor:
                 dist.all_gather_into_tensor = _installed
+            if _ds_backend is not None and getattr(_ds_backend, "all_gather_function", None) is \
+                    _patched_all_gather_into_tensor:
+                _ds_backend.all_gather_function = _installed
+            _ds_backend = None
             _installed = None
 
 

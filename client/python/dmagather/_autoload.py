@@ -1,0 +1,172 @@
+"""DMAGATHER_ALLGATHER=1 as the only switch: no import or call in the script.
+
+`dmagather_autoload.pth` (installed next to the package in site-packages)
+imports this module at interpreter start-up only when DMAGATHER_ALLGATHER is
+exactly "1"; otherwise the .pth costs one environment look-up. This module
+imports nothing heavy: it waits for `torch.distributed` to be imported (a
+sys.meta_path hook that runs once, right after torch.distributed's module
+body), then replaces `torch.distributed.all_gather_into_tensor` by a thin
+function. Anything that takes the function afterwards — DeepSpeed's
+TorchBackend captures it once, when it is built; `from torch.distributed
+import all_gather_into_tensor` — gets that function, whenever the script
+calls init_process_group or deepspeed.initialize.
+
+The collective setup (dmagather.torch.init(): two all_reduces over WORLD)
+happens at the first call on the WORLD group (or a group of every rank in
+rank order), which every rank makes at the same point of the program. Calls on
+other groups before that go straight to torch. Rank 0 logs one line:
+`dmagather allgather enabled (...)` or `dmagather allgather unavailable (...)`.
+
+Set the variable on every rank (launchers pass the environment to every rank):
+a rank without it never takes part in the setup.
+"""
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import threading
+
+ENV = "DMAGATHER_ALLGATHER"
+TARGET = "torch.distributed"
+
+_lock = threading.Lock()
+_orig = None        # torch.distributed.all_gather_into_tensor before the patch
+_adapter = None     # dmagather.torch's adapter once the first eligible call set it up
+_patched = None     # our function (to tell whether it is still in place)
+
+
+def _eligible_before_init(dist, group):
+    """A call that every rank of WORLD makes: the WORLD group, or a group of
+    every rank in rank order (FSDP2's 1-D mesh)."""
+    if group is None or group is dist.group.WORLD:
+        return True
+    try:
+        if group is dist.distributed_c10d._get_default_group():
+            return True
+        return dist.get_process_group_ranks(group) == list(range(dist.get_world_size()))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _setup():
+    """Collective: the first eligible call of every rank comes here."""
+    global _adapter
+    import dmagather.torch as dt
+    a = dt.init(_default_enabled=False, _origin="DMAGATHER_ALLGATHER=1", host_staging=True)
+    a._orig = _orig
+    if a.backend == "host" and not a.stream_ordered and dt._env_flag("DMAGATHER_HOST_STAGING") is not False:
+        a.host_staging = True  # also when a script's own init() made the adapter first
+    _adapter = a
+    return a
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+    a = _adapter
+    if a is None:
+        import torch.distributed as dist
+        if not dist.is_initialized() or not _eligible_before_init(dist, group):
+            return _orig(output_tensor, input_tensor, group=group, async_op=async_op)
+        with _lock:
+            a = _adapter or _setup()
+    # order_now: the current stream is ordered at the call, also with
+    # async_op=True, so callers that record an event right after the call
+    # (FSDP2's default all-gather) and callers that wait on the Work (ZeRO-3)
+    # are both correct.
+    return a.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op, order_now=True)
+
+
+def patch(dist_module):
+    """Puts all_gather_into_tensor on dmagather in torch.distributed (idempotent)."""
+    global _orig, _patched
+    with _lock:
+        if _patched is not None and getattr(dist_module, "all_gather_into_tensor", None) is _patched:
+            return
+        orig = getattr(dist_module, "all_gather_into_tensor", None)
+        if orig is None:  # torch without the collective: nothing to serve
+            return
+        _orig = orig
+        try:
+            import functools
+            functools.update_wrapper(all_gather_into_tensor, orig)
+        except Exception:  # noqa: BLE001
+            pass
+        all_gather_into_tensor._dmagather_original = orig  # dmagather.torch finds torch's function through it
+        _patched = all_gather_into_tensor
+        dist_module.all_gather_into_tensor = all_gather_into_tensor
+
+
+def is_patched():
+    m = sys.modules.get(TARGET)
+    return _patched is not None and m is not None and getattr(m, "all_gather_into_tensor", None) is _patched
+
+
+def original():
+    return _orig
+
+
+def adapter():
+    return _adapter
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner):
+        self.inner = inner
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module):
+        self.inner.exec_module(module)
+        patch(module)
+
+    def __getattr__(self, name):  # get_resource_reader, is_package, ... of the real loader
+        return getattr(self.inner, name)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: wraps the loader of torch.distributed so that the
+    patch runs right after its module body, then steps aside."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != TARGET:
+            return None
+        _remove_finder()
+        for f in sys.meta_path:
+            find = getattr(f, "find_spec", None)
+            if find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _Loader(spec.loader)
+                return spec
+        return None
+
+
+_finder = None
+
+
+def _remove_finder():
+    global _finder
+    if _finder is not None:
+        try:
+            sys.meta_path.remove(_finder)
+        except ValueError:
+            pass
+        _finder = None
+
+
+def activate():
+    """Called at start-up when DMAGATHER_ALLGATHER=1."""
+    global _finder
+    m = sys.modules.get(TARGET)
+    if m is not None and hasattr(m, "all_gather_into_tensor"):
+        patch(m)
+        return
+    if _finder is None:
+        _finder = _Finder()
+        sys.meta_path.insert(0, _finder)
+
+
+if os.environ.get(ENV) == "1":
+    activate()

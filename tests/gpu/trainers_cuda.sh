@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The trainer checks of tests/trainers on CUDA: unmodified DeepSpeed ZeRO-3 and
+# FSDP2 runs with and without DMAGATHER_ALLGATHER=1 on the cuda backend, several
+# ranks on one GPU (gloo process group: NCCL refuses two ranks on one GPU; gloo
+# moves CUDA tensors), bit-identical and counted by the daemon.
+#
+#   tests/gpu/trainers_cuda.sh stage [DIR]  (build machine, default DIR
+#       .carry/trainers-gpu) builds dmagatherd, dmagatherctl and libdmagather.so,
+#       copies them with their .so closure, the Python package and its start-up
+#       hook, the training scripts, and the wheels the GPU machine lacks
+#       (DeepSpeed 0.19.8 and its requirements, for CPython 3.12) into DIR.
+#   DIR/run.sh run [OUT] [WORLD]  (GPU machine: torch >= 2.11, no internet)
+#       makes a venv over the system's packages (torch), installs the wheels,
+#       starts dmagatherd --backend=cuda, runs the checks, writes OUT
+#       (default DIR/out) and ends with `N passed, N failed`.
+set -u
+here="$(cd "$(dirname "$0")" && pwd)"
+
+stage() {
+  local root dir
+  root="$(cd "$here/../.." && pwd)"
+  dir="${1:-$root/.carry/trainers-gpu}"
+  (cd "$root" && nice -n 10 bazel build //server:dmagatherd //client:libdmagather.so //tools:dmagatherctl) || exit 1
+  local bin
+  bin="$(cd "$root" && bazel info bazel-bin 2>/dev/null)"
+  rm -rf "$dir"
+  mkdir -p "$dir/bin" "$dir/lib" "$dir/python" "$dir/trainers" "$dir/wheels"
+  for b in server/dmagatherd tools/dmagatherctl client/libdmagather.so; do
+    install -m 0755 "$bin/$b" "$dir/bin/$(basename "$b")"
+    strip "$dir/bin/$(basename "$b")" 2>/dev/null || true
+  done
+  for b in server/dmagatherd tools/dmagatherctl client/libdmagather.so; do ldd "$bin/$b"; done |
+    awk '/=>/ {print $3}' | sort -u |
+    grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libcuda|libgcc_s|libstdc\+\+)\.so' |
+    while read -r so; do cp -L "$so" "$dir/lib/"; done
+  strip --strip-unneeded "$dir"/lib/*.so* 2>/dev/null || true
+  cp -r "$root/client/python/dmagather" "$dir/python/"
+  rm -rf "$dir/python/dmagather/__pycache__"
+  cp "$root/client/python/dmagather_autoload.pth" "$dir/python/"
+  cp "$root"/tests/trainers/{zero3_train.py,fsdp2_train.py,ag_script.py} "$dir/trainers/"
+  cp "$here/trainers_cuda_check.py" "$dir/trainers/"
+  install -m 0755 "$here/trainers_cuda.sh" "$dir/run.sh"
+  # Wheels: DeepSpeed (an sdist on PyPI; the pure-Python wheel pip built for
+  # the CPU venv, or one built here) and its requirements for CPython 3.12.
+  local reqs=() name
+  for name in einops hjson msgpack ninja packaging psutil py-cpuinfo pydantic pydantic_core annotated-types \
+              typing-inspection typing_extensions tqdm; do
+    reqs+=("$(grep -i "^$name==" "$root/tools/venv-requirements.txt")")
+  done
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --abi cp312 --abi abi3 --abi none --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_5_x86_64 --platform any \
+    -d "$dir/wheels" "${reqs[@]}" || exit 1
+  local ds
+  ds=$(find "${DMAGATHER_VENV_CACHE:-$HOME/.cache/dmagather}/pip/wheels" -name 'deepspeed-0.19.8-py3-none-any.whl' \
+       2>/dev/null | head -1)
+  if [ -z "$ds" ]; then
+    python3 -m pip wheel --quiet --no-deps --no-build-isolation -w "$dir/wheels" deepspeed==0.19.8 || exit 1
+  else
+    cp "$ds" "$dir/wheels/"
+  fi
+  ls "$dir/wheels"
+  du -sh "$dir"
+}
+
+run() {
+  local out="${1:-$here/out}" world="${2:-4}"
+  mkdir -p "$out"
+  out="$(cd "$out" && pwd)"
+  local work
+  work="$(mktemp -d /tmp/dmagather-trainers-gpu.XXXXXX)"
+  export LD_LIBRARY_PATH="$here/lib:${LD_LIBRARY_PATH:-}"
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  # A venv over the system's packages (torch stays the system's).
+  python3 -m venv --system-site-packages --without-pip "$work/venv" || exit 1
+  local py="$work/venv/bin/python"
+  "$py" -m pip --version >/dev/null 2>&1 || { echo "run: no pip for $py"; exit 1; }
+  "$py" -m pip install --quiet --no-index --find-links "$here/wheels" deepspeed==0.19.8 2>&1 | tail -3
+  local site
+  site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$here/python" >"$site/dmagather-checkout.pth"
+  cp "$here/python/dmagather_autoload.pth" "$site/"
+  "$py" -c 'import torch, deepspeed; print("torch", torch.__version__, "deepspeed", deepspeed.__version__, "cuda", torch.cuda.is_available())' \
+    | tee "$out/versions.txt"
+  "$here/bin/dmagatherd" --socket="$work/d.sock" --backend=cuda --log_level=warning --metrics_listen= \
+    >"$out/dmagatherd.log" 2>&1 &
+  local dpid=$!
+  for _ in $(seq 100); do [ -S "$work/d.sock" ] && break; sleep 0.1; done
+  export PATH="$work/venv/bin:$PATH" DMAGATHER_LIB="$here/bin/libdmagather.so" DMAGATHER_SOCKET="$work/d.sock"
+  export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
+  local t="$here/trainers"
+  one() {  # name, env assignments..., -- , command...
+    local name=$1; shift
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    echo "== $name"
+    env -u DMAGATHER_ALLGATHER -u DS_SDMA_ALLGATHER "${envs[@]}" DMAGATHER_STATS_FILE="$out/$name-stats.{rank}.json" \
+      timeout "${DMAGATHER_RUN_TIMEOUT_S:-180}" "$@" >"$out/$name.log" 2>&1
+    echo "$?" >"$out/$name.rc"
+    "$here/bin/dmagatherctl" --socket="$work/d.sock" --json stats >"$out/$name-daemon.json" 2>&1
+  }
+  local tr=(torchrun --standalone --nproc_per_node "$world")
+  one zero3-off -- "${tr[@]}" "$t/zero3_train.py" --out "$out/zero3-off" --dtype bf16 --dist-backend gloo --steps 8
+  one zero3-on DMAGATHER_ALLGATHER=1 -- "${tr[@]}" "$t/zero3_train.py" --out "$out/zero3-on" --dtype bf16 \
+    --dist-backend gloo --steps 8
+  one zero3-both DMAGATHER_ALLGATHER=1 DS_SDMA_ALLGATHER=1 -- "${tr[@]}" "$t/zero3_train.py" \
+    --out "$out/zero3-both" --dtype bf16 --dist-backend gloo --steps 8
+  local f=("$t/fsdp2_train.py" --device cuda --dist-backend gloo --rs-allreduce --steps 6)
+  one fsdp2-off -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-off"
+  one fsdp2-on DMAGATHER_ALLGATHER=1 -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-on"
+  one fsdp2-custom -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-custom" --custom-all-gather
+  one fsdp2-off-bf16 -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-off-bf16" --dtype bf16
+  one fsdp2-on-bf16 DMAGATHER_ALLGATHER=1 -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-on-bf16" --dtype bf16
+  kill "$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null
+  "$py" "$t/trainers_cuda_check.py" "$out" "$world" | tee "$out/summary.txt"
+  local rc=${PIPESTATUS[0]}
+  rm -rf "$work"
+  return "$rc"
+}
+
+case "${1:-}" in
+  stage) shift; stage "$@" ;;
+  run) shift; run "$@" ;;
+  *) echo "usage: $0 stage [DIR] | run [OUT] [WORLD]" >&2; exit 2 ;;
+esac

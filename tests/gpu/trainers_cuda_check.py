@@ -1,0 +1,81 @@
+"""Reads the runs of trainers_cuda.sh (OUT/NAME.rc, OUT/NAME/{losses,params}.bin,
+OUT/NAME-stats.R.json, OUT/NAME-daemon.json), prints one PASS/FAIL line per
+check and `N passed, N failed`; writes OUT/results.json."""
+import json
+import os
+import sys
+
+out, world = sys.argv[1], int(sys.argv[2])
+results = []
+
+
+def check(name, ok, detail=""):
+    results.append({"check": name, "ok": bool(ok), "detail": detail})
+    print(f"{'PASS' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}", flush=True)
+
+
+def rc(name):
+    try:
+        return int(open(os.path.join(out, f"{name}.rc")).read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def same(a, b):
+    for f in ("losses.bin", "params.bin"):
+        pa, pb = os.path.join(out, a, f), os.path.join(out, b, f)
+        if not (os.path.exists(pa) and os.path.exists(pb)):
+            return False, f"{f} missing"
+        da, db = open(pa, "rb").read(), open(pb, "rb").read()
+        if not da or da != db:
+            return False, f"{f} differs ({len(da)} vs {len(db)} bytes)"
+    return True, "losses and params bit-identical"
+
+
+def stats(name):
+    s = {}
+    for r in range(world):
+        p = os.path.join(out, f"{name}-stats.{r}.json")
+        if os.path.exists(p):
+            s[r] = json.load(open(p))
+    return s
+
+
+def served(name, staged_ok=True):
+    s = stats(name)
+    if sorted(s) != list(range(world)):
+        return False, f"counters of ranks {sorted(s)}"
+    ops = {x["dmagather_ops"] for x in s.values()}
+    fb = {r: x["fallback_by_reason"] for r, x in s.items() if x["fallback_ops"]}
+    d = json.load(open(os.path.join(out, f"{name}-daemon.json")))
+    job = [j for j in d.get("jobs", []) if j["job_key"] == s[0]["job_key"]]
+    x = s[0]
+    detail = (f"backend={x['backend']} ops={sorted(ops)} host_waited={x['host_waited_ops']} "
+              f"stream_ordered={x['stream_ordered_ops']} staged={x['staged_ops']} fallbacks={fb or 0} "
+              f"daemon_ops={job[0]['ops'] if job else None} daemon_errors={job[0].get('errors') if job else None}")
+    ok = (len(ops) == 1 and min(ops) > 0 and not fb and x["backend"] == "cuda" and job
+          and int(job[0]["ops"]) == min(ops) and not job[0].get("errors"))
+    return ok, detail
+
+
+for name in ("zero3-off", "zero3-on", "zero3-both", "fsdp2-off", "fsdp2-on", "fsdp2-custom", "fsdp2-off-bf16",
+             "fsdp2-on-bf16"):
+    check(f"{name} ran", rc(name) == 0, f"rc={rc(name)}")
+for name in ("zero3-off", "fsdp2-off", "fsdp2-off-bf16"):
+    check(f"{name} set nothing up", stats(name) == {})
+for a, b in (("zero3-off", "zero3-on"), ("zero3-off", "zero3-both"), ("fsdp2-off", "fsdp2-on"),
+             ("fsdp2-off", "fsdp2-custom"), ("fsdp2-off-bf16", "fsdp2-on-bf16")):
+    check(f"{b} == {a}", *same(a, b))
+for name in ("zero3-on", "zero3-both", "fsdp2-on", "fsdp2-custom", "fsdp2-on-bf16"):
+    check(f"{name} served by dmagather", *served(name))
+for name in ("zero3-on", "zero3-both", "fsdp2-on", "fsdp2-on-bf16"):
+    try:
+        lines = [l for l in open(os.path.join(out, f"{name}.log")) if "dmagather allgather " in l and
+                 ("enabled" in l or "unavailable" in l)]
+    except OSError:
+        lines = []
+    check(f"{name} one start line", len(lines) == 1, lines[0].strip() if len(lines) == 1 else str(lines))
+json.dump(results, open(os.path.join(out, "results.json"), "w"), indent=1)
+passed = sum(r["ok"] for r in results)
+print(f"{passed} passed, {len(results) - passed} failed")
+sys.exit(0 if passed == len(results) else 1)

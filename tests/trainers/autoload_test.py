@@ -1,0 +1,122 @@
+"""DMAGATHER_ALLGATHER=1 as the only switch (dmagather_autoload.pth, installed
+into the venv by tools/install_venv.sh; dmagather/_autoload.py):
+
+- unset (or 0): no dmagather module is imported by any Python process, and
+  torch.distributed.all_gather_into_tensor is torch's own;
+- set: the function is replaced as soon as torch.distributed is imported, and
+  nothing else happens (dmagather.torch not imported) until a gather;
+- 3 ranks of an unmodified script under torchrun: a subgroup gather before any
+  WORLD gather goes to torch and sets nothing up; then the WORLD gathers
+  (6 dtypes, async in place) are bit-exact and served by dmagather (every
+  rank's counters, the daemon's job ops), the later subgroup gather falls back
+  counted as not_world_group; rank 0 prints the one start line, other ranks
+  none;
+- the daemon unreachable: every rank is told the same, rank 0 prints
+  "unavailable (daemon unreachable ...)", results bit-exact through gloo;
+- python -m dmagather.check --world 4 in the venv's torch: PASSED.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from trainers_case import Daemon, TrainerCase, clean_env, rank_stats, run, start_lines, HERE, VENV_BIN
+
+PY = sys.executable
+PROBE = ("import sys, json, torch.distributed as d; print(json.dumps({'mods': sorted(m for m in sys.modules "
+         "if m.startswith('dmagather')), 'patched': hasattr(d.all_gather_into_tensor, '_dmagather_original')}))")
+WORLD = 3
+
+
+def probe(env):
+    p = subprocess.run([PY, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        raise AssertionError(p.stderr)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+class AutoloadTest(TrainerCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = Daemon()
+        cls.dir = tempfile.mkdtemp(prefix="dmagather-autoload-", dir="/tmp")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.stop()
+        if os.environ.get("DMAGATHER_KEEP_LOGS") != "1":
+            shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def test_unset_imports_nothing(self):
+        for val in (None, "0", "true"):  # only exactly "1" switches it on
+            env = clean_env(self.daemon.sock) if val is None else clean_env(self.daemon.sock, DMAGATHER_ALLGATHER=val)
+            self.assertEqual(probe(env), {"mods": [], "patched": False}, f"DMAGATHER_ALLGATHER={val}")
+
+    def test_set_patches_at_import_and_sets_nothing_up(self):
+        got = probe(clean_env(self.daemon.sock, DMAGATHER_ALLGATHER="1"))
+        self.assertTrue(got["patched"])
+        self.assertEqual(got["mods"], ["dmagather", "dmagather._autoload"])
+
+    def launch(self, name, **env_extra):
+        out = os.path.join(self.dir, name)
+        stats = os.path.join(self.dir, f"{name}-stats.{{rank}}.json")
+        env = clean_env(self.daemon.sock, DMAGATHER_STATS_FILE=stats, **env_extra)
+        rc, text = run([os.path.join(VENV_BIN, "torchrun"), "--standalone", "--nproc_per_node", str(WORLD),
+                        os.path.join(HERE, "ag_script.py"), out], env, 300, os.path.join(self.dir, f"{name}.log"))
+        self.assertEqual(rc, 0, text[-3000:])
+        res = {}
+        for r in range(WORLD):
+            with open(os.path.join(out, f"rank{r}.json")) as f:
+                res[r] = json.load(f)
+        for r, x in res.items():
+            self.assertEqual(x["errors"], [], f"rank {r}")
+        return text, res, rank_stats(stats, WORLD)
+
+    def test_unmodified_script_served_by_env_alone(self):
+        text, res, st = self.launch("served", DMAGATHER_ALLGATHER="1")
+        for r in range(WORLD):
+            self.assertTrue(res[r]["patched_at_start"])
+            self.assertFalse(res[r]["set_up_after_subgroup"], "a subgroup gather set dmagather up")
+            self.assertTrue(res[r]["set_up_at_end"])
+            s = st[r]
+            self.assertEqual(s["dmagather_ops"], res[r]["world_ops"], s)
+            self.assertEqual(s["staged_ops"], res[r]["world_ops"], s)
+            self.assertEqual(s["fallback_by_reason"]["not_world_group"], 1 if r in (0, 1) else 0, s)
+            self.assertEqual(s["fallback_ops"], s["fallback_by_reason"]["not_world_group"], s)
+        lines = start_lines(text)
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("dmagather allgather enabled (backend=host", lines[0])
+        job = [j for j in self.daemon.stats()["jobs"] if j["job_key"] == st[0]["job_key"]]
+        self.assertEqual(len(job), 1)
+        self.assertEqual(int(job[0]["ops"]), res[0]["world_ops"])
+        self.assertEqual(job[0].get("errors", []), [])
+
+    def test_daemon_unreachable_every_rank_falls_back_alike(self):
+        text, res, st = self.launch("nodaemon", DMAGATHER_ALLGATHER="1",
+                                    DMAGATHER_SOCKET=os.path.join(self.dir, "absent.sock"),
+                                    DMAGATHER_JOIN_TIMEOUT_MS="2000")
+        lines = start_lines(text)
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("dmagather allgather unavailable (daemon unreachable on rank(s) 0,1,2", lines[0])
+        for r in range(WORLD):
+            s = st[r]
+            self.assertFalse(s["enabled"])
+            self.assertEqual(s["dmagather_ops"], 0)
+            # the later subgroup gather of ranks 0 and 1 counts under the job-wide reason too
+            self.assertEqual(s["fallback_by_reason"]["daemon_unreachable"],
+                             res[r]["world_ops"] + (1 if r in (0, 1) else 0), s)
+
+    def test_check_module(self):
+        env = clean_env(self.daemon.sock)
+        p = subprocess.run([PY, "-m", "dmagather.check", "--world", "4"], env=env, capture_output=True, text=True,
+                           timeout=300)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        for dt in ("bfloat16", "float16", "float32"):
+            self.assertRegex(p.stdout, rf"{dt}\s+PASSED")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,121 @@
+"""A plain FSDP2 training script: a small MLP-block transformer-ish model, every
+block and the root fully_shard'ed on a 1-D mesh over WORLD, a few AdamW steps
+on data from a seeded generator. Launched with torchrun.
+
+    torchrun --nproc_per_node N fsdp2_train.py --out DIR [--steps 5] [--device cpu|cuda]
+             [--custom-all-gather]
+
+--custom-all-gather: the documented FSDP2 hook, dmagather.torch.FSDPAllGather()
+on every FSDPModule (the one line a script adds); without it the script has
+nothing of dmagather, and DMAGATHER_ALLGATHER=1 alone decides. On CPU, gloo
+has no reduce_scatter_tensor in every torch version: --rs-allreduce replaces
+FSDP2's reduce-scatter by an all_reduce (same for every run compared).
+
+Writes DIR/losses.bin (float32 bytes of every rank's loss per step), DIR/params.bin
+(every parameter's full tensor, bytes), DIR/summary.json. Rank 0 writes.
+"""
+import argparse
+import hashlib
+import json
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--custom-all-gather", action="store_true")
+    p.add_argument("--rs-allreduce", action="store_true")
+    p.add_argument("--dist-backend", default=None, help="default: gloo on CPU, nccl on CUDA; several ranks on "
+                                                         "one GPU need gloo (rank r on GPU r % count)")
+    args = p.parse_args()
+
+    from torch.distributed.fsdp import fully_shard, FSDPModule, MixedPrecisionPolicy
+    from torch.distributed.device_mesh import init_device_mesh
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.device == "cuda":
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        dist.init_process_group(args.dist_backend or "nccl")
+        dev = torch.device("cuda", torch.cuda.current_device())
+    else:
+        dist.init_process_group(args.dist_backend or "gloo")
+        dev = torch.device("cpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    torch.manual_seed(4321)
+    d, hidden, nblocks, vocab = 64, 256, 3, 128
+    blocks = [nn.Sequential(nn.LayerNorm(d), nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d))
+              for _ in range(nblocks)]
+    model = nn.Sequential(nn.Embedding(vocab, d), *blocks, nn.LayerNorm(d), nn.Linear(d, vocab)).to(dev)
+    mesh = init_device_mesh(dev.type, (world,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if args.dtype == "bf16" else \
+        MixedPrecisionPolicy()
+    for b in model[1:1 + nblocks]:
+        fully_shard(b, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+
+    fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if args.custom_all_gather:
+        import dmagather.torch as dt
+        ag = dt.FSDPAllGather()
+        for m in fsdp_modules:
+            m.set_custom_all_gather(ag)
+    if args.rs_allreduce:
+        from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+
+        class AllReduceRS(ReduceScatter):
+            def allocate(self, size, *, dtype, device):
+                return torch.empty(*size, dtype=dtype, device=device)
+
+            def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+                buf = input_tensor.clone()
+                dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
+                if "AVG" in str(op).upper():
+                    buf.div_(dist.get_world_size(group))
+                output_tensor.copy_(buf.view(dist.get_world_size(group), -1)[dist.get_rank(group)])
+                return None
+
+        rs = AllReduceRS()
+        for m in fsdp_modules:
+            m.set_custom_reduce_scatter(rs)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    g = torch.Generator().manual_seed(7)
+    losses = []
+    for step in range(args.steps):
+        ids = torch.randint(0, vocab, (world, 8, 17), generator=g)[rank].to(dev)
+        logits = model(ids[:, :-1])
+        loss = nn.functional.cross_entropy(logits.float().reshape(-1, vocab), ids[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach().float())
+
+    local = torch.stack(losses)
+    every = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(every, local)
+    full = [(n, q.full_tensor().detach().cpu().contiguous()) for n, q in model.named_parameters()]
+    if rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+        lb = b"".join(t.cpu().numpy().tobytes() for t in every)
+        pb = b"".join(t.reshape(-1).view(torch.uint8).numpy().tobytes() for _, t in full)
+        open(os.path.join(args.out, "losses.bin"), "wb").write(lb)
+        open(os.path.join(args.out, "params.bin"), "wb").write(pb)
+        json.dump({"world": world, "steps": args.steps, "device": str(dev), "dtype": args.dtype,
+                   "custom_all_gather": args.custom_all_gather, "losses": [float(x) for x in every[0]],
+                   "fsdp_modules": len(fsdp_modules), "losses_sha256": hashlib.sha256(lb).hexdigest(),
+                   "params_sha256": hashlib.sha256(pb).hexdigest(), "torch": torch.__version__},
+                  open(os.path.join(args.out, "summary.json"), "w"), indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Shared pieces of the trainer tests (tests/trainers/run.sh runs them with the
+venv of tools/install_venv.sh): a real dmagatherd (host backend) on a private
+socket, its counters through dmagatherctl, and launching rank processes the
+way users do (deepspeed / torchrun from the venv) with a clean environment."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+BIN = os.environ.get("DMAGATHER_BIN", os.path.join(REPO, "bazel-bin"))
+VENV_BIN = os.path.dirname(sys.executable)
+LIB = os.path.join(BIN, "client", "libdmagather.so")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="dmagather-trainers-", dir="/tmp")
+        self.sock = os.path.join(self.dir, "d.sock")
+        self.log = open(os.path.join(self.dir, "daemon.log"), "w")
+        self.proc = subprocess.Popen([os.path.join(BIN, "server", "dmagatherd"), f"--socket={self.sock}",
+                                      "--backend=host", "--log_level=warning", "--metrics_listen="],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        for _ in range(1000):
+            if os.path.exists(self.sock):
+                break
+            time.sleep(0.01)
+
+    def stats(self):
+        """dmagatherctl --json stats: node totals (total_ops, fallbacks, errors) and jobs."""
+        p = subprocess.run([os.path.join(BIN, "tools", "dmagatherctl"), f"--socket={self.sock}", "--json", "stats"],
+                           capture_output=True, text=True, timeout=30)
+        if p.returncode != 0:
+            raise AssertionError(f"dmagatherctl stats: rc={p.returncode} {p.stderr}")
+        return json.loads(p.stdout)
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def clean_env(sock=None, **extra):
+    """The environment a user's job would have: the venv first on PATH, the
+    library and socket, and none of the switches unless given in extra."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DMAGATHER_", "DS_SDMA", "MORI_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                                                 "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                                                                                 "MASTER_PORT")}
+    env["PATH"] = VENV_BIN + os.pathsep + env.get("PATH", "")
+    env["DMAGATHER_LIB"] = LIB
+    if sock:
+        env["DMAGATHER_SOCKET"] = sock
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run(cmd, env, timeout, log_path, cwd=None):
+    """Runs a launcher; returns (rc, output). The output is also kept in log_path."""
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, env=env, cwd=cwd or HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=timeout, start_new_session=True)
+        rc, out = p.returncode, p.stdout
+    except subprocess.TimeoutExpired as e:
+        rc, out = 124, (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        out += f"\n[timed out after {timeout} s]"
+    with open(log_path, "w") as f:
+        f.write(out)
+    print(f"  ran {os.path.basename(cmd[0])} ... in {time.monotonic() - t0:.0f} s (rc={rc}, log {log_path})",
+          file=sys.stderr, flush=True)
+    return rc, out
+
+
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def rank_stats(pattern, world):
+    out = {}
+    for r in range(world):
+        p = pattern.replace("{rank}", str(r))
+        if os.path.exists(p):
+            with open(p) as f:
+                out[r] = json.load(f)
+    return out
+
+
+def start_lines(out):
+    return [l for l in out.splitlines() if "dmagather allgather enabled" in l or "dmagather allgather unavailable" in l]
+
+
+class TrainerCase(unittest.TestCase):
+    maxDiff = 4000
+
+    def assert_same_bytes(self, a_dir, b_dir, what):
+        for name in ("losses.bin", "params.bin"):
+            a, b = read_bytes(os.path.join(a_dir, name)), read_bytes(os.path.join(b_dir, name))
+            self.assertGreater(len(a), 0, f"{a_dir}/{name} is empty")
+            self.assertEqual(len(a), len(b), f"{what}: {name} sizes differ")
+            if a != b:
+                first = next(i for i in range(len(a)) if a[i] != b[i])
+                self.fail(f"{what}: {name} differs from byte {first} on")

@@ -1,0 +1,104 @@
+"""The wheel (tools/build_wheel.sh, client/python/pyproject.toml): built, then
+`pip install` into a fresh venv with nothing else of dmagather (no checkout on
+the path, no DMAGATHER_LIB) is enough:
+
+- the package and its libdmagather.so come from the venv's site-packages, and
+  the library's dependencies resolve from the wheel itself (ldd: nothing from
+  Debian's Abseil/protobuf/RE2, nothing "not found");
+- the start-up hook came with it (DMAGATHER_ALLGATHER=1 patches torch.distributed);
+- python -m dmagather.check --world 4 against a real daemon: PASSED.
+
+torch for the check comes from the trainer venv (a path entry in the new venv).
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from trainers_case import Daemon, TrainerCase, REPO
+
+PROBE = ("import json, os, sys, dmagather, torch.distributed as d; l = dmagather.load_library(); "
+         "print(json.dumps({'pkg': dmagather.__file__, 'lib': l._name, "
+         "'patched': hasattr(d.all_gather_into_tensor, '_dmagather_original')}))")
+
+
+class WheelTest(TrainerCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = Daemon()
+        cls.dir = tempfile.mkdtemp(prefix="dmagather-wheel-", dir="/tmp")
+        p = subprocess.run([os.path.join(REPO, "tools", "build_wheel.sh"), os.path.join(cls.dir, "dist")],
+                           capture_output=True, text=True, timeout=900)
+        cls.build = p
+        m = re.search(r"^wheel: (.+)$", p.stdout, re.M)
+        cls.wheel = m.group(1) if m else None
+        cls.venv = os.path.join(cls.dir, "venv")
+        cls.install = None
+        if cls.wheel:
+            base = getattr(sys, "_base_executable", sys.executable)
+            subprocess.run([base, "-m", "venv", cls.venv], check=True, timeout=300)
+            cls.py = os.path.join(cls.venv, "bin", "python")
+            cls.install = subprocess.run([cls.py, "-m", "pip", "install", "--disable-pip-version-check", "--no-index",
+                                          cls.wheel], capture_output=True, text=True, timeout=300)
+            site = subprocess.run([cls.py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+            cls.site = site
+            import torch  # the trainer venv's: a plain path entry (its .pth files are not read from there)
+            with open(os.path.join(site, "zz-trainer-venv-torch.pth"), "w") as f:
+                f.write(os.path.dirname(os.path.dirname(torch.__file__)) + "\n")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.stop()
+        if os.environ.get("DMAGATHER_KEEP_LOGS") != "1":
+            shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def env(self, **extra):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DMAGATHER_", "PYTHONPATH"))}
+        env.update(DMAGATHER_SOCKET=self.daemon.sock, **extra)
+        return env
+
+    def built(self):
+        self.assertIsNotNone(self.wheel, self.build.stdout[-2000:] + self.build.stderr[-2000:])
+        self.assertEqual(self.install.returncode, 0, self.install.stdout + self.install.stderr)
+
+    def test_wheel_is_manylinux_with_its_libraries(self):
+        self.built()
+        self.assertRegex(os.path.basename(self.wheel), r"^dmagather-[\d.]+-py3-none-manylinux_2_\d+_x86_64")
+        import zipfile
+        names = zipfile.ZipFile(self.wheel).namelist()
+        self.assertIn("dmagather_autoload.pth", names)
+        self.assertIn("dmagather/libdmagather.so", names)
+        self.assertTrue(any(n.startswith("dmagather.libs/libprotobuf") for n in names), names)
+
+    def test_installed_package_loads_its_own_library(self):
+        self.built()
+        import json
+        p = subprocess.run([self.py, "-c", PROBE], env=self.env(DMAGATHER_ALLGATHER="1"), capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        got = json.loads(p.stdout.strip().splitlines()[-1])
+        self.assertTrue(got["pkg"].startswith(self.site), got)
+        self.assertTrue(got["lib"].startswith(os.path.join(self.site, "dmagather")), got)
+        self.assertTrue(got["patched"], got)
+        ldd = subprocess.run(["ldd", got["lib"]], capture_output=True, text=True).stdout
+        self.assertNotIn("not found", ldd)
+        for name in ("libprotobuf", "libabsl_", "libre2"):
+            for line in ldd.splitlines():
+                if name in line:
+                    self.assertIn("dmagather.libs", line, line)
+
+    def test_check_module_after_pip_install(self):
+        self.built()
+        p = subprocess.run([self.py, "-m", "dmagather.check", "--world", "4"], env=self.env(), capture_output=True,
+                           text=True, timeout=300, cwd=self.dir)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        for dt in ("bfloat16", "float16", "float32"):
+            self.assertRegex(p.stdout, rf"{dt}\s+PASSED")
+
+
+if __name__ == "__main__":
+    unittest.main()
