@@ -6,7 +6,8 @@
 # unit: one case), tools/test_tsan.sh (the CPU unit tests under
 # ThreadSanitizer: its cases counted), tools/test_asan.sh (every CPU test
 # under ASan+UBSan: its cases counted) and tools/fuzz.sh (each libFuzzer
-# target for DMAGATHER_FUZZ_SECONDS, default 15: one case per target).
+# target for DMAGATHER_FUZZ_SECONDS, default 15: one case per target) and
+# tests/trainers/run.sh (DeepSpeed and FSDP2 from PyPI: its cases counted).
 # Prints one closing line `N passed, N failed` counting test cases (from the
 # JUnit XML Bazel writes). docs/TESTING.md says what each covers.
 set -uo pipefail
@@ -65,6 +66,9 @@ run_counted() {
 run_counted test_tsan tools/test_tsan.sh
 run_counted test_asan tools/test_asan.sh
 run_counted fuzz tools/fuzz.sh -t "${DMAGATHER_FUZZ_SECONDS:-15}"
+# Real DeepSpeed ZeRO-3 and FSDP2 (torch and DeepSpeed from PyPI in a pinned
+# venv, tools/install_venv.sh) with and without DMAGATHER_ALLGATHER=1.
+run_counted trainers tests/trainers/run.sh
 
 echo "$passed passed, $failed failed, $skipped skipped"
 exit $rc
