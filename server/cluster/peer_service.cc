@@ -194,6 +194,16 @@ void PeerService::Handle(std::unique_ptr<transport::Connection> conn) {
   if (--threads_ == 0) threads_cv_.notify_all();
 }
 
+void PeerService::FailSetupLocked(Pending& p, const std::string& node) {
+  if (p.table_ready) return;
+  p.table.Clear();
+  p.table.set_failed_node(node);
+  p.table.set_error(absl::StrCat("node ", node, " failed: its daemon went away while the job was being set up"));
+  LOG(WARNING) << "multi-node job cannot start: " << p.table.error();
+  p.table_ready = true;
+  p.cv.notify_all();
+}
+
 void PeerService::MaybeBuildTableLocked(Pending& p) {
   if (p.table_ready) return;
   int world = -1;
@@ -277,8 +287,17 @@ void PeerService::ServeCoordinator(const std::shared_ptr<Pending>& p, transport:
     }
     if (!Readable(conn, 50)) continue;
     v1::NodeUpdate u;
-    if (!ReadMessage(conn, &u).ok()) return;  // The node went away; its ranks will time out.
+    if (!ReadMessage(conn, &u).ok()) {
+      // The node's daemon went away (its connection closed) before the
+      // table: the job cannot start; every node waiting hears it now.
+      std::lock_guard<std::mutex> lock(p->mu);
+      FailSetupLocked(*p, me->have ? absl::StrCat(me->update.hostname(), " ", me->update.peer_address())
+                                   : std::string("a node not yet reported"));
+      return;
+    }
     std::lock_guard<std::mutex> lock(p->mu);
+    LOG(INFO) << "job '" << u.job_key() << "': node " << u.hostname() << " " << u.peer_address() << " reported "
+              << u.ranks_size() << " of " << u.world_size() << " ranks";
     me->update = std::move(u);
     me->have = true;
     MaybeBuildTableLocked(*p);
@@ -350,7 +369,11 @@ absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<schedul
       DMAG_RETURN_IF_ERROR(WriteMessage(*coord, u));
     }
     if (Readable(*coord, 50)) {
-      DMAG_RETURN_IF_ERROR(common::Annotate(ReadMessage(*coord, &table), "coordinator: "));
+      if (absl::Status got = ReadMessage(*coord, &table); !got.ok()) {
+        return absl::AbortedError(absl::StrCat("job '", job->key(), "': node ", p.id.address,
+                                               " (the job's coordinator) failed: its daemon went away while the "
+                                               "job was being set up (", got.message(), ")"));
+      }
       break;
     }
     if (job->failed()) return job->failure();
@@ -364,6 +387,7 @@ absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<schedul
     if (stopping_) return absl::UnavailableError("dmagatherd is shutting down");
   }
   coord.reset();
+  if (!table.failed_node().empty()) return absl::AbortedError(absl::StrCat("job '", job->key(), "': ", table.error()));
   if (!table.error().empty()) return absl::FailedPreconditionError(absl::StrCat("job '", job->key(), "': ", table.error()));
 
   // 2. The topology.

@@ -111,6 +111,9 @@ class PeerService {
   void ServeCoordinator(const std::shared_ptr<Pending>& p, transport::Connection& conn);
   // Coordinator, under p.mu: builds the table once every rank is placed.
   void MaybeBuildTableLocked(Pending& p);
+  // Coordinator, under p.mu: a node's daemon went away before the table was
+  // sent; every node still waiting gets a table that says so.
+  void FailSetupLocked(Pending& p, const std::string& node);
   void Bootstrap(std::shared_ptr<Pending> p);
   absl::Status RunBootstrap(Pending& p, const std::shared_ptr<scheduler::Job>& job);
   absl::StatusOr<std::unique_ptr<transport::Connection>> Dial(const Pending& p, const std::string& address,
