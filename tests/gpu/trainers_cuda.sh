@@ -71,9 +71,14 @@ run() {
   work="$(mktemp -d /tmp/dmagather-trainers-gpu.XXXXXX)"
   export LD_LIBRARY_PATH="$here/lib:${LD_LIBRARY_PATH:-}"
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-  # A venv over the system's packages (torch stays the system's).
-  python3 -m venv --system-site-packages --without-pip "$work/venv" || exit 1
+  # A venv over the packages of the python3 that has torch (which may itself
+  # be a venv, whose packages --system-site-packages would not see): a .pth
+  # in the new venv names that interpreter's site directories.
+  python3 -m venv --without-pip "$work/venv" || exit 1
   local py="$work/venv/bin/python"
+  local base_sites
+  base_sites=$(python3 -c 'import site, sysconfig; print("\n".join(dict.fromkeys(site.getsitepackages() + [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])))')
+  echo "$base_sites" >"$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/base-python.pth"
   "$py" -m pip --version >/dev/null 2>&1 || { echo "run: no pip for $py"; exit 1; }
   "$py" -m pip install --quiet --no-index --find-links "$here/wheels" deepspeed==0.19.8 2>&1 | tail -3
   local site
@@ -100,7 +105,8 @@ run() {
     echo "$?" >"$out/$name.rc"
     "$here/bin/dmagatherctl" --socket="$work/d.sock" --json stats >"$out/$name-daemon.json" 2>&1
   }
-  local tr=(torchrun --standalone --nproc_per_node "$world")
+  export PYTHONFAULTHANDLER=1  # A crashing rank prints its Python stack.
+  local tr=("$py" -m torch.distributed.run --standalone --nproc_per_node "$world")
   one zero3-off -- "${tr[@]}" "$t/zero3_train.py" --out "$out/zero3-off" --dtype bf16 --dist-backend gloo --steps 8
   one zero3-on DMAGATHER_ALLGATHER=1 -- "${tr[@]}" "$t/zero3_train.py" --out "$out/zero3-on" --dtype bf16 \
     --dist-backend gloo --steps 8
