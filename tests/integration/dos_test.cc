@@ -26,6 +26,7 @@
 #include "dmagather/v1/control.grpc.pb.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/rank_checks.h"
+#include "tests/integration/raw_control.h"
 
 namespace dmagather::testing {
 namespace {
@@ -34,15 +35,6 @@ namespace v1 = ::dmagather::v1;
 
 bool BecomeNobody() {
   return geteuid() == 0 && setgroups(0, nullptr) == 0 && setgid(65534) == 0 && setuid(65534) == 0;
-}
-
-int ProcFds(pid_t pid) {
-  DIR* d = opendir(absl::StrCat("/proc/", pid, "/fd").c_str());
-  if (d == nullptr) return -1;
-  int n = 0;
-  while (readdir(d) != nullptr) ++n;
-  closedir(d);
-  return n - 2;
 }
 
 int ConnectUnix(const std::string& path, int type) {
@@ -55,28 +47,6 @@ int ConnectUnix(const std::string& path, int type) {
     return -1;
   }
   return s;
-}
-
-common::MemfdMapping MakeSegment(uint64_t token) {
-  auto m = common::MemfdMapping::Create("test-seg", abi::SegmentLayoutV1::kBytes);
-  abi::InitSegmentV1(m->data(), token, abi::kDescriptorStampV2);
-  return *std::move(m);
-}
-
-v1::JoinRequest JoinReq(const std::string& job, const std::string& ticket, uint64_t token) {
-  v1::JoinRequest req;
-  req.set_job_key(job);
-  req.set_world_size(1);
-  req.set_rank(0);
-  req.set_pid(getpid());
-  req.set_segment_ticket(ticket);
-  req.set_segment_token(token);
-  req.set_join_timeout_ms(20000);
-  req.mutable_device()->set_kind("cpu");
-  req.mutable_device()->set_ordinal(-1);
-  req.set_abi_version(2);
-  req.set_capability_version(1);
-  return req;
 }
 
 // The first Join event, or the call's status.
@@ -217,11 +187,11 @@ TEST(DosTest, ASegmentTicketIsGoodOnlyForTheProcessThatHandedItOver) {
     sh->handed.store(static_cast<int>(t->ticket.size()));
     REQUIRE(WaitFor([&] { return sh->tried.load() != 0; }, 120), "the thief never tried");
     // Spent by the thief's attempt: the owner must hand over again.
-    grpc::Status spent = TryJoin(socket, JoinReq(UniqueJob("owner"), t->ticket, 21));
+    grpc::Status spent = TryJoin(socket, JoinReq(UniqueJob("owner"), 1, 0, t->ticket, 21, getpid()));
     REQUIRE(spent.error_code() == grpc::StatusCode::NOT_FOUND, spent.error_message());
     auto again = common::ExchangeFd(fdsock, abi::kFdSegment, seg.fd(), abi::SegmentLayoutV1::kBytes);
     REQUIRE(again.ok(), std::string(again.status().message()));
-    grpc::Status own = TryJoin(socket, JoinReq(UniqueJob("owner"), again->ticket, 21));
+    grpc::Status own = TryJoin(socket, JoinReq(UniqueJob("owner"), 1, 0, again->ticket, 21, getpid()));
     REQUIRE(own.ok(), own.error_message());
     return 0;
   });
@@ -230,7 +200,7 @@ TEST(DosTest, ASegmentTicketIsGoodOnlyForTheProcessThatHandedItOver) {
   RankProcess thief(1, [&](int, const Reporter& rep) {
     sh->was_nobody.store(BecomeNobody() ? 1 : 0);
     const std::string ticket(sh->ticket, sh->handed.load());
-    grpc::Status s = TryJoin(socket, JoinReq(UniqueJob("thief"), ticket, 21));
+    grpc::Status s = TryJoin(socket, JoinReq(UniqueJob("thief"), 1, 0, ticket, 21, getpid()));
     sh->tried.store(1);
     REQUIRE(s.error_code() == grpc::StatusCode::PERMISSION_DENIED,
             absl::StrCat(int(s.error_code()), " ", s.error_message()));
@@ -257,7 +227,7 @@ TEST(DosTest, AnOversizedRequestIsRefusedAndTheSessionLives) {
                                 abi::SegmentLayoutV1::kBytes);
     REQUIRE(t.ok(), std::string(t.status().message()));
     grpc::ClientContext jctx;
-    auto join = stub->Join(&jctx, JoinReq(UniqueJob("big"), t->ticket, 31));
+    auto join = stub->Join(&jctx, JoinReq(UniqueJob("big"), 1, 0, t->ticket, 31, getpid()));
     v1::JoinEvent first;
     REQUIRE(join->Read(&first) && first.has_joined(), "no join");
     // 5 MiB in one message: over gRPC's 4 MiB receive limit.

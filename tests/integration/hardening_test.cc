@@ -46,6 +46,7 @@
 #include "server/service/wait_spin.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/rank_checks.h"
+#include "tests/integration/raw_control.h"
 
 namespace dmagather::testing {
 namespace {
@@ -101,15 +102,6 @@ int ProcThreads(pid_t pid) {
   return n;
 }
 
-int ProcFds(pid_t pid) {
-  DIR* d = opendir(("/proc/" + std::to_string(pid) + "/fd").c_str());
-  if (d == nullptr) return -1;
-  int n = 0;
-  while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
-  closedir(d);
-  return n;
-}
-
 std::vector<std::string> DirEntries(const std::string& dir, const std::string& containing) {
   std::vector<std::string> out;
   DIR* d = opendir(dir.c_str());
@@ -125,13 +117,6 @@ std::vector<std::string> DirEntries(const std::string& dir, const std::string& c
 }
 
 // A rank segment as our client makes it: a sealed memfd, header written.
-common::MemfdMapping MakeSegment(uint64_t token, int seals = -1) {
-  auto m = common::MemfdMapping::Create("test-seg", abi::SegmentLayoutV1::kBytes, seals);
-  EXPECT_TRUE(m.ok()) << m.status();
-  abi::InitSegmentV1(m->data(), token, abi::kDescriptorStampV2);
-  return *std::move(m);
-}
-
 // Becomes uid 65534 when root; says what it became.
 std::string BecomeNobody() {
   if (geteuid() != 0) return "same uid (not root)";
@@ -141,23 +126,6 @@ std::string BecomeNobody() {
 
 std::chrono::system_clock::time_point In(int ms) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
-}
-
-v1::JoinRequest JoinReq(const std::string& job, int world, int rank, const std::string& ticket, uint64_t token,
-                        int pid) {
-  v1::JoinRequest req;
-  req.set_job_key(job);
-  req.set_world_size(world);
-  req.set_rank(rank);
-  req.set_pid(pid);
-  req.set_segment_ticket(ticket);
-  req.set_segment_token(token);
-  req.set_join_timeout_ms(20000);
-  req.mutable_device()->set_kind("cpu");
-  req.mutable_device()->set_ordinal(-1);
-  req.set_abi_version(2);
-  req.set_capability_version(1);
-  return req;
 }
 
 // A raw Join: the first event, or the call's status.

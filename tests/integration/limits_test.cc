@@ -41,6 +41,7 @@
 #include "dmagather/v1/telemetry.grpc.pb.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/rank_checks.h"
+#include "tests/integration/raw_control.h"
 
 namespace dmagather::testing {
 namespace {
@@ -63,28 +64,6 @@ bool BecomeNobody(const std::vector<gid_t>& groups = {}) {
 
 std::chrono::system_clock::time_point In(int ms) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
-}
-
-common::MemfdMapping MakeSegment(uint64_t token) {
-  auto m = common::MemfdMapping::Create("test-seg", abi::SegmentLayoutV1::kBytes);
-  EXPECT_TRUE(m.ok()) << m.status();
-  abi::InitSegmentV1(m->data(), token, abi::kDescriptorStampV2);
-  return *std::move(m);
-}
-
-v1::JoinRequest JoinReq(const std::string& job, int world, int rank, const std::string& ticket, uint64_t token) {
-  v1::JoinRequest req;
-  req.set_job_key(job);
-  req.set_world_size(world);
-  req.set_rank(rank);
-  req.set_segment_ticket(ticket);
-  req.set_segment_token(token);
-  req.set_join_timeout_ms(20000);
-  req.mutable_device()->set_kind("cpu");
-  req.mutable_device()->set_ordinal(-1);
-  req.set_abi_version(2);
-  req.set_capability_version(1);
-  return req;
 }
 
 // A raw session: segment handed over, Join stream open.
