@@ -14,11 +14,9 @@ daemon counted the job's ops, no errors); `custom` gathers in FSDPAllGather's
 daemon memory (nothing staged), `on` stages FSDP2's private buffers.
 """
 import os
-import shutil
-import tempfile
 import unittest
 
-from trainers_case import (Daemon, TrainerCase, clean_env, rank_stats, run, start_lines, HERE, VENV_BIN)
+from trainers_case import TrainerCase, start_lines, HERE, VENV_BIN
 
 try:
     from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: F401
@@ -43,29 +41,11 @@ RUNS = {
 class Fsdp2Test(TrainerCase):
     @classmethod
     def setUpClass(cls):
-        cls.daemon = Daemon()
-        cls.dir = tempfile.mkdtemp(prefix="dmagather-fsdp2-", dir="/tmp")
-        cls.runs = {}
-        for name, (switches, args) in RUNS.items():
-            out = os.path.join(cls.dir, name)
-            stats = os.path.join(cls.dir, f"{name}-stats.{{rank}}.json")
-            env = clean_env(cls.daemon.sock, DMAGATHER_STATS_FILE=stats, **switches)
-            cmd = [os.path.join(VENV_BIN, "torchrun"), "--standalone", "--nproc_per_node", str(WORLD),
-                   os.path.join(HERE, "fsdp2_train.py"), "--out", out, "--steps", str(STEPS)] + args
-            rc, text = run(cmd, env, RUN_TIMEOUT_S, os.path.join(cls.dir, f"{name}.log"))
-            cls.runs[name] = {"rc": rc, "out": text, "dir": out, "stats": rank_stats(stats, WORLD),
-                              "daemon": cls.daemon.stats()}
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.daemon.stop()
-        if os.environ.get("DMAGATHER_KEEP_LOGS") != "1":
-            shutil.rmtree(cls.dir, ignore_errors=True)
-
-    def ok(self, name):
-        r = self.runs[name]
-        self.assertEqual(r["rc"], 0, f"{name} run failed:\n{r['out'][-3000:]}")
-        return r
+        def launcher(args):
+            return lambda out: ([os.path.join(VENV_BIN, "torchrun"), "--standalone", "--nproc_per_node", str(WORLD),
+                                 os.path.join(HERE, "fsdp2_train.py"), "--out", out, "--steps", str(STEPS)] + args)
+        cls.launch_all("dmagather-fsdp2-", {name: (switches, launcher(args)) for name, (switches, args) in RUNS.items()},
+                       WORLD, RUN_TIMEOUT_S)
 
     def check_served(self, name, staged):
         r = self.ok(name)

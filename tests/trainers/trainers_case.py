@@ -110,7 +110,34 @@ def start_lines(out):
 
 
 class TrainerCase(unittest.TestCase):
+    """Runs each configuration of a training script once, in setUpClass, on
+    one real daemon; the tests then compare what the runs left."""
     maxDiff = 4000
+
+    @classmethod
+    def launch_all(cls, prefix, runs, world, timeout_s):
+        """runs: {name: (env switches, cmd(out_dir) -> argv)}. Fills cls.runs."""
+        cls.daemon = Daemon()
+        cls.dir = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+        cls.runs = {}
+        for name, (switches, cmd) in runs.items():
+            out = os.path.join(cls.dir, name)
+            stats = os.path.join(cls.dir, f"{name}-stats.{{rank}}.json")
+            env = clean_env(cls.daemon.sock, DMAGATHER_STATS_FILE=stats, **switches)
+            rc, text = run(cmd(out), env, timeout_s, os.path.join(cls.dir, f"{name}.log"))
+            cls.runs[name] = {"rc": rc, "out": text, "dir": out, "stats": rank_stats(stats, world),
+                              "daemon": cls.daemon.stats()}
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.stop()
+        if os.environ.get("DMAGATHER_KEEP_LOGS") != "1":
+            shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def ok(self, name):
+        r = self.runs[name]
+        self.assertEqual(r["rc"], 0, f"{name} run failed:\n{r['out'][-3000:]}")
+        return r
 
     def assert_same_bytes(self, a_dir, b_dir, what):
         for name in ("losses.bin", "params.bin"):

@@ -18,11 +18,9 @@ counted the same ops for the job, with no errors or fallbacks; rank 0 printed
 exactly one start line; `off` set nothing up.
 """
 import os
-import shutil
-import tempfile
 import unittest
 
-from trainers_case import (Daemon, TrainerCase, clean_env, free_port, rank_stats, run, start_lines, HERE, VENV_BIN)
+from trainers_case import TrainerCase, free_port, start_lines, HERE, VENV_BIN
 
 try:
     import deepspeed  # noqa: F401
@@ -39,31 +37,15 @@ RUN_TIMEOUT_S = 900  # the first run on a machine JIT-builds DeepSpeed's CPU shm
 class DeepSpeedZero3Test(TrainerCase):
     @classmethod
     def setUpClass(cls):
-        cls.daemon = Daemon()
-        cls.dir = tempfile.mkdtemp(prefix="dmagather-zero3-", dir="/tmp")
-        cls.runs = {}
-        for name, switches, extra in (("off", {}, []), ("on", {"DMAGATHER_ALLGATHER": "1"}, []),
-                                      ("both", {"DMAGATHER_ALLGATHER": "1", "DS_SDMA_ALLGATHER": "1"}, []),
-                                      ("install", {"DMAGATHER_HOST_STAGING": "1"}, ["--install-after-init"])):
-            out = os.path.join(cls.dir, name)
-            stats = os.path.join(cls.dir, f"{name}-stats.{{rank}}.json")
-            env = clean_env(cls.daemon.sock, DMAGATHER_STATS_FILE=stats, **switches)
-            cmd = [os.path.join(VENV_BIN, "deepspeed"), "--num_gpus", str(WORLD), "--master_port", str(free_port()),
-                   os.path.join(HERE, "zero3_train.py"), "--out", out, "--steps", str(STEPS)] + extra
-            rc, text = run(cmd, env, RUN_TIMEOUT_S, os.path.join(cls.dir, f"{name}.log"))
-            cls.runs[name] = {"rc": rc, "out": text, "dir": out, "stats": rank_stats(stats, WORLD),
-                              "daemon": cls.daemon.stats()}
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.daemon.stop()
-        if os.environ.get("DMAGATHER_KEEP_LOGS") != "1":
-            shutil.rmtree(cls.dir, ignore_errors=True)
-
-    def ok(self, name):
-        r = self.runs[name]
-        self.assertEqual(r["rc"], 0, f"{name} run failed:\n{r['out'][-3000:]}")
-        return r
+        def launcher(extra):
+            return lambda out: ([os.path.join(VENV_BIN, "deepspeed"), "--num_gpus", str(WORLD), "--master_port",
+                                 str(free_port()), os.path.join(HERE, "zero3_train.py"), "--out", out, "--steps",
+                                 str(STEPS)] + extra)
+        runs = {"off": ({}, launcher([])),
+                "on": ({"DMAGATHER_ALLGATHER": "1"}, launcher([])),
+                "both": ({"DMAGATHER_ALLGATHER": "1", "DS_SDMA_ALLGATHER": "1"}, launcher([])),
+                "install": ({"DMAGATHER_HOST_STAGING": "1"}, launcher(["--install-after-init"]))}
+        cls.launch_all("dmagather-zero3-", runs, WORLD, RUN_TIMEOUT_S)
 
     def test_off_sets_nothing_up(self):
         r = self.ok("off")
