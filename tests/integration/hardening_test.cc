@@ -493,12 +493,16 @@ TEST(HardeningTest, FdChannelUnderAbuseClosesEverythingAndKeepsServing) {
   std::cerr << "baseline threads: " << ThreadNames(daemon->pid()) << "\n";
   ASSERT_GT(base_fds, 0);
 
-  // A real job runs all the while.
-  std::atomic<bool> job_done{false};
-  std::thread job([&] {
-    ExpectJobBitExact(daemon->socket(), UniqueJob("abuse-job"), 2, 200);
-    job_done = true;
-  });
+  // A real job runs all the while. Its ranks are forked here, before the
+  // abuse, while this process has one thread: forked from a thread while
+  // another one allocates, a rank could inherit the allocator's lock held
+  // and hang before it ever reached the daemon (seen under ASan on a loaded
+  // machine: the child waited in the sanitizer allocator's mutex forever).
+  const std::string job_key = UniqueJob("abuse-job");
+  std::vector<std::unique_ptr<RankProcess>> job_ranks;
+  for (int r = 0; r < 2; ++r) {
+    job_ranks.push_back(std::make_unique<RankProcess>(r, BitExactRank(daemon->socket(), job_key, 2, 200)));
+  }
 
   const auto start = std::chrono::steady_clock::now();
   std::vector<int> conns;
@@ -570,8 +574,9 @@ TEST(HardeningTest, FdChannelUnderAbuseClosesEverythingAndKeepsServing) {
   EXPECT_GE(answered, 300);  // Garbage, oversized, too many fds and short ones get a sentence.
   EXPECT_LT(max_threads, base_threads + 16) << "a thread per connection?";
 
-  job.join();
-  EXPECT_TRUE(job_done);
+  std::vector<RankReport> job_reports;
+  for (auto& p : job_ranks) job_reports.push_back(p->Reap(240));
+  ExpectReportsOk(daemon->socket(), job_key, job_reports);
   // Descriptors back to the baseline, threads too but for gRPC's own pools
   // (event_engine, default-executor), which grow on demand under load and
   // shrink on their own schedule: up to 4 more of those (seen: 1).

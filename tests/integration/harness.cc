@@ -41,6 +41,13 @@ int WaitWithTimeout(pid_t pid, double timeout_s) {
     pid_t r = waitpid(pid, &status, WNOHANG);
     if (r == pid) break;
     if (std::chrono::steady_clock::now() > deadline) {
+      // Where it hung, for the failure's reader (gdb, where the machine has it).
+      if (access("/usr/bin/gdb", X_OK) == 0) {
+        const std::string cmd = "timeout 60 /usr/bin/gdb -p " + std::to_string(pid) +
+                                " -batch -nx -ex 'thread apply all bt' 2>&1 | grep -E '^(Thread|#)' | head -200 >&2";
+        std::cerr << "process " << pid << " did not end within " << timeout_s << " s; its threads:\n";
+        if (system(cmd.c_str()) != 0) std::cerr << "(gdb could not attach)\n";
+      }
       kill(pid, SIGKILL);
       waitpid(pid, &status, 0);
       break;
