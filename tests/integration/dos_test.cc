@@ -261,5 +261,42 @@ TEST(DosTest, AnOversizedRequestIsRefusedAndTheSessionLives) {
   EXPECT_EQ(reports[0].exit_code, 0) << reports[0].message;
 }
 
+TEST(DosTest, AHostDaemonTakesNoDeviceMemoryHandOvers) {
+  auto daemon = DaemonProcess::Start();
+  ASSERT_NE(daemon, nullptr);
+  int p[2];
+  ASSERT_EQ(pipe(p), 0);
+  // Any descriptor at all (here a pipe) as "device memory": refused at the door.
+  auto t = common::ExchangeFd(common::FdChannelPath(daemon->socket()), abi::kFdDeviceMemory, p[0], 4096);
+  close(p[0]);
+  close(p[1]);
+  ASSERT_FALSE(t.ok()) << "a device-memory ticket for a pipe";
+  EXPECT_NE(t.status().message().find("takes no device-memory hand-overs"), std::string::npos) << t.status();
+}
+
+TEST(DosTest, DmagatherctlWithoutPermissionSaysSo) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to act as a second uid";
+  auto daemon = DaemonProcess::Start({"--socket_mode=0660"});
+  ASSERT_NE(daemon, nullptr);
+  ASSERT_EQ(chmod(daemon->dir().c_str(), 0755), 0);
+  const std::string socket = daemon->socket();
+  // The build tree is root's: a copy the other uid can run.
+  const std::string ctl = daemon->dir() + "/dmagatherctl";
+  int cp_rc = -1;
+  RunProgram({"/bin/cp", "tools/dmagatherctl", ctl}, &cp_rc);
+  ASSERT_EQ(cp_rc, 0);
+  ASSERT_EQ(chmod(ctl.c_str(), 0755), 0);
+  auto reports = RunRanks(1, [&](int, const Reporter& rep) {
+    REQUIRE(BecomeNobody(), "setuid 65534 failed");
+    int rc = -1;
+    const std::string out = RunProgram({"/bin/sh", "-c", "exec '" + ctl + "' --socket='" + socket + "' health 2>&1"}, &rc);
+    REQUIRE(rc == 4, absl::StrCat("exit ", rc, ": ", out));
+    REQUIRE(Contains(out, "permission denied") && Contains(out, "mode 660") && !Contains(out, "is dmagatherd running"),
+            out);
+    return 0;
+  });
+  EXPECT_EQ(reports[0].exit_code, 0) << reports[0].message;
+}
+
 }  // namespace
 }  // namespace dmagather::testing
