@@ -80,8 +80,16 @@ TEST_F(IbverbsFakeTest, SenderBlocksWhenTheRingIsFullAndNeverOverwrites) {
     }
     return absl::OkStatus();
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  // The ring holds 4 frames: the fifth Send waits for a credit.
+  // The ring holds 4 frames: the sender gets there (however slowly the
+  // machine runs it)...
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (sent.load() < 4 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(sent.load(), 4) << "the first 4 frames were never sent";
+  // ...and no further: the fifth Send waits for a credit. (A pause gives a
+  // wrong sender the chance to overwrite; a right one passes whatever it.)
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(sent.load(), 4);
   EXPECT_EQ(fake_.writes(), 4);
   // A slow reader: every frame still arrives intact.
