@@ -336,7 +336,12 @@ TEST_F(LimitsTest, PerUidLimitsAreResourceExhaustedAndOtherUsersRunOn) {
     // Job A: 2 ranks, only rank 0 so far (1 job, 1 session).
     RawSession a0;
     std::thread ta([&] { a0.Join(stub.get(), socket, base + "-a", 2, 0); });
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    // Job A exists (its rank 0 reached the daemon) before job B is made.
+    REQUIRE(WaitFor([&] {
+              v1::StatsReply mine;
+              return Stats(socket, true, &mine).ok() && mine.jobs_size() == 1;
+            }, 60),
+            "job A never appeared in this uid's stats");
     // Job B: 1 rank (2 jobs, 2 sessions).
     RawSession b;
     REQUIRE(b.Join(stub.get(), socket, base + "-b", 1, 0), b.status.error_message());

@@ -73,7 +73,7 @@ TEST(TelemetryTest, MetricsEndpointServesWhatTheRanksRan) {
   auto daemon = DaemonProcess::Start({"--metrics_listen=127.0.0.1:" + std::to_string(port)});
   ASSERT_NE(daemon, nullptr);
   std::string before;
-  for (int i = 0; i < 200 && before.empty(); ++i) {  // Listening right after the gRPC socket.
+  for (int i = 0; i < 6000 && before.empty(); ++i) {  // Listening right after the gRPC socket (60 s at most).
     before = HttpGet(port, "/metrics");
     if (before.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -98,7 +98,7 @@ TEST(TelemetryTest, MetricsEndpointServesWhatTheRanksRan) {
 
   const uint64_t bytes = uint64_t(ops) * count * 4 * world * world;
   std::string prom;
-  for (int i = 0; i < 100; ++i) {  // Node totals include the job once it has ended.
+  for (int i = 0; i < 3000; ++i) {  // Node totals include the job once it has ended (60 s at most).
     prom = HttpGet(port, "/metrics");
     if (prom.find(absl::StrCat("dmagather_bytes_total ", bytes)) != std::string::npos) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -152,7 +152,7 @@ TEST(TelemetryTest, CtlShowsWhatTheRanksRan) {
       return 0;
     }));
   }
-  for (int i = 0; i < 1000 && sh->ready < world; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 6000 && sh->ready < world; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ASSERT_EQ(sh->ready.load(), world);
 
   int rc = 0;
