@@ -285,11 +285,14 @@ class MultiNodeTest(unittest.TestCase):
         job_id = c.job_id(0)
         procs = c.start_ranks([0, 1, 2, 2], "setup-victim", "loop", 10, job_id=job_id, only={0, 1, 2},
                               env={"MN_JOIN_TIMEOUT_MS": "120000"})
-        node2 = self.nodes.address(2)
+        # Nodes 1 and 2 have reported to the coordinator (node 0 reports to
+        # itself): all three are waiting for the table when node 2 dies.
+        node1, node2 = self.nodes.address(1), self.nodes.address(2)
         deadline = time.monotonic() + 120
-        while f"{node2} reported" not in c.log(0) and time.monotonic() < deadline:
+        while not all(f"{n} reported" in c.log(0) for n in (node1, node2)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        self.assertIn(f"{node2} reported", c.log(0), "node 2 never reported to the coordinator")
+        for n in (node1, node2):
+            self.assertIn(f"{n} reported", c.log(0), f"{n} never reported to the coordinator")
         c.daemons[2].kill()
         res = Cluster.results(procs, 100)
         for r in (0, 1):
