@@ -29,10 +29,16 @@
 namespace dmagather::server::engines {
 
 // Where a rank runs: "cpu", or an accelerator kind ("cuda", "hip") and its
-// ordinal as the rank's process numbers it.
+// ordinal as the rank's process numbers it - which is not the daemon's
+// numbering when the rank sees a different set of devices (one visible GPU
+// per rank is the usual launch). The identity names the device itself: the
+// GPU engine maps it to its own device (AttachRank) and refuses what it
+// cannot map.
 struct DeviceRef {
   std::string kind = "cpu";
   int ordinal = -1;
+  std::string uuid;        // 16 raw bytes ("" from clients that do not send it).
+  std::string pci_bus_id;  // "0000:19:00.0" ("" if unknown).
 };
 
 using common::kMemoryCudaIpc;
@@ -83,6 +89,10 @@ struct CopyCmd {
   uint64_t bytes;
   int32_t src_rank;
   int32_t dst_rank;
+  // The engine's devices of the source and destination memory (GPU
+  // engines fill them when they route the op; -1 elsewhere).
+  int32_t src_device = -1;
+  int32_t dst_device = -1;
 };
 
 struct CopyPlan {

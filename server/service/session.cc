@@ -43,6 +43,8 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(uint64_t id, const v1::Jo
   s->abi_version_ = h.descriptor_stamp == abi::kDescriptorStampV2 ? 2 : 1;
   s->device_.kind = req.device().kind().empty() ? "cpu" : req.device().kind();
   s->device_.ordinal = req.device().ordinal();
+  s->device_.uuid = req.device().uuid();
+  s->device_.pci_bus_id = req.device().pci_bus_id();
   v = abi::SegmentViewV1::At(s->segment_.data());
   // Whatever the client left there, the daemon starts the protocol clean.
   abi::StoreRelease(&v.completion->done_seq, 0u);

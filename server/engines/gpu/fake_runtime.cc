@@ -3,13 +3,16 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace dmagather::server::engines::gpu {
 
@@ -121,7 +124,71 @@ FakeRuntime::FakeRuntime(const Options& options)
     : options_(options),
       kind_(options.kind),
       ipc_kind_(options.kind + "_ipc"),
-      state_(new DeviceState[options.devices > 0 ? options.devices : 1]) {}
+      state_(new DeviceState[options.devices > 0 ? options.devices : 1]),
+      enabled_(size_t(std::max(options.devices, 1)) * std::max(options.devices, 1), 0) {}
+
+std::string FakeRuntime::FakeUuid(int device) {
+  std::string u(16, '\0');
+  u[0] = static_cast<char>(0xfa);
+  u[1] = static_cast<char>(0xce);
+  u[15] = static_cast<char>(device);
+  return u;
+}
+
+std::string FakeRuntime::FakeBusId(int device) {
+  char b[32];
+  snprintf(b, sizeof(b), "0000:%02x:00.0", 0x10 + device);
+  return b;
+}
+
+absl::StatusOr<DeviceIdentity> FakeRuntime::Identify(int device) {
+  DMAG_RETURN_IF_ERROR(SetDevice(device));
+  DeviceIdentity id;
+  auto u = options_.uuids.find(device);
+  id.uuid = u != options_.uuids.end() ? u->second : FakeUuid(device);
+  auto b = options_.bus_ids.find(device);
+  id.pci_bus_id = b != options_.bus_ids.end() ? b->second : FakeBusId(device);
+  id.name = absl::StrCat("fake GPU ", device);
+  return id;
+}
+
+void FakeRuntime::BarrierOnFirstCopies(int devices, int guard_ms) {
+  std::lock_guard<std::mutex> lock(log_mu_);
+  barrier_devices_ = devices;
+  barrier_guard_ms_ = guard_ms;
+  barrier_arrived_.assign(std::max(options_.devices, 1), 0);
+}
+
+std::vector<FakeRuntime::ChunkRecord> FakeRuntime::chunk_log() const {
+  std::lock_guard<std::mutex> lock(log_mu_);
+  return chunk_log_;
+}
+
+std::vector<FakeRuntime::CallRecord> FakeRuntime::call_log() const {
+  std::lock_guard<std::mutex> lock(log_mu_);
+  return call_log_;
+}
+
+void FakeRuntime::ClearLogs() {
+  std::lock_guard<std::mutex> lock(log_mu_);
+  chunk_log_.clear();
+  call_log_.clear();
+}
+
+bool FakeRuntime::peer_enabled(int from, int to) const {
+  std::lock_guard<std::mutex> lock(log_mu_);
+  const int n = options_.devices;
+  return from >= 0 && to >= 0 && from < n && to < n && enabled_[size_t(from) * n + to] != 0;
+}
+
+int FakeRuntime::OwnerOf(const void* p) const {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(log_mu_);
+  auto it = owners_.upper_bound(a);
+  if (it == owners_.begin()) return -1;
+  --it;
+  return a < it->second.first ? it->second.second : -1;
+}
 
 FakeRuntime::~FakeRuntime() {
   for (int d = 0; d < options_.devices; ++d) ReleaseDevice(d);
@@ -188,6 +255,19 @@ absl::Status FakeRuntime::RunChunk(int device, const CopyCmd& c) {
   }
   if (delay != 0) usleep(delay);
   if (!fail.ok()) return fail;
+  // A device reaches its own memory, and a peer's only with peer access
+  // enabled; anything else is an illegal address.
+  const int so = OwnerOf(c.src), dst_owner = OwnerOf(c.dst);
+  {
+    std::lock_guard<std::mutex> lock(log_mu_);
+    chunk_log_.push_back(ChunkRecord{device, so, dst_owner, c.bytes});
+  }
+  for (int owner : {so, dst_owner}) {
+    if (owner >= 0 && owner != device && !peer_enabled(device, owner)) {
+      return absl::InternalError(absl::StrCat("illegal address: fake device ", device, " touched memory of device ",
+                                              owner, " without peer access"));
+    }
+  }
   std::memcpy(c.dst, c.src, c.bytes);
   chunks_run_.fetch_add(1);
   uint64_t seen = largest_chunk_.load();
@@ -204,9 +284,17 @@ absl::Status FakeRuntime::SetDevice(int device) {
 }
 
 absl::StatusOr<bool> FakeRuntime::EnablePeerAccess(int from, int to) {
-  (void)from;
-  (void)to;
-  return true;
+  DMAG_RETURN_IF_ERROR(SetDevice(from));
+  DMAG_RETURN_IF_ERROR(SetDevice(to));
+  bool ok = true;
+  if (options_.peer) {
+    DMAG_ASSIGN_OR_RETURN(ok, options_.peer(from, to));
+  }
+  if (ok) {
+    std::lock_guard<std::mutex> lock(log_mu_);
+    enabled_[size_t(from) * options_.devices + to] = 1;
+  }
+  return ok;
 }
 
 absl::StatusOr<GpuStream> FakeRuntime::CreateStream(int device) {
@@ -262,6 +350,10 @@ absl::StatusOr<IpcMapping> FakeRuntime::OpenIpc(int device, const std::string& h
   std::memcpy(&p, handle.data(), 8);
   std::memcpy(&m.bytes, handle.data() + 8, 8);
   m.base = reinterpret_cast<char*>(p);
+  {
+    std::lock_guard<std::mutex> lock(log_mu_);
+    owners_[p] = {p + m.bytes, device};
+  }
   ipc_opens_.fetch_add(1);
   ipc_open_now_.fetch_add(1);
   return m;
@@ -269,7 +361,10 @@ absl::StatusOr<IpcMapping> FakeRuntime::OpenIpc(int device, const std::string& h
 
 void FakeRuntime::CloseIpc(int device, char* base) {
   (void)device;
-  (void)base;
+  {
+    std::lock_guard<std::mutex> lock(log_mu_);
+    owners_.erase(reinterpret_cast<uintptr_t>(base));
+  }
   ipc_open_now_.fetch_sub(1);
 }
 
@@ -293,6 +388,27 @@ absl::Status FakeRuntime::Copy(int device, GpuStream stream, const CopyCmd* chun
     if (chunks[i].bytes > options_.max_transfer_bytes) {
       return absl::InternalError(absl::StrCat("fake copy of ", chunks[i].bytes, " bytes exceeds the cap of ",
                                               options_.max_transfer_bytes));
+    }
+  }
+  CallRecord rec{device, stream, std::this_thread::get_id(), {}};
+  for (size_t i = 0; i < n; ++i) rec.src_owners.push_back(OwnerOf(chunks[i].src));
+  {
+    std::unique_lock<std::mutex> lock(log_mu_);
+    call_log_.push_back(std::move(rec));
+    if (barrier_devices_ > 0 && device < int(barrier_arrived_.size()) && !barrier_arrived_[device]) {
+      barrier_arrived_[device] = 1;
+      barrier_cv_.notify_all();
+      auto all = [&] {
+        if (barrier_devices_ == 0) return true;
+        int a = 0;
+        for (char c : barrier_arrived_) a += c;
+        return a >= barrier_devices_;
+      };
+      if (!barrier_cv_.wait_for(lock, std::chrono::milliseconds(barrier_guard_ms_), all)) {
+        barrier_timed_out_.store(true);
+        barrier_devices_ = 0;  // Released for good.
+        barrier_cv_.notify_all();
+      }
     }
   }
   Stream::Cmd c{Stream::Cmd::kCopy};

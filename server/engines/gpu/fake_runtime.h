@@ -8,6 +8,15 @@
 // it runs), delays (per chunk, per device) and holds (a device's chunks wait
 // until the test releases it: ordering tests that need no clock).
 //
+// Devices have identities (FakeUuid, a bus id each) and a peer matrix (the
+// `peer` option: which pair the "driver" lets enable peer access, and which
+// fails to); memory opened through OpenIpc belongs to the device it was
+// opened on, and a chunk issued on a device that has no access to the
+// memory of either end fails as an illegal address would. Every chunk is
+// logged with the device that issued it and the owners of its ends, and
+// every Copy call with its device, stream and thread, so tests assert
+// where each copy ran and that devices were issued in parallel.
+//
 // The IPC handle of an allocation is MakeHandle(base, bytes): the fake
 // "opens" it by reading the pointer back.
 //
@@ -21,7 +30,10 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <thread>
+#include <vector>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -38,11 +50,36 @@ class FakeRuntime : public GpuRuntime {
     uint64_t max_transfer_bytes = kCudaMaxTransferBytes;
     uint64_t default_chunk_bytes = kCudaDefaultChunkBytes;
     std::string kind = "fake";  // name(), device_kind() and the IPC memory kind's prefix.
+    // Whether `from` may enable peer access to `to` (true), cannot (false)
+    // or fails to (an error). Null: every pair can.
+    std::function<absl::StatusOr<bool>(int from, int to)> peer;
+    // The probe copy of a pair (null: passes).
+    std::function<absl::Status(int from, int to)> probe;
+    // Identities: uuid FakeUuid(d), bus id FakeBusId(d), unless replaced
+    // here (by device; "" = the runtime cannot tell).
+    std::map<int, std::string> uuids, bus_ids;
+  };
+  // One chunk as it ran: the issuing device and the devices owning its
+  // source and destination (-1: memory not opened through OpenIpc).
+  struct ChunkRecord {
+    int device = -1;
+    int src_owner = -1;
+    int dst_owner = -1;
+    uint64_t bytes = 0;
+  };
+  // One Copy call.
+  struct CallRecord {
+    int device = -1;
+    GpuStream stream = nullptr;
+    std::thread::id thread;
+    std::vector<int> src_owners;  // Per chunk.
   };
   explicit FakeRuntime(const Options& options);
   ~FakeRuntime() override;
 
   static std::string MakeHandle(const void* base, uint64_t bytes);
+  static std::string FakeUuid(int device);
+  static std::string FakeBusId(int device);
 
   // --- Injection (take effect from the next call) ---
   // The nth Copy call (1-based, counted from now) on `device` returns `st`
@@ -57,6 +94,12 @@ class FakeRuntime : public GpuRuntime {
   // The destructor releases every held device.
   void HoldDevice(int device);
   void ReleaseDevice(int device);
+  // The first Copy call of each of `devices` devices waits until every one
+  // of them has made its first call - which only happens if they are issued
+  // at the same time - or until `guard_ms` passed (a hang guard: then
+  // barrier_timed_out() is true).
+  void BarrierOnFirstCopies(int devices, int guard_ms = 30000);
+  bool barrier_timed_out() const { return barrier_timed_out_.load(); }
 
   // --- Observations ---
   uint64_t chunks_run() const { return chunks_run_.load(); }
@@ -65,6 +108,11 @@ class FakeRuntime : public GpuRuntime {
   int ipc_open_now() const { return ipc_open_now_.load(); }
   int flags_registered() const { return flags_registered_.load(); }
   int live_streams() const;
+  std::vector<ChunkRecord> chunk_log() const;
+  std::vector<CallRecord> call_log() const;
+  void ClearLogs();
+  // Pairs for which EnablePeerAccess succeeded.
+  bool peer_enabled(int from, int to) const;
 
   // --- GpuRuntime ---
   const char* name() const override { return kind_.c_str(); }
@@ -79,7 +127,11 @@ class FakeRuntime : public GpuRuntime {
   std::string Describe() const override { return "fake runtime (CPU threads, memcpy)"; }
 
   absl::Status SetDevice(int device) override;
+  absl::StatusOr<DeviceIdentity> Identify(int device) override;
   absl::StatusOr<bool> EnablePeerAccess(int from, int to) override;
+  absl::Status ProbePeerCopy(int from, int to) override {
+    return options_.probe ? options_.probe(from, to) : absl::OkStatus();
+  }
   absl::StatusOr<GpuStream> CreateStream(int device) override;
   void DestroyStream(int device, GpuStream stream) override;
   absl::StatusOr<GpuEvent> CreateEvent(int device) override;
@@ -116,8 +168,10 @@ class FakeRuntime : public GpuRuntime {
     bool held = false;
     std::condition_variable released;
   };
-  // Runs one chunk on `device`: delay, injected failure or memcpy.
+  // Runs one chunk on `device`: delay, injected failure, access check or memcpy.
   absl::Status RunChunk(int device, const CopyCmd& c);
+  // The device whose memory holds `p` (-1: not opened through OpenIpc).
+  int OwnerOf(const void* p) const;
   friend struct Stream;
 
   const Options options_;
@@ -127,6 +181,18 @@ class FakeRuntime : public GpuRuntime {
   mutable std::mutex streams_mu_;
   std::map<Stream*, std::unique_ptr<Stream>> streams_;
   std::atomic<uint64_t> chunks_run_{0}, largest_chunk_{0};
+  // Opened IPC memory by base: (end, owning device); the logs; peer access.
+  mutable std::mutex log_mu_;
+  std::map<uintptr_t, std::pair<uintptr_t, int>> owners_;
+  std::vector<ChunkRecord> chunk_log_;
+  std::vector<CallRecord> call_log_;
+  std::vector<char> enabled_;
+  // BarrierOnFirstCopies.
+  std::condition_variable barrier_cv_;
+  int barrier_devices_ = 0;
+  int barrier_guard_ms_ = 0;
+  std::vector<char> barrier_arrived_;
+  std::atomic<bool> barrier_timed_out_{false};
   std::atomic<int> ipc_opens_{0}, ipc_open_now_{0}, flags_registered_{0};
 };
 

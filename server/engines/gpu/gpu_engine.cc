@@ -9,7 +9,9 @@
 #include <chrono>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/cpu_relax.h"
 #include "common/futex.h"
@@ -37,27 +39,39 @@ class IpcRegion : public ImportedRegion {
   const int device_;
 };
 
-// A rank on this engine: its device, its completion block registered with
-// the runtime (streams read the ready flag at `ready_flag`; the CPU gate
-// reads `ready_word`); unregistered when the rank is released.
+// A rank on this engine: its device (the daemon's number, and the rank's
+// own), its completion block registered with the runtime (streams read the
+// ready flag at `ready_flag`; the CPU gate reads `ready_word`);
+// unregistered when the rank is released.
 class GpuRank : public EngineRank {
  public:
-  GpuRank(std::shared_ptr<GpuRuntime> rt, int device, void* pages, uint64_t ready_flag, const uint32_t* ready_word)
-      : rt_(std::move(rt)), device_(device), pages_(pages), ready_flag_(ready_flag), ready_word_(ready_word) {}
+  GpuRank(std::shared_ptr<GpuRuntime> rt, int device, int rank_ordinal, void* pages, uint64_t ready_flag,
+          const uint32_t* ready_word)
+      : rt_(std::move(rt)),
+        device_(device),
+        rank_ordinal_(rank_ordinal),
+        pages_(pages),
+        ready_flag_(ready_flag),
+        ready_word_(ready_word) {}
   ~GpuRank() override { rt_->UnregisterFlags(pages_); }
   int device() const { return device_; }
+  int rank_ordinal() const { return rank_ordinal_; }
   uint64_t ready_flag() const { return ready_flag_; }
   const uint32_t* ready_word() const { return ready_word_; }
 
  private:
   const std::shared_ptr<GpuRuntime> rt_;
   const int device_;
+  const int rank_ordinal_;
   void* const pages_;
   const uint64_t ready_flag_;
   const uint32_t* const ready_word_;
 };
 
 const GpuRank* AsGpu(const EngineRank* r) { return static_cast<const GpuRank*>(r); }
+
+// The other end of a copy issued on `device` (its link), or `device` itself.
+int LinkPeer(const CopyCmd& c, int device) { return c.src_device == device ? c.dst_device : c.src_device; }
 
 // Backs off while polling: spin (latency: a sleep costs ~60 us of timer
 // slack), yield after 200 us, sleep between polls only after 5 ms.
@@ -76,8 +90,8 @@ void Backoff(uint64_t waited_ns) {
 absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Create(std::unique_ptr<GpuRuntime> runtime,
                                                              const Options& options) {
   if (runtime == nullptr) return absl::InvalidArgumentError("no GPU runtime");
-  if (options.streams_per_device < 1 || options.streams_per_device > 64) {
-    return absl::InvalidArgumentError(absl::StrCat("streams per device must be 1..64, got ",
+  if (options.streams_per_device < 0 || options.streams_per_device > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("streams per device must be 1..64 (0: automatic), got ",
                                                    options.streams_per_device));
   }
   if (options.chunk_bytes != 0 && options.chunk_bytes < 4096) {
@@ -93,13 +107,16 @@ GpuEngine::GpuEngine(std::unique_ptr<GpuRuntime> runtime, const Options& options
     : runtime_(std::move(runtime)),
       options_(options),
       num_devices_(runtime_->num_devices()),
+      streams_per_device_(options.streams_per_device > 0 ? options.streams_per_device
+                                                         : std::min(64, std::max(4, num_devices_ - 1))),
+      parallel_issue_(options.parallel_issue && num_devices_ > 1),
       chunk_bytes_(std::min(options.chunk_bytes != 0 ? options.chunk_bytes : runtime_->default_chunk_bytes(),
                             runtime_->max_transfer_bytes())) {}
 
 absl::Status GpuEngine::Init() {
   GpuRuntime& rt = *runtime_;
   devices_.resize(num_devices_);
-  const int ns = options_.streams_per_device;
+  const int ns = streams_per_device_;
   for (int d = 0; d < num_devices_; ++d) {
     Device& dev = devices_[d];
     dev.ordinal = d;
@@ -116,36 +133,147 @@ absl::Status GpuEngine::Init() {
       dev.free_end.push_back(e);
     }
     dev.copies.reserve(64);
+    dev.stream_used.resize(ns);
   }
-  // Peer access between every pair of devices that allows it (peer copies
-  // stay on the DMA engines).
-  for (int a = 0; a < num_devices_; ++a) {
-    for (int b = 0; b < num_devices_; ++b) {
-      if (a == b) continue;
-      DMAG_ASSIGN_OR_RETURN(bool ok, rt.EnablePeerAccess(a, b));
-      if (!ok) {
-        LOG(WARNING) << "device " << a << " cannot access device " << b
-                     << " as a peer; copies between them are staged by the driver";
-      }
-    }
-  }
-  stream_used_.resize(ns);
+  DMAG_RETURN_IF_ERROR(MapDevices());
+  rt.UsePeers(peers_);
+  involved_.resize(num_devices_);
   tracks_ = std::vector<OpTrack>(kTracks);
   for (OpTrack& t : tracks_) free_tracks_.push_back(&t);
   LOG(INFO) << name() << " engine: " << num_devices_ << " device(s), " << ns << " streams each, chunks of "
             << chunk_bytes_ << " bytes (cap " << rt.max_transfer_bytes() << "), " << options_.max_batch
             << " chunks per copy call, ready flags waited on " << (rt.device_waits() ? "the device" : "the CPU")
-            << "; " << rt.Describe();
+            << ", " << (parallel_issue_ ? "one issuing thread per device" : "one issuing thread") << "; "
+            << rt.Describe();
   for (int d = 0; d < num_devices_; ++d) {
     completions_.push_back(std::make_unique<Completion>());
     completions_.back()->ring.resize(kShareSlots);
   }
   for (int d = 0; d < num_devices_; ++d) completions_[d]->thread = std::thread([this, d] { CompletionLoop(d); });
+  if (parallel_issue_) {
+    for (Device& dev : devices_) {
+      dev.issuer = std::make_unique<Issuer>();
+      dev.issuer->ring.resize(kIssueSlots);
+    }
+    for (int d = 0; d < num_devices_; ++d) devices_[d].issuer->thread = std::thread([this, d] { IssuerLoop(d); });
+  }
   if (!rt.device_waits()) {
     gate_ring_.resize(kGateSlots);
     gate_thread_ = std::thread([this] { GateLoop(); });
   }
   return absl::OkStatus();
+}
+
+absl::Status GpuEngine::MapDevices() {
+  GpuRuntime& rt = *runtime_;
+  identities_.assign(num_devices_, DeviceIdentity{});
+  for (int d = 0; d < num_devices_; ++d) {
+    absl::StatusOr<DeviceIdentity> id = rt.Identify(d);
+    if (!id.ok()) {
+      LOG(WARNING) << "device " << d << ": no identity (" << id.status().message()
+                   << "); ranks that name their GPU cannot be mapped to it";
+      continue;
+    }
+    identities_[d] = *std::move(id);
+    LOG(INFO) << "device " << d << ": " << identities_[d].name << " " << FormatDeviceUuid(identities_[d].uuid)
+              << " at " << (identities_[d].pci_bus_id.empty() ? "an unknown bus id" : identities_[d].pci_bus_id);
+  }
+  // Peer access and a probe copy per ordered pair. An error is the pair's
+  // alone: it is marked unreachable, and copies between the two take the
+  // route the table leaves (IssuingDevice) or fail with the reason.
+  peers_ = PeerTable(num_devices_);
+  std::vector<std::string> missing;
+  for (int a = 0; a < num_devices_; ++a) {
+    for (int b = 0; b < num_devices_; ++b) {
+      if (a == b) continue;
+      std::string why;
+      const std::string& bus = identities_[a].pci_bus_id;
+      if (!bus.empty() && absl::EqualsIgnoreCase(bus, identities_[b].pci_bus_id)) {
+        why = "partitions (MIG) of one GPU, which have no peer access or IPC between them";
+      } else if (absl::StatusOr<bool> ok = rt.EnablePeerAccess(a, b); !ok.ok()) {
+        why = std::string(ok.status().message());
+      } else if (!*ok) {
+        why = "the driver reports no peer access";
+      } else if (absl::Status probe = rt.ProbePeerCopy(a, b); !probe.ok()) {
+        why = absl::StrCat("the probe copy failed: ", probe.message());
+      }
+      peers_.Set(a, b, why.empty(), why);
+      if (!why.empty()) missing.push_back(absl::StrCat(a, "->", b, " (", why, ")"));
+    }
+  }
+  if (num_devices_ > 1) {
+    if (missing.empty()) {
+      LOG(INFO) << "peer access: every device reaches every other directly (" << num_devices_ * (num_devices_ - 1)
+                << " pairs probed)";
+    } else {
+      LOG(WARNING) << "peer access: " << missing.size() << " of " << num_devices_ * (num_devices_ - 1)
+                   << " device pairs cannot reach each other directly: " << absl::StrJoin(missing, "; ")
+                   << ". A copy between such a pair is issued on the side that reaches the other; with "
+                      "neither, its op is a FALLBACK";
+    }
+  }
+  return absl::OkStatus();
+}
+
+int GpuEngine::IssuingDevice(int src, int dst) const {
+  if (dst < 0 || dst >= num_devices_) return -1;
+  if (src < 0 || src == dst || peers_.ok(dst, src)) return dst;  // src < 0: host memory (ring staging).
+  if (peers_.ok(src, dst)) return src;
+  return -1;
+}
+
+absl::StatusOr<int> GpuEngine::DaemonDevice(const DeviceRef& ref) const {
+  auto list = [&] {
+    std::vector<std::string> v;
+    for (int d = 0; d < num_devices_; ++d) {
+      v.push_back(absl::StrCat(d, ": ", FormatDeviceUuid(identities_[d].uuid), " ", identities_[d].pci_bus_id));
+    }
+    return absl::StrJoin(v, ", ");
+  };
+  auto pick = [&](auto&& same, const std::string& what) -> absl::StatusOr<int> {
+    int found = -1, matches = 0;
+    for (int d = 0; d < num_devices_; ++d) {
+      if (same(identities_[d])) {
+        found = d;
+        ++matches;
+      }
+    }
+    if (matches == 1) return found;
+    if (matches > 1) {
+      return common::FallbackError(absl::StrCat("the rank's ", runtime_->label(), " device ", what,
+                                                " matches ", matches, " devices of dmagatherd (", list(), ")"));
+    }
+    return common::FallbackError(absl::StrCat(
+        "the rank's ", runtime_->label(), " device ", ref.ordinal, " (", what, ") is not one of the ", num_devices_,
+        " device(s) dmagatherd sees (", list(), "): give dmagatherd every GPU of the node"));
+  };
+  bool known = false;
+  for (const DeviceIdentity& id : identities_) known |= !id.uuid.empty() || !id.pci_bus_id.empty();
+  if (!ref.uuid.empty()) {
+    if (ref.uuid.size() != 16) {
+      return absl::InvalidArgumentError(absl::StrCat("a device uuid has 16 bytes, the rank sent ", ref.uuid.size()));
+    }
+    if (known) return pick([&](const DeviceIdentity& id) { return id.uuid == ref.uuid; }, FormatDeviceUuid(ref.uuid));
+  }
+  if (!ref.pci_bus_id.empty() && known) {
+    if (ref.pci_bus_id.size() > 64) return absl::InvalidArgumentError("the rank's PCI bus id is too long");
+    return pick([&](const DeviceIdentity& id) { return absl::EqualsIgnoreCase(id.pci_bus_id, ref.pci_bus_id); },
+                absl::StrCat("bus ", ref.pci_bus_id));
+  }
+  // No identity on one side (an older client, or a runtime that cannot
+  // tell): the rank's ordinal, which is right only when the rank sees the
+  // devices the daemon sees.
+  std::call_once(ordinal_trusted_logged_, [&] {
+    LOG(WARNING) << "a rank named its " << runtime_->label() << " device by ordinal only"
+                 << (known ? "" : " (dmagatherd knows no device identities)")
+                 << ": trusting it, which is right only if the rank and dmagatherd see the same devices";
+  });
+  if (ref.ordinal >= num_devices_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the rank's ", runtime_->label(), " device ", ref.ordinal, " is not visible to dmagatherd, which sees ",
+        num_devices_, " device(s): run the daemon and the ranks with the same visible devices"));
+  }
+  return ref.ordinal;
 }
 
 GpuEngine::~GpuEngine() {
@@ -169,7 +297,9 @@ GpuEngine::~GpuEngine() {
 absl::StatusOr<std::shared_ptr<ImportedRegion>> GpuEngine::Import(const RegionSpec& spec) {
   if (spec.rank == nullptr) return absl::InvalidArgumentError("import without the owning rank");
   const int device = AsGpu(spec.rank)->device();
-  if (spec.kind != runtime_->ipc_memory_kind()) return runtime_->ImportOther(spec, device);
+  if (spec.kind != runtime_->ipc_memory_kind()) {
+    return runtime_->ImportOther(spec, device, AsGpu(spec.rank)->rank_ordinal());
+  }
   if (spec.handle.size() != runtime_->ipc_handle_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat(runtime_->label(), " IPC handle has ", spec.handle.size(),
                                                    " bytes, expected ", runtime_->ipc_handle_bytes()));
@@ -197,15 +327,14 @@ absl::StatusOr<std::unique_ptr<EngineRank>> GpuEngine::AttachRank(const RankAtta
                                               runtime_->label(), " device (no GPU visible to it, or its libdmagather "
                                               "has no ", runtime_->label(), " support)"));
   }
-  if (a.device.ordinal >= num_devices_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the rank's ", runtime_->label(), " device ", a.device.ordinal, " is not visible to dmagatherd, which sees ",
-        num_devices_, " device(s): run the daemon and the ranks with the same visible devices"));
+  DMAG_ASSIGN_OR_RETURN(const int device, DaemonDevice(a.device));
+  if (device != a.device.ordinal || !a.device.uuid.empty()) {
+    LOG(INFO) << "rank " << a.rank << ": its " << runtime_->label() << " device " << a.device.ordinal << " ("
+              << FormatDeviceUuid(a.device.uuid) << ") is dmagatherd's device " << device;
   }
-  DMAG_ASSIGN_OR_RETURN(uint64_t flag,
-                        runtime_->RegisterFlags(a.device.ordinal, a.flag_pages, a.flag_bytes, a.ready_word));
+  DMAG_ASSIGN_OR_RETURN(uint64_t flag, runtime_->RegisterFlags(device, a.flag_pages, a.flag_bytes, a.ready_word));
   return std::unique_ptr<EngineRank>(
-      new GpuRank(runtime_, a.device.ordinal, a.flag_pages, flag, a.ready_word));
+      new GpuRank(runtime_, device, a.device.ordinal, a.flag_pages, flag, a.ready_word));
 }
 
 GpuEvent GpuEngine::TakeEndEvent(Device& dev) {
@@ -244,13 +373,13 @@ absl::Status GpuEngine::WaitReady(Device& dev, const EngineOp& op) {
     ready_seen_.fetch_add(1, std::memory_order_relaxed);
     return absl::OkStatus();
   }
-  flags_.clear();
+  dev.flags.clear();
   for (const EngineRank* r : op.ranks) {
     const uint64_t addr = r != nullptr ? AsGpu(r)->ready_flag() : 0;
-    if (addr != 0) flags_.push_back(addr);
+    if (addr != 0) dev.flags.push_back(addr);
   }
-  if (flags_.empty()) return absl::OkStatus();
-  return runtime_->WaitValues(dev.ordinal, dev.streams[0], flags_.data(), flags_.size(), op.seq);
+  if (dev.flags.empty()) return absl::OkStatus();
+  return runtime_->WaitValues(dev.ordinal, dev.streams[0], dev.flags.data(), dev.flags.size(), op.seq);
 }
 
 absl::Status GpuEngine::EnqueueDevice(Device& dev, const EngineOp& op, GpuEvent* end) {
@@ -260,41 +389,54 @@ absl::Status GpuEngine::EnqueueDevice(Device& dev, const EngineOp& op, GpuEvent*
   WavePlanOptions wo;
   wo.chunk_bytes = chunk_bytes_;
   // Small ops stay on stream 0 (fewer calls = lower hop latency); a stream
-  // is added per chunk_bytes of payload, up to streams_per_device.
+  // is added per chunk_bytes of payload, and one per peer link when the
+  // share reads (or writes) several peers, so that every link runs at once
+  // (a stream - and a copy graph's chain - runs its copies one after
+  // another), up to streams_per_device.
   uint64_t dev_bytes = 0;
-  for (const CopyCmd& c : dev.copies) dev_bytes += c.bytes;
-  wo.streams = static_cast<int>(std::min<uint64_t>(options_.streams_per_device,
-                                                   std::max<uint64_t>(1, dev_bytes / wo.chunk_bytes)));
+  uint64_t peer_mask = 0;  // Devices beyond 64 share bit 63: only the count matters.
+  for (const CopyCmd& c : dev.copies) {
+    dev_bytes += c.bytes;
+    const int peer = LinkPeer(c, dev.ordinal);
+    if (peer != dev.ordinal && peer >= 0) peer_mask |= uint64_t{1} << std::min(peer, 63);
+  }
+  const int links = __builtin_popcountll(peer_mask);
+  wo.streams = static_cast<int>(std::min<uint64_t>(
+      streams_per_device_, std::max<uint64_t>({1, dev_bytes / wo.chunk_bytes, uint64_t(links)})));
+  wo.stream_per_link = links > 1;
+  wo.device = dev.ordinal;
   wo.max_batch = options_.max_batch;
   wo.world_size = static_cast<int>(op.ranks.size());
-  PlanWaves(dev.copies, wo, &chunks_, &batches_);
-  chunks_stat_.fetch_add(chunks_.size(), std::memory_order_relaxed);
+  std::vector<CopyCmd>& chunks = dev.chunks;
+  PlanWaves(dev.copies, wo, &chunks, &dev.batches);
+  chunks_stat_.fetch_add(chunks.size(), std::memory_order_relaxed);
   GpuStream s0 = dev.streams[0];
   const uint64_t t_plan = common::MonotonicNs();
   absl::Status st = WaitReady(dev, op);
   const uint64_t t_waits = common::MonotonicNs();
   memops_ns_.Record(t_waits - t_plan);
   if (st.ok()) {
-    std::fill(stream_used_.begin(), stream_used_.end(), 0);
-    for (const WaveBatch& b : batches_) stream_used_[b.stream] = 1;
+    std::vector<char>& used = dev.stream_used;
+    std::fill(used.begin(), used.end(), 0);
+    for (const WaveBatch& b : dev.batches) used[b.stream] = 1;
     bool fan_out = false;
-    for (size_t s = 1; s < stream_used_.size(); ++s) fan_out |= stream_used_[s] != 0;
+    for (size_t s = 1; s < used.size(); ++s) fan_out |= used[s] != 0;
     if (fan_out) {
       st.Update(rt.RecordEvent(dev.gate, s0));
-      for (size_t s = 1; st.ok() && s < stream_used_.size(); ++s) {
-        if (stream_used_[s]) st.Update(rt.StreamWaitEvent(dev.streams[s], dev.gate));
+      for (size_t s = 1; st.ok() && s < used.size(); ++s) {
+        if (used[s]) st.Update(rt.StreamWaitEvent(dev.streams[s], dev.gate));
       }
     }
     const uint64_t t_copies = common::MonotonicNs();
-    for (const WaveBatch& b : batches_) {
+    for (const WaveBatch& b : dev.batches) {
       if (!st.ok()) break;
-      st.Update(rt.Copy(dev.ordinal, dev.streams[b.stream], chunks_.data() + b.begin, b.end - b.begin));
+      st.Update(rt.Copy(dev.ordinal, dev.streams[b.stream], chunks.data() + b.begin, b.end - b.begin));
     }
     copies_ns_.Record(common::MonotonicNs() - t_copies);
     // Join every stream back into stream 0 (also after an error: the end
     // event must follow everything that was enqueued).
-    for (size_t s = 1; fan_out && s < stream_used_.size(); ++s) {
-      if (!stream_used_[s]) continue;
+    for (size_t s = 1; fan_out && s < used.size(); ++s) {
+      if (!used[s]) continue;
       st.Update(rt.RecordEvent(dev.joins[s], dev.streams[s]));
       st.Update(rt.StreamWaitEvent(s0, dev.joins[s]));
     }
@@ -376,10 +518,11 @@ void GpuEngine::GateLoop() {
 void GpuEngine::Issue(EngineOp* op) {
   const uint64_t t_start = common::MonotonicNs();
   absl::Status st;
-  for (Device& dev : devices_) dev.copies.clear();
-  uint64_t same = 0;
+  std::fill(involved_.begin(), involved_.end(), 0);
+  uint64_t same = 0, pushes = 0;
   const int n = static_cast<int>(op->ranks.size());
-  for (const CopyCmd& c : op->plan.copies) {
+  // Route: every copy's devices, and the device that issues it.
+  for (CopyCmd& c : op->plan.copies) {
     const int dd = c.dst_rank < n && op->ranks[c.dst_rank] != nullptr ? AsGpu(op->ranks[c.dst_rank])->device() : -1;
     const int sd = c.src_rank < n && op->ranks[c.src_rank] != nullptr ? AsGpu(op->ranks[c.src_rank])->device() : -1;
     if (dd < 0 || dd >= num_devices_) {
@@ -387,8 +530,22 @@ void GpuEngine::Issue(EngineOp* op) {
                                             " device known to the engine"));
       break;
     }
-    devices_[dd].copies.push_back(c);
-    if (sd == dd) ++same;
+    c.src_device = sd;
+    c.dst_device = dd;
+    const int on = IssuingDevice(sd, dd);
+    if (on < 0) {
+      st = common::FallbackError(absl::StrCat(
+          "rank ", c.src_rank, " (device ", sd, ") and rank ", c.dst_rank, " (device ", dd,
+          ") are on GPUs that reach each other neither way (", peers_.why(dd, sd), "), so no copy engine can move "
+          "bytes between them"));
+      break;
+    }
+    involved_[on] = 1;
+    if (sd == dd) {
+      ++same;
+    } else if (on != dd) {
+      ++pushes;
+    }
   }
   if (same != 0) {
     same_device_.fetch_add(same, std::memory_order_relaxed);
@@ -398,40 +555,101 @@ void GpuEngine::Issue(EngineOp* op) {
                       "kernels. Counted as fallback 'same_device_copy_on_sm'. Run one rank per GPU to avoid it.";
     });
   }
-  // Track the op (back-pressure if completions lag); the issuer holds one
-  // share of it until every device's share is enqueued.
+  if (pushes != 0) pushes_.fetch_add(pushes, std::memory_order_relaxed);
+  // Track the op (back-pressure if completions lag); the caller holds one
+  // share of it, and each issuing device one, until its copies are
+  // enqueued (then its completion holds it).
   OpTrack* t = TakeTrack();
   t->op = op;
   t->status = st;
   t->open.store(1, std::memory_order_relaxed);
   if (st.ok()) {
+    for (int d = 0; d < num_devices_; ++d) {
+      if (involved_[d]) t->open.fetch_add(1, std::memory_order_relaxed);
+    }
     for (Device& dev : devices_) {
-      if (dev.copies.empty()) continue;
-      GpuEvent end = nullptr;
-      absl::Status ds = EnqueueDevice(dev, *op, &end);
-      if (end != nullptr) {
-        Completion& c = *completions_[dev.ordinal];
-        t->open.fetch_add(1, std::memory_order_acq_rel);
-        bool wake = false;
-        {
-          std::unique_lock<std::mutex> lock(c.mu);
-          c.space_cv.wait(lock, [&] { return c.tail - c.head < kShareSlots; });
-          c.ring[c.tail % kShareSlots] = Share{t, end};
-          ++c.tail;
-          c.posted.store(c.tail, std::memory_order_release);
-          wake = c.sleeping;
-        }
-        if (wake) c.cv.notify_one();
+      if (!involved_[dev.ordinal]) continue;
+      if (!parallel_issue_) {
+        IssueShare(dev, t);
+        continue;
       }
-      if (!ds.ok()) {
-        std::lock_guard<std::mutex> lock(t->mu);
-        t->status.Update(ds);
-        break;
+      Issuer& q = *dev.issuer;
+      bool wake = false;
+      {
+        std::unique_lock<std::mutex> lock(q.mu);
+        q.space_cv.wait(lock, [&] { return q.tail - q.head < kIssueSlots; });
+        q.ring[q.tail % kIssueSlots] = t;
+        ++q.tail;
+        q.posted.store(q.tail, std::memory_order_release);
+        wake = q.sleeping;
       }
+      if (wake) q.cv.notify_one();
     }
   }
   execute_ns_.Record(common::MonotonicNs() - t_start);
-  CloseShare(t, absl::OkStatus());  // The issuer's own share: may complete the op here.
+  CloseShare(t, absl::OkStatus());  // The caller's own share: may complete the op here.
+}
+
+void GpuEngine::IssueShare(Device& dev, OpTrack* t) {
+  const EngineOp& op = *t->op;
+  dev.copies.clear();
+  for (const CopyCmd& c : op.plan.copies) {
+    if (IssuingDevice(c.src_device, c.dst_device) == dev.ordinal) dev.copies.push_back(c);
+  }
+  GpuEvent end = nullptr;
+  absl::Status st;
+  if (abandon_.load(std::memory_order_relaxed)) {
+    st = absl::UnavailableError("dmagatherd stopped before the op's copies were issued");
+  } else {
+    st = EnqueueDevice(dev, op, &end);
+  }
+  if (end != nullptr) {
+    Completion& c = *completions_[dev.ordinal];
+    t->open.fetch_add(1, std::memory_order_acq_rel);
+    bool wake = false;
+    {
+      std::unique_lock<std::mutex> lock(c.mu);
+      c.space_cv.wait(lock, [&] { return c.tail - c.head < kShareSlots; });
+      c.ring[c.tail % kShareSlots] = Share{t, end};
+      ++c.tail;
+      c.posted.store(c.tail, std::memory_order_release);
+      wake = c.sleeping;
+    }
+    if (wake) c.cv.notify_one();
+  }
+  CloseShare(t, st);
+}
+
+void GpuEngine::IssuerLoop(int device) {
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  runtime_->BindThread(device);
+  Device& dev = devices_[device];
+  Issuer& q = *dev.issuer;
+  uint64_t head = 0;  // q.head, as this thread (its only writer) last set it.
+  for (;;) {
+    // As CompletionLoop: poll a while before sleeping, so that the router
+    // need not wake this thread between the ops of a burst.
+    const uint64_t idle_since = common::MonotonicNs();
+    while (q.posted.load(std::memory_order_acquire) == head && !stopping_.load(std::memory_order_relaxed) &&
+           common::MonotonicNs() - idle_since < kCompletionSpinNs) {
+      sched_yield();
+    }
+    OpTrack* t = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(q.mu);
+      q.sleeping = true;
+      q.cv.wait(lock, [&] { return q.head != q.tail || stopping_.load(); });
+      q.sleeping = false;
+      if (q.head == q.tail) return;  // Stopping and drained.
+      t = q.ring[q.head % kIssueSlots];
+    }
+    IssueShare(dev, t);
+    {
+      std::lock_guard<std::mutex> lock(q.mu);
+      head = ++q.head;
+    }
+    q.space_cv.notify_one();
+  }
 }
 
 GpuEngine::OpTrack* GpuEngine::TakeTrack() {
@@ -549,6 +767,13 @@ void GpuEngine::Stop() {
       return gate_head_ == gate_tail_;
     });
   }
+  for (Device& dev : devices_) {
+    if (dev.issuer == nullptr || abandon_.load()) continue;
+    drained([&] {
+      std::lock_guard<std::mutex> lock(dev.issuer->mu);
+      return dev.issuer->head == dev.issuer->tail;
+    });
+  }
   for (auto& c : completions_) {
     if (abandon_.load()) break;
     drained([&] {
@@ -563,6 +788,14 @@ void GpuEngine::Stop() {
     }
     gate_cv_.notify_all();
     gate_thread_.join();
+  }
+  for (Device& dev : devices_) {
+    if (dev.issuer == nullptr) continue;
+    {
+      std::lock_guard<std::mutex> lock(dev.issuer->mu);
+    }
+    dev.issuer->cv.notify_all();
+    if (dev.issuer->thread.joinable()) dev.issuer->thread.join();
   }
   for (auto& c : completions_) {
     {

@@ -3,16 +3,30 @@
 // engines), --backend=hip over HIP (AMD SDMA engines), the unit tests over
 // the fake runtime on the CPU.
 //
+// Devices. A rank names its GPU by identity (UUID, else PCI bus id) as well
+// as by its own ordinal, which depends on what its process sees (one
+// visible GPU per rank is the usual launch): AttachRank maps the identity
+// to the daemon's device and refuses one the daemon does not see. At start
+// every pair of devices gets peer access and a probe copy; the result is
+// the PeerTable (peer_table.h). Each copy is issued on the device that
+// owns its destination when that device reaches the source (a pull), else
+// on the source's device when it reaches the destination (a push); a copy
+// between two devices that reach each other neither way fails its op with
+// FALLBACK and the reason, before anything of the op is issued.
+//
 // Rank buffers come in once as IPC handles (Import, cached by handle, so an
 // allocation is opened once however often it is registered). Each device
-// has its own set of streams. For every op, per destination device: the
-// op is gated on every rank's ready flag having reached the op's sequence
-// number - on the device (stream 0 waits, cuda: cuStreamBatchMemOp) when
-// the runtime can, else on the CPU before anything is issued (hip) -, the
-// other streams join stream 0 through an event, the copies - cut into
-// chunks of at most the runtime's transfer cap and into waves by PlanWaves
-// - go out spread over the streams, the streams join back into stream 0
-// and an event marks the end. The daemon launches no kernel, ever: its
+// has its own streams and, with several devices, its own issuing thread:
+// an op's share on each device is issued by that device's thread, all at
+// once, instead of one thread walking the devices in turn. For every op,
+// per issuing device: the op is gated on every rank's ready flag having
+// reached the op's sequence number - on the device (stream 0 waits, cuda:
+// cuStreamBatchMemOp) when the runtime can, else on the CPU before anything
+// is issued (hip) -, the other streams join stream 0 through an event, the
+// copies - cut into chunks of at most the runtime's transfer cap and into
+// waves by PlanWaves, one stream per peer link when the share reads several
+// peers - go out spread over the streams, the streams join back into stream
+// 0 and an event marks the end. The daemon launches no kernel, ever: its
 // streams carry only copies, events and stream memory operations.
 //
 // Completion: each device has its own FIFO of enqueued shares and its own
@@ -29,11 +43,12 @@
 // (EngineStats::same_device_copies) and logged once.
 //
 // Threads: Import/AttachRank on gRPC threads (import_mu_); Execute on the
-// ingress thread; the op's copies are issued there (device waits) or, for
-// an op whose ranks are not all ready yet, by the gate thread (CPU gating;
-// issue_mu_ makes the two take turns and keeps the order); OnEngineDone on a
-// device's completion thread (or where the op was issued when nothing was
-// enqueued).
+// ingress thread, which routes the op and hands each device's share to the
+// device's issuing thread (or issues it itself when the engine has one
+// device or parallel_issue is off); for an op whose ranks are not all ready
+// yet (CPU gating) the gate thread does the same (issue_mu_ makes the two
+// take turns and keeps the order); OnEngineDone on a device's completion
+// thread (or where the op was issued when nothing was enqueued).
 #pragma once
 
 #include <atomic>
@@ -48,6 +63,7 @@
 
 #include "common/latency_histogram.h"
 #include "server/engines/copy_engine.h"
+#include "server/engines/gpu/peer_table.h"
 #include "server/engines/gpu/runtime.h"
 #include "server/engines/gpu/wave_plan.h"
 
@@ -56,10 +72,15 @@ namespace dmagather::server::engines::gpu {
 class GpuEngine : public CopyEngine {
  public:
   struct Options {
-    int streams_per_device = 4;
+    // 0: max(4, devices - 1), so that a device can pull from every peer at
+    // once. A value to tune on the machine (--streams).
+    int streams_per_device = 0;
     uint64_t chunk_bytes = 0;    // 0: the runtime's default. Capped at its max_transfer_bytes().
     int max_batch = 16;          // Chunks per runtime Copy call.
     uint64_t stop_drain_ms = 5000;  // Stop waits this long for queued work, then fails it.
+    // One issuing thread per device (engines with several devices). Off:
+    // the ingress thread issues every device's share in turn.
+    bool parallel_issue = true;
   };
   static absl::StatusOr<std::unique_ptr<GpuEngine>> Create(std::unique_ptr<GpuRuntime> runtime,
                                                            const Options& options);
@@ -75,22 +96,21 @@ class GpuEngine : public CopyEngine {
   absl::Status StageOut(void* host, const char* src, uint64_t bytes, const EngineRank* rank) override;
   absl::Status StageIn(char* dst, const void* host, uint64_t bytes, const EngineRank* rank) override;
   absl::Status WaitRankReady(const EngineRank* rank, uint32_t seq, const std::atomic<bool>& cancel) override;
-  int worker_threads() const override { return options_.streams_per_device * num_devices_; }
+  int worker_threads() const override { return streams_per_device_ * num_devices_; }
   absl::StatusOr<std::unique_ptr<EngineRank>> AttachRank(const RankAttach& attach) override;
 
   int num_devices() const { return num_devices_; }
   uint64_t chunk_bytes() const { return chunk_bytes_; }
+  int streams_per_device() const { return streams_per_device_; }
+  bool parallel_issue() const { return parallel_issue_; }
   GpuRuntime& runtime() const { return *runtime_; }
+  const PeerTable& peers() const { return peers_; }
+  const DeviceIdentity& identity(int device) const { return identities_[device]; }
+  // The device that issues a copy from memory of `src` into memory of
+  // `dst` (the rule at the top), or -1 when neither reaches the other.
+  int IssuingDevice(int src, int dst) const;
 
  private:
-  struct Device {
-    int ordinal = 0;
-    std::vector<GpuStream> streams;
-    GpuEvent gate = nullptr;            // Recorded on streams[0] after the ready waits.
-    std::vector<GpuEvent> joins;        // Per stream: its copies, joined into streams[0].
-    std::vector<GpuEvent> free_end;     // Pool of end events (under pool_mu_).
-    std::vector<CopyCmd> copies;        // Scratch: this device's copies of the op.
-  };
   // One op in flight on the engine: how many device shares (plus the
   // issuer's own guard) are still open, and the first error.
   struct OpTrack {
@@ -98,6 +118,32 @@ class GpuEngine : public CopyEngine {
     std::atomic<int> open{0};
     std::mutex mu;
     absl::Status status;
+  };
+  // A device's issuing thread and its FIFO of ops to issue (parallel_issue).
+  struct Issuer {
+    std::mutex mu;
+    std::condition_variable cv;        // Work arrived / stop.
+    std::condition_variable space_cv;  // A slot was freed.
+    std::vector<OpTrack*> ring;
+    uint64_t head = 0, tail = 0;
+    bool sleeping = false;             // As Completion::sleeping.
+    std::atomic<uint64_t> posted{0};
+    std::thread thread;
+  };
+  struct Device {
+    int ordinal = 0;
+    std::vector<GpuStream> streams;
+    GpuEvent gate = nullptr;            // Recorded on streams[0] after the ready waits.
+    std::vector<GpuEvent> joins;        // Per stream: its copies, joined into streams[0].
+    std::vector<GpuEvent> free_end;     // Pool of end events (under pool_mu_).
+    // Issuing scratch, used only by whoever issues this device's shares
+    // (its issuer thread, or the one thread that issues every device).
+    std::vector<CopyCmd> copies;        // This device's copies of the op.
+    std::vector<CopyCmd> chunks;
+    std::vector<WaveBatch> batches;
+    std::vector<uint64_t> flags;
+    std::vector<char> stream_used;
+    std::unique_ptr<Issuer> issuer;     // Null without parallel issue.
   };
   // One device's share of an op: done when `end` has completed.
   struct Share {
@@ -123,16 +169,27 @@ class GpuEngine : public CopyEngine {
   static constexpr size_t kShareSlots = 4096;
   static constexpr size_t kTracks = 4096;
   static constexpr size_t kGateSlots = 4096;
+  static constexpr size_t kIssueSlots = 4096;
 
   GpuEngine(std::unique_ptr<GpuRuntime> runtime, const Options& options);
   absl::Status Init();
-  // Splits the op by destination device and enqueues every share.
+  // Identities of the devices and the peer table (with probes), logged.
+  absl::Status MapDevices();
+  // The daemon's device for a rank's DeviceRef (by uuid, else bus id, else
+  // the rank's ordinal when it sent no identity).
+  absl::StatusOr<int> DaemonDevice(const DeviceRef& ref) const;
+  // Routes the op (fills every copy's devices) and hands each issuing
+  // device its share.
   void Issue(EngineOp* op);
+  // Issues `dev`'s share of the op behind `t` and posts it for completion;
+  // closes the share the caller opened for it.
+  void IssueShare(Device& dev, OpTrack* t);
   // Enqueues one device's share of `op`; sets *end to the end event when
   // one was recorded (also after an error, so completion waits for what
   // was already enqueued).
   absl::Status EnqueueDevice(Device& dev, const EngineOp& op, GpuEvent* end);
   absl::Status WaitReady(Device& dev, const EngineOp& op);
+  void IssuerLoop(int device);
   // Every rank's ready flag has reached op.seq (read on the CPU).
   static bool RanksReady(const EngineOp& op);
   GpuEvent TakeEndEvent(Device& dev);
@@ -147,15 +204,17 @@ class GpuEngine : public CopyEngine {
   const std::shared_ptr<GpuRuntime> runtime_;
   const Options options_;
   const int num_devices_;
+  const int streams_per_device_;
+  const bool parallel_issue_;
   uint64_t chunk_bytes_;
   std::vector<Device> devices_;
+  std::vector<DeviceIdentity> identities_;
+  PeerTable peers_;
 
-  // Issuing scratch (under issue_mu_ when the gate thread runs).
+  // Routing scratch (Issue: the ingress or gate thread, under issue_mu_
+  // when the gate thread runs).
   std::mutex issue_mu_;
-  std::vector<CopyCmd> chunks_;
-  std::vector<WaveBatch> batches_;
-  std::vector<uint64_t> flags_;
-  std::vector<char> stream_used_;
+  std::vector<char> involved_;
 
   // CPU gating (runtimes without device waits): ops waiting for their
   // ranks' ready flags, in order (under issue_mu_).
@@ -180,11 +239,12 @@ class GpuEngine : public CopyEngine {
   std::mutex import_mu_;
   std::map<std::string, std::weak_ptr<ImportedRegion>> imports_;
 
-  std::atomic<uint64_t> ops_{0}, bytes_{0}, chunks_stat_{0}, same_device_{0};
+  std::atomic<uint64_t> ops_{0}, bytes_{0}, chunks_stat_{0}, same_device_{0}, pushes_{0};
   // Where the daemon hop goes (logged at Stop).
   common::LatencyHistogram execute_ns_, memops_ns_, copies_ns_, complete_ns_;
   std::atomic<uint64_t> ready_seen_{0};  // Device waits skipped: the CPU saw every flag at the op.
   std::once_flag same_device_logged_;
+  mutable std::once_flag ordinal_trusted_logged_;
 };
 
 }  // namespace dmagather::server::engines::gpu

@@ -6,8 +6,19 @@
 
 namespace dmagather::server::engines::gpu {
 
-absl::StatusOr<std::shared_ptr<ImportedRegion>> GpuRuntime::ImportOther(const RegionSpec& spec, int device) {
-  (void)device;
+std::string FormatDeviceUuid(const std::string& uuid) {
+  if (uuid.size() != 16) return uuid.empty() ? "no uuid" : absl::StrCat("uuid of ", uuid.size(), " bytes");
+  std::string hex;
+  for (size_t i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) hex += '-';
+    absl::StrAppend(&hex, absl::Hex(static_cast<unsigned char>(uuid[i]), absl::kZeroPad2));
+  }
+  return absl::StrCat("GPU-", hex);
+}
+
+absl::StatusOr<std::shared_ptr<ImportedRegion>> GpuRuntime::ImportOther(const RegionSpec& spec, int device,
+                                                                         int rank_ordinal) {
+  (void)device, (void)rank_ordinal;
   return common::FallbackError(absl::StrCat("this dmagatherd runs the ", name(), " backend, which imports ", label(),
                                             " IPC handles of device memory ('", ipc_memory_kind(),
                                             "'); the client offered '", spec.kind, "' memory"));

@@ -14,11 +14,13 @@
 // implements stream waits on ordinary memory as a kernel, and the daemon
 // launches none).
 //
-// Threads: setup calls (devices, streams, events) on the thread that
-// creates or stops the engine; RegisterFlags/UnregisterFlags/OpenIpc/
-// CloseIpc/ImportOther on gRPC threads (the engine serializes imports);
-// WaitValues/Copy/RecordEvent/StreamWaitEvent on the engine's issuing
-// thread (one at a time); QueryEvent on the per-device completion threads.
+// Threads: setup calls (devices, identities, peers, streams, events) on the
+// thread that creates or stops the engine; RegisterFlags/UnregisterFlags/
+// OpenIpc/CloseIpc/ImportOther on gRPC threads (the engine serializes
+// imports); WaitValues/Copy/RecordEvent/StreamWaitEvent on the issuing
+// thread of the device they name - one thread per device, several devices
+// at once, so a runtime keeps its issuing state per device; QueryEvent on
+// the per-device completion threads.
 #pragma once
 
 #include <cstddef>
@@ -29,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "server/engines/copy_engine.h"
+#include "server/engines/gpu/peer_table.h"
 
 namespace dmagather::server::engines::gpu {
 
@@ -46,11 +49,24 @@ inline constexpr uint64_t kHipMaxTransferBytes = uint64_t{128} << 20;
 inline constexpr uint64_t kCudaDefaultChunkBytes = uint64_t{32} << 20;
 inline constexpr uint64_t kHipDefaultChunkBytes = uint64_t{64} << 20;
 
+// What names a device whatever the process's visible-device setting: the
+// daemon maps a rank's device to its own by these (GpuEngine::AttachRank).
+struct DeviceIdentity {
+  std::string uuid;        // 16 raw bytes; "" if the runtime cannot tell.
+  std::string pci_bus_id;  // "0000:19:00.0"; "" if unknown. Two devices with one
+                           // bus id are partitions (MIG) of one GPU.
+  std::string name;        // "NVIDIA H200", for logs.
+};
+
 // An IPC-opened allocation: its base in the daemon and its size.
 struct IpcMapping {
   char* base = nullptr;
   uint64_t bytes = 0;
 };
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (nvidia-smi's form) of a 16-byte
+// uuid; "no uuid" for an empty one.
+std::string FormatDeviceUuid(const std::string& uuid);
 
 class GpuRuntime {
  public:
@@ -73,16 +89,30 @@ class GpuRuntime {
 
   // --- Setup ---
   virtual absl::Status SetDevice(int device) = 0;
-  // Enables `from` to access `to` directly; false when the pair cannot.
+  virtual absl::StatusOr<DeviceIdentity> Identify(int device) = 0;
+  // Enables `from` to access `to` directly; false when the pair cannot. An
+  // error is the pair's alone: the engine marks it unreachable and goes on.
   virtual absl::StatusOr<bool> EnablePeerAccess(int from, int to) = 0;
+  // After EnablePeerAccess(from, to): one small copy issued on `from` that
+  // reads memory of `to`, checked byte for byte (default: nothing to check).
+  // An error marks the pair unreachable.
+  virtual absl::Status ProbePeerCopy(int from, int to) {
+    (void)from, (void)to;
+    return absl::OkStatus();
+  }
+  // The engine's final reachability, once, before any import: importers
+  // that grant access per device (VMM) grant it by this table.
+  virtual void UsePeers(const PeerTable& peers) { (void)peers; }
   virtual absl::StatusOr<GpuStream> CreateStream(int device) = 0;
   virtual void DestroyStream(int device, GpuStream stream) = 0;
   virtual absl::StatusOr<GpuEvent> CreateEvent(int device) = 0;
   virtual void DestroyEvent(int device, GpuEvent event) = 0;
 
   // --- Ranks: the completion block (page-aligned, in the daemon's memory)
-  // made readable by the device; returns the device address of the ready
-  // word (used by WaitValues). ---
+  // made readable by the devices; returns the device address of the ready
+  // word (used by WaitValues on every device's stream, so one address must
+  // do for all of them: a runtime that cannot promise it reports
+  // device_waits() false). ---
   virtual absl::StatusOr<uint64_t> RegisterFlags(int device, void* pages, uint64_t bytes,
                                                  const uint32_t* ready_word) = 0;
   virtual void UnregisterFlags(void* pages) = 0;
@@ -92,14 +122,19 @@ class GpuRuntime {
   virtual absl::StatusOr<IpcMapping> OpenIpc(int device, const std::string& handle) = 0;
   virtual void CloseIpc(int device, char* base) = 0;
   // Memory of any other kind (a runtime that can import more than its IPC
-  // handles adds it here). Default: FALLBACK naming what it imports.
-  virtual absl::StatusOr<std::shared_ptr<ImportedRegion>> ImportOther(const RegionSpec& spec, int device);
+  // handles adds it here). `device`: the owning rank's device (the
+  // daemon's number); `rank_ordinal`: the same device as the rank numbers
+  // it (what the rank wrote into its export). Default: FALLBACK naming what
+  // it imports.
+  virtual absl::StatusOr<std::shared_ptr<ImportedRegion>> ImportOther(const RegionSpec& spec, int device,
+                                                                      int rank_ordinal);
 
   // --- Data path (the engine's issuing thread) ---
   // Makes `stream` wait until every flags[i] (device addresses from
   // RegisterFlags) is >= value (32-bit wrapping compare). device_waits() only.
   virtual absl::Status WaitValues(int device, GpuStream stream, const uint64_t* flags, size_t n, uint32_t value) = 0;
-  // Enqueues the chunks (each <= max_transfer_bytes, dst on `device`) on `stream`.
+  // Enqueues the chunks (each <= max_transfer_bytes; issued on `device`,
+  // which reaches both ends of each: src_device and dst_device) on `stream`.
   virtual absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n) = 0;
   virtual absl::Status RecordEvent(GpuEvent event, GpuStream stream) = 0;
   virtual absl::Status StreamWaitEvent(GpuStream stream, GpuEvent event) = 0;

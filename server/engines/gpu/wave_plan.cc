@@ -46,8 +46,40 @@ void PlanWaves(const std::vector<CopyCmd>& copies, const WavePlanOptions& option
       const CopyCmd& c = copies[i];
       const uint64_t off = k * chunk;
       if (off >= c.bytes) continue;
-      ordered.push_back(CopyCmd{c.dst + off, c.src + off, std::min(chunk, c.bytes - off), c.src_rank, c.dst_rank});
+      ordered.push_back(CopyCmd{c.dst + off, c.src + off, std::min(chunk, c.bytes - off), c.src_rank, c.dst_rank,
+                                c.src_device, c.dst_device});
     }
+  }
+
+  if (options.stream_per_link) {
+    // 2'. Deal by link: lane = the link's index in order of first
+    //     appearance, stream = lane % streams; then batches in rounds.
+    thread_local std::vector<int> lanes;  // Peer device of each lane.
+    thread_local std::vector<std::vector<CopyCmd>> per_stream;
+    lanes.clear();
+    if (per_stream.size() < size_t(streams)) per_stream.resize(streams);
+    for (int s = 0; s < streams; ++s) per_stream[s].clear();
+    for (const CopyCmd& c : ordered) {
+      const int peer = c.src_device == options.device ? c.dst_device : c.src_device;
+      size_t lane = std::find(lanes.begin(), lanes.end(), peer) - lanes.begin();
+      if (lane == lanes.size()) lanes.push_back(peer);
+      per_stream[lane % streams].push_back(c);
+    }
+    for (size_t round = 0;; ++round) {
+      bool more = false;
+      for (int s = 0; s < streams; ++s) {
+        const std::vector<CopyCmd>& q = per_stream[s];
+        const size_t b0 = round * max_batch;
+        if (b0 >= q.size()) continue;
+        more = true;
+        const size_t b1 = std::min(q.size(), b0 + max_batch);
+        const uint32_t begin = static_cast<uint32_t>(chunks->size());
+        chunks->insert(chunks->end(), q.begin() + b0, q.begin() + b1);
+        batches->push_back(WaveBatch{s, begin, static_cast<uint32_t>(chunks->size())});
+      }
+      if (!more) break;
+    }
+    return;
   }
 
   // 2. Deal round-robin to streams; emit per wave, per stream, contiguous.

@@ -11,9 +11,16 @@
 //  - The ordered chunks are dealt round-robin to the device's streams, and
 //    each stream's share is issued in batches (waves) of at most max_batch
 //    chunks, one runtime copy call each (cudaMemcpyBatchAsync on cuda).
+//  - With stream_per_link (a share that reads or writes several peer
+//    devices), chunks are dealt by link instead: every chunk of the link to
+//    one peer goes to one stream (links beyond the stream count share
+//    streams round-robin), so the links run side by side rather than one
+//    after another in a stream, or in a copy graph's chain. Batches then go
+//    out in rounds: each stream's first batch, then each stream's second...
 //
-// Threads: called on the ingress thread; the output vectors are the
-// caller's scratch and keep their capacity (no allocation after warm-up).
+// Threads: any (one call at a time per output vectors); the output vectors
+// are the caller's scratch and keep their capacity, and the internal
+// scratch is per thread (no allocation after warm-up).
 #pragma once
 
 #include <cstdint>
@@ -28,6 +35,10 @@ struct WavePlanOptions {
   int streams = 4;
   int max_batch = 16;
   int world_size = 1;  // For the ring order (ranks of the op).
+  // One stream per peer link (copies carry src_device/dst_device); the
+  // link of a copy is its end that is not `device`.
+  bool stream_per_link = false;
+  int device = -1;
 };
 
 // One cudaMemcpyBatchAsync: chunks[begin, end) on `stream`.
