@@ -201,6 +201,8 @@ absl::StatusOr<std::unique_ptr<HipLibrary>> LoadHip(const std::vector<std::strin
   Resolve(lib, "hipGetLastError", &a.hipGetLastError, &missing);
   Resolve(lib, "hipGetErrorName", &a.hipGetErrorName, &missing);
   Resolve(lib, "hipGetErrorString", &a.hipGetErrorString, &missing);
+  Resolve(lib, "hipDeviceGetUuid", &a.hipDeviceGetUuid, &missing);
+  Resolve(lib, "hipDeviceGetPCIBusId", &a.hipDeviceGetPCIBusId, &missing);
   Resolve(lib, "hipDeviceCanAccessPeer", &a.hipDeviceCanAccessPeer, &missing);
   Resolve(lib, "hipDeviceEnablePeerAccess", &a.hipDeviceEnablePeerAccess, &missing);
   Resolve(lib, "hipStreamCreateWithFlags", &a.hipStreamCreateWithFlags, &missing);

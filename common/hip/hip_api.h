@@ -83,6 +83,8 @@ struct HipApi {
   hipError_t (*hipGetLastError)() = nullptr;
   const char* (*hipGetErrorName)(hipError_t) = nullptr;
   const char* (*hipGetErrorString)(hipError_t) = nullptr;
+  hipError_t (*hipDeviceGetUuid)(hipUUID*, hipDevice_t) = nullptr;
+  hipError_t (*hipDeviceGetPCIBusId)(char*, int, int) = nullptr;
   hipError_t (*hipDeviceCanAccessPeer)(int*, int, int) = nullptr;
   hipError_t (*hipDeviceEnablePeerAccess)(int, unsigned int) = nullptr;
   hipError_t (*hipStreamCreateWithFlags)(hipStream_t*, unsigned int) = nullptr;

@@ -8,6 +8,15 @@
 //  - copies: cudaMemcpyBatchAsync with cudaMemcpyFlagPreferOverlapWithCompute
 //    (falls back to cudaMemcpyAsync per chunk if unsupported, or with
 //    DMAGATHER_CUDA_BATCH=0), chunks of at most 64 MiB;
+//  - one issuing state per device (the engine issues every device from its
+//    own thread): scratch, the batch fallback and the copy graph cache;
+//  - devices by identity (cudaDeviceProp.uuid, PCI bus id); peer access
+//    per pair, then a probe: a copy issued on one device that reads the
+//    other's memory, checked byte for byte (cudaMemcpy to and from pinned
+//    host memory around it: no kernel);
+//  - ready flags: one registration of the completion block serves every
+//    device when each reports CanUseHostPointerForRegisteredMem; a device
+//    that does not turns the device waits off (the engine gates on the CPU);
 //  - copy graphs (DMAGATHER_CUDA_GRAPHS=0 turns them off): a copy call of
 //    chunks up to DMAGATHER_CUDA_GRAPH_MAX_KIB (default 1024) seen a second
 //    time (same device, addresses and sizes: FSDP2 and ZeRO-3 gather into
@@ -66,13 +75,28 @@ class CudaRuntime : public GpuRuntime {
   int num_devices() const override { return num_devices_; }
   uint64_t max_transfer_bytes() const override { return kCudaMaxTransferBytes; }
   uint64_t default_chunk_bytes() const override { return kCudaDefaultChunkBytes; }
-  bool device_waits() const override { return true; }
+  bool device_waits() const override { return device_waits_; }
   std::string Describe() const override {
-    std::string d = batch_copies_ok_ ? "cudaMemcpyBatchAsync" : "cudaMemcpyAsync";
-    if (graphs_ == nullptr || !graphs_->enabled()) return absl::StrCat(d, "; copy graphs off");
-    return absl::StrCat(d, "; copy graphs (a copy call of chunks <= ", graphs_->max_chunk_bytes() >> 10,
-                        " KiB seen twice is replayed as a CUDA graph): ", graphs_->replays(), " replays, ",
-                        graphs_->built(), " built, ", graphs_->dropped(), " dropped by import releases");
+    int batched = 0, graphs_on = 0;
+    uint64_t replays = 0, built = 0, dropped = 0, max_chunk = 0;
+    for (const auto& is : issuing_) {
+      batched += is->batch_copies_ok ? 1 : 0;
+      if (is->graphs == nullptr) continue;
+      graphs_on += is->graphs->enabled() ? 1 : 0;
+      replays += is->graphs->replays();
+      built += is->graphs->built();
+      dropped += is->graphs->dropped();
+      max_chunk = is->graphs->max_chunk_bytes();
+    }
+    std::string d = batched == num_devices_ ? "cudaMemcpyBatchAsync"
+                    : batched == 0          ? "cudaMemcpyAsync"
+                                            : absl::StrCat("cudaMemcpyBatchAsync on ", batched, " of ", num_devices_,
+                                                           " devices, cudaMemcpyAsync on the others");
+    if (!device_waits_) absl::StrAppend(&d, "; ", no_device_waits_why_);
+    if (graphs_on == 0) return absl::StrCat(d, "; copy graphs off");
+    return absl::StrCat(d, "; copy graphs (a copy call of chunks <= ", max_chunk >> 10,
+                        " KiB seen twice is replayed as a CUDA graph, one cache per device): ", replays, " replays, ",
+                        built, " built, ", dropped, " dropped by import releases");
   }
 
   // Ring staging: pinned host memory and synchronous host<->device copies
@@ -109,6 +133,20 @@ class CudaRuntime : public GpuRuntime {
     DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     return absl::OkStatus();
   }
+  absl::StatusOr<DeviceIdentity> Identify(int device) override {
+    cudaDeviceProp prop;
+    DMAG_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));
+    DeviceIdentity id;
+    id.uuid.assign(prop.uuid.bytes, sizeof(prop.uuid.bytes));
+    id.name = prop.name;
+    char bus[32] = {0};
+    if (cudaDeviceGetPCIBusId(bus, sizeof(bus), device) == cudaSuccess) {
+      id.pci_bus_id = bus;
+    } else {
+      cudaGetLastError();
+    }
+    return id;
+  }
   absl::StatusOr<bool> EnablePeerAccess(int a, int b) override {
     int can = 0;
     DMAG_CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can, a, b));
@@ -118,10 +156,51 @@ class CudaRuntime : public GpuRuntime {
     if (err == cudaErrorPeerAccessAlreadyEnabled) {
       cudaGetLastError();
     } else if (err != cudaSuccess) {
+      cudaGetLastError();
       return CudaStatus(absl::StrCat("cudaDeviceEnablePeerAccess(", a, "->", b, ")").c_str(), err);
     }
     return true;
   }
+  // 64 KiB of a pattern into `to`'s memory (from pinned host memory), copied
+  // by a stream of `from` into `from`'s memory, read back and compared.
+  absl::Status ProbePeerCopy(int from, int to) override {
+    constexpr size_t kBytes = 64 << 10;
+    void* host = nullptr;
+    void* src = nullptr;
+    void* dst = nullptr;
+    cudaStream_t s = nullptr;
+    absl::Status st;
+    auto call = [&](const char* what, cudaError_t err) {
+      if (st.ok() && err != cudaSuccess) {
+        cudaGetLastError();
+        st = CudaStatus(what, err);
+      }
+      return st.ok();
+    };
+    if (call("cudaHostAlloc", cudaHostAlloc(&host, 2 * kBytes, cudaHostAllocPortable))) {
+      unsigned char* h = static_cast<unsigned char*>(host);
+      for (size_t i = 0; i < kBytes; ++i) h[i] = static_cast<unsigned char>((i * 131 + from * 17 + to * 29) >> 3);
+      std::memset(h + kBytes, 0, kBytes);
+      call("cudaSetDevice", cudaSetDevice(to)) && call("cudaMalloc(probe source)", cudaMalloc(&src, kBytes)) &&
+          call("cudaMemcpy(probe pattern in)", cudaMemcpy(src, h, kBytes, cudaMemcpyHostToDevice)) &&
+          call("cudaSetDevice", cudaSetDevice(from)) &&
+          call("cudaMalloc(probe destination)", cudaMalloc(&dst, kBytes)) &&
+          call("cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) &&
+          call("cudaMemcpyAsync(peer probe)", cudaMemcpyAsync(dst, src, kBytes, cudaMemcpyDeviceToDevice, s)) &&
+          call("cudaStreamSynchronize(peer probe)", cudaStreamSynchronize(s)) &&
+          call("cudaMemcpy(probe result out)", cudaMemcpy(h + kBytes, dst, kBytes, cudaMemcpyDeviceToHost));
+      if (st.ok() && std::memcmp(h, h + kBytes, kBytes) != 0) {
+        st = absl::DataLossError(absl::StrCat("the probe copy from device ", to, " to device ", from,
+                                              " (issued on ", from, ") brought back different bytes"));
+      }
+    }
+    if (s != nullptr) cudaStreamDestroy(s);
+    if (dst != nullptr) cudaFree(dst);
+    if (src != nullptr) cudaFree(src);
+    if (host != nullptr) cudaFreeHost(host);
+    return st;
+  }
+  void UsePeers(const PeerTable& peers) override { vmm_->SetPeers(peers); }
   absl::StatusOr<GpuStream> CreateStream(int device) override {
     DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     cudaStream_t s = nullptr;
@@ -145,7 +224,7 @@ class CudaRuntime : public GpuRuntime {
 
   absl::StatusOr<uint64_t> RegisterFlags(int device, void* pages, uint64_t bytes,
                                          const uint32_t* ready_word) override {
-    (void)device;
+    DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     cudaError_t err = cudaHostRegister(pages, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
     if (err == cudaErrorHostMemoryAlreadyRegistered) {
       cudaGetLastError();
@@ -170,10 +249,11 @@ class CudaRuntime : public GpuRuntime {
 
   // CUDA IPC.
   // "cuda_vmm": VMM chunks handed over as fds, mapped as one region.
-  absl::StatusOr<std::shared_ptr<ImportedRegion>> ImportOther(const RegionSpec& spec, int device) override {
-    if (spec.kind != common::kMemoryCudaVmm) return GpuRuntime::ImportOther(spec, device);
+  absl::StatusOr<std::shared_ptr<ImportedRegion>> ImportOther(const RegionSpec& spec, int device,
+                                                              int rank_ordinal) override {
+    if (spec.kind != common::kMemoryCudaVmm) return GpuRuntime::ImportOther(spec, device, rank_ordinal);
     DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-    return vmm_->Import(spec, device);
+    return vmm_->Import(spec, device, rank_ordinal);
   }
 
   absl::StatusOr<IpcMapping> OpenIpc(int device, const std::string& h) override {
@@ -193,13 +273,13 @@ class CudaRuntime : public GpuRuntime {
   }
   void CloseIpc(int device, char* base) override {
     cudaSetDevice(device);
-    if (releases_ != nullptr) {  // Before the addresses can be reused.
+    if (!releases_.empty()) {  // Before the addresses can be reused.
       CUdeviceptr lo = 0;
       size_t size = 0;
       if (api_->cuMemGetAddressRange(&lo, &size, reinterpret_cast<CUdeviceptr>(base)) == CUDA_SUCCESS) {
-        releases_->Add(lo, size);
+        Released(lo, size);
       } else {
-        releases_->Add(0, ~uint64_t{0});  // Unknown extent: drop every graph.
+        Released(0, ~uint64_t{0});  // Unknown extent: drop every graph.
       }
     }
     cudaError_t err = cudaIpcCloseMemHandle(base);
@@ -207,9 +287,10 @@ class CudaRuntime : public GpuRuntime {
   }
 
   absl::Status WaitValues(int device, GpuStream stream, const uint64_t* flags, size_t n, uint32_t value) override {
-    (void)device;
+    Issuing& is = *issuing_[device];
+    std::vector<CUstreamBatchMemOpParams>& memops = is.memops;
     CUstream s = static_cast<CUstream>(stream);
-    memops_.clear();
+    memops.clear();
     for (size_t i = 0; i < n; ++i) {
       CUstreamBatchMemOpParams p;
       std::memset(&p, 0, sizeof(p));
@@ -217,15 +298,16 @@ class CudaRuntime : public GpuRuntime {
       p.waitValue.address = static_cast<CUdeviceptr>(flags[i]);
       p.waitValue.value = value;
       p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
-      memops_.push_back(p);
+      memops.push_back(p);
     }
-    if (batch_memops_ok_) {
-      CUresult r = api_->cuStreamBatchMemOp(s, static_cast<unsigned>(memops_.size()), memops_.data(), 0);
+    if (is.batch_memops_ok) {
+      CUresult r = api_->cuStreamBatchMemOp(s, static_cast<unsigned>(memops.size()), memops.data(), 0);
       if (r == CUDA_SUCCESS) return absl::OkStatus();
-      LOG(WARNING) << CuStatus("cuStreamBatchMemOp", r).message() << "; using one cuStreamWaitValue32 per rank";
-      batch_memops_ok_ = false;
+      LOG(WARNING) << "device " << device << ": " << CuStatus("cuStreamBatchMemOp", r).message()
+                   << "; using one cuStreamWaitValue32 per rank on this device";
+      is.batch_memops_ok = false;
     }
-    for (const CUstreamBatchMemOpParams& p : memops_) {
+    for (const CUstreamBatchMemOpParams& p : memops) {
       CUresult r = api_->cuStreamWaitValue32(s, p.waitValue.address, p.waitValue.value, CU_STREAM_WAIT_VALUE_GEQ);
       if (r != CUDA_SUCCESS) return CuStatus("cuStreamWaitValue32(ready flag)", r);
     }
@@ -234,34 +316,42 @@ class CudaRuntime : public GpuRuntime {
 
   absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n) override {
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if (graphs_ != nullptr && graphs_->Replay(device, stream, chunks, n)) return absl::OkStatus();
-    if (batch_copies_ok_) {
-      dsts_.clear();
-      srcs_.clear();
-      sizes_.clear();
+    Issuing& is = *issuing_[device];
+    if (is.graphs != nullptr && is.graphs->Replay(device, stream, chunks, n)) return absl::OkStatus();
+    if (is.batch_copies_ok) {
+      is.dsts.clear();
+      is.srcs.clear();
+      is.sizes.clear();
+      is.attrs.clear();
+      is.attr_idx.clear();
       for (size_t i = 0; i < n; ++i) {
-        dsts_.push_back(chunks[i].dst);
-        srcs_.push_back(const_cast<char*>(chunks[i].src));
-        sizes_.push_back(chunks[i].bytes);
+        is.dsts.push_back(chunks[i].dst);
+        is.srcs.push_back(const_cast<char*>(chunks[i].src));
+        is.sizes.push_back(chunks[i].bytes);
+        // One attribute per run of chunks with the same ends' devices: the
+        // location hints name where each end lives (-1: host memory).
+        if (i == 0 || chunks[i].src_device != chunks[i - 1].src_device ||
+            chunks[i].dst_device != chunks[i - 1].dst_device) {
+          cudaMemcpyAttributes attr;
+          std::memset(&attr, 0, sizeof(attr));
+          attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+          SetLocation(&attr.srcLocHint, chunks[i].src_device);
+          SetLocation(&attr.dstLocHint, chunks[i].dst_device);
+          attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+          is.attrs.push_back(attr);
+          is.attr_idx.push_back(i);
+        }
       }
-      cudaMemcpyAttributes attr;
-      std::memset(&attr, 0, sizeof(attr));
-      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-      attr.srcLocHint.type = cudaMemLocationTypeDevice;
-      attr.srcLocHint.id = device;
-      attr.dstLocHint.type = cudaMemLocationTypeDevice;
-      attr.dstLocHint.id = device;
-      attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-      size_t attr_idx = 0;
-      cudaError_t err = cudaMemcpyBatchAsync(dsts_.data(), srcs_.data(), sizes_.data(), n, &attr, &attr_idx, 1, s);
+      cudaError_t err = cudaMemcpyBatchAsync(is.dsts.data(), is.srcs.data(), is.sizes.data(), n, is.attrs.data(),
+                                             is.attr_idx.data(), is.attrs.size(), s);
       if (err == cudaSuccess) return absl::OkStatus();
       if (err != cudaErrorNotSupported && err != cudaErrorInvalidValue) {
         return CudaStatus("cudaMemcpyBatchAsync", err);
       }
       cudaGetLastError();
-      LOG(WARNING) << CudaStatus("cudaMemcpyBatchAsync", err).message()
-                   << "; using cudaMemcpyAsync per chunk from now on";
-      batch_copies_ok_ = false;
+      LOG(WARNING) << "device " << device << ": " << CudaStatus("cudaMemcpyBatchAsync", err).message()
+                   << "; using cudaMemcpyAsync per chunk on this device from now on";
+      is.batch_copies_ok = false;
     }
     for (size_t i = 0; i < n; ++i) {
       DMAG_CUDA_RETURN_IF_ERROR(
@@ -287,19 +377,46 @@ class CudaRuntime : public GpuRuntime {
  private:
   CudaRuntime(const DriverApi* api, int n) : api_(api), num_devices_(n) {
     const char* env = std::getenv("DMAGATHER_CUDA_BATCH");
-    if (env != nullptr && std::strcmp(env, "0") == 0) batch_copies_ok_ = false;
+    const bool batch = env == nullptr || std::strcmp(env, "0") != 0;
     env = std::getenv("DMAGATHER_CUDA_GRAPHS");
-    if (env == nullptr || std::strcmp(env, "0") != 0) {
-      graphs_ = std::make_unique<CopyGraphCache>(GraphOps(), GraphOptions());
-      releases_ = graphs_->releases();
+    const bool graphs = env == nullptr || std::strcmp(env, "0") != 0;
+    for (int d = 0; d < n; ++d) {
+      auto is = std::make_unique<Issuing>();
+      is->batch_copies_ok = batch;
+      if (graphs) {
+        is->graphs = std::make_unique<CopyGraphCache>(GraphOps(), GraphOptions());
+        releases_.push_back(is->graphs->releases());
+      }
+      issuing_.push_back(std::move(is));
+      // One registration of the ready flags serves every device's waits
+      // only where each device reads registered memory at its host address.
+      int host_ptr = 0;
+      if (cudaDeviceGetAttribute(&host_ptr, cudaDevAttrCanUseHostPointerForRegisteredMem, d) != cudaSuccess) {
+        cudaGetLastError();
+        host_ptr = 0;
+      }
+      if (!host_ptr && device_waits_) {
+        device_waits_ = false;
+        no_device_waits_why_ = absl::StrCat("device ", d, " cannot use host pointers for registered memory, so the "
+                                            "ready flags are read on the CPU");
+        LOG(WARNING) << no_device_waits_why_;
+      }
     }
-    std::vector<int> all_devices;
-    for (int d = 0; d < n; ++d) all_devices.push_back(d);
     VmmImporter::ReleaseFn on_release;
-    if (releases_ != nullptr) {
-      on_release = [r = releases_](uint64_t base, uint64_t bytes) { r->Add(base, bytes); };
+    if (!releases_.empty()) {  // By value: a region may outlive the runtime.
+      on_release = [logs = releases_](uint64_t base, uint64_t bytes) {
+        for (const auto& r : logs) r->Add(base, bytes);
+      };
     }
-    vmm_ = std::make_unique<VmmImporter>(api, std::move(all_devices), std::move(on_release));
+    vmm_ = std::make_unique<VmmImporter>(api, std::move(on_release));
+  }
+  // An import's range is about to go: every device's graphs that touch it go.
+  void Released(uint64_t base, uint64_t bytes) {
+    for (const auto& r : releases_) r->Add(base, bytes);
+  }
+  static void SetLocation(cudaMemLocation* loc, int device) {
+    loc->type = device < 0 ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
+    loc->id = device < 0 ? 0 : device;
   }
   // A graph of the chunks as memcpy nodes, each after the one before: a
   // chain launches in ~1.2-2.3 us whatever its length, where independent
@@ -350,20 +467,26 @@ class CudaRuntime : public GpuRuntime {
     return o;
   }
 
+  // A device's issuing state: used only by that device's issuing thread.
+  struct Issuing {
+    std::vector<CUstreamBatchMemOpParams> memops;
+    std::vector<void*> dsts, srcs;
+    std::vector<size_t> sizes;
+    std::vector<cudaMemcpyAttributes> attrs;
+    std::vector<size_t> attr_idx;
+    bool batch_memops_ok = true;
+    bool batch_copies_ok = true;  // Off for good on this device after a refused batch.
+    std::unique_ptr<CopyGraphCache> graphs;  // Null with DMAGATHER_CUDA_GRAPHS=0.
+  };
+
   const DriverApi* const api_;
   const int num_devices_;
   std::unique_ptr<VmmImporter> vmm_;  // "cuda_vmm" memory (vmm_import.h).
-  // Issuing-thread scratch and the fallbacks it decided.
-  std::vector<CUstreamBatchMemOpParams> memops_;
-  std::vector<void*> dsts_, srcs_;
-  std::vector<size_t> sizes_;
-  bool batch_memops_ok_ = true;
-  bool batch_copies_ok_ = true;
-
-  // Copy graphs (null with DMAGATHER_CUDA_GRAPHS=0) and where import
-  // releases are reported to them.
-  std::unique_ptr<CopyGraphCache> graphs_;
-  std::shared_ptr<ReleaseLog> releases_;
+  std::vector<std::unique_ptr<Issuing>> issuing_;  // Per device.
+  // Where import releases are reported: every device's graph cache.
+  std::vector<std::shared_ptr<ReleaseLog>> releases_;
+  bool device_waits_ = true;
+  std::string no_device_waits_why_;
 };
 
 }  // namespace

@@ -101,6 +101,20 @@ class HipRuntime : public GpuRuntime {
     DMAG_HIP_RETURN_IF_ERROR(api_, hipSetDevice(device));
     return absl::OkStatus();
   }
+  absl::StatusOr<DeviceIdentity> Identify(int device) override {
+    DeviceIdentity id;
+    hipUUID uuid;
+    DMAG_HIP_RETURN_IF_ERROR(api_, hipDeviceGetUuid(&uuid, device));
+    id.uuid.assign(uuid.bytes, sizeof(uuid.bytes));
+    char bus[32] = {0};
+    if (api_->hipDeviceGetPCIBusId(bus, sizeof(bus), device) == hipSuccess) {
+      id.pci_bus_id = bus;
+    } else {
+      (void)api_->hipGetLastError();
+    }
+    id.name = absl::StrCat("AMD GPU ", device);
+    return id;
+  }
   absl::StatusOr<bool> EnablePeerAccess(int a, int b) override {
     int can = 0;
     DMAG_HIP_RETURN_IF_ERROR(api_, hipDeviceCanAccessPeer(&can, a, b));
@@ -110,6 +124,7 @@ class HipRuntime : public GpuRuntime {
     if (err == hipErrorPeerAccessAlreadyEnabled) {
       (void)api_->hipGetLastError();
     } else if (err != hipSuccess) {
+      (void)api_->hipGetLastError();
       return HipStatus(absl::StrCat("hipDeviceEnablePeerAccess(", a, "->", b, ")").c_str(), err);
     }
     return true;

@@ -99,8 +99,12 @@ absl::StatusOr<VmmTable> ParseVmmTable(const std::string& handle, uint64_t bytes
   return t;
 }
 
-VmmImporter::VmmImporter(const DriverApi* api, std::vector<int> devices, ReleaseFn on_release)
-    : api_(api), devices_(std::move(devices)), on_release_(std::move(on_release)) {}
+VmmImporter::VmmImporter(const DriverApi* api, ReleaseFn on_release) : api_(api), on_release_(std::move(on_release)) {}
+
+void VmmImporter::SetPeers(const PeerTable& peers) {
+  std::lock_guard<std::mutex> lock(mu_);
+  peers_ = peers;
+}
 
 size_t VmmImporter::live_imports() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -109,11 +113,12 @@ size_t VmmImporter::live_imports() {
   return n;
 }
 
-absl::StatusOr<std::shared_ptr<ImportedRegion>> VmmImporter::Import(const RegionSpec& spec, int device) {
+absl::StatusOr<std::shared_ptr<ImportedRegion>> VmmImporter::Import(const RegionSpec& spec, int device,
+                                                                     int rank_ordinal) {
   DMAG_ASSIGN_OR_RETURN(VmmTable table, ParseVmmTable(spec.handle, spec.bytes, spec.fds.size()));
-  if (table.device != device) {
-    return absl::InvalidArgumentError(absl::StrCat("cuda_vmm: the memory is on device ", table.device,
-                                                   ", the registering rank uses device ", device));
+  if (table.device != rank_ordinal) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda_vmm: the memory is on the rank's device ", table.device,
+                                                   ", but the rank joined with its device ", rank_ordinal));
   }
   std::string key = absl::StrCat(spec.owner_pid, "/", device, "/");
   key.append(spec.handle);
@@ -123,18 +128,18 @@ absl::StatusOr<std::shared_ptr<ImportedRegion>> VmmImporter::Import(const Region
     if (auto region = it->second.lock(); region != nullptr) return region;
   }
   for (auto i = cache_.begin(); i != cache_.end();) i = i->second.expired() ? cache_.erase(i) : std::next(i);
-  DMAG_ASSIGN_OR_RETURN(std::shared_ptr<ImportedRegion> region, MapRegion(table, spec.fds, spec.bytes));
+  DMAG_ASSIGN_OR_RETURN(std::shared_ptr<ImportedRegion> region, MapRegion(table, device, spec.fds, spec.bytes));
   cache_[key] = region;
   return region;
 }
 
-absl::StatusOr<std::shared_ptr<ImportedRegion>> VmmImporter::MapRegion(const VmmTable& table,
+absl::StatusOr<std::shared_ptr<ImportedRegion>> VmmImporter::MapRegion(const VmmTable& table, int device,
                                                                        const std::vector<int>& fds, uint64_t bytes) {
   CUmemAllocationProp prop;
   std::memset(&prop, 0, sizeof(prop));
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = table.device;
+  prop.location.id = device;
   size_t granularity = 0;
   CUresult r = api_->cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
   if (r != CUDA_SUCCESS) return CuStatus("cuMemGetAllocationGranularity", r);
@@ -171,28 +176,27 @@ absl::StatusOr<std::shared_ptr<ImportedRegion>> VmmImporter::MapRegion(const Vmm
     if (r != CUDA_SUCCESS) return undo(common::Annotate(CuStatus("cuMemMap", r), absl::StrCat("cuda_vmm chunk ", i, ": ")));
     ++mapped;
   }
-  // Every engine device reads and writes the region (copies run on the
-  // destination's device); the owner alone if peers are refused.
-  std::vector<CUmemAccessDesc> access;
-  auto add = [&](int d) {
+  // Its own device, then one grant per device that reaches it (each alone,
+  // so a refusal names its device).
+  auto grant = [&](int d) {
     CUmemAccessDesc a;
     std::memset(&a, 0, sizeof(a));
     a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     a.location.id = d;
     a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    access.push_back(a);
+    return api_->cuMemSetAccess(va, bytes, &a, 1);
   };
-  add(table.device);
-  for (int d : devices_) {
-    if (d != table.device) add(d);
-  }
-  r = api_->cuMemSetAccess(va, bytes, access.data(), access.size());
-  if (r != CUDA_SUCCESS && access.size() > 1) {
-    LOG(WARNING) << CuStatus("cuMemSetAccess(all devices)", r).message()
-                 << "; the imported VMM region is accessible from its own device only";
-    r = api_->cuMemSetAccess(va, bytes, access.data(), 1);
-  }
+  r = grant(device);
   if (r != CUDA_SUCCESS) return undo(CuStatus("cuMemSetAccess", r));
+  for (int d = 0; d < peers_.devices(); ++d) {
+    if (d == device || !peers_.ok(d, device)) continue;
+    r = grant(d);
+    if (r != CUDA_SUCCESS) {
+      return undo(common::FallbackError(absl::StrCat(
+          "cuda_vmm: ", CuStatus("cuMemSetAccess", r).message(), " granting device ", d, " access to memory of device ",
+          device, ", which it reaches as a peer; a copy issued there would fault")));
+    }
+  }
   return std::shared_ptr<ImportedRegion>(std::make_shared<VmmRegion>(api_, va, bytes, bytes, table.chunks, on_release_));
 }
 

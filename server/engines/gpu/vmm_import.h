@@ -7,8 +7,12 @@
 // imports each descriptor (cuMemImportFromShareableHandle), reserves one
 // address range for the whole region (cuMemAddressReserve), maps every chunk
 // at its offset (cuMemMap), and makes the range readable and writable from
-// every device of the engine (cuMemSetAccess): a range over several chunks
-// is one contiguous region to the copy engines, as it is to the client.
+// its own device and, one grant each (cuMemSetAccess), from every device
+// the peer table says reaches it - exactly the devices the engine may issue
+// a copy of it on: a range over several chunks is one contiguous region to
+// the copy engines, as it is to the client. A grant the driver refuses
+// fails the import (FALLBACK naming the pair): a region some device could
+// not read would fault a copy, and a fault is sticky for the whole daemon.
 //
 // Imports are cached by (process, device, chunk table): the table carries the
 // client's identity of every mapping (its generation), so a range the
@@ -36,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "common/cuda/cuda_api.h"
 #include "server/engines/copy_engine.h"
+#include "server/engines/gpu/peer_table.h"
 
 namespace dmagather::server::engines::gpu {
 
@@ -57,25 +62,29 @@ class VmmImporter {
   // what was built on those addresses (copy graphs) goes before they can be
   // reused.
   using ReleaseFn = std::function<void(uint64_t base, uint64_t bytes)>;
-  // `devices`: every device the engine copies on (each gets access).
   // `on_release`: optional.
-  VmmImporter(const ::dmagather::common::cuda::DriverApi* api, std::vector<int> devices,
-              ReleaseFn on_release = nullptr);
+  explicit VmmImporter(const ::dmagather::common::cuda::DriverApi* api, ReleaseFn on_release = nullptr);
 
-  // `device` is the owning rank's device (checked against the table).
-  absl::StatusOr<std::shared_ptr<ImportedRegion>> Import(const RegionSpec& spec, int device);
+  // Which devices reach which (the engine's table; until set, a region is
+  // granted to its own device only).
+  void SetPeers(const PeerTable& peers);
+
+  // `device`: the owning rank's device as the daemon numbers it (the
+  // mapping's home); `rank_ordinal`: the same device as the rank numbers it
+  // (what its chunk table says; checked).
+  absl::StatusOr<std::shared_ptr<ImportedRegion>> Import(const RegionSpec& spec, int device, int rank_ordinal);
 
   // Live imports in the cache (for tests and stats).
   size_t live_imports();
 
  private:
-  absl::StatusOr<std::shared_ptr<ImportedRegion>> MapRegion(const VmmTable& table, const std::vector<int>& fds,
-                                                            uint64_t bytes);
+  absl::StatusOr<std::shared_ptr<ImportedRegion>> MapRegion(const VmmTable& table, int device,
+                                                            const std::vector<int>& fds, uint64_t bytes);
 
   const ::dmagather::common::cuda::DriverApi* const api_;
-  const std::vector<int> devices_;
   const ReleaseFn on_release_;
   std::mutex mu_;
+  PeerTable peers_;  // Under mu_.
   std::map<std::string, std::weak_ptr<ImportedRegion>> cache_;  // (pid, device, table) -> region.
 };
 

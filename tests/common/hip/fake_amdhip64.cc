@@ -17,6 +17,7 @@
 #include <hip/hip_runtime_api.h>
 
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -91,6 +92,16 @@ const char* hipGetErrorName(hipError_t e) {
   }
 }
 const char* hipGetErrorString(hipError_t) { return "fake"; }
+hipError_t hipDeviceGetUuid(hipUUID* uuid, hipDevice_t device) {
+  std::memset(uuid->bytes, 0, sizeof(uuid->bytes));
+  uuid->bytes[0] = 0x48;
+  uuid->bytes[15] = static_cast<char>(device);
+  return hipSuccess;
+}
+hipError_t hipDeviceGetPCIBusId(char* bus, int len, int device) {
+  std::snprintf(bus, len, "0000:%02x:00.0", 0x40 + device);
+  return hipSuccess;
+}
 hipError_t hipDeviceCanAccessPeer(int* can, int, int) {
   *can = 0;
   return hipSuccess;

@@ -1,7 +1,9 @@
 // The daemon's VMM import over a fake driver table (no GPU): the chunk
 // table is checked against the handed-over descriptors; every chunk is
-// imported and mapped at its offset of one reserved range, access is set
-// for every engine device, imports are cached by (process, device, table)
+// imported and mapped at its offset of one reserved range, access is
+// granted to the owner's device and, one grant each, to the devices the peer
+// table says reach it (a refused grant fails the import as a FALLBACK and
+// undoes it), imports are cached by (process, device, table)
 // - a remapped chunk (new generation) is a new import -, and the last
 // reference unmaps every chunk and frees the range. A failed map undoes
 // what was done.
@@ -12,6 +14,8 @@
 #include <map>
 #include <vector>
 
+#include "common/status.h"
+
 namespace dmagather::server::engines::gpu {
 namespace {
 
@@ -19,9 +23,10 @@ struct FakeDriver {
   std::map<CUdeviceptr, size_t> reserved;
   std::vector<std::pair<CUdeviceptr, size_t>> mapped;  // (address, bytes)
   std::vector<int> imported_fds;
-  std::vector<int> access_devices;
+  std::vector<int> access_devices;  // Every grant, in order.
   int released = 0;
   int fail_map_at = -1;
+  int refuse_access_for = -1;  // A device whose grant the driver refuses.
   CUdeviceptr next = 0x100000000;
 };
 FakeDriver* fake = nullptr;
@@ -64,7 +69,9 @@ CUresult Release(CUmemGenericAllocationHandle) {
   return CUDA_SUCCESS;
 }
 CUresult Access(CUdeviceptr, size_t, const CUmemAccessDesc* d, size_t n) {
-  fake->access_devices.clear();
+  for (size_t i = 0; i < n; ++i) {
+    if (d[i].location.id == fake->refuse_access_for) return CUDA_ERROR_INVALID_DEVICE;
+  }
   for (size_t i = 0; i < n; ++i) fake->access_devices.push_back(d[i].location.id);
   return CUDA_SUCCESS;
 }
@@ -120,12 +127,15 @@ TEST(VmmImportTest, MapsEveryChunkIntoOneRangeCachesAndReleases) {
   int released_regions = 0;
   // The release callback runs once per region with its range, before the
   // range is unmapped and freed (so nothing can reuse it meanwhile).
-  VmmImporter imp(&api, {0, 1}, [&](uint64_t base, uint64_t bytes) {
+  VmmImporter imp(&api, [&](uint64_t base, uint64_t bytes) {
     ++released_regions;
     EXPECT_EQ(f.reserved.count(base), 1u);
     EXPECT_EQ(bytes, 3 * kChunk);
   });
-  auto r = imp.Import(Spec(3, 7, {10, 11, 12}), 0);
+  PeerTable peers(2);
+  peers.Set(1, 0, true);  // Device 1 reaches device 0: it gets access too.
+  imp.SetPeers(peers);
+  auto r = imp.Import(Spec(3, 7, {10, 11, 12}), 0, 0);
   ASSERT_TRUE(r.ok()) << r.status();
   const CUdeviceptr va = reinterpret_cast<CUdeviceptr>((*r)->base());
   EXPECT_EQ((*r)->bytes(), 3 * kChunk);
@@ -135,7 +145,7 @@ TEST(VmmImportTest, MapsEveryChunkIntoOneRangeCachesAndReleases) {
   EXPECT_EQ(f.released, 3);  // Handles released once mapped (the mappings hold the memory).
   EXPECT_EQ(f.access_devices, (std::vector<int>{0, 1}));
   // Same process, device and chunks: the same import.
-  auto again = imp.Import(Spec(3, 7, {20, 21, 22}), 0);
+  auto again = imp.Import(Spec(3, 7, {20, 21, 22}), 0, 0);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->get(), r->get());
   EXPECT_EQ(f.mapped.size(), 3u);
@@ -144,13 +154,13 @@ TEST(VmmImportTest, MapsEveryChunkIntoOneRangeCachesAndReleases) {
   auto chunks = Chunks(3, 7);
   chunks[1].generation = 99;
   spec.handle = EncodeVmmTable(0, chunks);
-  auto remapped = imp.Import(spec, 0);
+  auto remapped = imp.Import(spec, 0, 0);
   ASSERT_TRUE(remapped.ok());
   EXPECT_NE(remapped->get(), r->get());
   EXPECT_EQ(f.mapped.size(), 6u);
   EXPECT_EQ(imp.live_imports(), 2u);
   // Wrong device for the rank.
-  EXPECT_FALSE(imp.Import(Spec(3, 7, {1, 2, 3}), 1).ok());
+  EXPECT_FALSE(imp.Import(Spec(3, 7, {1, 2, 3}), 1, 1).ok());
   // Last references go: every chunk unmapped, both ranges freed.
   r->reset();
   EXPECT_EQ(released_regions, 0);  // `again` still holds the first region.
@@ -168,12 +178,61 @@ TEST(VmmImportTest, FailedMapUndoes) {
   f.fail_map_at = 2;
   fake = &f;
   const common::cuda::DriverApi api = FakeApi();
-  VmmImporter imp(&api, {0});
-  auto r = imp.Import(Spec(4, 1, {1, 2, 3, 4}), 0);
+  VmmImporter imp(&api);
+  auto r = imp.Import(Spec(4, 1, {1, 2, 3, 4}), 0, 0);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("chunk 2"), std::string::npos) << r.status();
   EXPECT_TRUE(f.mapped.empty());
   EXPECT_TRUE(f.reserved.empty());
+}
+
+// Four devices; 0 and 1 reach each other, 2 reaches 1 but not the reverse,
+// 3 reaches no one. A region on device 1 is granted to 1 itself, then to 0
+// and 2 (which reach it), never to 3.
+TEST(VmmImportTest, AccessIsGrantedPerDeviceByThePeerTable) {
+  FakeDriver f;
+  fake = &f;
+  const common::cuda::DriverApi api = FakeApi();
+  VmmImporter imp(&api);
+  PeerTable peers(4);
+  peers.Set(0, 1, true);
+  peers.Set(1, 0, true);
+  peers.Set(2, 1, true);
+  imp.SetPeers(peers);
+  auto r = imp.Import(Spec(2, 1, {1, 2}, /*device=*/1), 1, 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(f.access_devices, (std::vector<int>{1, 0, 2}));
+  // The rank numbers its device 0 (one visible GPU) while the daemon's is 3:
+  // the table is checked against the rank's number, the mapping lives on 3.
+  f.access_devices.clear();
+  auto mapped = imp.Import(Spec(1, 9, {5}, /*device=*/0), 3, 0);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_EQ(f.access_devices, (std::vector<int>{3}));
+  auto wrong = imp.Import(Spec(1, 9, {5}, /*device=*/0), 3, 3);
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument) << wrong.status();
+}
+
+// A grant the driver refuses fails the import (a FALLBACK naming the
+// device) and undoes everything: no device may be left unable to read
+// memory a copy could be routed to read from it.
+TEST(VmmImportTest, ARefusedGrantFailsTheImportAndUndoes) {
+  FakeDriver f;
+  f.refuse_access_for = 2;
+  fake = &f;
+  const common::cuda::DriverApi api = FakeApi();
+  VmmImporter imp(&api);
+  PeerTable peers(3);
+  for (int a = 0; a < 3; ++a) {
+    for (int b = 0; b < 3; ++b) peers.Set(a, b, true);
+  }
+  imp.SetPeers(peers);
+  auto r = imp.Import(Spec(2, 1, {1, 2}), 0, 0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(common::IsFallback(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("granting device 2"), std::string::npos) << r.status();
+  EXPECT_TRUE(f.mapped.empty());
+  EXPECT_TRUE(f.reserved.empty());
+  EXPECT_EQ(imp.live_imports(), 0u);
 }
 
 }  // namespace
