@@ -217,10 +217,13 @@ TEST_P(GpuDevicesTest, EightDevicesAreIssuedInParallelEachByItsOwnThread) {
 
 // A device that pulls from several peers gives each link its own stream
 // (copies on one stream, or in a copy graph's chain, run one after
-// another): 4 devices, shards far under a chunk, so by bytes alone
-// everything would go on one stream.
+// another), and a link's chunks stay on its stream: 4 devices, each copy cut
+// into 4 chunks, 4 streams per device.
 TEST_P(GpuDevicesTest, EachPeerLinkGetsItsOwnStream) {
-  Start(Fake(4));
+  GpuEngine::Options eo;
+  eo.chunk_bytes = 16 << 10;
+  Start(Fake(4), eo);
+  ASSERT_EQ(engine_->streams_per_device(), 4);
   auto job = MakeJob({0, 1, 2, 3}, 64 << 10);
   ASSERT_NE(job, nullptr);
   ASSERT_TRUE(RunOp(*job, 1).ok());
