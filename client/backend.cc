@@ -36,7 +36,10 @@ ProbedDevice ProbeDevice() {
   for (const ClientBackendEntry& e : Entries()) {
     if (!e.probe_device) continue;
     const int d = e.probe_device();
-    if (d >= 0) return ProbedDevice{e.device_kind, d};
+    if (d < 0) continue;
+    ProbedDevice p{e.device_kind, d};
+    if (e.identify) e.identify(d, &p.uuid, &p.pci_bus_id);
+    return p;
   }
   return ProbedDevice{};
 }

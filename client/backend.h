@@ -139,6 +139,10 @@ struct ClientBackendEntry {
   std::function<int()> probe_device;
   std::string device_kind;
   std::function<absl::StatusOr<std::unique_ptr<ClientBackend>>(const ClientBackendContext&)> create;
+  // What names the device whatever this process's visible devices: its
+  // 16-byte uuid and PCI bus id ("" each if unknown). The daemon maps the
+  // rank's device by them. Optional.
+  std::function<void(int device, std::string* uuid, std::string* pci_bus_id)> identify;
 };
 
 // Static registration (one per backend .cc).
@@ -149,6 +153,8 @@ bool RegisterClientBackend(ClientBackendEntry entry);
 struct ProbedDevice {
   std::string kind = "cpu";
   int ordinal = -1;
+  std::string uuid;        // 16 raw bytes, or "".
+  std::string pci_bus_id;  // "0000:19:00.0", or "".
 };
 ProbedDevice ProbeDevice();
 

@@ -158,6 +158,8 @@ absl::Status CommImpl::Join() {
   req.set_join_timeout_ms(options_.join_timeout_ms);
   req.mutable_device()->set_kind(device.kind);
   req.mutable_device()->set_ordinal(device.ordinal);
+  req.mutable_device()->set_uuid(device.uuid);
+  req.mutable_device()->set_pci_bus_id(device.pci_bus_id);
   req.set_abi_version(2);
   req.set_capability_version(1);
   req.set_client_version(DMAGATHER_VERSION_STRING);

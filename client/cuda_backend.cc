@@ -356,8 +356,24 @@ class CudaBackend : public ClientBackend {
   const uint64_t graph_dev_;  // Device address of the GraphFlagsV1 block.
 };
 
+// The device's uuid and bus id, which the daemon maps to its own numbering.
+void IdentifyDevice(int device, std::string* uuid, std::string* pci_bus_id) {
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
+    uuid->assign(prop.uuid.bytes, sizeof(prop.uuid.bytes));
+  } else {
+    cudaGetLastError();
+  }
+  char bus[32] = {0};
+  if (cudaDeviceGetPCIBusId(bus, sizeof(bus), device) == cudaSuccess) {
+    *pci_bus_id = bus;
+  } else {
+    cudaGetLastError();
+  }
+}
+
 const bool kRegistered = RegisterClientBackend(ClientBackendEntry{
-    "cuda", 100, CurrentDevice, "cuda", CudaBackend::Create});
+    "cuda", 100, CurrentDevice, "cuda", CudaBackend::Create, IdentifyDevice});
 
 }  // namespace
 }  // namespace dmagather::client

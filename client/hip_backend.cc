@@ -234,8 +234,26 @@ class HipBackend : public ClientBackend {
 };
 
 // Probed before cuda (a process sees one vendor's GPUs).
+// The device's uuid and bus id, which the daemon maps to its own numbering.
+void IdentifyDevice(int device, std::string* uuid, std::string* pci_bus_id) {
+  auto api = ::dmagather::common::hip::Hip();
+  if (!api.ok()) return;
+  hipUUID u;
+  if ((*api)->hipDeviceGetUuid(&u, device) == hipSuccess) {
+    uuid->assign(u.bytes, sizeof(u.bytes));
+  } else {
+    (void)(*api)->hipGetLastError();
+  }
+  char bus[32] = {0};
+  if ((*api)->hipDeviceGetPCIBusId(bus, sizeof(bus), device) == hipSuccess) {
+    *pci_bus_id = bus;
+  } else {
+    (void)(*api)->hipGetLastError();
+  }
+}
+
 const bool kRegistered = RegisterClientBackend(ClientBackendEntry{
-    "hip", 150, CurrentDevice, "hip", HipBackend::Create});
+    "hip", 150, CurrentDevice, "hip", HipBackend::Create, IdentifyDevice});
 
 }  // namespace
 }  // namespace dmagather::client

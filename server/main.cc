@@ -28,7 +28,12 @@ ABSL_FLAG(int, workers, 4, "Host backend: copy worker threads.");
 ABSL_FLAG(int, chunk_kib, 0,
           "Copies are cut into chunks of this many KiB so every worker (host) or stream (cuda) shares a large op. "
           "0: the backend's default (host 1024, cuda 32768, hip 65536; cuda caps it at 65536, hip at 131072).");
-ABSL_FLAG(int, streams, 4, "GPU backends (cuda, hip): copy streams per device.");
+ABSL_FLAG(int, streams, 0,
+          "GPU backends (cuda, hip): copy streams per device; 0 = max(4, devices - 1), so that a device pulls from "
+          "every peer at once.");
+ABSL_FLAG(bool, parallel_issue, true,
+          "GPU backends with several devices: each device's copies are issued by its own thread (false: one thread "
+          "issues every device in turn).");
 ABSL_FLAG(int, host_inline_kib, 256,
           "Host backend: ops whose copies total at most this many KiB are copied on the ingress thread "
           "(no worker wake-up); 0 = always hand them to the workers.");
@@ -134,6 +139,7 @@ int main(int argc, char** argv) {
   o.engine.workers = absl::GetFlag(FLAGS_workers);
   o.engine.chunk_bytes = uint64_t(absl::GetFlag(FLAGS_chunk_kib)) << 10;
   o.engine.streams_per_device = absl::GetFlag(FLAGS_streams);
+  o.engine.parallel_issue = absl::GetFlag(FLAGS_parallel_issue);
   o.engine.host_inline_bytes = uint64_t(std::max(0, absl::GetFlag(FLAGS_host_inline_kib))) << 10;
   o.op_timeout = absl::Seconds(absl::GetFlag(FLAGS_op_timeout_s));
   o.ingress_spin = static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_ingress_spin)));

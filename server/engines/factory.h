@@ -18,7 +18,10 @@ struct EngineOptions {
   // large op. 0: the backend's default (host 1 MiB, cuda 32 MiB, hip 64 MiB; cuda caps
   // it at 64 MiB, hip at 128 MiB).
   uint64_t chunk_bytes = 0;
-  int streams_per_device = 4;
+  // GPU backends: copy streams per device (0: max(4, devices - 1)), and one
+  // issuing thread per device (false: one thread issues every device).
+  int streams_per_device = 0;
+  bool parallel_issue = true;
   // Host backend: plans of at most this many bytes are copied on the
   // calling (ingress) thread - waking workers costs more than the copy.
   uint64_t host_inline_bytes = 256 << 10;

@@ -510,6 +510,7 @@ EngineBackend CudaBackend() {
   b.create = [](const EngineOptions& o) -> absl::StatusOr<std::unique_ptr<CopyEngine>> {
     GpuEngine::Options go;
     go.streams_per_device = o.streams_per_device;
+    go.parallel_issue = o.parallel_issue;
     go.chunk_bytes = o.chunk_bytes;
     if (const char* c = std::getenv("DMAGATHER_CUDA_CHUNK_MIB"); c != nullptr && std::atoi(c) > 0) {
       go.chunk_bytes = uint64_t(std::atoi(c)) << 20;

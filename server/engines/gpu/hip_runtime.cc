@@ -244,6 +244,7 @@ EngineBackend HipBackend() {
   b.create = [](const EngineOptions& o) -> absl::StatusOr<std::unique_ptr<CopyEngine>> {
     GpuEngine::Options go;
     go.streams_per_device = o.streams_per_device;
+    go.parallel_issue = o.parallel_issue;
     go.chunk_bytes = o.chunk_bytes;
     DMAG_ASSIGN_OR_RETURN(std::unique_ptr<GpuRuntime> rt, HipRuntime::Create());
     DMAG_ASSIGN_OR_RETURN(std::unique_ptr<GpuEngine> engine, GpuEngine::Create(std::move(rt), go));
