@@ -65,4 +65,12 @@ res["set_up_at_end"] = "dmagather.torch" in sys.modules
 os.makedirs(out_dir, exist_ok=True)
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
     json.dump(res, f)
+# Drop the subgroup before destroying the groups, so that destroying them
+# joins gloo's worker threads now. A group still referenced here would live
+# until interpreter finalization, and a worker that releases a finished
+# work's tensors at that moment needs the GIL and aborts the process
+# ("terminate called without an active exception"; the core shows
+# ProcessGroupGloo::runLoop -> ~AsyncAllgatherWork -> take_gil ->
+# pthread_exit: a race in torch's gloo group, seen under load).
+del sub
 dist.destroy_process_group()
