@@ -93,6 +93,16 @@ void Fail(const std::string& why) {
 
 std::string Job(const char* mode) { return std::string("gputest-") + mode + "-" + std::to_string(getppid()); }
 
+std::vector<std::string> SplitCommas(const char* text) {
+  std::vector<std::string> list;
+  for (const char *p = text, *q; *p != '\0'; p = *q ? q + 1 : q) {
+    q = strchr(p, ',');
+    if (q == nullptr) q = p + strlen(p);
+    list.emplace_back(p, q);
+  }
+  return list;
+}
+
 // Runs fn(rank, world) in `world` processes; returns how many failed.
 int Launch(int world, const std::function<int(int, int)>& fn) {
   std::vector<pid_t> kids;
@@ -103,13 +113,17 @@ int Launch(int world, const std::function<int(int, int)>& fn) {
       // per simulated node; rank r joins node r % n (interleaved), and the
       // library takes the job id from DMAGATHER_JOB_ID.
       if (const char* socks = getenv("DMAGATHER_TEST_SOCKETS"); socks != nullptr && *socks != '\0') {
-        std::vector<std::string> list;
-        for (const char *p = socks, *q; *p != '\0'; p = *q ? q + 1 : q) {
-          q = strchr(p, ',');
-          if (q == nullptr) q = p + strlen(p);
-          list.emplace_back(p, q);
-        }
+        const std::vector<std::string> list = SplitCommas(socks);
         setenv("DMAGATHER_SOCKET", list[r % list.size()].c_str(), 1);
+      }
+      // Per-rank visibility (run.sh, the design case of one GPU per rank):
+      // DMAGATHER_TEST_RANK_VISIBLE lists GPUs (UUIDs or indices); rank r
+      // sees only entry r % n, as under SLURM --gpus-per-task or a device
+      // plugin, so every rank calls its GPU device 0 and the daemon must map
+      // it by identity. Set before this process's first CUDA call.
+      if (const char* vis = getenv("DMAGATHER_TEST_RANK_VISIBLE"); vis != nullptr && *vis != '\0') {
+        const std::vector<std::string> list = SplitCommas(vis);
+        setenv("CUDA_VISIBLE_DEVICES", list[r % list.size()].c_str(), 1);
       }
       // One rank per GPU where there are several (ranks share GPUs round-robin).
       int devices = 0;

@@ -48,6 +48,46 @@ run() {
     echo "=== allgather_gpu_test $mode"
     if timeout 300 "$here/bin/allgather_gpu_test" "$mode"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
   done
+  # The design case: each rank sees only its own GPU (CUDA_VISIBLE_DEVICES
+  # = that GPU's UUID, as SLURM --gpus-per-task or a device plugin give it)
+  # while the daemon sees every GPU by index; so every rank calls its GPU
+  # device 0 and the daemon maps it by UUID. Bit-exact and the mapping
+  # logged; with at least 4 GPUs (these modes run 3 or 4 ranks, so no two
+  # ranks share a GPU) no copy may have its source and destination on one
+  # GPU (same_device_copies stays as it was).
+  local uuids ngpu
+  uuids="$(nvidia-smi --query-gpu=uuid --format=csv,noheader 2>/dev/null | tr -d ' ' | paste -sd, -)"
+  ngpu="$(printf '%s' "$uuids" | tr ',' '\n' | grep -c .)"
+  if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    echo "=== per-rank visibility: skipped (CUDA_VISIBLE_DEVICES is set for the daemon; the UUID list would not match)"
+  elif [ "$ngpu" -eq 0 ]; then
+    echo "=== per-rank visibility: skipped (nvidia-smi lists no GPU UUID)"
+  else
+    "$here/bin/dmagatherctl" --socket="$DMAGATHER_SOCKET" --json stats >"$tmp/stats_before.json" 2>/dev/null
+    local before_maps; before_maps="$(grep -c "is dmagatherd's device" "$tmp/daemon.log")"
+    for mode in ${GPU_VISIBILITY_TESTS:-dtypes stream coalesced vmm}; do
+      echo "=== allgather_gpu_test $mode, each rank seeing one GPU by UUID ($ngpu GPU(s))"
+      if DMAGATHER_TEST_RANK_VISIBLE="$uuids" timeout 300 "$here/bin/allgather_gpu_test" "$mode"; then
+        passed=$((passed + 1))
+      else
+        failed=$((failed + 1))
+      fi
+    done
+    local maps; maps="$(($(grep -c "is dmagatherd's device" "$tmp/daemon.log") - before_maps))"
+    grep "is dmagatherd's device" "$tmp/daemon.log" | tail -n 4
+    "$here/bin/dmagatherctl" --socket="$DMAGATHER_SOCKET" --json stats >"$tmp/stats_after.json" 2>/dev/null
+    local same_before same_after
+    same_before="$(grep -o '"same_device_copies": *"\?[0-9]*' "$tmp/stats_before.json" | grep -o '[0-9]*$')"
+    same_after="$(grep -o '"same_device_copies": *"\?[0-9]*' "$tmp/stats_after.json" | grep -o '[0-9]*$')"
+    echo "=== per-rank visibility: $maps rank mapping line(s) logged; same-device copies ${same_before:-0} -> ${same_after:-0}"
+    if [ "$maps" -lt 1 ]; then
+      echo "FAILED: the daemon logged no rank-to-device mapping"; failed=$((failed + 1))
+    elif [ "$ngpu" -ge 4 ] && [ "${same_after:-0}" != "${same_before:-0}" ]; then
+      echo "FAILED: same-device copies with one rank per GPU (a rank mapped to the wrong GPU)"; failed=$((failed + 1))
+    else
+      passed=$((passed + 1))
+    fi
+  fi
   kill -TERM "$dpid"; wait "$dpid"
   echo "=== dmagatherd log (last 40 lines)"
   tail -n 40 "$tmp/daemon.log"
