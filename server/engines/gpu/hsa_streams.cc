@@ -24,7 +24,15 @@ HsaStreams::HsaStreams(const HsaCopyApi* api, SdmaEnginePlan plan, std::vector<h
     : api_(api),
       plan_(std::move(plan)),
       agents_(std::move(agents)),
-      bytes_(new std::atomic<uint64_t>[agents_.size() * (HsaCopyQueue::kEngines + 1)]()) {}
+      bytes_(new std::atomic<uint64_t>[agents_.size() * (HsaCopyQueue::kEngines + 1)]()) {
+  const int n = static_cast<int>(agents_.size());
+  local_engine_.assign(n, 0);
+  for (int src = 0; src < n; ++src) {
+    for (int dst = 0; dst < n && local_engine_[src] == 0; ++dst) {
+      if (dst != src) local_engine_[src] = plan_.EngineFor(dst, src);
+    }
+  }
+}
 
 HsaStreams::~HsaStreams() = default;
 
@@ -57,9 +65,9 @@ absl::Status HsaStreams::Copy(Stream* s, const CopyCmd* chunks, size_t n) {
       return absl::InvalidArgumentError(
           absl::StrCat("copy between devices ", src, " and ", dst, " of a node with ", devices, " device(s)"));
     }
-    // Same-device copies have no link in the plan: ROCr's choice (0).
-    const uint32_t engine = dst != src ? plan_.EngineFor(dst, src) : 0;
-    absl::Status st = s->queue.Copy(c.dst, agents_[dst], c.src, agents_[src], c.bytes, engine);
+    const bool local = dst == src;
+    const uint32_t engine = local ? local_engine_[src] : plan_.EngineFor(dst, src);
+    absl::Status st = s->queue.Copy(c.dst, agents_[dst], c.src, agents_[src], c.bytes, engine, local && engine != 0);
     if (!st.ok()) return st;
     // The queue takes ROCr's choice when the runtime has no copy_on_engine.
     const int index = engine != 0 && api_->copy_on_engine != nullptr ? __builtin_ctz(engine) % HsaCopyQueue::kEngines : -1;

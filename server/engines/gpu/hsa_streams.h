@@ -14,6 +14,12 @@
 // device-side order between queues (each queue keeps its own order through
 // HSA signal dependencies).
 //
+// A copy within one GPU (ranks sharing a device) has no link: ROCr would do
+// it with a blit kernel (its device-to-device path within one agent), so it
+// goes on an engine of that GPU's own (the engine of its first outgoing
+// link) with force_copy_on_sdma; ROCr's choice only where the GPU has no
+// engine assigned.
+//
 // Bytes are counted per device and engine (CopyEngineCounters).
 //
 // Threads: as runtime.h - streams and events are created and destroyed on
@@ -75,6 +81,7 @@ class HsaStreams {
   const HsaCopyApi* const api_;
   const SdmaEnginePlan plan_;
   const std::vector<hsa_agent_t> agents_;
+  std::vector<uint32_t> local_engine_;  // Per device: the engine of copies within it (0: ROCr's choice).
   std::mutex mu_;  // streams_ (setup thread; destroyed with the engine).
   std::vector<std::unique_ptr<Stream>> streams_;
   // bytes_[device * (kEngines + 1) + engine + 1]; engine -1: ROCr's choice.

@@ -1,6 +1,6 @@
 // HsaStreams (server/engines/gpu/hsa_streams.h) on a fake HSA: which engine
 // each copy took (the plan's engine for its link, ROCr's choice where the
-// link has none or the copy stays on one device), an engine the driver
+// link has none; a copy within one GPU forced onto one of its engines), an engine the driver
 // reports unusable never used, events that complete only when every copy
 // they cover has (whatever order the fake finishes copies in), and bytes
 // counted per source device and engine.
@@ -21,6 +21,7 @@ struct FakeHsa {
     uint32_t engine;  // 0: hsa_amd_memory_async_copy (ROCr's choice).
     size_t bytes;
     uint64_t signal;
+    bool force_sdma = false;
   };
   std::map<uint64_t, hsa_signal_value_t> signals;
   std::vector<Copy> copies;
@@ -43,8 +44,8 @@ hsa_status_t AsyncCopy(void*, hsa_agent_t dst, const void*, hsa_agent_t src, siz
   return HSA_STATUS_SUCCESS;
 }
 hsa_status_t OnEngine(void*, hsa_agent_t dst, const void*, hsa_agent_t src, size_t bytes, uint32_t, const hsa_signal_t*,
-                      hsa_signal_t done, uint32_t engine, bool) {
-  fake->copies.push_back(FakeHsa::Copy{dst.handle, src.handle, engine, bytes, done.handle});
+                      hsa_signal_t done, uint32_t engine, bool force) {
+  fake->copies.push_back(FakeHsa::Copy{dst.handle, src.handle, engine, bytes, done.handle, force});
   return HSA_STATUS_SUCCESS;
 }
 
@@ -97,8 +98,11 @@ TEST_F(HsaStreamsTest, EachCopyTakesTheEngineOfItsLink) {
   // Links touching device 0 run on distinct engines.
   std::set<uint32_t> engines{hsa_.copies[0].engine, hsa_.copies[1].engine, hsa_.copies[2].engine};
   EXPECT_EQ(engines.size(), 3u);
-  // A copy within one device has no link: ROCr's choice.
-  EXPECT_EQ(hsa_.copies[3].engine, 0u);
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(hsa_.copies[i].force_sdma) << i;
+  // A copy within one device has no link: it goes on one of that device's
+  // engines (its first outgoing link's), forced onto SDMA.
+  EXPECT_EQ(hsa_.copies[3].engine, plan.EngineFor(1, 0));
+  EXPECT_TRUE(hsa_.copies[3].force_sdma);
   hs.DestroyStream(s);
 }
 
