@@ -14,7 +14,8 @@
 # built against them (tests/common/hip:hip_abi_test,
 # tests/server/engines/gpu:hsa_{copy_queue,streams,api,engine}_test,
 # tests/client:hip_backend_rocm{5,6,7}_test,
-# tests/server/engines/factory_hip:hip_runtime_fake_rocm{5,6,7}_test), and checks that
+# tests/server/engines/factory_hip:hip_runtime_fake_rocm{5,6,7}_test and
+# :hip_engines_fake_*_test, on a fake libhsa-runtime64), and checks that
 # build_config.txt names ROCM_DIR and its version. Prints one PASS/FAIL
 # line; exit status 0 on PASS.
 #
@@ -23,7 +24,7 @@
 # default ROCm (/opt/rocm, else /usr) again.
 set -uo pipefail
 if [[ $# -lt 1 ]]; then
-  sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 rocm=$(cd "$1" 2>/dev/null && pwd) || { echo "check_hip_build: FAIL: no directory $1" >&2; exit 1; }
@@ -45,6 +46,9 @@ BUILD=(//:build_config //common/hip:hip_api //server/engines/gpu:hip_runtime //s
 TESTS=(//tests/common/hip:hip_abi_test)
 for t in hsa_copy_queue hsa_streams hsa_api hsa_engine; do
   TESTS+=("//tests/server/engines/gpu:${t}_test")
+done
+for t in own own_rocm7 unusable_engine old_hsa rocr_asked; do
+  TESTS+=("//tests/server/engines/factory_hip:hip_engines_fake_${t}_test")
 done
 for major in 5 6 7; do
   TESTS+=("//tests/client:hip_backend_rocm${major}_test"
