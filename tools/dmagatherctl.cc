@@ -23,6 +23,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "abi/fd_channel_v1.h"
 #include "common/fd_exchange.h"
@@ -201,6 +202,16 @@ int main(int argc, char** argv) {
       std::string fb;
       for (const auto& f : s.fallbacks()) fb += absl::StrFormat("%s%s=%u", fb.empty() ? "" : ",", f.reason(), f.count());
       std::printf("%s\n", fb.empty() ? "-" : fb.c_str());
+      if (s.copy_engines_size() > 0) {
+        // Engines dmagatherd assigned itself: bytes per device and engine.
+        std::string ce;
+        for (const auto& c : s.copy_engines()) {
+          ce += absl::StrFormat(" gpu%u/%s=%s", c.device(),
+                                c.engine() < 0 ? std::string("runtime") : absl::StrCat("sdma", c.engine()),
+                                HumanBytes(double(c.bytes())));
+        }
+        std::printf("copy engines:%s\n", ce.c_str());
+      }
     }
     return 0;
   }

@@ -127,11 +127,21 @@ class EngineOp {
   std::atomic<size_t> chunks_left{0};
 };
 
+// Bytes moved on one DMA engine of a device, where the engine chooses its
+// copy engines itself (hip with hsa-runtime's engine choice); engine -1:
+// copies left to the runtime's own choice.
+struct CopyEngineBytes {
+  int device = 0;
+  int engine = -1;
+  uint64_t bytes = 0;
+};
+
 struct EngineStats {
   uint64_t ops = 0;
   uint64_t bytes = 0;
   uint64_t chunks = 0;
   uint64_t same_device_copies = 0;
+  std::vector<CopyEngineBytes> copy_engines;  // Empty where the runtime chooses every engine.
 };
 
 class CopyEngine {

@@ -49,6 +49,16 @@ std::string RenderPrometheus(const v1::HealthReply& health, const v1::StatsReply
   for (const auto& f : stats.fallbacks()) {
     w.Sample("dmagather_fallbacks_total", absl::StrCat("reason=\"", Label(f.reason()), "\""), f.count());
   }
+  if (stats.copy_engines_size() > 0) {  // Only where the daemon assigns copy engines itself.
+    w.Family("dmagather_copy_engine_bytes_total", "counter",
+             "Bytes copied per GPU and DMA engine the daemon assigned (engine=\"runtime\": the runtime's choice).");
+    for (const auto& c : stats.copy_engines()) {
+      w.Sample("dmagather_copy_engine_bytes_total",
+               absl::StrCat("device=\"", c.device(), "\",engine=\"",
+                            c.engine() < 0 ? std::string("runtime") : absl::StrCat(c.engine()), "\""),
+               c.bytes());
+    }
+  }
   w.Family("dmagather_registered_bytes", "gauge", "Bytes of rank memory imported by the daemon.");
   w.Sample("dmagather_registered_bytes", "", stats.registered_bytes());
   w.Family("dmagather_jobs_completed_total", "counter", "Jobs that ended and were released.");

@@ -577,6 +577,12 @@ void Registry::FillStats(const std::string& job_key, const Viewer& viewer, v1::S
   out->set_jobs_completed(jobs_completed_);
   engines::EngineStats es = engine_->stats();
   out->set_same_device_copies(es.same_device_copies);
+  for (const engines::CopyEngineBytes& c : es.copy_engines) {
+    auto* e = out->add_copy_engines();
+    e->set_device(static_cast<uint32_t>(c.device));
+    e->set_engine(c.engine);
+    e->set_bytes(c.bytes);
+  }
   if (es.same_device_copies != 0) {
     auto* f = out->add_fallbacks();
     f->set_reason("same_device_copy_on_sm");

@@ -26,7 +26,10 @@
 #   per peer        bandwidth GPU 0 <-> each peer, beside RCCL
 #   bad stream      INVALID_ARGUMENT, no crash (ROCm 7 crashes on bad streams)
 #   SDMA            under rocprofv2/rocprof: copies seen, no kernel dispatched by dmagatherd
-#   per engine      SKIP: engines are ROCr's choice (dmagatherd does not assign them yet)
+#   engines         with >= 2 GPUs and ROCm >= 5.7, dmagatherd assigned the SDMA engines itself (its log)
+#   per engine      bytes per GPU and engine (dmagatherctl stats), every peer copy on an assigned
+#                   engine; per-peer bandwidth with dmagatherd's engines beside ROCr's choice
+#                   (DMAGATHER_HIP_ENGINES=rocr)
 #   GPU suite       SKIP: tests/gpu is CUDA-only; the checks above are its hip counterpart
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -113,7 +116,19 @@ rt=$(grep -m1 -oE 'lib[a-z_]*amdhip64[^ ,]* \(HIP runtime [0-9]+, ROCm [0-9]+\.[
 if [[ -n "$rt" ]]; then pass "rocm" "dmagatherd opened $rt"; else fail "rocm" "no HIP runtime line in daemon.log"; fi
 major=$(sed -n 's/.*ROCm \([0-9]*\)\.\([0-9]*\)).*/\1 \2/p' <<<"$rt")
 kind=$(grep -m1 -o 'hipMemcpyDeviceToDevice[A-Za-z]*' "$out/daemon.log")
-if read -r maj min <<<"$major" && [[ -n "${maj:-}" ]]; then
+own_engines=0
+if grep -q "SDMA engines assigned by dmagatherd" "$out/daemon.log"; then
+  own_engines=1
+  pass "engines" "$(grep -m1 -o 'SDMA engines assigned by dmagatherd[^;]*' "$out/daemon.log" | head -c 200)"
+elif read -r maj min <<<"$major" && [[ -n "${maj:-}" ]] && [[ "${gpus:-0}" -ge 2 ]] &&
+     { [[ $maj -gt 5 ]] || { [[ $maj -eq 5 ]] && [[ $min -ge 7 ]]; }; }; then
+  fail "engines" "ROCm $maj.$min with $gpus GPUs, but ROCr chooses: $(grep -m1 -o 'ROCr chooses the SDMA engines.*' "$out/daemon.log" | head -c 200)"
+else
+  skip "engines" "ROCr chooses (one GPU or ROCm < 5.7): $(grep -m1 -o 'ROCr chooses the SDMA engines.*' "$out/daemon.log" | head -c 160)"
+fi
+if [[ "$own_engines" -eq 1 ]]; then
+  skip "copy kind" "copies go through HSA on dmagatherd's engines; the HIP copy kind is checked in the ROCr-choice run below"
+elif read -r maj min <<<"$major" && [[ -n "${maj:-}" ]]; then
   want=hipMemcpyDeviceToDevice
   { [[ $maj -gt 6 ]] || { [[ $maj -eq 6 ]] && [[ $min -ge 1 ]]; }; } && want=hipMemcpyDeviceToDeviceNoCU
   if [[ "$kind" == "$want" ]]; then pass "copy kind" "$kind for ROCm $maj.$min"
@@ -135,6 +150,35 @@ if grep -q "same_device_copy_on_sm" "$out/stats.txt"; then
   fail "one rank per GPU" "same_device_copy_on_sm counted with one rank per GPU (see stats.txt)"
 fi
 stop_daemon
+
+# --- per engine: dmagatherd's engines, then the same peers with ROCr's choice --
+if [[ "$own_engines" -eq 1 ]]; then
+  line=$(grep -m1 '^copy engines:' "$out/stats.txt")
+  if [[ -z "$line" ]]; then
+    fail "per engine" "engines assigned, but dmagatherctl stats shows no bytes per engine (see stats.txt)"
+  elif grep -q '/runtime=' <<<"$line"; then
+    fail "per engine" "some peer copies were left to ROCr's choice: $line"
+  else
+    pass "per engine" "$line"
+  fi
+  if start_daemon "$out/daemon_rocr.log" DMAGATHER_HIP_ENGINES=rocr; then
+    python3 "$root/tools/amd/first_contact.py" peers >"$out/peers_rocr.txt" 2>"$out/peers_rocr.err"
+    stop_daemon
+    kind=$(grep -m1 -o 'hipMemcpyDeviceToDevice[A-Za-z]*' "$out/daemon_rocr.log")
+    if read -r maj min <<<"$major" && [[ -n "${maj:-}" ]]; then
+      want=hipMemcpyDeviceToDevice
+      { [[ $maj -gt 6 ]] || { [[ $maj -eq 6 ]] && [[ $min -ge 1 ]]; }; } && want=hipMemcpyDeviceToDeviceNoCU
+      if [[ "$kind" == "$want" ]]; then pass "copy kind" "$kind for ROCm $maj.$min (ROCr-choice run)"
+      else fail "copy kind" "ROCr-choice run uses ${kind:-none}, expected $want for ROCm $maj.$min"; fi
+    fi
+    say "# per peer with ROCr's engine choice (DMAGATHER_HIP_ENGINES=rocr), beside the lines above:"
+    grep -E '^(PASS|FAIL|SKIP) ' "$out/peers_rocr.txt" | sed 's/^\(PASS\|FAIL\|SKIP\) /#   \1 /' | tee -a "$report" >/dev/null
+  else
+    fail "per engine" "dmagatherd with DMAGATHER_HIP_ENGINES=rocr did not start (see daemon_rocr.log)"
+  fi
+else
+  skip "per engine" "ROCr chooses the engines on this node (see the engines line)"
+fi
 
 # --- SDMA, not kernels: the daemon under the profiler ------------------------
 prof=""
@@ -172,7 +216,6 @@ else
   fi
 fi
 
-skip "per engine" "engines are ROCr's choice: dmagatherd does not assign SDMA engines yet (README, On AMD GPUs)"
 skip "GPU suite" "tests/gpu is CUDA-only; bit-exact, stale read, bad stream above are its hip counterpart"
 
 fails=$(grep -c '^FAIL ' "$report")

@@ -812,6 +812,7 @@ EngineStats GpuEngine::stats() const {
   s.bytes = bytes_.load(std::memory_order_relaxed);
   s.chunks = chunks_stat_.load(std::memory_order_relaxed);
   s.same_device_copies = same_device_.load(std::memory_order_relaxed);
+  s.copy_engines = runtime_->CopyEngineCounters();
   return s;
 }
 

@@ -11,23 +11,36 @@
 //    daemon launches no kernel (docs/MEASUREMENTS.md), so the engine waits
 //    for every rank's ready flag on the CPU and only then issues the op's
 //    copies (README, "AMD").
-//  - Copies: hipMemcpyAsync device to device on non-blocking streams, at
-//    most 128 MiB per transfer (kHipMaxTransferBytes). ROCm moves copies
-//    between GPUs on SDMA engines while SDMA is enabled (HSA_ENABLE_SDMA unset
-//    or 1); with HSA_ENABLE_SDMA=0 it would use blit kernels, and with
+//  - Copies: the SDMA engines, at most 128 MiB per transfer
+//    (kHipMaxTransferBytes). ROCm moves copies between GPUs on SDMA engines
+//    while SDMA is enabled (HSA_ENABLE_SDMA unset or 1); with
+//    HSA_ENABLE_SDMA=0 it would use blit kernels, and with
 //    GPU_FORCE_BLIT_COPY_SIZE=N it would for copies up to N KiB, so this
-//    runtime refuses to start with either. The copy kind is chosen from the
-//    runtime's version (common/hip HipAbi), not from the build's headers:
-//    hipMemcpyDeviceToDeviceNoCU where the runtime has it (ROCm >= 6.1; a
-//    6.0 runtime would take 1024 as a plain copy), else
-//    hipMemcpyDeviceToDevice. In clr (6.3) NoCU only changes same-device
-//    copies (an SDMA preference); copies touching IPC-opened memory and
-//    copies between GPUs - all the daemon issues - already go to SDMA.
-//    hsa_amd_memory_async_copy_on_engine (ROCm >= 5.7,
-//    DMAGATHER_HSA_HAS_COPY_ON_ENGINE) is detected and reported but not
-//    used: ROCr assigns SDMA engines to the copies itself.
+//    runtime refuses to start with either. Two ways, chosen at start:
+//     * dmagatherd assigns the engines (DMAGATHER_HIP_ENGINES unset or
+//       "own"), where libhsa-runtime64 has hsa_amd_memory_async_copy_on_engine
+//       and hsa_amd_memory_copy_engine_status (ROCm >= 5.7) and the HIP
+//       devices match HSA agents by PCI address: a fixed engine per peer
+//       link among those the driver reports usable, minus
+//       DMAGATHER_HIP_SKIP_ENGINES (hex mask), copies through HSA with
+//       signal completions (hsa_api.h, hsa_streams.h); bytes per engine in
+//       CopyEngineCounters.
+//     * otherwise (or DMAGATHER_HIP_ENGINES=rocr) ROCr chooses: the reason
+//       is logged and every copy is a hipMemcpyAsync on non-blocking
+//       streams. The copy kind is chosen from the runtime's version
+//       (common/hip HipAbi), not from the build's headers:
+//       hipMemcpyDeviceToDeviceNoCU where the runtime has it (ROCm >= 6.1;
+//       a 6.0 runtime would take 1024 as a plain copy), else
+//       hipMemcpyDeviceToDevice. In clr (6.3) NoCU only changes
+//       same-device copies that touch no IPC memory (an SDMA preference);
+//       copies touching IPC-opened memory and copies between GPUs - all
+//       the daemon issues - already go to SDMA.
 //  - Completion: an end event per op and device (hipEventQuery), recorded
-//    without hipEventDisableSystemFence, so its release is system-scope.
+//    without hipEventDisableSystemFence, so its release is system-scope;
+//    with engines assigned, the HSA completion signals of the op's copies
+//    (an SDMA copy's signal is written after its data, and the rank's
+//    event record after its done wait acquires at system scope, as
+//    README "On AMD GPUs" argues for hipMemcpyAsync).
 //  - Imports: HIP IPC handles of allocation bases (hipIpcOpenMemHandle; size
 //    from hipMemGetAddressRange).
 // Registers --backend=hip (a GpuEngine over this runtime) at the end: the
@@ -38,13 +51,18 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/hip/hip_api.h"
 #include "common/memory_kinds.h"
 #include "common/status.h"
 #include "server/engines/gpu/gpu_engine.h"
+#include "server/engines/gpu/hsa_api.h"
+#include "server/engines/gpu/hsa_streams.h"
 #include "server/engines/gpu/runtime.h"
 
 namespace dmagather::server::engines::gpu {
@@ -53,13 +71,69 @@ namespace {
 using ::dmagather::common::hip::HipApi;
 using ::dmagather::common::hip::HipStatus;
 
-#ifdef DMAGATHER_HSA_HAS_COPY_ON_ENGINE
-constexpr const char* kEngineChoice =
-    "hsa_amd_memory_async_copy_on_engine present in the headers (not used: ROCr picks the SDMA engines)";
-#else
-constexpr const char* kEngineChoice =
-    "no hsa_amd_memory_async_copy_on_engine in the headers (ROCm < 5.7): ROCr picks the SDMA engines";
-#endif
+// Engines chosen by dmagatherd through hsa-runtime, or why ROCr chooses.
+struct EngineChoice {
+  std::unique_ptr<HsaLibrary> hsa;
+  std::unique_ptr<HsaStreams> streams;  // Null: ROCr's choice (hipMemcpyAsync).
+  std::string why_rocr;
+};
+
+EngineChoice ChooseEngines(const HipApi* api, int n) {
+  EngineChoice c;
+  const char* mode = std::getenv("DMAGATHER_HIP_ENGINES");
+  const std::string m = mode != nullptr ? mode : "";
+  if (m == "rocr") {
+    c.why_rocr = "DMAGATHER_HIP_ENGINES=rocr";
+    return c;
+  }
+  if (!m.empty() && m != "own") {
+    c.why_rocr = absl::StrCat("DMAGATHER_HIP_ENGINES=", m, " is neither own nor rocr");
+    return c;
+  }
+  if (n < 2) {
+    c.why_rocr = "one device: no peer link to give an engine";
+    return c;
+  }
+  const char* skip_env = std::getenv("DMAGATHER_HIP_SKIP_ENGINES");
+  absl::StatusOr<uint32_t> skip = ParseEngineMask(skip_env != nullptr ? skip_env : "");
+  if (!skip.ok()) {
+    c.why_rocr = absl::StrCat("DMAGATHER_HIP_SKIP_ENGINES: ", skip.status().message());
+    return c;
+  }
+  absl::StatusOr<std::unique_ptr<HsaLibrary>> lib = LoadHsa(HsaLibraryCandidates());
+  if (!lib.ok()) {
+    c.why_rocr = std::string(lib.status().message());
+    return c;
+  }
+  c.hsa = *std::move(lib);
+  if (!c.hsa->no_engine_choice.empty()) {
+    c.why_rocr = c.hsa->no_engine_choice;
+    return c;
+  }
+  // clr has initialized HSA already; this takes a reference of our own.
+  if (hsa_status_t st = c.hsa->api.init(); st != HSA_STATUS_SUCCESS) {
+    c.why_rocr = absl::StrCat("hsa_init: HSA status ", int(st));
+    return c;
+  }
+  std::vector<std::string> bus_ids;
+  for (int d = 0; d < n; ++d) {
+    char bus[32] = {0};
+    hipError_t err = api->hipDeviceGetPCIBusId(bus, sizeof(bus), d);
+    if (err != hipSuccess) {
+      (void)api->hipGetLastError();
+      c.why_rocr = std::string(HipStatus(absl::StrCat("hipDeviceGetPCIBusId(", d, ")").c_str(), err).message());
+      return c;
+    }
+    bus_ids.push_back(bus);
+  }
+  absl::StatusOr<std::unique_ptr<HsaStreams>> streams = OwnSdmaEngines(&c.hsa->api, bus_ids, *skip);
+  if (!streams.ok()) {
+    c.why_rocr = std::string(streams.status().message());
+    return c;
+  }
+  c.streams = *std::move(streams);
+  return c;
+}
 
 class HipRuntime : public GpuRuntime {
  public:
@@ -79,7 +153,14 @@ class HipRuntime : public GpuRuntime {
           "GPU_FORCE_BLIT_COPY_SIZE=", blit, ": ROCm would do copies up to that many KiB with blit kernels, and "
           "dmagatherd launches no kernel; unset it for dmagatherd"));
     }
-    return std::unique_ptr<GpuRuntime>(new HipRuntime(api, n));
+    EngineChoice engines = ChooseEngines(api, n);
+    if (engines.streams != nullptr) {
+      LOG(INFO) << "hip: SDMA engines assigned by dmagatherd through " << engines.hsa->path << ": "
+                << engines.streams->plan().Describe();
+    } else {
+      LOG(INFO) << "hip: ROCr chooses the SDMA engines (hipMemcpyAsync): " << engines.why_rocr;
+    }
+    return std::unique_ptr<GpuRuntime>(new HipRuntime(api, n, std::move(engines)));
   }
 
   const char* name() const override { return "hip"; }
@@ -92,9 +173,16 @@ class HipRuntime : public GpuRuntime {
   uint64_t default_chunk_bytes() const override { return kHipDefaultChunkBytes; }
   bool device_waits() const override { return false; }
   std::string Describe() const override {
-    return absl::StrCat(::dmagather::common::hip::HipLibraryDescription(), ", ", api_->abi.d2d_kind_name,
-                        " on SDMA (HSA_ENABLE_SDMA ", std::getenv("HSA_ENABLE_SDMA") ? "set" : "unset", "), ",
-                        kEngineChoice);
+    const std::string engines =
+        hsa() != nullptr
+            ? absl::StrCat("SDMA engines assigned by dmagatherd (hsa_amd_memory_async_copy_on_engine: ",
+                           hsa()->plan().assigned_links(), " link(s), ", hsa()->plan().shared_links(), " sharing)")
+            : absl::StrCat(api_->abi.d2d_kind_name, ", SDMA engines chosen by ROCr (", engines_.why_rocr, ")");
+    return absl::StrCat(::dmagather::common::hip::HipLibraryDescription(), ", ", engines, ", HSA_ENABLE_SDMA ",
+                        std::getenv("HSA_ENABLE_SDMA") ? "set" : "unset");
+  }
+  std::vector<CopyEngineBytes> CopyEngineCounters() const override {
+    return hsa() != nullptr ? hsa()->Counters() : std::vector<CopyEngineBytes>{};
   }
 
   absl::Status SetDevice(int device) override {
@@ -130,16 +218,19 @@ class HipRuntime : public GpuRuntime {
     return true;
   }
   absl::StatusOr<GpuStream> CreateStream(int device) override {
+    if (hsa() != nullptr) return static_cast<GpuStream>(hsa()->CreateStream(device));
     DMAG_HIP_RETURN_IF_ERROR(api_, hipSetDevice(device));
     hipStream_t s = nullptr;
     DMAG_HIP_RETURN_IF_ERROR(api_, hipStreamCreateWithFlags(&s, hipStreamNonBlocking));
     return static_cast<GpuStream>(s);
   }
   void DestroyStream(int device, GpuStream s) override {
+    if (hsa() != nullptr) return hsa()->DestroyStream(static_cast<HsaStreams::Stream*>(s));
     (void)api_->hipSetDevice(device);
     (void)api_->hipStreamDestroy(static_cast<hipStream_t>(s));
   }
   absl::StatusOr<GpuEvent> CreateEvent(int device) override {
+    if (hsa() != nullptr) return static_cast<GpuEvent>(hsa()->CreateEvent());
     DMAG_HIP_RETURN_IF_ERROR(api_, hipSetDevice(device));
     hipEvent_t e = nullptr;
     // No hipEventDisableSystemFence: the record's release is system-scope.
@@ -147,6 +238,7 @@ class HipRuntime : public GpuRuntime {
     return static_cast<GpuEvent>(e);
   }
   void DestroyEvent(int device, GpuEvent e) override {
+    if (hsa() != nullptr) return hsa()->DestroyEvent(static_cast<HsaStreams::Event*>(e));
     (void)api_->hipSetDevice(device);
     (void)api_->hipEventDestroy(static_cast<hipEvent_t>(e));
   }
@@ -194,6 +286,7 @@ class HipRuntime : public GpuRuntime {
   }
   absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n) override {
     (void)device;
+    if (hsa() != nullptr) return hsa()->Copy(static_cast<HsaStreams::Stream*>(stream), chunks, n);
     hipStream_t s = static_cast<hipStream_t>(stream);
     const auto kind = static_cast<hipMemcpyKind>(api_->abi.d2d_kind);
     for (size_t i = 0; i < n; ++i) {
@@ -202,14 +295,17 @@ class HipRuntime : public GpuRuntime {
     return absl::OkStatus();
   }
   absl::Status RecordEvent(GpuEvent e, GpuStream s) override {
+    if (hsa() != nullptr) return hsa()->Record(static_cast<HsaStreams::Event*>(e), static_cast<HsaStreams::Stream*>(s));
     DMAG_HIP_RETURN_IF_ERROR(api_, hipEventRecord(static_cast<hipEvent_t>(e), static_cast<hipStream_t>(s)));
     return absl::OkStatus();
   }
   absl::Status StreamWaitEvent(GpuStream s, GpuEvent e) override {
+    if (hsa() != nullptr) return hsa()->Wait(static_cast<HsaStreams::Stream*>(s), static_cast<HsaStreams::Event*>(e));
     DMAG_HIP_RETURN_IF_ERROR(api_, hipStreamWaitEvent(static_cast<hipStream_t>(s), static_cast<hipEvent_t>(e), 0));
     return absl::OkStatus();
   }
   absl::StatusOr<bool> QueryEvent(GpuEvent e) override {
+    if (hsa() != nullptr) return hsa()->Query(static_cast<HsaStreams::Event*>(e));
     hipError_t err = api_->hipEventQuery(static_cast<hipEvent_t>(e));
     if (err == hipSuccess) return true;
     if (err == hipErrorNotReady) return false;
@@ -217,10 +313,13 @@ class HipRuntime : public GpuRuntime {
   }
 
  private:
-  HipRuntime(const HipApi* api, int n) : api_(api), num_devices_(n) {}
+  HipRuntime(const HipApi* api, int n, EngineChoice engines)
+      : api_(api), num_devices_(n), engines_(std::move(engines)) {}
+  HsaStreams* hsa() const { return engines_.streams.get(); }
 
   const HipApi* const api_;
   const int num_devices_;
+  EngineChoice engines_;
 };
 
 }  // namespace

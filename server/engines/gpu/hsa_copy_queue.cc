@@ -28,13 +28,13 @@ absl::StatusOr<hsa_signal_t> HsaCopyQueue::TakeSignal() {
 }
 
 absl::Status HsaCopyQueue::Copy(void* dst, hsa_agent_t dst_agent, const void* src, hsa_agent_t src_agent,
-                                size_t bytes, uint32_t engine_bit) {
+                                size_t bytes, uint32_t engine_bit, bool force_sdma) {
   auto signal = TakeSignal();
   if (!signal.ok()) return signal.status();
   const uint32_t deps = has_last_ ? 1 : 0;
   const bool on_engine = engine_bit != 0 && api_->copy_on_engine != nullptr;
   const hsa_status_t st =
-      on_engine ? api_->copy_on_engine(dst, dst_agent, src, src_agent, bytes, deps, &last_, *signal, engine_bit, false)
+      on_engine ? api_->copy_on_engine(dst, dst_agent, src, src_agent, bytes, deps, &last_, *signal, engine_bit, force_sdma)
                 : api_->async_copy(dst, dst_agent, src, src_agent, bytes, deps, &last_, *signal);
   if (st != HSA_STATUS_SUCCESS) {
     std::lock_guard<std::mutex> l(mu_);

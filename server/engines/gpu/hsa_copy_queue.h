@@ -60,9 +60,11 @@ class HsaCopyQueue {
 
   // Enqueues dst <- src after every earlier copy of this queue. engine_bit:
   // one hsa_amd_sdma_engine_id_t bit, or 0 for ROCr's choice (also taken
-  // when the runtime has no copy_on_engine).
+  // when the runtime has no copy_on_engine). force_sdma: ROCr's
+  // force_copy_on_sdma, for a copy within one GPU, which ROCr would
+  // otherwise do with a blit kernel.
   absl::Status Copy(void* dst, hsa_agent_t dst_agent, const void* src, hsa_agent_t src_agent, size_t bytes,
-                    uint32_t engine_bit);
+                    uint32_t engine_bit, bool force_sdma = false);
   // A mark after everything enqueued so far (0: nothing enqueued yet).
   uint64_t Mark() const { return issued_; }
   // True when every copy up to `mark` has completed (checked in issue

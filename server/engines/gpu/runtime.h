@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -151,6 +152,11 @@ class GpuRuntime {
   // True when everything before the event's last record has completed;
   // false while pending; an error when the work failed.
   virtual absl::StatusOr<bool> QueryEvent(GpuEvent event) = 0;
+
+  // --- Telemetry (any thread) ---
+  // Bytes per device and copy engine, where the runtime assigns engines
+  // itself (hip over hsa-runtime); empty otherwise.
+  virtual std::vector<CopyEngineBytes> CopyEngineCounters() const { return {}; }
 };
 
 }  // namespace dmagather::server::engines::gpu

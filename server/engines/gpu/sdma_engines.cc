@@ -80,25 +80,26 @@ SdmaEnginePlan SdmaEnginePlan::Build(int n, const EngineStatus& status, uint32_t
   // Fewest choices first; ties in (dst, src) order, so the plan is deterministic.
   std::stable_sort(links.begin(), links.end(),
                    [](const Link& a, const Link& b) { return Popcount(a.mask) < Popcount(b.mask); });
-  // used[device] = engines already given to a link touching that device;
-  // uses[bit index] = how many links share that engine.
+  // A copy between GPUs runs on an engine of its source GPU (ROCr's copy
+  // agent), and the mask is of that GPU's engines: used[src] = engines
+  // already given to a link out of src; uses[src][bit index] = how many of
+  // its links share that engine.
   std::vector<uint32_t> used(n, 0);
-  std::vector<int> uses(32, 0);
+  std::vector<std::vector<int>> uses(n, std::vector<int>(32, 0));
   for (const Link& l : links) {
-    const uint32_t free = l.mask & ~used[l.dst] & ~used[l.src];
+    const uint32_t free = l.mask & ~used[l.src];
     uint32_t bit = 0;
     if (free != 0) {
       bit = free & -free;  // Lowest free engine.
     } else {
       for (uint32_t m = l.mask; m != 0; m &= m - 1) {
         const uint32_t b = m & -m;
-        if (bit == 0 || uses[BitIndex(b)] < uses[BitIndex(bit)]) bit = b;
+        if (bit == 0 || uses[l.src][BitIndex(b)] < uses[l.src][BitIndex(bit)]) bit = b;
       }
       ++p.shared_;
     }
-    used[l.dst] |= bit;
     used[l.src] |= bit;
-    ++uses[BitIndex(bit)];
+    ++uses[l.src][BitIndex(bit)];
     p.engine_[l.dst * n + l.src] = bit;
     ++p.assigned_;
   }

@@ -13,11 +13,13 @@
 //  - One fixed engine per link (dst <- src): a link's engine is one the
 //    driver reports available for it (engines fused off - as on MI308X,
 //    where copies on them hang - are never in that mask) and not in the
-//    operator's skip mask, chosen so that links sharing a device use
-//    distinct engines where the masks allow (concurrent peer copies then
-//    run on distinct engines). Links with the fewest choices are served
-//    first; where no distinct engine is left, the least-used one of the
-//    link's mask is shared (counted in shared_links()).
+//    operator's skip mask. A copy between GPUs runs on an engine of its
+//    source GPU (ROCr's copy agent is the source; the status mask is of its
+//    engines), so links out of one GPU get distinct engines where the masks
+//    allow (its concurrent peer copies then run on distinct engines). Links
+//    with the fewest choices are served first; where no distinct engine is
+//    left, the source's least-used one of the link's mask is shared
+//    (counted in shared_links()).
 //  - A link whose status call failed or whose mask is empty after the skip
 //    mask gets no engine: its copies keep ROCr's choice, with the reason.
 //

@@ -10,7 +10,8 @@
 //    hipMemcpyAsync/hipEventRecord/hipStreamGetFlags before 7.0; from 7.0
 //    these dereference it (here: abort(), so a test that reaches them dies);
 //    hipStreamGetId (7.x) returns hipErrorInvalidResourceHandle.
-// One device, memory from malloc, copies done at once with memcpy.
+// One device ($DMAGATHER_FAKE_HIP_DEVICES for more, each a peer of the
+// others), memory from malloc, copies done at once with memcpy.
 // fake_hip_* (extern "C") let tests read what was asked of it.
 //
 // Threads: any; a mutex guards the state.
@@ -37,6 +38,10 @@ int Version() {
   return v != nullptr ? std::atoi(v) : 60342131;
 }
 int Major() { return Version() / 10000000; }
+int Devices() {
+  const char* v = std::getenv("DMAGATHER_FAKE_HIP_DEVICES");
+  return v != nullptr ? std::atoi(v) : 1;
+}
 
 hipError_t Fail(hipError_t e) {
   last_error = e;
@@ -68,14 +73,14 @@ hipError_t hipRuntimeGetVersion(int* v) {
   return hipSuccess;
 }
 hipError_t hipGetDeviceCount(int* n) {
-  *n = 1;
+  *n = Devices();
   return hipSuccess;
 }
 hipError_t hipGetDevice(int* d) {
   *d = 0;
   return hipSuccess;
 }
-hipError_t hipSetDevice(int d) { return d == 0 ? hipSuccess : Fail(hipErrorInvalidDevice); }
+hipError_t hipSetDevice(int d) { return d >= 0 && d < Devices() ? hipSuccess : Fail(hipErrorInvalidDevice); }
 hipError_t hipGetLastError() {
   std::lock_guard<std::mutex> l(mu);
   hipError_t e = last_error;
@@ -102,8 +107,8 @@ hipError_t hipDeviceGetPCIBusId(char* bus, int len, int device) {
   std::snprintf(bus, len, "0000:%02x:00.0", 0x40 + device);
   return hipSuccess;
 }
-hipError_t hipDeviceCanAccessPeer(int* can, int, int) {
-  *can = 0;
+hipError_t hipDeviceCanAccessPeer(int* can, int a, int b) {
+  *can = a != b && a < Devices() && b < Devices();
   return hipSuccess;
 }
 hipError_t hipDeviceEnablePeerAccess(int, unsigned int) { return hipSuccess; }

@@ -36,5 +36,27 @@ TEST(MetricsTest, RendersCountersPerJobAndRank) {
   EXPECT_NE(text.find("dmagather_up{version=\"0.1.0\",backend=\"host\"} 1\n"), std::string::npos);
 }
 
+TEST(MetricsTest, BytesPerCopyEngineOnlyWhereTheDaemonAssignsEngines) {
+  v1::HealthReply h;
+  h.set_version("0.1.0");
+  h.set_backend("hip");
+  v1::StatsReply s;
+  EXPECT_EQ(RenderPrometheus(h, s).find("dmagather_copy_engine_bytes_total"), std::string::npos);
+  auto* e = s.add_copy_engines();
+  e->set_device(1);
+  e->set_engine(3);
+  e->set_bytes(4096);
+  e = s.add_copy_engines();
+  e->set_device(1);
+  e->set_engine(-1);
+  e->set_bytes(7);
+  const std::string text = RenderPrometheus(h, s);
+  EXPECT_NE(text.find("# TYPE dmagather_copy_engine_bytes_total counter\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("dmagather_copy_engine_bytes_total{device=\"1\",engine=\"3\"} 4096\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("dmagather_copy_engine_bytes_total{device=\"1\",engine=\"runtime\"} 7\n"), std::string::npos)
+      << text;
+}
+
 }  // namespace
 }  // namespace dmagather::server::service

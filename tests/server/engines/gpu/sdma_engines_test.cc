@@ -16,13 +16,14 @@ SdmaEnginePlan::EngineStatus All(uint32_t mask) {
   return [mask](int, int) -> absl::StatusOr<uint32_t> { return mask; };
 }
 
-// For every device, the engines of the links touching it (as dst or src).
-void ExpectDistinctPerDevice(const SdmaEnginePlan& p) {
+// For every device, the engines of the links out of it (its engines: a
+// copy between GPUs runs on its source's).
+void ExpectDistinctPerSource(const SdmaEnginePlan& p) {
   for (int d = 0; d < p.num_devices(); ++d) {
     std::map<uint32_t, std::pair<int, int>> seen;
     for (int a = 0; a < p.num_devices(); ++a) {
       for (int b = 0; b < p.num_devices(); ++b) {
-        if (a == b || (a != d && b != d)) continue;
+        if (a == b || b != d) continue;
         const uint32_t e = p.EngineFor(a, b);
         ASSERT_NE(e, 0u);
         auto [it, fresh] = seen.emplace(e, std::make_pair(a, b));
@@ -33,17 +34,19 @@ void ExpectDistinctPerDevice(const SdmaEnginePlan& p) {
   }
 }
 
-TEST(SdmaEnginePlan, EachLinkGetsAFixedEngineDistinctFromItsDevicesOtherLinks) {
+TEST(SdmaEnginePlan, EachLinkGetsAFixedEngineDistinctFromItsSourcesOtherLinks) {
   const SdmaEnginePlan p = SdmaEnginePlan::Build(4, All(0xFFFF), 0);
   EXPECT_EQ(p.assigned_links(), 12);
   EXPECT_EQ(p.shared_links(), 0);
-  ExpectDistinctPerDevice(p);
-  // Deterministic: lowest free engine, links in (dst, src) order.
+  ExpectDistinctPerSource(p);
+  // Deterministic: the source's lowest free engine, links in (dst, src) order.
   EXPECT_EQ(p.EngineFor(0, 1), 0x1u);
-  EXPECT_EQ(p.EngineFor(0, 2), 0x2u);
-  EXPECT_EQ(p.EngineFor(0, 3), 0x4u);
-  EXPECT_EQ(p.EngineFor(1, 0), 0x8u);
-  EXPECT_EQ(p.EngineFor(1, 2), 0x4u);  // 0 and 3 are on device 1 (0<-1, 1<-0), 1 on device 2 (0<-2).
+  EXPECT_EQ(p.EngineFor(0, 2), 0x1u);  // Another source GPU: its own engine 0.
+  EXPECT_EQ(p.EngineFor(0, 3), 0x1u);
+  EXPECT_EQ(p.EngineFor(1, 0), 0x1u);
+  EXPECT_EQ(p.EngineFor(1, 2), 0x2u);  // Device 2's engine 0 runs 0<-2.
+  EXPECT_EQ(p.EngineFor(2, 0), 0x2u);
+  EXPECT_EQ(p.EngineFor(3, 0), 0x4u);
   EXPECT_EQ(p.EngineFor(0, 0), 0u);    // Same device: not a link.
   EXPECT_EQ(SdmaEnginePlan::Build(4, All(0xFFFF), 0).Describe(), p.Describe());
 }
@@ -62,7 +65,7 @@ TEST(SdmaEnginePlan, EnginesTheDriverOrTheOperatorRulesOutAreNeverUsed) {
     }
   }
   EXPECT_EQ(p.EngineFor(1, 0) & 0x1, 0u);
-  ExpectDistinctPerDevice(p);
+  ExpectDistinctPerSource(p);
 }
 
 TEST(SdmaEnginePlan, AFailedOrEmptyLinkKeepsRocrsChoiceWithTheReason) {
@@ -84,21 +87,22 @@ TEST(SdmaEnginePlan, AFailedOrEmptyLinkKeepsRocrsChoiceWithTheReason) {
 }
 
 TEST(SdmaEnginePlan, ScarceEnginesAreSharedEvenlyAndCounted) {
-  // 3 devices, 2 engines: each device touches 4 links, so some must share.
-  const SdmaEnginePlan p = SdmaEnginePlan::Build(3, All(0x3), 0);
-  EXPECT_EQ(p.assigned_links(), 6);
-  EXPECT_GT(p.shared_links(), 0);
-  int on[2] = {0, 0};
-  for (int a = 0; a < 3; ++a) {
-    for (int b = 0; b < 3; ++b) {
-      if (a == b) continue;
-      const uint32_t e = p.EngineFor(a, b);
+  // 5 devices, 2 engines each: every GPU has 4 links out, so two of them
+  // share an engine; each engine carries 2 of its links.
+  const SdmaEnginePlan p = SdmaEnginePlan::Build(5, All(0x3), 0);
+  EXPECT_EQ(p.assigned_links(), 20);
+  EXPECT_EQ(p.shared_links(), 10);
+  for (int src = 0; src < 5; ++src) {
+    int on[2] = {0, 0};
+    for (int dst = 0; dst < 5; ++dst) {
+      if (dst == src) continue;
+      const uint32_t e = p.EngineFor(dst, src);
       ASSERT_TRUE(e == 0x1 || e == 0x2) << e;
       ++on[e == 0x1 ? 0 : 1];
     }
+    EXPECT_EQ(on[0], 2) << "source " << src;
+    EXPECT_EQ(on[1], 2) << "source " << src;
   }
-  EXPECT_EQ(on[0], 3);
-  EXPECT_EQ(on[1], 3);
 }
 
 TEST(SdmaEnginePlan, LinksWithFewestChoicesAreServedFirst) {
