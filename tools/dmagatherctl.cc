@@ -203,7 +203,8 @@ int main(int argc, char** argv) {
       for (const auto& f : s.fallbacks()) fb += absl::StrFormat("%s%s=%u", fb.empty() ? "" : ",", f.reason(), f.count());
       std::printf("%s\n", fb.empty() ? "-" : fb.c_str());
       if (s.copy_engines_size() > 0) {
-        // Engines dmagatherd assigned itself: bytes per device and engine.
+        // GPU backends: bytes per device and engine dmagatherd assigned, or
+        // per device ("runtime") where the runtime picks the engine.
         std::string ce;
         for (const auto& c : s.copy_engines()) {
           ce += absl::StrFormat(" gpu%u/%s=%s", c.device(),

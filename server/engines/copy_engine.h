@@ -141,7 +141,7 @@ struct EngineStats {
   uint64_t bytes = 0;
   uint64_t chunks = 0;
   uint64_t same_device_copies = 0;
-  std::vector<CopyEngineBytes> copy_engines;  // Empty where the runtime chooses every engine.
+  std::vector<CopyEngineBytes> copy_engines;  // GPU engines; engine -1 per GPU where the runtime picks.
 };
 
 class CopyEngine {

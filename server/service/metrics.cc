@@ -49,7 +49,7 @@ std::string RenderPrometheus(const v1::HealthReply& health, const v1::StatsReply
   for (const auto& f : stats.fallbacks()) {
     w.Sample("dmagather_fallbacks_total", absl::StrCat("reason=\"", Label(f.reason()), "\""), f.count());
   }
-  if (stats.copy_engines_size() > 0) {  // Only where the daemon assigns copy engines itself.
+  if (stats.copy_engines_size() > 0) {  // GPU backends: per engine the daemon assigned, else per GPU.
     w.Family("dmagather_copy_engine_bytes_total", "counter",
              "Bytes copied per GPU and DMA engine the daemon assigned (engine=\"runtime\": the runtime's choice).");
     for (const auto& c : stats.copy_engines()) {

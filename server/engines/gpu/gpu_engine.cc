@@ -116,6 +116,8 @@ GpuEngine::GpuEngine(std::unique_ptr<GpuRuntime> runtime, const Options& options
 absl::Status GpuEngine::Init() {
   GpuRuntime& rt = *runtime_;
   devices_.resize(num_devices_);
+  issued_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(num_devices_);
+  for (int d = 0; d < num_devices_; ++d) issued_bytes_[d].store(0, std::memory_order_relaxed);
   const int ns = streams_per_device_;
   for (int d = 0; d < num_devices_; ++d) {
     Device& dev = devices_[d];
@@ -602,6 +604,11 @@ void GpuEngine::IssueShare(Device& dev, OpTrack* t) {
     st = absl::UnavailableError("dmagatherd stopped before the op's copies were issued");
   } else {
     st = EnqueueDevice(dev, op, &end);
+    if (st.ok()) {
+      uint64_t bytes = 0;
+      for (const CopyCmd& c : dev.copies) bytes += c.bytes;
+      issued_bytes_[dev.ordinal].fetch_add(bytes, std::memory_order_relaxed);
+    }
   }
   if (end != nullptr) {
     Completion& c = *completions_[dev.ordinal];
@@ -813,6 +820,13 @@ EngineStats GpuEngine::stats() const {
   s.chunks = chunks_stat_.load(std::memory_order_relaxed);
   s.same_device_copies = same_device_.load(std::memory_order_relaxed);
   s.copy_engines = runtime_->CopyEngineCounters();
+  if (s.copy_engines.empty() && issued_bytes_ != nullptr) {
+    // The runtime picks the engine: bytes per issuing GPU (engine -1).
+    for (int d = 0; d < num_devices_; ++d) {
+      const uint64_t b = issued_bytes_[d].load(std::memory_order_relaxed);
+      if (b != 0) s.copy_engines.push_back(CopyEngineBytes{d, -1, b});
+    }
+  }
   return s;
 }
 

@@ -240,6 +240,9 @@ class GpuEngine : public CopyEngine {
   std::map<std::string, std::weak_ptr<ImportedRegion>> imports_;
 
   std::atomic<uint64_t> ops_{0}, bytes_{0}, chunks_stat_{0}, same_device_{0}, pushes_{0};
+  // Bytes each device's streams were given to copy (which GPU ran each
+  // copy), reported where the runtime does not count per engine itself.
+  std::unique_ptr<std::atomic<uint64_t>[]> issued_bytes_;
   // Where the daemon hop goes (logged at Stop).
   common::LatencyHistogram execute_ns_, memops_ns_, copies_ns_, complete_ns_;
   std::atomic<uint64_t> ready_seen_{0};  // Device waits skipped: the CPU saw every flag at the op.

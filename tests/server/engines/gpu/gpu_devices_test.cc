@@ -68,7 +68,16 @@ TEST_P(GpuDevicesTest, RanksThatEachSeeOneGpuMapToTheDaemonsDevices) {
   ASSERT_NE(job, nullptr);
   ASSERT_TRUE(RunOp(*job, 1).ok());
   EXPECT_EQ(job->Wrong(1), 0u);
-  EXPECT_EQ(engine_->stats().same_device_copies, 0u);
+  const EngineStats st = engine_->stats();
+  EXPECT_EQ(st.same_device_copies, 0u);
+  // Which GPU ran the copies (dmagatherctl stats, "copy engines"): each of
+  // devices 2 and 3 pulled its peer's shard; devices 0 and 1 ran nothing.
+  ASSERT_EQ(st.copy_engines.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(st.copy_engines[i].device, static_cast<int>(2 + i));
+    EXPECT_EQ(st.copy_engines[i].engine, -1);
+    EXPECT_EQ(st.copy_engines[i].bytes, 100000u);
+  }
   const auto log = fake_->chunk_log();
   ASSERT_FALSE(log.empty());
   for (const auto& c : log) {
