@@ -28,7 +28,9 @@ run() {
   export LD_LIBRARY_PATH="$here/lib:${LD_LIBRARY_PATH:-}"
   local out="${OUT:-$PWD/multi_gpu_results}" gpus
   mkdir -p "$out"
-  gpus=$(nvidia-smi -L | wc -l)
+  # The GPUs this run may use: CUDA_VISIBLE_DEVICES honoured, MIG lines not
+  # counted as GPUs (nvidia-smi -L lists every GPU and partition).
+  gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
   nvidia-smi topo -m >"$out/topology.txt" 2>&1 || true
   echo "=== $gpus GPUs"
   # 1. The GPU test suite, one rank per GPU where the tests take a rank count.

@@ -8,7 +8,10 @@ NCCL. Parts (--parts, default all):
   busbw     AllGather bus bandwidth, 1 MiB .. 1 GiB per rank, dmagather vs NCCL
   overlap   bf16 GEMM 8192^3 loop while AllGathers of 8..256 MiB run on a side stream:
             GEMM TF/s and wall time for dmagather vs NCCL vs GEMM alone
-  latency   64 KiB per rank: p50/p99 dmagather vs NCCL
+  latency   --latency_kib per rank (64 KiB, 1, 2, 4 MiB): p50/p99 dmagather vs NCCL
+More ranks than GPUs (--ranks 16 on 8 GPUs) share GPUs round-robin over a gloo group: NCCL
+refuses several ranks on one GPU, so its columns are left out. --rank_visible: each rank sees
+only its own GPU (CUDA_VISIBLE_DEVICES = that GPU's UUID), as under SLURM --gpus-per-task.
 Writes CSV files and PNGs into --out and prints a summary table on rank 0.
 NVLink multicast stays off (NCCL_NVLS_ENABLE=0 etc. are set before NCCL starts).
 """
@@ -77,7 +80,8 @@ def part_correct(args, rank, world, dm, dev):
     seed = 1
     for dt in DTYPES:
         es = torch.empty(0, dtype=dt).element_size()
-        for count in (1, 3, 4095, MiB + 7, 64 * MiB // es):
+        big = args.correct_max_mib * MiB // es
+        for count in sorted({c for c in (1, 3, 4095, MiB + 7) if c * es <= args.correct_max_mib * MiB} | {big}):
             for variant in ("out_of_place", "in_place", "list", "suballoc"):
                 seed += 1
                 nbytes = count * es
@@ -131,7 +135,7 @@ def part_busbw(args, rank, world, dm, dev):
         inp.random_(0, 255)
         iters = max(5, min(100, (8 << 30) // (size * world)))
         t_d = time_loop(lambda: dm.allgather(inp, inp_out), iters)
-        t_n = time_loop(lambda: nccl_allgather(inp, inp_out), iters)
+        t_n = time_loop(lambda: nccl_allgather(inp, inp_out), iters) if args.nccl else float("nan")
         bus = lambda t: (world - 1) / world * size * world / (t / 1e3) / 1e9  # noqa: E731
         rows.append([size // MiB, round(t_d, 4), round(t_n, 4), round(bus(t_d), 2), round(bus(t_n), 2),
                      round(bus(t_d) / bus(t_n), 3)])
@@ -155,7 +159,7 @@ def part_overlap(args, rank, world, dm, dev):
         inp = out[rank * size:(rank + 1) * size]
         n_ag = gemms  # One AllGather per GEMM, as a layer-by-layer prefetch would.
         t_ag_d = time_loop(lambda: dm.allgather(inp, out), n_ag) * n_ag
-        t_ag_n = time_loop(lambda: nccl_allgather(inp, out), n_ag) * n_ag
+        t_ag_n = time_loop(lambda: nccl_allgather(inp, out), n_ag) * n_ag if args.nccl else float("nan")
 
         def both(ag):
             def run():
@@ -167,7 +171,8 @@ def part_overlap(args, rank, world, dm, dev):
                 main.wait_stream(side)
             return run
         t_both_d = time_loop(both(lambda s: dm.allgather(inp, out, stream=s)), 1, warmup=2)
-        t_both_n = time_loop(both(lambda s: nccl_allgather(inp, out, stream=s)), 1, warmup=2)
+        t_both_n = (time_loop(both(lambda s: nccl_allgather(inp, out, stream=s)), 1, warmup=2) if args.nccl
+                    else float("nan"))
         tf = lambda t: flops * gemms / (t / 1e3) / 1e12  # noqa: E731
         rows.append([mib, round(t_gemm, 3), round(t_ag_d, 3), round(t_ag_n, 3), round(t_both_d, 3),
                      round(t_both_n, 3), round(tf(t_gemm), 1), round(tf(t_both_d), 1), round(tf(t_both_n), 1),
@@ -177,11 +182,20 @@ def part_overlap(args, rank, world, dm, dev):
 
 
 def part_latency(args, rank, world, dm, dev):
-    size = 64 * 1024
+    res = []
+    for kib in (int(k) for k in args.latency_kib.split(",")):
+        res += latency_one(args, rank, world, dm, dev, kib * 1024)
+    return res
+
+
+def latency_one(args, rank, world, dm, dev, size):
     out = torch.empty(size * world, dtype=torch.uint8, device=dev)
     inp = out[rank * size:(rank + 1) * size]
     res = []
-    for name, fn in (("dmagather", lambda: dm.allgather(inp, out)), ("nccl", lambda: nccl_allgather(inp, out))):
+    impls = [("dmagather", lambda: dm.allgather(inp, out))]
+    if args.nccl:
+        impls.append(("nccl", lambda: nccl_allgather(inp, out)))
+    for name, fn in impls:
         ts = []
         for _ in range(20):
             fn()
@@ -195,7 +209,7 @@ def part_latency(args, rank, world, dm, dev):
             e1.synchronize()
             ts.append(e0.elapsed_time(e1) * 1e3)
         ts.sort()
-        res.append([name, round(ts[len(ts) // 2], 2), round(ts[int(len(ts) * 0.99)], 2)])
+        res.append([size // 1024, name, round(ts[len(ts) // 2], 2), round(ts[int(len(ts) * 0.99)], 2)])
     return res
 
 
@@ -207,16 +221,23 @@ def write_csv(path, header, rows):
 
 
 def worker(rank, world, args):
-    torch.cuda.set_device(rank)
-    dev = torch.device("cuda", rank)
+    if args.rank_visible:
+        # Before this process's first CUDA call: it sees one GPU, its device 0.
+        os.environ["CUDA_VISIBLE_DEVICES"] = args.rank_visible.split(",")[rank % len(args.rank_visible.split(","))]
+    idx = rank % torch.cuda.device_count()
+    torch.cuda.set_device(idx)
+    dev = torch.device("cuda", idx)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port))
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    if args.nccl:
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
     dm = Dmag(args, rank, world)
     parts = args.parts.split(",")
     summary = {}
     if "correct" in parts:
         rows, failures = part_correct(args, rank, world, dm, dev)
-        bad = torch.tensor([len(failures)], device=dev)
+        bad = torch.tensor([len(failures)], device=dev if args.nccl else "cpu")
         dist.all_reduce(bad)
         summary["correct"] = int(bad.item())
         if rank == 0:
@@ -240,7 +261,7 @@ def worker(rank, world, args):
     if "latency" in parts:
         rows = part_latency(args, rank, world, dm, dev)
         if rank == 0:
-            write_csv(os.path.join(args.out, "latency_64KiB.csv"), ["impl", "p50_us", "p99_us"], rows)
+            write_csv(os.path.join(args.out, "latency.csv"), ["KiB_per_rank", "impl", "p50_us", "p99_us"], rows)
             summary["latency"] = rows
     dm.comm.wait()
     dm.comm.close()
@@ -266,7 +287,7 @@ def report(args, world):
             print(f"{r[0]:>6} {r[6]:>15} {r[7]:>7} {r[8]:>7} {r[9]:>15}")
     if "latency" in s:
         for r in s["latency"]:
-            print(f"64 KiB latency {r[0]}: p50 {r[1]} us, p99 {r[2]} us")
+            print(f"{r[0]} KiB latency {r[1]}: p50 {r[2]} us, p99 {r[3]} us")
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -296,11 +317,19 @@ def main():
     p.add_argument("--max_bytes", type=int, default=1 << 30)
     p.add_argument("--overlap_gemms", type=int, default=20)
     p.add_argument("--latency_iters", type=int, default=200)
+    p.add_argument("--correct_max_mib", type=int, default=64, help="largest shard of the correct part (MiB)")
+    p.add_argument("--latency_kib", default="64,1024,2048,4096", help="sizes per rank for the latency part")
+    p.add_argument("--rank_visible", default="",
+                   help="GPU UUIDs (or indices), comma-separated: rank r sees only entry r %% n")
     p.add_argument("--out", default="multi_gpu_results")
     p.add_argument("--port", type=int, default=29531)
     p.add_argument("--job", default=str(os.getpid()))
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    gpus = len(args.rank_visible.split(",")) if args.rank_visible else torch.cuda.device_count()
+    args.nccl = args.ranks <= gpus  # NCCL refuses several ranks on one GPU
+    if not args.nccl:
+        print(f"{args.ranks} ranks on {gpus} GPU(s): a gloo group, dmagather only (no NCCL columns)", flush=True)
     mp.spawn(worker, args=(args.ranks, args), nprocs=args.ranks, join=True)
     report(args, args.ranks)
     ctl = os.environ.get("DMAGATHERCTL")

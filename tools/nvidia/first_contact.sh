@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# first_contact.sh: the first run of dmagather's cuda backend on a
+# multi-GPU NVIDIA node (8xH100/H200 class, one rank per GPU: the design
+# case). One command runs, in order, what the repository can only test on a
+# fake runtime and on one GPU, and writes one report with a PASS / FAIL /
+# SKIP line per claim (docs/CUDA.md, "One rank per GPU"):
+#
+#   tools/nvidia/first_contact.sh stage DIR    (build machine: binaries, their .so closure, scripts)
+#   DIR/first_contact.sh run [OUT_DIR]         (GPU machine; default OUT_DIR: $OUT or ./first_contact-<host>)
+#
+# Needs on the GPU machine: the NVIDIA driver, nvidia-smi, python3 with a
+# CUDA build of torch (NCCL inside). It starts its own dmagatherd on private
+# sockets (never the node's service). NVLink multicast stays off. Exit status
+# 0 when no line is FAIL. Steps (the claim each stands for):
+#   gpus          GPUs this run sees (CUDA_VISIBLE_DEVICES honoured), no MIG partitions
+#   topology      nvidia-smi topo -m (kept in topology.txt)
+#   pair copies   copy-engine GB/s for every ordered pair, pull (on the destination) and push
+#                 (on the source), each copy bit-exact: the baseline (pair_bw.csv)
+#   GPU suite     tests/gpu/run.sh: every mode bit-exact; then each rank seeing only its GPU by
+#                 UUID while the daemon sees all, mapping logged, same_device_copies unchanged
+#   pair jobs     a 2-rank job on every GPU pair, cudaMalloc (IPC) and expandable segments
+#                 (VMM) memory, bit-exact; only the pair's two GPUs ran copies (dmagatherctl
+#                 stats: bytes per issuing GPU)
+#   latency sweep 64 KiB and 1/2/4 MiB per rank, p50/p99, and the daemon's issue p50/p99, with
+#                 copy graphs on/off, graph caps 256/1024/4096 KiB, 1/4/8 streams per GPU
+#   16 on 8       twice as many ranks as GPUs (a gloo group: NCCL refuses shared GPUs), bit-exact
+#   vs NCCL       busbw 1 MiB..1 GiB and a bf16 GEMM's TF/s beside the all-gathers, NCCL alongside
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+
+stage() {
+  local dir="$1" root
+  root="$(cd "$here/../.." && pwd)"
+  "$root/bench/gpu/multi_gpu.sh" stage "$dir" || exit 1
+  install -m 0755 "$root/bench/gpu/pair_bw.py" "$dir/pair_bw.py"
+  install -m 0755 "$here/first_contact.sh" "$dir/first_contact.sh"
+  du -sh "$dir"
+}
+
+run() {
+  local out="${1:-${OUT:-$PWD/first_contact-$(hostname)}}"
+  mkdir -p "$out" || exit 2
+  out="$(cd "$out" && pwd)"
+  local report="$out/report.txt"
+  : >"$report"
+  say() { echo "$*" | tee -a "$report"; }
+  pass() { say "PASS $1: $2"; }
+  fail() { say "FAIL $1: $2"; }
+  skip() { say "SKIP $1: $2"; }
+  export LD_LIBRARY_PATH="$here/lib:${LD_LIBRARY_PATH:-}"
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  export PYTHONPATH="$here/python:${PYTHONPATH:-}" DMAGATHER_LIB="$here/python/dmagather/libdmagather.so"
+  local tmp; tmp="$(mktemp -d)"
+  say "# dmagather first contact (cuda) on $(hostname), $(date -u +%FT%TZ)"
+  say "# driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)," \
+      "torch $(python3 -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>/dev/null)"
+
+  # --- gpus ----------------------------------------------------------------
+  local ngpu uuids
+  ngpu="$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)"
+  nvidia-smi -L >"$out/gpus.txt" 2>&1
+  if [ "${ngpu:-0}" -lt 1 ]; then
+    fail "gpus" "torch sees no GPU (see gpus.txt)"
+    return 1
+  fi
+  if grep -q "MIG " "$out/gpus.txt"; then
+    fail "gpus" "MIG partitions listed: no IPC or peer access between them (docs/CUDA.md); run on whole GPUs"
+  else
+    pass "gpus" "$ngpu GPU(s) visible, no MIG partition"
+  fi
+  # The UUIDs of the GPUs this run sees, in CUDA order.
+  uuids="$(python3 -c 'import torch
+print(",".join("GPU-" + str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())))' \
+    2>/dev/null)"
+
+  # --- topology --------------------------------------------------------------
+  if nvidia-smi topo -m >"$out/topology.txt" 2>&1; then
+    pass "topology" "nvidia-smi topo -m in topology.txt"
+  else
+    skip "topology" "nvidia-smi topo -m failed (topology.txt)"
+  fi
+
+  # --- pair copies -------------------------------------------------------------
+  if (cd "$out" && timeout 900 python3 "$here/pair_bw.py" --csv "$out/pair_bw.csv") >"$out/pair_bw.log" 2>&1; then
+    pass "pair copies" "$(tail -n 1 "$out/pair_bw.log") (pair_bw.csv, matrices in pair_bw.log)"
+  else
+    fail "pair copies" "$(tail -n 1 "$out/pair_bw.log")"
+  fi
+
+  # --- GPU suite ---------------------------------------------------------------
+  OUT="$out" "$here/run.sh" run >"$out/gpu_suite.log" 2>&1
+  local line; line="$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$out/gpu_suite.log" | tail -n 1)"
+  if [ -n "$line" ] && [ "${line#* passed, }" = "0 failed" ]; then
+    pass "GPU suite" "$line; $(grep '=== per-rank visibility' "$out/gpu_suite.log" | tail -n 1 | sed 's/^=== //')"
+  else
+    fail "GPU suite" "${line:-no result line} (gpu_suite.log)"
+  fi
+
+  # One daemon for the steps below, seeing every GPU by index.
+  local sock="$tmp/d.sock" dpid
+  start_daemon() {  # env and flags for this daemon; its log is $1
+    local log="$1"; shift
+    env "$@" "$here/bin/dmagatherd" --socket="$sock" --backend=cuda --socket_mode=0600 --metrics_listen= \
+      ${DAEMON_FLAGS:-} >"$log" 2>&1 &
+    dpid=$!
+    for _ in $(seq 1 200); do [ -S "$sock" ] && return 0; sleep 0.1; done
+    return 1
+  }
+  stop_daemon() { kill -TERM "$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null; }
+  bench() {  # multi_gpu_bench.py arguments...
+    DMAGATHER_SOCKET="$sock" timeout 1500 python3 "$here/multi_gpu_bench.py" --socket="$sock" "$@"
+  }
+  gpu_bytes() {  # bytes per issuing GPU from dmagatherctl stats, "d:bytes,..."
+    "$here/bin/dmagatherctl" --socket="$sock" --json stats 2>/dev/null | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+print(",".join(f"{c.get(\"device\", 0)}:{c.get(\"bytes\", 0)}" for c in s.get("copyEngines", s.get("copy_engines", []))))'
+  }
+
+  # --- pair jobs ---------------------------------------------------------------
+  if [ "$ngpu" -lt 2 ]; then
+    skip "pair jobs" "one GPU"
+  else
+    start_daemon "$out/daemon_pairs.log" || { fail "pair jobs" "dmagatherd did not start"; }
+    local bad=0 runs=0 i j mem before after
+    for i in $(seq 0 $((ngpu - 1))); do
+      for j in $(seq $((i + 1)) $((ngpu - 1))); do
+        for mem in ipc vmm; do
+          before="$(gpu_bytes)"
+          local alloc=""; [ "$mem" = vmm ] && alloc="expandable_segments:True"
+          runs=$((runs + 1))
+          if ! CUDA_VISIBLE_DEVICES="$(echo "$uuids" | cut -d, -f$((i + 1))),$(echo "$uuids" | cut -d, -f$((j + 1)))" \
+              PYTORCH_CUDA_ALLOC_CONF="$alloc" bench --ranks=2 --parts=correct --correct_max_mib=4 \
+              --out="$out/pair_${i}_${j}_$mem" --job="pair-$i-$j-$mem" >"$out/pair_${i}_${j}_$mem.log" 2>&1; then
+            bad=$((bad + 1)); say "  pair $i-$j $mem: FAILED (pair_${i}_${j}_$mem.log)"; continue
+          fi
+          after="$(gpu_bytes)"
+          # Only GPUs i and j may have issued copies for this job.
+          local other
+          other="$(python3 -c '
+import sys
+b = dict(map(int, x.split(":")) for x in sys.argv[1].split(",") if x)
+a = dict(map(int, x.split(":")) for x in sys.argv[2].split(",") if x)
+i, j = int(sys.argv[3]), int(sys.argv[4])
+print(",".join(str(d) for d in a if d not in (i, j) and a[d] != b.get(d, 0)))' "$before" "$after" "$i" "$j")"
+          if [ -n "$other" ]; then
+            bad=$((bad + 1)); say "  pair $i-$j $mem: GPU(s) $other ran copies of a job on GPUs $i and $j"
+          fi
+          echo "pair $i-$j $mem: bytes per GPU $before -> $after" >>"$out/pair_trace.txt"
+        done
+      done
+    done
+    stop_daemon
+    if [ "$bad" -eq 0 ]; then
+      pass "pair jobs" "$runs runs bit-exact, copies only on each pair's GPUs (pair_trace.txt)"
+    else
+      fail "pair jobs" "$bad of $runs runs (see above)"
+    fi
+  fi
+
+  # --- latency sweep -------------------------------------------------------------
+  local ranks=$ngpu; [ "$ranks" -lt 2 ] && ranks=2
+  echo "config,KiB_per_rank,impl,p50_us,p99_us,daemon_issue" >"$out/latency_sweep.csv"
+  local cfg sweep_bad=0
+  for cfg in "graphs=on" "graphs=off:DMAGATHER_CUDA_GRAPHS=0" "cap=256:DMAGATHER_CUDA_GRAPH_MAX_KIB=256" \
+             "cap=4096:DMAGATHER_CUDA_GRAPH_MAX_KIB=4096" "streams=1:--streams=1" "streams=4:--streams=4" \
+             "streams=8:--streams=8"; do
+    local name="${cfg%%:*}" setting="" envs=() flags=""
+    [ "$name" != "$cfg" ] && setting="${cfg#*:}"
+    case "$setting" in
+      --*) flags="$setting" ;;
+      ?*) envs=("$setting") ;;
+    esac
+    DAEMON_FLAGS="$flags" start_daemon "$out/daemon_sweep_$name.log" "${envs[@]}" || { sweep_bad=1; continue; }
+    if ! bench --ranks="$ranks" --parts=latency --latency_iters=100 --out="$out/sweep_$name" --job="sweep-$name" \
+        >"$out/sweep_$name.log" 2>&1; then
+      sweep_bad=1
+    fi
+    stop_daemon
+    local issue; issue="$(grep -o 'engine: [0-9]* ops; issue p50 [0-9.]* us, p99 [0-9.]* us' \
+      "$out/daemon_sweep_$name.log" | tail -n 1 | sed 's/.*issue //; s/,//')"
+    tail -n +2 "$out/sweep_$name/latency.csv" 2>/dev/null | sed "s|^|$name,|; s|\$|,$issue|" >>"$out/latency_sweep.csv"
+  done
+  if [ "$sweep_bad" -eq 0 ]; then
+    pass "latency sweep" "$ranks ranks, 7 daemon settings (latency_sweep.csv)"
+  else
+    fail "latency sweep" "a setting failed (sweep_*.log, daemon_sweep_*.log)"
+  fi
+  column -t -s, "$out/latency_sweep.csv" 2>/dev/null | head -n 60 >>"$report"
+
+  # --- 16 on 8 ---------------------------------------------------------------
+  start_daemon "$out/daemon_shared.log" || true
+  if bench --ranks=$((2 * ngpu)) --parts=correct --correct_max_mib=4 --out="$out/shared" --job=shared \
+      >"$out/shared.log" 2>&1 && grep -q "all PASSED" "$out/shared.log"; then
+    pass "$((2 * ngpu)) on $ngpu" "two ranks per GPU, bit-exact (shared.log)"
+  else
+    fail "$((2 * ngpu)) on $ngpu" "see shared.log"
+  fi
+
+  # --- vs NCCL ---------------------------------------------------------------
+  if [ "$ngpu" -lt 2 ]; then
+    skip "vs NCCL" "one GPU: an all-gather of one rank moves nothing"
+  elif bench --ranks="$ngpu" --parts=busbw,overlap --out="$out/vs_nccl" --job=vs-nccl >"$out/vs_nccl.log" 2>&1; then
+    pass "vs NCCL" "busbw and overlap tables in vs_nccl/ (summary in vs_nccl.log)"
+    tail -n 30 "$out/vs_nccl.log" >>"$report"
+  else
+    fail "vs NCCL" "see vs_nccl.log"
+  fi
+  "$here/bin/dmagatherctl" --socket="$sock" stats >"$out/dmagatherctl_stats.txt" 2>&1
+  stop_daemon
+  rm -rf "$tmp"
+  say "# report: $report"
+  ! grep -q "^FAIL" "$report"
+}
+
+case "${1:-}" in
+  stage) stage "${2:?stage DIR}" ;;
+  run) shift; run "$@" ;;
+  *) echo "usage: $0 stage DIR | run [OUT_DIR]" >&2; exit 2 ;;
+esac
