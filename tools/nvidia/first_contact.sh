@@ -25,6 +25,8 @@
 #                 copy graphs on/off, graph caps 256/1024/4096 KiB, 1/4/8 streams per GPU
 #   16 on 8       twice as many ranks as GPUs (a gloo group: NCCL refuses shared GPUs), bit-exact
 #   vs NCCL       busbw 1 MiB..1 GiB and a bf16 GEMM's TF/s beside the all-gathers, NCCL alongside
+# FC_STEPS="pairs suite pairjobs sweep shared nccl" runs a subset (default: all; gpus and
+# topology always run), e.g. to split the run over calls of a bounded length.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 
@@ -43,6 +45,7 @@ run() {
   out="$(cd "$out" && pwd)"
   local report="$out/report.txt"
   : >"$report"
+  want() { [[ " ${FC_STEPS:-all} " == *" all "* || " ${FC_STEPS:-all} " == *" $1 "* ]]; }
   say() { echo "$*" | tee -a "$report"; }
   pass() { say "PASS $1: $2"; }
   fail() { say "FAIL $1: $2"; }
@@ -81,16 +84,21 @@ print(",".join("GPU-" + str(torch.cuda.get_device_properties(i).uuid) for i in r
   fi
 
   # --- pair copies -------------------------------------------------------------
-  if (cd "$out" && timeout 900 python3 "$here/pair_bw.py" --csv "$out/pair_bw.csv") >"$out/pair_bw.log" 2>&1; then
+  if ! want pairs; then
+    :
+  elif (cd "$out" && timeout 900 python3 "$here/pair_bw.py" --csv "$out/pair_bw.csv") >"$out/pair_bw.log" 2>&1; then
     pass "pair copies" "$(tail -n 1 "$out/pair_bw.log") (pair_bw.csv, matrices in pair_bw.log)"
   else
     fail "pair copies" "$(tail -n 1 "$out/pair_bw.log")"
   fi
 
   # --- GPU suite ---------------------------------------------------------------
-  OUT="$out" "$here/run.sh" run >"$out/gpu_suite.log" 2>&1
-  local line; line="$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$out/gpu_suite.log" | tail -n 1)"
-  if [ -n "$line" ] && [ "${line#* passed, }" = "0 failed" ]; then
+  local line=""
+  want suite && OUT="$out" "$here/run.sh" run >"$out/gpu_suite.log" 2>&1
+  want suite && line="$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$out/gpu_suite.log" | tail -n 1)"
+  if ! want suite; then
+    :
+  elif [ -n "$line" ] && [ "${line#* passed, }" = "0 failed" ]; then
     pass "GPU suite" "$line; $(grep '=== per-rank visibility' "$out/gpu_suite.log" | tail -n 1 | sed 's/^=== //')"
   else
     fail "GPU suite" "${line:-no result line} (gpu_suite.log)"
@@ -118,7 +126,9 @@ print(",".join(f"{c.get(\"device\", 0)}:{c.get(\"bytes\", 0)}" for c in s.get("c
   }
 
   # --- pair jobs ---------------------------------------------------------------
-  if [ "$ngpu" -lt 2 ]; then
+  if ! want pairjobs; then
+    :
+  elif [ "$ngpu" -lt 2 ]; then
     skip "pair jobs" "one GPU"
   else
     start_daemon "$out/daemon_pairs.log" || { fail "pair jobs" "dmagatherd did not start"; }
@@ -160,11 +170,11 @@ print(",".join(str(d) for d in a if d not in (i, j) and a[d] != b.get(d, 0)))' "
 
   # --- latency sweep -------------------------------------------------------------
   local ranks=$ngpu; [ "$ranks" -lt 2 ] && ranks=2
-  echo "config,KiB_per_rank,impl,p50_us,p99_us,daemon_issue" >"$out/latency_sweep.csv"
-  local cfg sweep_bad=0
-  for cfg in "graphs=on" "graphs=off:DMAGATHER_CUDA_GRAPHS=0" "cap=256:DMAGATHER_CUDA_GRAPH_MAX_KIB=256" \
-             "cap=4096:DMAGATHER_CUDA_GRAPH_MAX_KIB=4096" "streams=1:--streams=1" "streams=4:--streams=4" \
-             "streams=8:--streams=8"; do
+  local cfg sweep_bad=0 configs=""
+  want sweep && configs="graphs=on graphs=off:DMAGATHER_CUDA_GRAPHS=0 cap=256:DMAGATHER_CUDA_GRAPH_MAX_KIB=256
+    cap=4096:DMAGATHER_CUDA_GRAPH_MAX_KIB=4096 streams=1:--streams=1 streams=4:--streams=4 streams=8:--streams=8"
+  want sweep && echo "config,KiB_per_rank,impl,p50_us,p99_us,daemon_issue" >"$out/latency_sweep.csv"
+  for cfg in $configs; do
     local name="${cfg%%:*}" setting="" envs=() flags=""
     [ "$name" != "$cfg" ] && setting="${cfg#*:}"
     case "$setting" in
@@ -181,16 +191,20 @@ print(",".join(str(d) for d in a if d not in (i, j) and a[d] != b.get(d, 0)))' "
       "$out/daemon_sweep_$name.log" | tail -n 1 | sed 's/.*issue //; s/,//')"
     tail -n +2 "$out/sweep_$name/latency.csv" 2>/dev/null | sed "s|^|$name,|; s|\$|,$issue|" >>"$out/latency_sweep.csv"
   done
-  if [ "$sweep_bad" -eq 0 ]; then
+  if ! want sweep; then
+    :
+  elif [ "$sweep_bad" -eq 0 ]; then
     pass "latency sweep" "$ranks ranks, 7 daemon settings (latency_sweep.csv)"
+    column -t -s, "$out/latency_sweep.csv" 2>/dev/null | head -n 60 >>"$report"
   else
     fail "latency sweep" "a setting failed (sweep_*.log, daemon_sweep_*.log)"
   fi
-  column -t -s, "$out/latency_sweep.csv" 2>/dev/null | head -n 60 >>"$report"
 
   # --- 16 on 8 ---------------------------------------------------------------
-  start_daemon "$out/daemon_shared.log" || true
-  if bench --ranks=$((2 * ngpu)) --parts=correct --correct_max_mib=4 --out="$out/shared" --job=shared \
+  want shared || want nccl && start_daemon "$out/daemon_shared.log"
+  if ! want shared; then
+    :
+  elif bench --ranks=$((2 * ngpu)) --parts=correct --correct_max_mib=4 --out="$out/shared" --job=shared \
       >"$out/shared.log" 2>&1 && grep -q "all PASSED" "$out/shared.log"; then
     pass "$((2 * ngpu)) on $ngpu" "two ranks per GPU, bit-exact (shared.log)"
   else
@@ -198,7 +212,9 @@ print(",".join(str(d) for d in a if d not in (i, j) and a[d] != b.get(d, 0)))' "
   fi
 
   # --- vs NCCL ---------------------------------------------------------------
-  if [ "$ngpu" -lt 2 ]; then
+  if ! want nccl; then
+    :
+  elif [ "$ngpu" -lt 2 ]; then
     skip "vs NCCL" "one GPU: an all-gather of one rank moves nothing"
   elif bench --ranks="$ngpu" --parts=busbw,overlap --out="$out/vs_nccl" --job=vs-nccl >"$out/vs_nccl.log" 2>&1; then
     pass "vs NCCL" "busbw and overlap tables in vs_nccl/ (summary in vs_nccl.log)"
@@ -206,8 +222,10 @@ print(",".join(str(d) for d in a if d not in (i, j) and a[d] != b.get(d, 0)))' "
   else
     fail "vs NCCL" "see vs_nccl.log"
   fi
-  "$here/bin/dmagatherctl" --socket="$sock" stats >"$out/dmagatherctl_stats.txt" 2>&1
-  stop_daemon
+  if want shared || want nccl; then
+    "$here/bin/dmagatherctl" --socket="$sock" stats >"$out/dmagatherctl_stats.txt" 2>&1
+    stop_daemon
+  fi
   rm -rf "$tmp"
   say "# report: $report"
   ! grep -q "^FAIL" "$report"
