@@ -26,7 +26,8 @@
 #   16 on 8       twice as many ranks as GPUs (a gloo group: NCCL refuses shared GPUs), bit-exact
 #   vs NCCL       busbw 1 MiB..1 GiB and a bf16 GEMM's TF/s beside the all-gathers, NCCL alongside
 # FC_STEPS="pairs suite pairjobs sweep shared nccl" runs a subset (default: all; gpus and
-# topology always run), e.g. to split the run over calls of a bounded length.
+# topology always run), e.g. to split the run over calls of a bounded length; FC_SWEEP
+# replaces the sweep's settings (space-separated NAME[:ENV=VALUE|:--daemon_flag]).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 
@@ -171,8 +172,8 @@ print(",".join(str(d) for d in a if d not in (i, j) and a[d] != b.get(d, 0)))' "
   # --- latency sweep -------------------------------------------------------------
   local ranks=$ngpu; [ "$ranks" -lt 2 ] && ranks=2
   local cfg sweep_bad=0 configs=""
-  want sweep && configs="graphs=on graphs=off:DMAGATHER_CUDA_GRAPHS=0 cap=256:DMAGATHER_CUDA_GRAPH_MAX_KIB=256
-    cap=4096:DMAGATHER_CUDA_GRAPH_MAX_KIB=4096 streams=1:--streams=1 streams=4:--streams=4 streams=8:--streams=8"
+  want sweep && configs="${FC_SWEEP:-graphs=on graphs=off:DMAGATHER_CUDA_GRAPHS=0 cap=256:DMAGATHER_CUDA_GRAPH_MAX_KIB=256
+    cap=4096:DMAGATHER_CUDA_GRAPH_MAX_KIB=4096 streams=1:--streams=1 streams=4:--streams=4 streams=8:--streams=8}"
   want sweep && echo "config,KiB_per_rank,impl,p50_us,p99_us,daemon_issue" >"$out/latency_sweep.csv"
   for cfg in $configs; do
     local name="${cfg%%:*}" setting="" envs=() flags=""
@@ -194,7 +195,7 @@ print(",".join(str(d) for d in a if d not in (i, j) and a[d] != b.get(d, 0)))' "
   if ! want sweep; then
     :
   elif [ "$sweep_bad" -eq 0 ]; then
-    pass "latency sweep" "$ranks ranks, 7 daemon settings (latency_sweep.csv)"
+    pass "latency sweep" "$ranks ranks, $(echo $configs | wc -w) daemon settings (latency_sweep.csv)"
     column -t -s, "$out/latency_sweep.csv" 2>/dev/null | head -n 60 >>"$report"
   else
     fail "latency sweep" "a setting failed (sweep_*.log, daemon_sweep_*.log)"
