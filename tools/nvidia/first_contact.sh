@@ -123,7 +123,7 @@ print(",".join("GPU-" + str(torch.cuda.get_device_properties(i).uuid) for i in r
     "$here/bin/dmagatherctl" --socket="$sock" --json stats 2>/dev/null | python3 -c '
 import json, sys
 s = json.load(sys.stdin)
-print(",".join(f"{c.get(\"device\", 0)}:{c.get(\"bytes\", 0)}" for c in s.get("copyEngines", s.get("copy_engines", []))))'
+print(",".join("%s:%s" % (c.get("device", 0), c.get("bytes", 0)) for c in s.get("copy_engines", [])))'
   }
 
   # --- pair jobs ---------------------------------------------------------------
@@ -153,9 +153,11 @@ import sys
 b = dict(map(int, x.split(":")) for x in sys.argv[1].split(",") if x)
 a = dict(map(int, x.split(":")) for x in sys.argv[2].split(",") if x)
 i, j = int(sys.argv[3]), int(sys.argv[4])
-print(",".join(str(d) for d in a if d not in (i, j) and a[d] != b.get(d, 0)))' "$before" "$after" "$i" "$j")"
+moved = {d for d in a if a[d] != b.get(d, 0)}
+print(",".join(str(d) for d in sorted(moved - {i, j})) if moved == {i, j} or moved - {i, j}
+      else "GPUs %d and %d did not both count bytes" % (i, j))' "$before" "$after" "$i" "$j")"
           if [ -n "$other" ]; then
-            bad=$((bad + 1)); say "  pair $i-$j $mem: GPU(s) $other ran copies of a job on GPUs $i and $j"
+            bad=$((bad + 1)); say "  pair $i-$j $mem: copies of a job on GPUs $i and $j: $other"
           fi
           echo "pair $i-$j $mem: bytes per GPU $before -> $after" >>"$out/pair_trace.txt"
         done
