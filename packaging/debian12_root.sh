@@ -3,8 +3,9 @@
 # debootstrap and zstd (tools/install_deps.sh installs them).
 #
 #   root_tarball NAME [PACKAGE...]   prints the path of a cached tarball of
-#       `debootstrap --variant=minbase bookworm` plus PACKAGEs (apt-get,
-#       --no-install-recommends), with apt's package lists; made when missing:
+#       `debootstrap --variant=minbase bookworm` (NAME minbase, no PACKAGE), or
+#       of that root plus PACKAGEs (apt-get, --no-install-recommends), with
+#       apt's package lists; made when missing:
 #       ${DMAGATHER_VENV_CACHE:-~/.cache/dmagather}/debian12-NAME-<key>.tar.zst,
 #       key = hash of the mirror, the packages and the recipe below.
 #   root_unpack TARBALL DIR          unpacks it (owners, modes and device nodes kept)
@@ -71,9 +72,16 @@ root_tarball() {
     local d
     d=$(mktemp -d "${TMPDIR:-/tmp}/dmagather-root.XXXXXX")
     trap 'root_umount "$d/root"; rm -rf "$d"' EXIT
-    echo "root_tarball: debootstrap bookworm (minbase) from $DEBIAN_MIRROR into $d/root" >&2
-    nice -n 10 debootstrap --variant=minbase bookworm "$d/root" "$DEBIAN_MIRROR" >"$d/debootstrap.log" 2>&1 ||
-      { tail -20 "$d/debootstrap.log" >&2; exit 1; }
+    if [ $# -eq 0 ]; then
+      echo "root_tarball: debootstrap bookworm (minbase) from $DEBIAN_MIRROR into $d/root" >&2
+      nice -n 10 debootstrap --variant=minbase bookworm "$d/root" "$DEBIAN_MIRROR" >"$d/debootstrap.log" 2>&1 ||
+        { tail -20 "$d/debootstrap.log" >&2; exit 1; }
+    else
+      # The minbase root (cached the same way) plus the packages.
+      local base
+      base=$(root_tarball minbase)
+      root_unpack "$base" "$d/root"
+    fi
     if [ $# -gt 0 ]; then
       echo "root_tarball: apt-get install $*" >&2
       root_mount "$d/root"
