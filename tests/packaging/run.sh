@@ -120,19 +120,23 @@ if [ -z "$why" ]; then ok install; else bad install "$why"; fi
 # --- depends --------------------------------------------------------------------
 echo "== depends"
 why=""
-check_depends() {  # PACKAGE FILE...: each loaded library is this package's or a Depends'
-  local pkg=$1 f lib owner deps
+check_depends() {  # PACKAGE FILE...: everything resolves; each NEEDED library is this package's or a Depends'
+  local pkg=$1 f name re path owner deps map
   shift
   deps=$(in_root dpkg-query -W -f='${Depends}' "$pkg" | tr ',|' '\n\n' | sed -E 's/\(.*\)//; s/:any//; s/ //g')
   for f in "$@"; do
-    while read -r lib; do
-      [ -n "$lib" ] || continue
-      case "$lib" in *"not found"*) why+="$f: $lib; "; continue ;; esac
-      owner=$(in_root dpkg-query -S "$(in_root readlink -f "$lib")" 2>/dev/null | head -1 | cut -d: -f1)
-      [ -n "$owner" ] || owner=$(in_root dpkg-query -S "$lib" 2>/dev/null | head -1 | cut -d: -f1)
+    map=$(in_root ldd "$f")
+    if grep -q "not found" <<<"$map"; then why+="$f: $(grep "not found" <<<"$map" | tr -s ' \n' ' '); "; fi
+    for name in $(readelf -d "$root$f" | sed -nE 's/.*\(NEEDED\).*\[(.*)\]/\1/p'); do
+      re=$(sed 's/[.+]/\\&/g' <<<"$name")
+      path=$(sed -nE "s|^\s*$re => (/[^ ]+).*|\1|p; s|^\s*(/[^ ]*/$re) \(.*|\1|p" <<<"$map" | head -1)
+      [ -n "$path" ] || { why+="$f: $name unresolved; "; continue; }
+      owner=$(in_root dpkg-query -S "$(in_root readlink -f "$path")" 2>/dev/null | head -1 | cut -d: -f1)
+      [ -n "$owner" ] || owner=$(in_root dpkg-query -S "$path" 2>/dev/null | head -1 | cut -d: -f1)
+      [ -n "$owner" ] || owner=$(in_root dpkg-query -S "*/$name" 2>/dev/null | head -1 | cut -d: -f1)
       [ "$owner" = "$pkg" ] && continue
-      grep -qx "$owner" <<<"$deps" || why+="$pkg: $f loads $lib ($owner), not in Depends; "
-    done < <(in_root ldd "$f" | sed -nE 's/.*=> (not found|\/[^ ]+).*/\1/p; s/^\s*(\/[^ ]+) \(.*/\1/p' | sort -u)
+      grep -qx "$owner" <<<"$deps" || why+="$pkg: $f needs $name ($owner), not in Depends; "
+    done
   done
 }
 check_depends dmagatherd /usr/bin/dmagatherd /usr/bin/dmagatherctl
@@ -150,7 +154,7 @@ echo "  pkg-config --cflags --libs dmagather: $flags"
 if [ "$modv" = "$upstream" ] &&
    in_root sh -c 'cc -O2 -Wall -o /tmp/allgather_check /tmp/allgather_check.c $(pkg-config --cflags --libs dmagather)' \
      >"$work/cc.log" 2>&1 &&
-   in_root ldd /tmp/allgather_check | grep -q "libdmagather.so.0 => /usr/lib/"; then
+   in_root ldd /tmp/allgather_check | grep -qE "libdmagather.so.0 => /(usr/)?lib/"; then
   ok pkg_config
 else
   cat "$work/cc.log"
@@ -225,7 +229,7 @@ fi
 # --- purge ----------------------------------------------------------------------
 echo "== purge"
 files=$(in_root dpkg-query -L dmagatherd libdmagather0 libdmagather-dev python3-dmagather |
-        while read -r f; do [ -f "$root$f" ] || [ -L "$root$f" ] && echo "$f"; done)
+        while read -r f; do [ ! -d "$root$f" ] && { [ -f "$root$f" ] || [ -L "$root$f" ]; } && echo "$f"; done)
 if root_apt "$root" purge dmagatherd libdmagather0 libdmagather-dev python3-dmagather >"$work/purge.log" 2>&1; then
   left=$(while read -r f; do [ -e "$root$f" ] || [ -L "$root$f" ] && echo "$f"; done <<<"$files")
   [ -e "$root/etc/dmagather" ] && left+=" /etc/dmagather"
