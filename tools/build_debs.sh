@@ -41,6 +41,8 @@ bin=$(bazel info bazel-bin 2>/dev/null)
 soname=$(readelf -d "$bin/client/libdmagather.so" | sed -nE 's/.*\(SONAME\).*\[(.*)\]/\1/p')
 [ "$soname" = "libdmagather.so.$MAJOR" ] || {
   echo "build_debs: libdmagather.so has SONAME '$soname', dmagather.h says major $MAJOR" >&2; exit 1; }
+grep -q "^version = \"$VERSION\"$" client/python/pyproject.toml || {
+  echo "build_debs: client/python/pyproject.toml's version is not $VERSION (dmagather.h)" >&2; exit 1; }
 grep -q "^SONAME = \"libdmagather.so.$MAJOR\"$" client/python/dmagather/__init__.py || {
   echo "build_debs: client/python/dmagather/__init__.py SONAME is not libdmagather.so.$MAJOR" >&2; exit 1; }
 extra=$(nm -D --defined-only "$bin/client/libdmagather.so" | awk '$2 ~ /^[A-Z]$/ && $3 !~ /^dmagather_/' | head -3)
