@@ -112,6 +112,11 @@ root_mount "$root"
 echo "  root: $(basename "$tarball") ready in $t_root s, unpacked in $((SECONDS - t0 - t_root)) s"
 mkdir -p "$root/tmp/debs" && cp "$work"/debs/*.deb "$root/tmp/debs/"
 debs_in_root=$(cd "$root" && ls tmp/debs/*.deb | sed 's|^|/|')
+# As in a chroot on a booted systemd host whose /run is shared: the scripts
+# must tell the chroot by themselves. A systemctl that records its calls.
+mkdir -p "$root/run/systemd/system"
+printf '#!/bin/sh\necho "$*" >>/tmp/systemctl.calls\n' >"$root/usr/bin/systemctl"
+chmod 0755 "$root/usr/bin/systemctl"
 if ! root_apt "$root" install $debs_in_root >"$work/install.log" 2>&1; then
   tail -30 "$work/install.log"
   bad install "apt-get install of the packages failed"
@@ -126,6 +131,9 @@ in_root getent group dmagather >/dev/null || why+="no group dmagather; "
 [ -f "$root/etc/dmagather/dmagatherd.conf" ] || why+="no /etc/dmagather/dmagatherd.conf; "
 running=$(procs_in "$root")
 [ -z "$running" ] || why+="the install started processes in the chroot: $running; "
+calls=$(grep -E '(^| )(start|restart|reload|daemon-reload)( |$)' "$root/tmp/systemctl.calls" 2>/dev/null)
+[ -z "$calls" ] || why+="the maintainer scripts called systemctl in a chroot: $calls; "
+rm -rf "$root/usr/bin/systemctl" "$root/run/systemd" "$root/tmp/systemctl.calls"
 echo "  pulled from Debian: $(grep -cE '^(Get|Unpacking) ' "$work/install.log") lines of apt output; $(grep -c '^Setting up' "$work/install.log") packages set up"
 if [ -z "$why" ]; then ok install; else bad install "$why"; fi
 
