@@ -127,11 +127,16 @@ for p in dmagatherd libdmagather0 libdmagather-dev python3-dmagather; do
   in_root dpkg-query -W -f='${Status}\n' "$p" | grep -q "install ok installed" || why+="$p not installed; "
 done
 in_root getent group dmagather >/dev/null || why+="no group dmagather; "
-[ -L "$root/etc/systemd/system/multi-user.target.wants/dmagatherd.service" ] || why+="unit not enabled; "
+# Enabled: the link, or (with a systemctl present, as here) deb-systemd-helper's
+# `systemctl preset` on first install.
+[ -L "$root/etc/systemd/system/multi-user.target.wants/dmagatherd.service" ] ||
+  grep -q " preset dmagatherd.service$" "$root/tmp/systemctl.calls" 2>/dev/null || why+="unit not enabled; "
 [ -f "$root/etc/dmagather/dmagatherd.conf" ] || why+="no /etc/dmagather/dmagatherd.conf; "
 running=$(procs_in "$root")
 [ -z "$running" ] || why+="the install started processes in the chroot: $running; "
-calls=$(grep -E '(^| )(start|restart|reload|daemon-reload)( |$)' "$root/tmp/systemctl.calls" 2>/dev/null)
+# (deb-systemd-helper itself may run `systemctl daemon-reload`; starting is ours to avoid.)
+echo "  systemctl calls during the install: $(tr '\n' ';' <"$root/tmp/systemctl.calls" 2>/dev/null)"
+calls=$(grep -E '(^| )(start|restart|try-restart|reload-or-restart)( |$)' "$root/tmp/systemctl.calls" 2>/dev/null)
 [ -z "$calls" ] || why+="the maintainer scripts called systemctl in a chroot: $calls; "
 rm -rf "$root/usr/bin/systemctl" "$root/run/systemd" "$root/tmp/systemctl.calls"
 echo "  pulled from Debian: $(grep -cE '^(Get|Unpacking) ' "$work/install.log") lines of apt output; $(grep -c '^Setting up' "$work/install.log") packages set up"
