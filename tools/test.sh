@@ -7,7 +7,9 @@
 # ThreadSanitizer: its cases counted), tools/test_asan.sh (every CPU test
 # under ASan+UBSan: its cases counted) and tools/fuzz.sh (each libFuzzer
 # target for DMAGATHER_FUZZ_SECONDS, default 15: one case per target) and
-# tests/trainers/run.sh (DeepSpeed and FSDP2 from PyPI: its cases counted).
+# tests/trainers/run.sh (DeepSpeed and FSDP2 from PyPI: its cases counted)
+# and tests/packaging/run.sh (the Debian packages on a clean Debian 12 root,
+# the DaemonSet's image: its cases counted).
 # Prints one closing line `N passed, N failed` counting test cases (from the
 # JUnit XML Bazel writes). docs/TESTING.md says what each covers.
 set -uo pipefail
@@ -69,6 +71,10 @@ run_counted fuzz tools/fuzz.sh -t "${DMAGATHER_FUZZ_SECONDS:-15}"
 # Real DeepSpeed ZeRO-3 and FSDP2 (torch and DeepSpeed from PyPI in a pinned
 # venv, tools/install_venv.sh) with and without DMAGATHER_ALLGATHER=1.
 run_counted trainers tests/trainers/run.sh
+# The Debian packages installed on a clean Debian 12 root (debootstrap,
+# cached), a C program built with pkg-config, the daemon started as its unit
+# says, python3 -m dmagather.check; the DaemonSet's OCI image.
+run_counted packaging tests/packaging/run.sh
 
 echo "$passed passed, $failed failed, $skipped skipped"
 exit $rc

@@ -19,8 +19,10 @@ backend cannot reach, bad arguments): the op still took its sequence number,
 every rank learns the refusal, and Op.wait() raises it on every rank. They
 raise at once only when no op was created (no daemon, destroyed comm, ...).
 
-The library is found through $DMAGATHER_LIB, next to this package, or in the
-Bazel output tree (bazel-bin/client/libdmagather.so).
+The library is found through $DMAGATHER_LIB, next to this package (the
+wheel), in the Bazel output tree (bazel-bin/client/libdmagather.so), or else
+by its SONAME through the dynamic linker (libdmagather.so.0: the Debian
+package libdmagather0, which python3-dmagather depends on).
 """
 import ctypes
 import os
@@ -75,6 +77,9 @@ class FallbackError(DmagatherError):
 
 
 _lib = None
+# The SONAME of the library this package's signatures are written for (its
+# major version: DMAGATHER_VERSION_MAJOR; tools/build_debs.sh checks them).
+SONAME = "libdmagather.so.0"
 
 
 def load_library(path=None):
@@ -93,7 +98,11 @@ def load_library(path=None):
             lib = ctypes.CDLL(c)
             break
     else:
-        raise OSError("libdmagather.so not found: set DMAGATHER_LIB or build //client:libdmagather.so")
+        try:  # installed system-wide (ld.so.cache): the libdmagather0 package
+            lib = ctypes.CDLL(SONAME)
+        except OSError:
+            raise OSError(f"libdmagather.so not found (nor {SONAME} through the dynamic linker): install "
+                          "libdmagather0, set DMAGATHER_LIB or build //client:libdmagather.so") from None
     P, S, I = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
     lib.dmagather_comm_init.argtypes = [ctypes.c_char_p, ctypes.c_char_p, I, I, ctypes.POINTER(P)]
     lib.dmagather_comm_destroy.argtypes = [P]
