@@ -176,7 +176,7 @@ print(",".join(str(d) for d in sorted(moved - {i, j})) if moved == {i, j} or mov
   local cfg sweep_bad=0 configs=""
   want sweep && configs="${FC_SWEEP:-graphs=on graphs=off:DMAGATHER_CUDA_GRAPHS=0 cap=256:DMAGATHER_CUDA_GRAPH_MAX_KIB=256
     cap=4096:DMAGATHER_CUDA_GRAPH_MAX_KIB=4096 streams=1:--streams=1 streams=4:--streams=4 streams=8:--streams=8}"
-  want sweep && echo "config,KiB_per_rank,impl,p50_us,p99_us,daemon_issue" >"$out/latency_sweep.csv"
+  want sweep && echo "config,KiB_per_rank,impl,p50_us,p99_us,daemon_copy_calls" >"$out/latency_sweep.csv"
   for cfg in $configs; do
     local name="${cfg%%:*}" setting="" envs=() flags=""
     [ "$name" != "$cfg" ] && setting="${cfg#*:}"
@@ -190,8 +190,9 @@ print(",".join(str(d) for d in sorted(moved - {i, j})) if moved == {i, j} or mov
       sweep_bad=1
     fi
     stop_daemon
-    local issue; issue="$(grep -o 'engine: [0-9]* ops; issue p50 [0-9.]* us, p99 [0-9.]* us' \
-      "$out/daemon_sweep_$name.log" | tail -n 1 | sed 's/.*issue //; s/,//')"
+    # The daemon's stop line: its copy calls per device (the issue cost).
+    local issue; issue="$(grep -o 'copy calls (per device) p50 [0-9.]* us, p99 [0-9.]* us' \
+      "$out/daemon_sweep_$name.log" | tail -n 1 | sed 's/.*device) //; s/,//')"
     tail -n +2 "$out/sweep_$name/latency.csv" 2>/dev/null | sed "s|^|$name,|; s|\$|,$issue|" >>"$out/latency_sweep.csv"
   done
   if ! want sweep; then
