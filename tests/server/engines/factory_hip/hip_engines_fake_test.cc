@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -150,8 +151,15 @@ TEST(HipEnginesOnFake, AnAllGatherTakesTheEnginesThisRuntimeAllows) {
     EXPECT_EQ(counted, (kRanks - 1) * kRanks * kShard);
   } else {
     // ROCr chooses: hipMemcpyAsync with this runtime's copy kind, nothing
-    // through HSA, no bytes per engine.
-    EXPECT_TRUE(stats.copy_engines.empty());
+    // through HSA; the stats count bytes per issuing GPU only (engine -1).
+    uint64_t counted = 0;
+    std::set<int> devices;
+    for (const CopyEngineBytes& c : stats.copy_engines) {
+      EXPECT_EQ(c.engine, -1);
+      EXPECT_TRUE(devices.insert(c.device).second) << "device " << c.device << " listed twice";
+      counted += c.bytes;
+    }
+    EXPECT_EQ(counted, (kRanks - 1) * kRanks * kShard);
     if (bytes_on != nullptr) {
       EXPECT_EQ(bytes_on(0) + bytes_on(1) + bytes_on(2), 0u);
     }
