@@ -162,6 +162,17 @@ class GpuEngineTest : public ::testing::TestWithParam<Flavor> {
     ASSERT_TRUE(e.ok()) << e.status();
     engine_ = *std::move(e);
   }
+  // Runs op `seq` of `job` to completion (fresh inputs, every rank ready);
+  // returns its status.
+  absl::Status RunOp(Job& job, uint32_t seq) {
+    job.Fill(seq);
+    TestOp op(&log_, 0);
+    job.Plan(&op, seq);
+    job.SetReady(seq);
+    engine_->Execute(&op);
+    EXPECT_TRUE(op.Wait());
+    return op.result;
+  }
   // A job of `devices.size()` ranks, rank r on devices[r] (named by ordinal
   // only, as the rank's process and the daemon see the same devices).
   std::unique_ptr<Job> MakeJob(const std::vector<int>& devices, uint64_t shard) {

@@ -39,16 +39,6 @@ DeviceRef OnlyVisible(const char* kind, int daemon_device) {
 
 class GpuDevicesTest : public GpuEngineTest {
  protected:
-  // Runs op `seq` of `job` to completion; returns its status.
-  absl::Status RunOp(Job& job, uint32_t seq) {
-    job.Fill(seq);
-    TestOp op(&log_, 0);
-    job.Plan(&op, seq);
-    job.SetReady(seq);
-    engine_->Execute(&op);
-    EXPECT_TRUE(op.Wait());
-    return op.result;
-  }
   FakeRuntime::Options Fake(int devices) {
     FakeRuntime::Options fo;
     fo.devices = devices;

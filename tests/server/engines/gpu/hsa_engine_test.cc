@@ -218,15 +218,6 @@ class HsaEngineTest : public GpuEngineTest {
     ASSERT_TRUE(e.ok()) << e.status();
     engine_ = *std::move(e);
   }
-  absl::Status RunOp(Job& job, uint32_t seq) {
-    job.Fill(seq);
-    TestOp op(&log_, 0);
-    job.Plan(&op, seq);
-    job.SetReady(seq);
-    engine_->Execute(&op);
-    EXPECT_TRUE(op.Wait());
-    return op.result;
-  }
 
   FakeHsa hsa_;
   HsaCopyApi api_;
