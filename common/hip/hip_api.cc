@@ -171,19 +171,22 @@ std::vector<std::string> HipLibraryCandidates() {
   return names;
 }
 
-absl::StatusOr<std::unique_ptr<HipLibrary>> LoadHip(const std::vector<std::string>& candidates) {
-  void* lib = nullptr;
-  std::string path;
-  std::string tried;
+void* OpenFirstLibrary(const std::vector<std::string>& candidates, std::string* path, std::string* tried) {
   for (const std::string& c : candidates) {
-    lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (lib != nullptr) {
-      path = c;
-      break;
+    if (void* lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL); lib != nullptr) {
+      *path = c;
+      return lib;
     }
     const char* why = dlerror();
-    absl::StrAppend(&tried, tried.empty() ? "" : "; ", why != nullptr ? why : c + ": dlopen failed");
+    absl::StrAppend(tried, tried->empty() ? "" : "; ", why != nullptr ? why : c + ": dlopen failed");
   }
+  return nullptr;
+}
+
+absl::StatusOr<std::unique_ptr<HipLibrary>> LoadHip(const std::vector<std::string>& candidates) {
+  std::string path;
+  std::string tried;
+  void* lib = OpenFirstLibrary(candidates, &path, &tried);
   if (lib == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot load libamdhip64 (the HIP runtime of ROCm ", kHipOldestMajor,
                                                ".x to ", kHipNewestMajor, ".x; this build's HIP headers are ",

@@ -144,6 +144,11 @@ struct HipLibrary {
 // version. What Hip() does once; tests call it with their own candidates.
 absl::StatusOr<std::unique_ptr<HipLibrary>> LoadHip(const std::vector<std::string>& candidates);
 
+// dlopen (RTLD_NOW | RTLD_LOCAL) of the first of `candidates` that loads: its
+// handle, and its name in *path; nullptr when none does, every dlerror in
+// *tried. For the ROCm libraries found by soname, newest first.
+void* OpenFirstLibrary(const std::vector<std::string>& candidates, std::string* path, std::string* tried);
+
 // OK with the number of devices (>= 1), or why HIP cannot be used here
 // (no library, no device: UNAVAILABLE). Cheap after the first call.
 absl::StatusOr<int> HipAvailable();

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/hip/hip_api.h"
 
 namespace dmagather::server::engines::gpu {
 namespace {
@@ -55,17 +56,8 @@ std::vector<std::string> HsaLibraryCandidates() {
 }
 
 absl::StatusOr<std::unique_ptr<HsaLibrary>> LoadHsa(const std::vector<std::string>& candidates) {
-  void* lib = nullptr;
   std::string path, tried;
-  for (const std::string& c : candidates) {
-    lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (lib != nullptr) {
-      path = c;
-      break;
-    }
-    const char* why = dlerror();
-    absl::StrAppend(&tried, tried.empty() ? "" : "; ", why != nullptr ? why : c + ": dlopen failed");
-  }
+  void* lib = common::hip::OpenFirstLibrary(candidates, &path, &tried);
   if (lib == nullptr) return absl::UnavailableError(absl::StrCat("cannot load libhsa-runtime64: ", tried));
   auto out = std::make_unique<HsaLibrary>();
   out->path = path;
