@@ -78,10 +78,7 @@ class OwnSdmaEnginesTest : public ::testing::Test {
     api_.iterate_agents = Iterate;
     api_.agent_get_info = GetInfo;
     api_.copy_engine_status = Status;
-    api_.copy.signal_create = Create;
-    api_.copy.signal_destroy = Destroy;
-    api_.copy.async_copy = AsyncCopy;
-    api_.copy.copy_on_engine = OnEngine;
+    api_.copy = HsaCopyApi{Create, Destroy, nullptr, nullptr, AsyncCopy, OnEngine};
     // HSA lists a CPU agent and the GPUs in another order than HIP: agent
     // 11 is PCI 0000:c1:00.0, agent 12 is 0000:41:00.0.
     node_.agents = {{10, HSA_DEVICE_TYPE_CPU, 0, 0},

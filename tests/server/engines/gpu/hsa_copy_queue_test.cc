@@ -80,12 +80,7 @@ class HsaCopyQueueTest : public ::testing::Test {
  protected:
   void SetUp() override {
     fake = &hsa_;
-    api_.signal_create = Create;
-    api_.signal_destroy = Destroy;
-    api_.signal_store_relaxed = Store;
-    api_.signal_load_scacquire = Load;
-    api_.async_copy = AsyncCopy;
-    api_.copy_on_engine = OnEngine;
+    api_ = HsaCopyApi{Create, Destroy, Store, Load, AsyncCopy, OnEngine};
   }
   void TearDown() override { fake = nullptr; }
   absl::Status Copy(HsaCopyQueue& q, size_t bytes, uint32_t engine) {

@@ -190,12 +190,7 @@ class HsaEngineTest : public GpuEngineTest {
  protected:
   void SetUp() override {
     fake = &hsa_;
-    api_.signal_create = Create;
-    api_.signal_destroy = Destroy;
-    api_.signal_store_relaxed = Store;
-    api_.signal_load_scacquire = Load;
-    api_.async_copy = AsyncCopy;
-    api_.copy_on_engine = OnEngine;
+    api_ = HsaCopyApi{Create, Destroy, Store, Load, AsyncCopy, OnEngine};
     hsa_.Start();
   }
   void TearDown() override {
