@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -49,7 +50,8 @@ ABSL_FLAG(std::string, sizes_mib, "1,16,64", "Shard sizes per rank (MiB) for the
 ABSL_FLAG(std::string, bw_dtypes, "float32,bfloat16", "Dtypes timed in the bandwidth table.");
 ABSL_FLAG(int, iters, 20, "Timed iterations per bandwidth row.");
 ABSL_FLAG(int, warmup, 3, "Untimed iterations before each bandwidth row.");
-ABSL_FLAG(std::string, csv, "allgather_results.csv", "Where to write the bandwidth table as CSV ('' to skip).");
+ABSL_FLAG(std::string, csv, "results/allgather_results.csv",
+          "Where to write the bandwidth table as CSV (its folder is made; '' to skip).");
 // cuda backend only:
 ABSL_FLAG(std::string, latency_kib, "4,64,1024,16384,65536",
           "cuda: shard sizes (KiB) of the end-to-end latency table (vs an in-process cudaMemcpyAsync).");
@@ -702,8 +704,16 @@ int main(int argc, char** argv) {
   }
   const std::string path = absl::GetFlag(FLAGS_csv);
   if (!path.empty() && bad == 0) {
-    std::ofstream(path) << csv;
-    std::printf("CSV: %s\n", path.c_str());
+    std::error_code ec;
+    const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    std::ofstream f(path);
+    f << csv;
+    if (f.good()) {
+      std::printf("CSV: %s\n", path.c_str());
+    } else {
+      std::printf("CSV: could not write %s\n", path.c_str());
+    }
   }
   return all_ok ? 0 : 1;
 }
