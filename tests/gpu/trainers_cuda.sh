@@ -37,7 +37,7 @@ stage() {
   cp -r "$root/client/python/dmagather" "$dir/python/"
   rm -rf "$dir/python/dmagather/__pycache__"
   cp "$root/client/python/dmagather_autoload.pth" "$dir/python/"
-  cp "$root"/tests/trainers/{zero3_train.py,fsdp2_train.py,ag_script.py} "$dir/trainers/"
+  cp "$root"/tests/trainers/{zero3_train.py,fsdp2_train.py,ag_script.py,clean_exit.py} "$dir/trainers/"
   cp "$here/trainers_cuda_check.py" "$dir/trainers/"
   install -m 0755 "$here/trainers_cuda.sh" "$dir/run.sh"
   # Wheels: DeepSpeed (an sdist on PyPI; the pure-Python wheel pip built for

@@ -11,6 +11,8 @@ import sys
 import torch
 import torch.distributed as dist
 
+import clean_exit  # beside this script
+
 out_dir = sys.argv[1]
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -65,12 +67,6 @@ res["set_up_at_end"] = "dmagather.torch" in sys.modules
 os.makedirs(out_dir, exist_ok=True)
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
     json.dump(res, f)
-# Drop the subgroup before destroying the groups, so that destroying them
-# joins gloo's worker threads now. A group still referenced here would live
-# until interpreter finalization, and a worker that releases a finished
-# work's tensors at that moment needs the GIL and aborts the process
-# ("terminate called without an active exception"; the core shows
-# ProcessGroupGloo::runLoop -> ~AsyncAllgatherWork -> take_gil ->
-# pthread_exit: a race in torch's gloo group, seen under load).
+# The subgroup goes before the groups are torn down (clean_exit.py says why).
 del sub
-dist.destroy_process_group()
+clean_exit.finish()

@@ -22,6 +22,7 @@ import os
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import clean_exit  # noqa: E402  (beside this script)
 
 
 def main():
@@ -119,3 +120,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    clean_exit.finish()

@@ -19,6 +19,7 @@ import os
 import torch
 import torch.nn as nn
 import deepspeed
+import clean_exit  # noqa: E402  (beside this script)
 
 
 class Block(nn.Module):
@@ -140,3 +141,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    clean_exit.finish()
