@@ -7,11 +7,20 @@ real daemon (host backend). Runs of fsdp2_train.py:
              FSDP2's default all-gather calls dist.all_gather_into_tensor
   custom     --custom-all-gather: dmagather.torch.FSDPAllGather() on every
              FSDPModule (the documented hook), no variable
+  on-copyout DMAGATHER_ALLGATHER=1 and DMAGATHER_FSDP_ZERO_COPY=0: FSDP2's own
+             copy-in / copy-out around dmagather's all-gather
+  off-odd, on-odd  --odd: uneven padded shards, fp32 and bf16 parameters in one
+             group, a Shard(1) block, reshard_after_forward=False on the root
 
 Asserted: losses and final parameters the same bytes as `off` of the same
-dtype; every all-gather of every rank served by dmagather (0 fallbacks; the
-daemon counted the job's ops, no errors); `custom` gathers in FSDPAllGather's
-daemon memory (nothing staged), `on` stages FSDP2's private buffers.
+shapes and dtype; every all-gather of every rank served by dmagather (0
+fallbacks; the daemon counted the job's ops, no errors); `custom` gathers in
+FSDPAllGather's daemon memory (nothing staged), `on` stages FSDP2's private
+buffers. The zero-copy unshard (dmagather/_fsdp_zero_copy.py): `on` runs
+gather every parameter group after the first straight into the parameters
+(counted per rank, equal on every rank), `on-odd`'s Shard(1) block goes FSDP2's
+own way with its reason counted, `custom` on the host backend takes FSDP2's
+path by rule (host_memory), and `on-copyout` never takes it.
 """
 import os
 import unittest
@@ -34,7 +43,12 @@ RUNS = {
     "custom": ({}, ["--custom-all-gather"]),
     "off-bf16": ({}, ["--dtype", "bf16"]),
     "on-bf16": ({"DMAGATHER_ALLGATHER": "1"}, ["--dtype", "bf16"]),
+    "on-copyout": ({"DMAGATHER_ALLGATHER": "1", "DMAGATHER_FSDP_ZERO_COPY": "0"}, []),
+    "off-odd": ({}, ["--odd"]),
+    "on-odd": ({"DMAGATHER_ALLGATHER": "1"}, ["--odd"]),
 }
+NO_ZERO_COPY_FALLBACK = {"compiled": 0, "group": 0, "shard_dim": 0, "extension": 0, "cpu_offload": 0,
+                         "host_memory": 0}
 
 
 @unittest.skipUnless(HAVE_FSDP2, WHY)
@@ -66,8 +80,17 @@ class Fsdp2Test(TrainerCase):
         self.assertEqual(jobs[0].get("errors", []), [])
         self.assertEqual(r["daemon"].get("fallbacks", []), [])
 
+    def zero_copy(self, name):
+        """(unshards, fallback_by_reason) of a run, equal on every rank."""
+        r = self.ok(name)
+        seen = {(s["zero_copy"], s["zero_copy_unshards"], tuple(sorted(s["zero_copy_fallback_by_reason"].items())))
+                for s in r["stats"].values()}
+        self.assertEqual(len(seen), 1, f"{name}: ranks disagree on the zero-copy path: {r['stats']}")
+        status, unshards, by_reason = seen.pop()
+        return status, unshards, dict(by_reason)
+
     def test_off_sets_nothing_up(self):
-        for name in ("off", "off-bf16"):
+        for name in ("off", "off-bf16", "off-odd"):
             r = self.ok(name)
             self.assertEqual(r["stats"], {}, name)
             self.assertEqual(start_lines(r["out"]), [], name)
@@ -83,6 +106,35 @@ class Fsdp2Test(TrainerCase):
     def test_custom_all_gather_bit_identical_in_daemon_memory(self):
         self.check_served("custom", staged=False)
         self.assert_same_bytes(self.runs["off"]["dir"], self.runs["custom"]["dir"], "FSDP2 off vs FSDPAllGather")
+        status, unshards, by_reason = self.zero_copy("custom")
+        self.assertEqual((status, unshards), ("on", 0), "custom, host backend: FSDP2's path by rule")
+        self.assertGreaterEqual(by_reason["host_memory"], STEPS, by_reason)
+
+    def test_zero_copy_unshard_gathers_into_the_parameters(self):
+        for name in ("on", "on-bf16"):
+            status, unshards, by_reason = self.zero_copy(name)
+            self.assertEqual(status, "on", name)
+            # 5 groups (3 blocks, the root) unshard in forward and backward of every
+            # step; only the very first all-gather (which sets dmagather up) is FSDP2's.
+            self.assertGreaterEqual(unshards, 2 * 4 * STEPS - 1, f"{name}: too few zero-copy unshards")
+            self.assertEqual(by_reason, NO_ZERO_COPY_FALLBACK, name)
+
+    def test_zero_copy_off_by_variable_bit_identical(self):
+        self.check_served("on-copyout", staged=True)
+        status, unshards, _ = self.zero_copy("on-copyout")
+        self.assertEqual((status, unshards), ("off: DMAGATHER_FSDP_ZERO_COPY=0", 0))
+        self.assert_same_bytes(self.runs["off"]["dir"], self.runs["on-copyout"]["dir"], "FSDP2 off vs copy-out path")
+        self.assert_same_bytes(self.runs["on"]["dir"], self.runs["on-copyout"]["dir"], "zero-copy vs copy-out path")
+
+    def test_zero_copy_odd_shapes_bit_identical(self):
+        self.check_served("on-odd", staged=True)
+        self.assert_same_bytes(self.runs["off-odd"]["dir"], self.runs["on-odd"]["dir"], "FSDP2 --odd off vs on")
+        status, unshards, by_reason = self.zero_copy("on-odd")
+        self.assertEqual(status, "on")
+        self.assertGreater(unshards, 0)
+        # The Shard(1) block: FSDP2's own path for each of its unshards (forward, backward).
+        self.assertEqual(dict(by_reason, shard_dim=0), NO_ZERO_COPY_FALLBACK, by_reason)
+        self.assertGreaterEqual(by_reason["shard_dim"], 2 * STEPS - 1, by_reason)
 
 
 if __name__ == "__main__":

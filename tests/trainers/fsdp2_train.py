@@ -3,7 +3,13 @@ block and the root fully_shard'ed on a 1-D mesh over WORLD, a few AdamW steps
 on data from a seeded generator. Launched with torchrun.
 
     torchrun --nproc_per_node N fsdp2_train.py --out DIR [--steps 5] [--device cpu|cuda]
-             [--custom-all-gather]
+             [--custom-all-gather] [--odd]
+
+--odd: the shapes FSDP2's unshard has to get right beyond the even case: odd
+sizes (uneven, padded last shards), one block's matrices sharded on dim 1
+(Shard(1)), and reshard_after_forward=False on the root. (Parameters of several
+dtypes in one group: FSDP2 refuses them, "FSDP expects uniform original
+parameter dtype"; only fsdp_pre_all_gather extensions gather several dtypes.)
 
 --custom-all-gather: the documented FSDP2 hook, dmagather.torch.FSDPAllGather()
 on every FSDPModule (the one line a script adds); without it the script has
@@ -32,6 +38,7 @@ def main():
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--custom-all-gather", action="store_true")
+    p.add_argument("--odd", action="store_true")
     p.add_argument("--rs-allreduce", action="store_true")
     p.add_argument("--dist-backend", default=None, help="default: gloo on CPU, nccl on CUDA; several ranks on "
                                                          "one GPU need gloo (rank r on GPU r % count)")
@@ -51,16 +58,20 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
 
     torch.manual_seed(4321)
-    d, hidden, nblocks, vocab = 64, 256, 3, 128
+    d, hidden, nblocks, vocab = (37, 102, 3, 29) if args.odd else (64, 256, 3, 128)
     blocks = [nn.Sequential(nn.LayerNorm(d), nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d))
               for _ in range(nblocks)]
     model = nn.Sequential(nn.Embedding(vocab, d), *blocks, nn.LayerNorm(d), nn.Linear(d, vocab)).to(dev)
     mesh = init_device_mesh(dev.type, (world,))
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if args.dtype == "bf16" else \
         MixedPrecisionPolicy()
-    for b in model[1:1 + nblocks]:
-        fully_shard(b, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+    for k, b in enumerate(model[1:1 + nblocks]):
+        extra = {}
+        if args.odd and k == 1:
+            from torch.distributed.tensor import Shard
+            extra["shard_placement_fn"] = lambda p: Shard(1) if p.dim() == 2 and p.shape[1] % world == 0 else Shard(0)
+        fully_shard(b, mesh=mesh, mp_policy=mp, **extra)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=not args.odd)
 
     fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
     if args.custom_all_gather:

@@ -57,6 +57,8 @@ def _setup():
     if a.backend == "host" and not a.stream_ordered and dt._env_flag("DMAGATHER_HOST_STAGING") is not False:
         a.host_staging = True  # also when a script's own init() made the adapter first
     _adapter = a
+    if a.comm is not None:
+        dt._fsdp_zero_copy.enable()  # FSDP2's unshard without copy-in/out from its next all-gather on
     return a
 
 

@@ -62,6 +62,7 @@ import torch
 import torch.distributed as dist
 
 from . import Comm, DmagatherError, FallbackError, DTYPES, MAX_COALESCED, Op, _Gather, load_library
+from . import _fsdp_zero_copy
 
 # Daemon backends whose tensors live on torch "cuda" devices: NVIDIA (cuda) and,
 # on ROCm builds of torch (which expose AMD GPUs as torch.cuda), AMD (hip).
@@ -264,7 +265,8 @@ class DmagatherAllGather:
                 "captured_ops": c["captured_ops"], "staged_ops": c["staged_ops"],
                 "fallback_by_reason": {k: c["fallback:" + k] for k in REASONS},
                 "last_fallback_reason": self.last_fallback_reason,
-                "host_buffers_allocated": self._pool.allocated if self._pool else 0}
+                "host_buffers_allocated": self._pool.allocated if self._pool else 0,
+                **_fsdp_zero_copy.stats(self)}
 
     # ---- memory ---------------------------------------------------------------
     def empty(self, shape, dtype=torch.float32, device=None):
@@ -789,6 +791,8 @@ def install(**init_kwargs):
             if cdb is not None and getattr(cdb, "all_gather_function", None) is _installed:
                 cdb.all_gather_function = _patched_all_gather_into_tensor
                 _ds_backend = cdb
+    if a.comm is not None:
+        _fsdp_zero_copy.enable()  # FSDP2's default all-gather is ours now: unshard without copy-in/out
     return a
 
 
@@ -850,6 +854,7 @@ class FSDPAllGather(_fsdp_allgather_base()):
 
     def __init__(self, adapter=None):
         self._adapter = adapter
+        _fsdp_zero_copy.enable()  # the unshard gathers into the parameters (docs/TRAINERS.md)
 
     @property
     def adapter(self):

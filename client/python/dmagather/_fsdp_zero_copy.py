@@ -1,0 +1,237 @@
+"""FSDP2 zero-copy unshard: each parameter's shard gathered straight into that
+parameter's unsharded storage, one coalesced dmagather op per parameter group.
+
+FSDP2's own unshard (torch 2.11, `_fsdp_collectives.py`) runs two SM kernels
+around the all-gather: the copy-in (`all_gather_copy_in`: every shard packed
+into one flat buffer) and the copy-out (`split_with_sizes_copy`: the whole
+gathered buffer rearranged from rank-major into each parameter). Here item p of
+the op reads this rank's shard of parameter p (after FSDP2's dtype cast, where
+mixed precision asks for one) and the daemon writes rank r's part at offset
+r * shard_p of parameter p's unsharded storage (`FSDPParam.all_gather_outputs`,
+which `init_unsharded_param` views as the parameter). No flat buffer, no
+copy-in, no copy-out: on the GPU backends the only work on FSDP2's all-gather
+streams is the copy engines'.
+
+torch has no public hook for the all-gather's output layout, so this replaces
+`foreach_all_gather` and `foreach_all_gather_copy_out` in FSDP2's
+`_fsdp_param_group` module. That is gated:
+- torch major.minor in SUPPORTED_TORCH, and the internals it uses have the
+  shape it was written against (signatures, AllGatherResult's fields, FSDPParam
+  methods); anything else leaves FSDP2 untouched (status() says why);
+- DMAGATHER_FSDP_ZERO_COPY=0 turns it off;
+- per parameter group, the same decision on every rank, from what is equal on
+  every rank; a group that fails a rule takes FSDP2's own path (copy-in,
+  all-gather on dmagather, copy-out), counted by reason in stats():
+    compiled     compiled autograd (FSDP2 recreates its buffers per gather there)
+    group        the all-gather group is not the adapter's WORLD (e.g. the
+                 post-forward mesh of reshard_after_forward=int)
+    shard_dim    a parameter sharded on a dim other than 0 (FSDP2 chunk-cats it)
+    extension    a tensor subclass with fsdp_pre_all_gather (e.g. float8)
+    cpu_offload  CPUOffloadPolicy (shards live on the host)
+    host_memory  host backend without host staging: FSDP2's storage is private
+                 process memory the daemon cannot reach, while FSDPAllGather's
+                 allocate() gives the flat buffer in daemon memory
+- the all-gather comm is dmagather's: FSDPAllGather, or FSDP2's default one
+  while dist.all_gather_into_tensor is dmagather's (install() or the
+  DMAGATHER_ALLGATHER=1 start-up hook, once set up).
+
+Stream safety (CUDA/ROCm): the unsharded storage is allocated on FSDP2's
+copy-in stream (as FSDP2 allocates its flat buffer) and recorded on the
+compute stream and the all-gather stream, so the caching allocator reuses it
+only after both are done with it; cast inputs are recorded on the all-gather
+stream, which reads them.
+"""
+import inspect
+import os
+
+import torch
+import torch.distributed as dist
+
+ENV = "DMAGATHER_FSDP_ZERO_COPY"
+# The torch versions (major.minor) whose FSDP2 internals this module was written
+# against and is tested with (CI: torch 2.11 from PyPI, CPU; the H200: 2.11).
+SUPPORTED_TORCH = ("2.11",)
+REASONS = ("compiled", "group", "shard_dim", "extension", "cpu_offload", "host_memory")
+
+_GATHER_PARAMS = ["fsdp_params", "group", "async_op", "all_gather_copy_in_stream", "all_gather_stream", "device",
+                  "all_gather_comm"]
+_COPY_OUT_PARAMS = ["all_gather_result", "fsdp_params", "group"]
+_RESULT_FIELDS = ("all_gather_output", "all_gather_event", "all_gather_work", "param_all_gather_input_dtypes",
+                  "param_all_gather_input_numels", "all_gather_input_split_sizes")
+
+_status = None          # None before enable(); "on", or "off: <why>"
+_orig_gather = None
+_orig_copy_out = None
+_Result = None          # AllGatherResult subclass that marks our results
+
+
+def _modules():
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives as fc
+    from torch.distributed.fsdp._fully_shard import _fsdp_param as fp
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg
+    return fc, fp, pg
+
+
+def _gate():
+    """None when this torch's FSDP2 is one the zero-copy path supports, else why not."""
+    base = torch.__version__.split("+")[0]
+    mm = ".".join(base.split(".")[:2])
+    if mm not in SUPPORTED_TORCH:
+        return f"torch {torch.__version__} is not one it supports ({', '.join(SUPPORTED_TORCH)})"
+    try:
+        fc, fp, pg = _modules()
+    except Exception as e:  # noqa: BLE001
+        return f"FSDP2's modules do not import: {e}"
+    checks = [
+        (list(inspect.signature(fc.foreach_all_gather).parameters) == _GATHER_PARAMS, "foreach_all_gather"),
+        (list(inspect.signature(fc.foreach_all_gather_copy_out).parameters) == _COPY_OUT_PARAMS,
+         "foreach_all_gather_copy_out"),
+        (tuple(fc.AllGatherResult._fields) == _RESULT_FIELDS, "AllGatherResult"),
+        (all(hasattr(fp.FSDPParam, n) for n in ("init_all_gather_outputs", "alloc_all_gather_outputs")),
+         "FSDPParam"),
+        (hasattr(fc, "_get_param_all_gather_inputs") and hasattr(fc, "_get_all_gather_input_metadatas"),
+         "_get_param_all_gather_inputs"),
+        (getattr(pg, "foreach_all_gather", None) in (fc.foreach_all_gather, _foreach_all_gather), "_fsdp_param_group"),
+    ]
+    bad = [what for ok, what in checks if not ok]
+    return f"FSDP2's internals differ from torch {SUPPORTED_TORCH[-1]}'s ({', '.join(bad)})" if bad else None
+
+
+def enable():
+    """Puts FSDP2's unshard on the zero-copy path where the gate allows it
+    (idempotent, process-wide). Returns status()."""
+    global _status, _orig_gather, _orig_copy_out, _Result
+    if _status is not None:
+        return _status
+    if os.environ.get(ENV, "").strip() == "0":
+        _status = f"off: {ENV}=0"
+        return _status
+    why = _gate()
+    if why is not None:
+        _status = f"off: {why}"
+        return _status
+    fc, _, pg = _modules()
+
+    class ZeroCopyResult(fc.AllGatherResult):
+        __slots__ = ()
+
+    _Result = ZeroCopyResult
+    _orig_gather, _orig_copy_out = pg.foreach_all_gather, pg.foreach_all_gather_copy_out
+    pg.foreach_all_gather = _foreach_all_gather
+    pg.foreach_all_gather_copy_out = _foreach_all_gather_copy_out
+    _status = "on"
+    return _status
+
+
+def status():
+    return _status or "off: not enabled"
+
+
+def _adapter_for(all_gather_comm):
+    """dmagather's adapter when this all-gather comm is dmagather's, else None."""
+    import dmagather.torch as dt
+    if isinstance(all_gather_comm, dt.FSDPAllGather):
+        return all_gather_comm.adapter
+    fc, _, _ = _modules()
+    if type(all_gather_comm) not in (fc.DefaultAllGather, fc.ProcessGroupAllocAllGather):
+        return None  # someone else's custom all-gather
+    if dt.is_installed():
+        return dt.get()
+    from . import _autoload
+    return _autoload.adapter() if _autoload.is_patched() else None
+
+
+def _rule(adapter, fsdp_params, group):
+    """Why this group takes FSDP2's own path, or None. Equal on every rank."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import compiled_autograd_enabled
+    if compiled_autograd_enabled():
+        return "compiled"
+    if not adapter._is_world(group):
+        return "group"
+    for p in fsdp_params:
+        if p.fsdp_placement.dim != 0:
+            return "shard_dim"
+        if hasattr(p._sharded_local_tensor, "fsdp_pre_all_gather"):
+            return "extension"
+        if p.offload_to_cpu:
+            return "cpu_offload"
+    if adapter.backend == "host" and not adapter.host_staging:
+        return "host_memory"
+    return None
+
+
+def _record(tensors, stream):
+    for t in tensors:
+        if t.is_cuda:
+            t.record_stream(stream)
+
+
+@torch.no_grad()
+def _foreach_all_gather(fsdp_params, group, async_op, all_gather_copy_in_stream, all_gather_stream, device,
+                        all_gather_comm):
+    a = _adapter_for(all_gather_comm)
+    if a is None or a.comm is None:
+        return _orig_gather(fsdp_params, group, async_op, all_gather_copy_in_stream, all_gather_stream, device,
+                            all_gather_comm)
+    why = _rule(a, fsdp_params, group)
+    if why is not None:
+        a.counters["zero_copy_fallback:" + why] += 1
+        return _orig_gather(fsdp_params, group, async_op, all_gather_copy_in_stream, all_gather_stream, device,
+                            all_gather_comm)
+    fc, _, _ = _modules()
+    from torch.distributed.device_mesh import _get_device_handle
+    world = group.size()
+    handle = _get_device_handle(device.type)
+    gpu = device.type == "cuda"
+    compute = handle.current_stream() if gpu else None
+    with handle.stream(all_gather_copy_in_stream):
+        inputs = fc._get_param_all_gather_inputs(fsdp_params)  # the dtype cast (one kernel) where mp asks for it
+        dtypes, numels, _ = fc._get_all_gather_input_metadatas(inputs)
+        outs, ins = [], []
+        for p, p_inputs, p_numels, p_dtypes in zip(fsdp_params, inputs, numels, dtypes):
+            p.init_all_gather_outputs(p_numels, p_dtypes, world, device, force_recreate=False)
+            p.alloc_all_gather_outputs()
+            for i, o in zip(p_inputs, p.all_gather_outputs):
+                if i.numel():
+                    ins.append(i.reshape(-1))
+                    outs.append(o)
+        if gpu:
+            _record(outs, compute)
+            _record(outs, all_gather_stream)
+            _record(ins, all_gather_stream)
+    all_gather_stream.wait_stream(all_gather_copy_in_stream)
+    with handle.stream(all_gather_stream):
+        work = None
+        if outs:
+            # Writes through the daemon bump no version counter on the GPU; host
+            # staging copies back with torch, so keep FSDP2's rule for its outputs.
+            live = tuple(o for o in outs if not o.is_inference())
+            if live:
+                with torch.autograd._unsafe_preserve_version_counter(live):
+                    work = a.all_gather_coalesced(outs, ins, group=group, async_op=async_op, order_now=True)
+            else:
+                work = a.all_gather_coalesced(outs, ins, group=group, async_op=async_op, order_now=True)
+        event = all_gather_stream.record_event()
+    a.counters["zero_copy_unshards"] += 1
+    a.counters["zero_copy_items"] += len(outs)
+    return _Result(torch.empty(0, device=device), event, work if async_op else None, dtypes, numels, [])
+
+
+@torch.no_grad()
+def _foreach_all_gather_copy_out(all_gather_result, fsdp_params, group):
+    if _Result is None or not isinstance(all_gather_result, _Result):
+        return _orig_copy_out(all_gather_result, fsdp_params, group)
+    from torch.distributed.device_mesh import _get_device_handle
+    handle = _get_device_handle(all_gather_result.all_gather_output.device.type)
+    if all_gather_result.all_gather_event is not None:
+        handle.current_stream().wait_event(all_gather_result.all_gather_event)
+    if all_gather_result.all_gather_work is not None:
+        all_gather_result.all_gather_work.wait()
+    # Nothing to copy: the gather wrote every parameter's unsharded storage.
+
+
+def stats(adapter):
+    c = adapter.counters
+    return {"zero_copy": status(), "zero_copy_unshards": c["zero_copy_unshards"],
+            "zero_copy_items": c["zero_copy_items"],
+            "zero_copy_fallback_by_reason": {k: c["zero_copy_fallback:" + k] for k in REASONS}}
