@@ -10,22 +10,28 @@
 # environment settings (several separated by spaces, the arm quoted). E.g.
 #   ab_hop.sh old bin                            (baseline build vs this one)
 #   ab_hop.sh bin:DMAGATHER_CUDA_GRAPHS=0 bin    (one build, a setting off/on)
-# AB_SHAPES picks the shapes (default: 4k_r4 4k_r8 64m_r4).
+# AB_SHAPES picks the shapes, SIZE_rRANKS each (default: 4k_r4 4k_r8 64m_r4).
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 export LD_LIBRARY_PATH="$here/lib:${LD_LIBRARY_PATH:-}"
 export NCCL_NVLS_ENABLE=0
 out="${OUT:-.}"
 
-shape_flags() {
-  case "$1" in
-    4k_r4) echo "--ranks=4 --check_counts=1 --sizes_mib= --latency_kib=4 --latency_iters=2000 --overlap_s=0" ;;
-    4k_r8) echo "--ranks=8 --check_counts=1 --sizes_mib= --latency_kib=4 --latency_iters=1000 --overlap_s=0" ;;
-    16m_r4) echo "--ranks=4 --check_counts=1 --sizes_mib= --latency_kib=16384 --latency_iters=300 --overlap_s=0" ;;
-    1m_r4) echo "--ranks=4 --check_counts=1 --sizes_mib= --latency_kib=1024 --latency_iters=1000 --overlap_s=0" ;;
-    64m_r4) echo "--ranks=4 --check_counts=1 --sizes_mib= --latency_kib=65536 --latency_iters=200 --overlap_s=0" ;;
-    *) echo "unknown shape $1" >&2; exit 2 ;;
+shape_flags() {  # SIZE_rRANKS: SIZE is Nk or Nm per rank shard (4k_r4, 16m_r8, ...)
+  local size="${1%_r*}" ranks="${1##*_r}" kib iters
+  case "$size" in
+    *k) kib="${size%k}" ;;
+    *m) kib=$(( ${size%m} * 1024 )) ;;
+    *) echo "unknown shape $1 (SIZE_rRANKS, e.g. 4k_r4 or 16m_r8)" >&2; exit 2 ;;
   esac
+  if ! [[ "$kib" =~ ^[0-9]+$ && "$ranks" =~ ^[0-9]+$ ]] || [ "$kib" -eq 0 ] || [ "$ranks" -lt 2 ]; then
+    echo "unknown shape $1 (SIZE_rRANKS, e.g. 4k_r4 or 16m_r8)" >&2; exit 2
+  fi
+  iters=1000
+  [ "$kib" -gt 1024 ] && iters=400
+  [ "$kib" -gt 16384 ] && iters=200
+  [ "$ranks" -gt 4 ] && iters=$(( iters / 2 ))
+  echo "--ranks=$ranks --check_counts=1 --sizes_mib= --latency_kib=$kib --latency_iters=$iters --overlap_s=0"
 }
 
 one() {  # arm label shape

@@ -36,6 +36,13 @@ gloo broadcast/all_reduce. Parts:
             -> copy-out (consumer) on static tensors (warmed up outside the graph), replayed 30
             times with a new input each time (device-to-device copies before each replay, no
             host sync), every replay's output kept and compared bit-exact at the end.
+  fsdp2_hf  a Hugging Face Llama (transformers, from a config: 4 layers, hidden 1024, random
+            init), bf16 mixed precision, AdamW, --steps steps, three times: FSDP2's all-gather by
+            gloo broadcast (reference), FSDPAllGather with FSDP2's copy-in/copy-out
+            (zero-copy unshard inactive), FSDPAllGather with the zero-copy unshard. Losses and
+            shards bit-identical; rank 0 profiles the last step (torch profiler: SM kernels and
+            memcpys launched under FSDP2's all-gather ranges), peak memory, step time p50.
+            Writes DIR/fsdp2_hf.json. Run it also with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
   overhead  host µs per call of the Python path (dmagather.torch.all_gather_into_tensor,
             stream-ordered) against the C API (dmagather_allgather through ctypes) for
             shards of 4 KiB .. 1 MiB, plus end-to-end µs (call + cudaStreamSynchronize).
@@ -62,7 +69,7 @@ _SRC_PKG = os.path.join(HERE, "..", "..", "client", "python")
 if os.path.isdir(_SRC_PKG):
     sys.path.append(_SRC_PKG)  # after PYTHONPATH
 
-PARTS = ("adapter", "zero3", "fsdp2", "overhead", "vmm", "graph")
+PARTS = ("adapter", "zero3", "fsdp2", "overhead", "vmm", "graph", "fsdp2_hf")
 SIZES_OVERHEAD = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
 
 
@@ -415,6 +422,158 @@ def part_fsdp2(ctx):
             "torch": torch.__version__}
 
 
+def _kernels_under(ev):
+    out = list(getattr(ev, "kernels", []) or [])
+    for c in ev.cpu_children:
+        out += _kernels_under(c)
+    return out
+
+
+def _fsdp_gather_kernels(prof):
+    """SM work (kernels and memcpy/memset) launched under FSDP2's all-gather ranges
+    (record_function "FSDP::all_gather..." and "FSDP::all_gather_copy_out..."), by name."""
+    table = {}
+    for ev in prof.events():
+        if not ev.name.startswith("FSDP::all_gather") or (ev.cpu_parent is not None and
+                                                          ev.cpu_parent.name.startswith("FSDP::all_gather")):
+            continue
+        where = "copy_out" if "copy_out" in ev.name else "all_gather"
+        for k in _kernels_under(ev):
+            row = table.setdefault(f"{where}: {k.name[:90]}", {"launches": 0, "gpu_us": 0.0})
+            row["launches"] += 1
+            row["gpu_us"] += float(k.duration)
+    return table
+
+
+def part_fsdp2_hf(ctx):
+    """A Hugging Face Llama (transformers, from a config, random init), every decoder layer and the
+    root fully_shard'ed, bf16 mixed precision, AdamW: FSDP2's all-gather by gloo broadcast
+    (reference), by dmagather with FSDP2's copy-in/copy-out, and by dmagather's zero-copy
+    unshard. Losses and final shards bit-identical across the three; the torch profiler's view
+    of the SM work under FSDP2's all-gather ranges (last step), peak memory, step time."""
+    torch, dist, dt, rank, world, dev = ctx["torch"], ctx["dist"], ctx["dt"], ctx["rank"], ctx["world"], ctx["dev"]
+    fully_shard, FSDPModule, AllGather, ReduceScatter, DeviceMesh = _fsdp_api(torch)
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.profiler import profile, ProfilerActivity
+    import transformers
+    from dmagather import _fsdp_zero_copy as zc
+
+    class BroadcastAllGather(AllGather):
+        def allocate(self, size, *, dtype, device):
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            bcast_gather(torch, dist, output_tensor, input_tensor, group)
+            return None
+
+    class AllReduceReduceScatter(ReduceScatter):
+        def allocate(self, size, *, dtype, device):
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            buf = input_tensor.clone()
+            dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
+            if "AVG" in str(op).upper():
+                buf.div_(dist.get_world_size(group))
+            output_tensor.copy_(buf.view(dist.get_world_size(group), -1)[dist.get_rank(group)])
+            return None
+
+    cfg = transformers.LlamaConfig(vocab_size=8192, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
+                                   num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=512,
+                                   attn_implementation="eager")
+    mesh = DeviceMesh.from_group(dist.group.WORLD, "cuda")
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    steps = ctx["steps"]
+
+    def train(ag, arm):
+        zc.set_active(arm == "zerocopy")
+        torch.manual_seed(1234)
+        model = transformers.LlamaForCausalLM(cfg).to(dev)
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        rs = AllReduceReduceScatter()
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.set_custom_all_gather(ag)
+                m.set_custom_reduce_scatter(rs)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+        losses, times = [], []
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(dev)
+
+        def step(i):
+            g = torch.Generator().manual_seed(1000 * i + rank)
+            ids = torch.randint(0, cfg.vocab_size, (2, 257), generator=g).to(dev)
+            out = model(input_ids=ids[:, :-1], labels=ids[:, 1:])
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return out.loss.detach()
+
+        prof_table = None
+        for i in range(steps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if i == steps - 1 and arm != "reference" and rank == 0:
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    loss = step(i)
+                    torch.cuda.synchronize()
+                prof_table = _fsdp_gather_kernels(prof)
+            else:
+                loss = step(i)
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            losses.append(fbits(loss.float().item()))
+        dt.synchronize()
+        peak = torch.cuda.max_memory_allocated(dev)
+        shards = [p.to_local().detach().cpu().clone() for p in model.parameters()]
+        shard_bytes = sum(p.to_local().numel() * 2 for p in model.parameters())  # bf16 all-gather inputs
+        del model, opt
+        torch.cuda.empty_cache()
+        mid = sorted(times[1:])
+        return {"losses": losses, "shards": shards, "peak_bytes": peak, "step_ms_p50": round(mid[len(mid) // 2] * 1e3, 2),
+                "kernels": prof_table, "shard_bytes": shard_bytes}
+
+    a = dt.get()
+    s0 = a.stats()
+    res = {"reference": train(BroadcastAllGather(), "reference")}
+    s1 = a.stats()
+    res["copyout"] = train(dt.FSDPAllGather(), "copyout")
+    s2 = a.stats()
+    res["zerocopy"] = train(dt.FSDPAllGather(), "zerocopy")
+    s3 = a.stats()
+    zc.set_active(True)
+    bad = []
+    ref = res["reference"]
+    for arm in ("copyout", "zerocopy"):
+        r = res[arm]
+        if r["losses"] != ref["losses"]:
+            bad.append(f"{arm}: losses differ from the reference: {r['losses']} vs {ref['losses']}")
+        for k, (x, y) in enumerate(zip(r["shards"], ref["shards"])):
+            if not torch.equal(x.view(torch.uint8), y.view(torch.uint8)):
+                bad.append(f"{arm}: parameter {k} differs from the reference")
+    served_copyout = s2["dmagather_ops"] - s1["dmagather_ops"]
+    served_zero = s3["dmagather_ops"] - s2["dmagather_ops"]
+    unshards = s3["zero_copy_unshards"] - s2["zero_copy_unshards"]
+    if s1["dmagather_ops"] != s0["dmagather_ops"]:
+        bad.append("the reference run went through dmagather")
+    if served_copyout == 0 or served_zero == 0 or s3["fallback_ops"] != s0["fallback_ops"]:
+        bad.append(f"dmagather served {served_copyout} / {served_zero} ops, "
+                   f"{s3['fallback_ops'] - s0['fallback_ops']} fell back")
+    if s2["zero_copy_unshards"] != s1["zero_copy_unshards"]:
+        bad.append("the copy-out run took the zero-copy path")
+    if unshards == 0:
+        bad.append(f"the zero-copy run never took the zero-copy path ({s3['zero_copy']}, "
+                   f"{s3['zero_copy_fallback_by_reason']})")
+    failed = any_rank(torch, dist, bool(bad))
+    summary = {arm: {k: v for k, v in r.items() if k != "shards"} for arm, r in res.items()}
+    return {"ok": not failed, "mismatches": bad[:10], "losses": ref["losses"], "arms": summary,
+            "served": served_zero, "zero_copy_unshards": unshards, "zero_copy_items": s3["zero_copy_items"] - s2["zero_copy_items"],
+            "zero_copy": s3["zero_copy"], "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+            "torch": torch.__version__, "transformers": transformers.__version__}
+
+
 def part_overhead(ctx):
     import ctypes
     torch, dist, dt, rank, world, dev = ctx["torch"], ctx["dist"], ctx["dt"], ctx["rank"], ctx["world"], ctx["dev"]
@@ -572,7 +731,18 @@ def main():
             w = csv.DictWriter(f, fieldnames=list(ov[0].keys()))
             w.writeheader()
             w.writerows(ov)
-    for part in ("zero3", "fsdp2"):
+    hf = r0.get("fsdp2_hf")
+    if hf and hf.get("arms"):
+        with open(os.path.join(args.out, "fsdp2_hf.json"), "w") as f:
+            json.dump(hf, f, indent=1, default=str)
+        print("fsdp2_hf arm      step_ms_p50  peak_MiB  SM launches under FSDP2's all-gather ranges (last step)")
+        for arm, r in hf["arms"].items():
+            k = r.get("kernels")
+            n = "-" if k is None else sum(v["launches"] for v in k.values())
+            print(f"         {arm:9s} {r['step_ms_p50']:11.2f} {r['peak_bytes'] / 2**20:9.1f}  {n}")
+            for name, v in sorted((k or {}).items()):
+                print(f"             {v['launches']:4d} x {v['gpu_us']:9.1f} us  {name}")
+    for part in ("zero3", "fsdp2", "fsdp2_hf"):
         losses = (r0.get(part) or {}).get("losses")
         if losses:
             with open(os.path.join(args.out, f"{part}_loss.csv"), "w") as f:
@@ -584,6 +754,7 @@ def main():
         s = summary["parts"][part]
         info = s["rank0"] or {}
         extra = {k: v for k, v in info.items() if k in ("served", "stream_ordered_ops", "host_waited_ops", "replays", "captured_ops",
+                                                         "zero_copy_unshards", "zero_copy_items", "zero_copy",
                                                          "device_free_start", "device_free_end",
                                                          "fsdp_modules", "seconds", "torch")}
         print(f"{part:9s} {'PASSED' if s['ok'] else 'FAILED'} {extra}")

@@ -60,6 +60,7 @@ _RESULT_FIELDS = ("all_gather_output", "all_gather_event", "all_gather_work", "p
                   "param_all_gather_input_numels", "all_gather_input_split_sizes")
 
 _status = None          # None before enable(); "on", or "off: <why>"
+_active = True          # set_active(False): FSDP2's own path while patched (A/B in one process)
 _orig_gather = None
 _orig_copy_out = None
 _Result = None          # AllGatherResult subclass that marks our results
@@ -127,6 +128,12 @@ def status():
     return _status or "off: not enabled"
 
 
+def set_active(flag):
+    """Benchmarks and tests: compare both paths in one process (enable() stays)."""
+    global _active
+    _active = bool(flag)
+
+
 def _adapter_for(all_gather_comm):
     """dmagather's adapter when this all-gather comm is dmagather's, else None."""
     import dmagather.torch as dt
@@ -169,7 +176,7 @@ def _record(tensors, stream):
 @torch.no_grad()
 def _foreach_all_gather(fsdp_params, group, async_op, all_gather_copy_in_stream, all_gather_stream, device,
                         all_gather_comm):
-    a = _adapter_for(all_gather_comm)
+    a = _adapter_for(all_gather_comm) if _active else None
     if a is None or a.comm is None:
         return _orig_gather(fsdp_params, group, async_op, all_gather_copy_in_stream, all_gather_stream, device,
                             all_gather_comm)

@@ -27,9 +27,11 @@ CopyGraphCache::~CopyGraphCache() { DropAll(); }
 
 bool CopyGraphCache::Replay(int device, void* stream, const CopyCmd* chunks, size_t n) {
   if (!enabled() || n == 0) return false;
+  size_t lanes = 1;
   for (size_t i = 0; i < n; ++i) {
-    if (chunks[i].bytes > options_.max_chunk_bytes) return false;  // Issue cost is small beside the transfer.
+    if (chunks[i].bytes > options_.max_chunk_bytes) lanes = options_.lanes;
   }
+  if (lanes == 0) return false;  // Large chunks without lanes: the batch path.
   DropReleased();
   key_.clear();
   key_.append(reinterpret_cast<const char*>(&device), sizeof(device));
@@ -44,7 +46,7 @@ bool CopyGraphCache::Replay(int device, void* stream, const CopyCmd* chunks, siz
     if (seen_.size() >= options_.max_seen) seen_.clear();
     if (++seen_[key_] < 2) return false;  // First sight: a one-off is not worth a graph.
     seen_.erase(key_);
-    absl::StatusOr<Graph> graph = ops_.build(chunks, n);
+    absl::StatusOr<Graph> graph = ops_.build(chunks, n, std::min(lanes, n));
     if (!graph.ok()) {
       LOG(WARNING) << "copy graph not built (" << graph.status().message()
                    << "); this copy call is issued without one from now on";

@@ -15,6 +15,13 @@
 // whose copies touch a released range, so a graph is never launched on an
 // address that was reused for other memory. Other graphs stay.
 //
+// Two shapes of graph: a call whose chunks are all <= `max_chunk_bytes` is
+// one chain (each copy after the one before: the cheapest launch, and small
+// copies lose nothing by running in turn). A larger call, with `lanes` > 0,
+// is `lanes` chains side by side (chunk i in chain i % lanes): its launch
+// costs about one chain head per lane, and its copies still overlap as the
+// batch path's do. lanes = 0: larger calls are not replayed.
+//
 // Bounded: at most `max_graphs` (least recently used out) and
 // `max_seen` keys seen once. A call that fails to build is not tried again;
 // after `max_build_failures` such calls, or any launch failure, the cache
@@ -60,12 +67,14 @@ class CopyGraphCache {
  public:
   using Graph = void*;
   struct Ops {
-    std::function<absl::StatusOr<Graph>(const CopyCmd* chunks, size_t n)> build;
+    // Chunk i after chunk i - lanes (lanes = 1: one chain).
+    std::function<absl::StatusOr<Graph>(const CopyCmd* chunks, size_t n, size_t lanes)> build;
     std::function<absl::Status(Graph graph, void* stream)> launch;
     std::function<void(Graph graph)> destroy;  // May be called while a launch is in flight.
   };
   struct Options {
-    uint64_t max_chunk_bytes = uint64_t{1} << 20;  // Larger chunks: not replayed.
+    uint64_t max_chunk_bytes = uint64_t{1} << 20;  // Calls of chunks up to this: one chain.
+    size_t lanes = 0;                               // Calls with larger chunks: this many chains; 0: not replayed.
     size_t max_graphs = 1024;
     size_t max_seen = 16384;
     int max_build_failures = 16;
@@ -86,6 +95,7 @@ class CopyGraphCache {
 
   bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
   uint64_t max_chunk_bytes() const { return options_.max_chunk_bytes; }
+  size_t lanes() const { return options_.lanes; }
   uint64_t replays() const { return replays_.load(std::memory_order_relaxed); }
   uint64_t built() const { return built_.load(std::memory_order_relaxed); }
   uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }

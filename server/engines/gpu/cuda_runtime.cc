@@ -37,6 +37,7 @@
 #include <glog/logging.h>
 
 #include <atomic>
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -58,6 +59,10 @@ using ::dmagather::common::cuda::CudaStatus;
 using ::dmagather::common::cuda::CuStatus;
 using ::dmagather::common::cuda::DriverApi;
 
+// Chains side by side for copy calls with chunks above the chain cap
+// (docs/PERFORMANCE.md, "Medium ops"); 0: those calls are issued as a batch.
+constexpr size_t kGraphLanes = 0;
+
 class CudaRuntime : public GpuRuntime {
  public:
   // Fails (Unavailable) when there is no driver or no device.
@@ -78,7 +83,7 @@ class CudaRuntime : public GpuRuntime {
   bool device_waits() const override { return device_waits_; }
   std::string Describe() const override {
     int batched = 0, graphs_on = 0;
-    uint64_t replays = 0, built = 0, dropped = 0, max_chunk = 0;
+    uint64_t replays = 0, built = 0, dropped = 0, max_chunk = 0, lanes = 0;
     for (const auto& is : issuing_) {
       batched += is->batch_copies_ok ? 1 : 0;
       if (is->graphs == nullptr) continue;
@@ -87,6 +92,7 @@ class CudaRuntime : public GpuRuntime {
       built += is->graphs->built();
       dropped += is->graphs->dropped();
       max_chunk = is->graphs->max_chunk_bytes();
+      lanes = is->graphs->lanes();
     }
     std::string d = batched == num_devices_ ? "cudaMemcpyBatchAsync"
                     : batched == 0          ? "cudaMemcpyAsync"
@@ -94,8 +100,10 @@ class CudaRuntime : public GpuRuntime {
                                                            " devices, cudaMemcpyAsync on the others");
     if (!device_waits_) absl::StrAppend(&d, "; ", no_device_waits_why_);
     if (graphs_on == 0) return absl::StrCat(d, "; copy graphs off");
-    return absl::StrCat(d, "; copy graphs (a copy call of chunks <= ", max_chunk >> 10,
-                        " KiB seen twice is replayed as a CUDA graph, one cache per device): ", replays, " replays, ",
+    const std::string larger =
+        lanes == 0 ? "larger chunks issued as a batch" : absl::StrCat("larger chunks as ", lanes, " chains side by side");
+    return absl::StrCat(d, "; copy graphs (a copy call seen twice is replayed as a CUDA graph, one cache per device: ",
+                        "chunks <= ", max_chunk >> 10, " KiB as one chain, ", larger, "): ", replays, " replays, ",
                         built, " built, ", dropped, " dropped by import releases");
   }
 
@@ -418,19 +426,20 @@ class CudaRuntime : public GpuRuntime {
     loc->type = device < 0 ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
     loc->id = device < 0 ? 0 : device;
   }
-  // A graph of the chunks as memcpy nodes, each after the one before: a
-  // chain launches in ~1.2-2.3 us whatever its length, where independent
-  // nodes cost ~1 us each (the driver fans them out over internal streams).
-  static absl::StatusOr<CopyGraphCache::Graph> BuildGraph(const CopyCmd* chunks, size_t n) {
+  // A graph of the chunks as memcpy nodes in `lanes` chains, chunk i after
+  // chunk i - lanes: a chain launches in ~1.2-2.3 us whatever its length,
+  // where independent nodes cost ~1 us each (the driver fans them out over
+  // internal streams), so lanes = 1 is cheapest and more lanes let large
+  // copies overlap.
+  static absl::StatusOr<CopyGraphCache::Graph> BuildGraph(const CopyCmd* chunks, size_t n, size_t lanes) {
     cudaGraph_t g = nullptr;
     DMAG_CUDA_RETURN_IF_ERROR(cudaGraphCreate(&g, 0));
-    cudaGraphNode_t prev = nullptr;
+    std::vector<cudaGraphNode_t> nodes(n, nullptr);
     cudaError_t err = cudaSuccess;
     for (size_t i = 0; i < n && err == cudaSuccess; ++i) {
-      cudaGraphNode_t node = nullptr;
-      err = cudaGraphAddMemcpyNode1D(&node, g, prev != nullptr ? &prev : nullptr, prev != nullptr ? 1 : 0,
-                                     chunks[i].dst, chunks[i].src, chunks[i].bytes, cudaMemcpyDeviceToDevice);
-      prev = node;
+      const cudaGraphNode_t* dep = i >= lanes ? &nodes[i - lanes] : nullptr;
+      err = cudaGraphAddMemcpyNode1D(&nodes[i], g, dep, dep != nullptr ? 1 : 0, chunks[i].dst, chunks[i].src,
+                                     chunks[i].bytes, cudaMemcpyDeviceToDevice);
     }
     cudaGraphExec_t exec = nullptr;
     if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, g, 0);
@@ -463,6 +472,12 @@ class CudaRuntime : public GpuRuntime {
     // GPUs (peer copies on copy engines).
     if (const char* e = std::getenv("DMAGATHER_CUDA_GRAPH_MAX_KIB"); e != nullptr && std::atoll(e) > 0) {
       o.max_chunk_bytes = uint64_t(std::atoll(e)) << 10;
+    }
+    // Calls with larger chunks: replayed as this many chains side by side
+    // (DMAGATHER_CUDA_GRAPH_LANES; 0: issued as a batch, docs/CUDA.md).
+    o.lanes = kGraphLanes;
+    if (const char* e = std::getenv("DMAGATHER_CUDA_GRAPH_LANES"); e != nullptr && *e != '\0') {
+      o.lanes = size_t(std::max(0LL, std::atoll(e)));
     }
     return o;
   }

@@ -19,6 +19,7 @@ namespace {
 struct FakeGraphs {
   int next = 1;
   std::map<int, std::vector<CopyCmd>> built;
+  std::map<int, size_t> lanes;  // Of each graph built.
   std::vector<std::pair<int, void*>> launches;
   std::vector<int> destroyed;
   bool fail_build = false;
@@ -26,10 +27,11 @@ struct FakeGraphs {
 
   CopyGraphCache::Ops Ops() {
     CopyGraphCache::Ops ops;
-    ops.build = [this](const CopyCmd* c, size_t n) -> absl::StatusOr<CopyGraphCache::Graph> {
+    ops.build = [this](const CopyCmd* c, size_t n, size_t l) -> absl::StatusOr<CopyGraphCache::Graph> {
       if (fail_build) return absl::InternalError("no graph today");
       const int id = next++;
       built[id] = std::vector<CopyCmd>(c, c + n);
+      lanes[id] = l;
       return reinterpret_cast<CopyGraphCache::Graph>(static_cast<intptr_t>(id));
     };
     ops.launch = [this](CopyGraphCache::Graph g, void* s) {
@@ -105,6 +107,27 @@ TEST(CopyGraphCacheTest, LargeChunksAreNeverReplayed) {
   auto call = Call(0, 2, 16384);
   for (int i = 0; i < 4; ++i) EXPECT_FALSE(cache.Replay(0, kStream, call.data(), call.size()));
   EXPECT_TRUE(f.built.empty());
+}
+
+TEST(CopyGraphCacheTest, LargeChunksWithLanesAreChainsSideBySide) {
+  FakeGraphs f;
+  CopyGraphCache::Options o;
+  o.max_chunk_bytes = 8192;
+  o.lanes = 4;
+  CopyGraphCache cache(f.Ops(), o);
+  auto small = Call(0, 6, 4096);         // All chunks under the cap: one chain.
+  auto large = Call(64 << 10, 6, 8192);  // At the cap: still one chain.
+  auto mixed = Call(256 << 10, 6, 4096);
+  mixed[3].bytes = 8193;                 // One chunk over the cap: lanes.
+  auto two = Call(512 << 10, 2, 16384);  // Fewer chunks than lanes: one lane per chunk.
+  for (auto* c : {&small, &large, &mixed, &two}) {
+    EXPECT_FALSE(cache.Replay(0, kStream, c->data(), c->size()));
+    EXPECT_TRUE(cache.Replay(0, kStream, c->data(), c->size()));
+  }
+  EXPECT_EQ(f.lanes, (std::map<int, size_t>{{1, 1}, {2, 1}, {3, 4}, {4, 2}}));
+  EXPECT_EQ(f.built[3].size(), 6u);
+  EXPECT_EQ(f.built[3][3].bytes, 8193u);
+  EXPECT_EQ(cache.replays(), 4u);
 }
 
 TEST(CopyGraphCacheTest, AReleaseDropsOnlyTheGraphsThatTouchIt) {

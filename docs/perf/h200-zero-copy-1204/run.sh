@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The FSDP2 zero-copy unshard and the medium-op issue cost on one H200 (ranks
+# share the GPU). On the GPU machine, from the repository root, with a build
+# staged by `tools/nvidia/first_contact.sh stage DIR`:
+#
+#   docs/perf/h200-zero-copy-1204/run.sh DIR trainers   # bench/gpu/trainers_gpu.py fsdp2 + fsdp2_hf
+#   docs/perf/h200-zero-copy-1204/run.sh DIR hop        # bench/gpu/ab_hop.sh, graph lanes 0 vs 4
+#
+# Logs and results under $OUT.
+set -u
+fc="$(cd "${1:?staged DIR}" && pwd)"
+what="${2:?trainers | hop}"
+out="${OUT:-/tmp/zc-out}"
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$fc/lib:${LD_LIBRARY_PATH:-}"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export DMAGATHER_LIB="$fc/bin/libdmagather.so" PYTHONPATH="$PWD/client/python"
+nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv >"$out/gpu.txt" 2>&1
+
+trainers() {  # label daemon-envs... -- trainer-envs... -- parts
+  local label="$1"; shift
+  local denv=() tenv=()
+  while [ "$1" != "--" ]; do denv+=("$1"); shift; done; shift
+  while [ "$1" != "--" ]; do tenv+=("$1"); shift; done; shift
+  local parts="$1" sock="/tmp/zc-$label.sock"
+  rm -f "$sock"
+  env "${denv[@]}" "$fc/bin/dmagatherd" --socket="$sock" --backend=cuda --socket_mode=0666 \
+    >"$out/daemon_$label.log" 2>&1 &
+  local dpid=$!
+  for _ in $(seq 1 100); do [ -S "$sock" ] && break; sleep 0.1; done
+  local t0=$SECONDS
+  env "${tenv[@]}" DMAGATHER_SOCKET="$sock" timeout 280 python3 bench/gpu/trainers_gpu.py --out "$out/$label" \
+    --world 4 --steps 6 --parts "$parts" >"$out/$label.log" 2>&1
+  echo "== $label: rc=$? in $((SECONDS - t0)) s"
+  kill -TERM "$dpid"; wait "$dpid"
+  grep -E "PASSED|FAILED|fsdp2_hf arm|^ +(reference|copyout|zerocopy)" "$out/$label.log" | head -20
+  grep -o 'issue p50 [0-9.]* us, p99 [0-9.]* us' "$out/daemon_$label.log"
+  grep -o 'copy calls (per device) p50 [0-9.]* us[^;]*' "$out/daemon_$label.log"
+  grep -o 'copy graphs ([^)]*): [0-9]* replays, [0-9]* built' "$out/daemon_$label.log"
+}
+
+case "$what" in
+  trainers)
+    trainers lanes0 DMAGATHER_CUDA_GRAPH_LANES=0 -- X=1 -- fsdp2,fsdp2_hf
+    trainers lanes4 DMAGATHER_CUDA_GRAPH_LANES=4 -- X=1 -- fsdp2_hf
+    trainers lanes4_vmm DMAGATHER_CUDA_GRAPH_LANES=4 -- PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- fsdp2_hf
+    ;;
+  hop)
+    (cd "$fc" && OUT="$out" AB_SHAPES="${AB_SHAPES:-4m_r2 4m_r4 4m_r8 16m_r4 64m_r4}" ./ab_hop.sh \
+      "bin:DMAGATHER_CUDA_GRAPH_LANES=0" "bin:DMAGATHER_CUDA_GRAPH_LANES=4")
+    ;;
+  *) echo "usage: $0 DIR trainers|hop" >&2; exit 2 ;;
+esac
