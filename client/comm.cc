@@ -382,6 +382,7 @@ absl::Status CommImpl::RegisterExport(const MemoryExport& e, std::unique_ptr<Own
       auto cur = it++;
       if (!overlaps(*cur)) continue;
       DeregisterRegion(cur->second.id).IgnoreError();  // Best effort: the daemon drops it at Leave at the latest.
+      dropped_.emplace_back(cur->second.id, cur->first);
       regions_.erase(cur);
     }
   }
@@ -724,10 +725,12 @@ absl::Status CommImpl::Submit(const GatherItem* items, size_t n, void* stream, u
   }
   defer_copies_ = slot >= 0;
   deferred_.clear();
+  dropped_.clear();
   for (size_t i = 0; local.ok() && i < n; ++i) {
     std::memset(&scratch_[i], 0, offsetof(abi::DescriptorV2, recv));
     local = PrepareItem(items[i], stream, &scratch_[i]);
   }
+  if (local.ok() && !dropped_.empty()) local = RenameDropped(n);
   defer_copies_ = false;
   if (local.ok() && slot >= 0) return SubmitCaptured(n, stream, static_cast<uint32_t>(slot), op);
   if (slot >= 0) ReleaseGraphSlot(static_cast<uint32_t>(slot));
@@ -741,6 +744,33 @@ absl::Status CommImpl::Submit(const GatherItem* items, size_t n, void* stream, u
   DMAG_RETURN_IF_ERROR(backend_->WriteReady(stream, static_cast<uint32_t>(submitted_ + 1)));
   DMAG_RETURN_IF_ERROR(Publish(scratch_.data(), n));
   if (op != nullptr) *op = submitted_;
+  return absl::OkStatus();
+}
+
+absl::Status CommImpl::RenameDropped(size_t n) {
+  // The replacement covers the dropped region's memory that the op names
+  // (the same chunks), so each rename is a lookup; a rename that registers
+  // and drops again is taken up by the next pass.
+  for (int pass = 0; !dropped_.empty(); ++pass) {
+    if (pass == 4) return absl::InternalError(absl::StrCat(Rank(), "registrations kept replacing each other"));
+    const std::vector<std::pair<uint32_t, uintptr_t>> gone = std::move(dropped_);
+    dropped_.clear();
+    for (size_t i = 0; i < n; ++i) {
+      abi::DescriptorV2& d = scratch_[i];
+      const uint64_t bytes = uint64_t(d.count) * common::DtypeSize(d.dtype);
+      const uint64_t out_bytes = d.op == abi::kOpAllGatherListV2 ? bytes : bytes * uint64_t(options_.world_size);
+      auto rename = [&](abi::BufferRefV1* ref, uint64_t len, const char* what) -> absl::Status {
+        for (const auto& [id, base] : gone) {
+          if (ref->region_id != id) continue;
+          DMAG_ASSIGN_OR_RETURN(*ref, Resolve(reinterpret_cast<const void*>(base + ref->offset), len, what));
+          break;
+        }
+        return absl::OkStatus();
+      };
+      for (uint32_t r = 0; r < d.num_recv; ++r) DMAG_RETURN_IF_ERROR(rename(&d.recv[r], out_bytes, "recv"));
+      DMAG_RETURN_IF_ERROR(rename(&d.send, bytes, "send"));
+    }
+  }
   return absl::OkStatus();
 }
 

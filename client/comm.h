@@ -132,6 +132,8 @@ class CommImpl {
   // Fills `d` for one item (buffers resolved, own shard copied on stream
   // backends). Any error means this rank refuses the op.
   absl::Status PrepareItem(const GatherItem& item, void* stream, abi::DescriptorV2* d);
+  // The op's descriptors name no region dropped while the op was prepared.
+  absl::Status RenameDropped(size_t n);
   // Publishes `n` descriptors of op `seq` (items_following set here).
   absl::Status Publish(abi::DescriptorV2* ds, size_t n);
   absl::Status PublishRefusal(const absl::Status& why);
@@ -189,6 +191,10 @@ class CommImpl {
   bool closed_ = false;
   std::map<uintptr_t, Region> regions_;  // By client base address.
   std::vector<abi::DescriptorV2> scratch_;  // Descriptors of the op being submitted.
+  // Regions RegisterExport dropped (id, client base) since Submit began: a
+  // registration for a later item may replace a region an earlier item names
+  // (VMM: the same first chunk, a longer range).
+  std::vector<std::pair<uint32_t, uintptr_t>> dropped_;
 
   // CUDA-graph capture: graph slots in use (bit per slot), the captured ops
   // by handle (their slot, and whether a stream wait was captured), the own-

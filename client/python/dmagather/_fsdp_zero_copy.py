@@ -5,9 +5,9 @@ FSDP2's own unshard (torch 2.11, `_fsdp_collectives.py`) runs two SM kernels
 around the all-gather: the copy-in (`all_gather_copy_in`: every shard packed
 into one flat buffer) and the copy-out (`split_with_sizes_copy`: the whole
 gathered buffer rearranged from rank-major into each parameter). Here item p of
-the op reads this rank's shard of parameter p (after FSDP2's dtype cast, where
-mixed precision asks for one) and the daemon writes rank r's part at offset
-r * shard_p of parameter p's unsharded storage (`FSDPParam.all_gather_outputs`,
+the op is parameter p: its shard (after the dtype cast, where mixed precision
+asks for one) in this rank's slot, and the daemon writes rank r's part at
+offset r * shard_p of parameter p's unsharded storage (`FSDPParam.all_gather_outputs`,
 which `init_unsharded_param` views as the parameter). No flat buffer, no
 copy-in, no copy-out: on the GPU backends the only work on FSDP2's all-gather
 streams is the copy engines'.
@@ -35,12 +35,19 @@ torch has no public hook for the all-gather's output layout, so this replaces
   while dist.all_gather_into_tensor is dmagather's (install() or the
   DMAGATHER_ALLGATHER=1 start-up hook, once set up).
 
+The own shard: one foreach copy on FSDP2's copy-in stream writes each
+parameter's shard (cast to param_dtype under mixed precision, which FSDP2 does
+with a kernel of its own anyway) into this rank's slot of its unsharded
+storage, so the op is in place and nothing copies the own shard again (the
+client library would otherwise copy an out-of-place send on the caller's
+stream: same-device, on SMs).
+
 Stream safety (CUDA/ROCm): the unsharded storage is allocated on FSDP2's
 copy-in stream (as FSDP2 allocates its flat buffer) and recorded on the
 compute stream and the all-gather stream, so the caching allocator reuses it
-only after both are done with it; cast inputs are recorded on the all-gather
-stream, which reads them.
+only after both are done with it.
 """
+import contextlib
 import inspect
 import os
 
@@ -90,8 +97,7 @@ def _gate():
         (tuple(fc.AllGatherResult._fields) == _RESULT_FIELDS, "AllGatherResult"),
         (all(hasattr(fp.FSDPParam, n) for n in ("init_all_gather_outputs", "alloc_all_gather_outputs")),
          "FSDPParam"),
-        (hasattr(fc, "_get_param_all_gather_inputs") and hasattr(fc, "_get_all_gather_input_metadatas"),
-         "_get_param_all_gather_inputs"),
+        (hasattr(fp, "ShardedState") and hasattr(fp.ShardedState, "SHARDED"), "ShardedState"),
         (getattr(pg, "foreach_all_gather", None) in (fc.foreach_all_gather, _foreach_all_gather), "_fsdp_param_group"),
     ]
     bad = [what for ok, what in checks if not ok]
@@ -173,6 +179,13 @@ def _record(tensors, stream):
             t.record_stream(stream)
 
 
+def _keep_versions(outs):
+    """FSDP2's rule for its all-gather outputs: writing them bumps no version
+    counter (the unsharded parameters are views of them)."""
+    live = tuple(o for o in outs if not o.is_inference())
+    return torch.autograd._unsafe_preserve_version_counter(live) if live else contextlib.nullcontext()
+
+
 @torch.no_grad()
 def _foreach_all_gather(fsdp_params, group, async_op, all_gather_copy_in_stream, all_gather_stream, device,
                         all_gather_comm):
@@ -185,39 +198,45 @@ def _foreach_all_gather(fsdp_params, group, async_op, all_gather_copy_in_stream,
         a.counters["zero_copy_fallback:" + why] += 1
         return _orig_gather(fsdp_params, group, async_op, all_gather_copy_in_stream, all_gather_stream, device,
                             all_gather_comm)
-    fc, _, _ = _modules()
     from torch.distributed.device_mesh import _get_device_handle
-    world = group.size()
+    from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
+    world, rank = group.size(), group.rank()
     handle = _get_device_handle(device.type)
     gpu = device.type == "cuda"
     compute = handle.current_stream() if gpu else None
+    dtypes, numels, outs, slots, shards = [], [], [], [], []
     with handle.stream(all_gather_copy_in_stream):
-        inputs = fc._get_param_all_gather_inputs(fsdp_params)  # the dtype cast (one kernel) where mp asks for it
-        dtypes, numels, _ = fc._get_all_gather_input_metadatas(inputs)
-        outs, ins = [], []
-        for p, p_inputs, p_numels, p_dtypes in zip(fsdp_params, inputs, numels, dtypes):
-            p.init_all_gather_outputs(p_numels, p_dtypes, world, device, force_recreate=False)
+        for p in fsdp_params:
+            shard = p._sharded_param_data if p.sharded_state == ShardedState.SHARDED else \
+                p._sharded_post_forward_param_data
+            dtype = p.param_dtype or shard.dtype
+            n = shard.numel()  # padded: equal on every rank
+            p.init_all_gather_outputs([n], [dtype], world, device, force_recreate=False)
             p.alloc_all_gather_outputs()
-            for i, o in zip(p_inputs, p.all_gather_outputs):
-                if i.numel():
-                    ins.append(i.reshape(-1))
-                    outs.append(o)
+            dtypes.append([dtype])
+            numels.append([n])
+            if n:
+                out = p.all_gather_outputs[0]
+                outs.append(out)
+                slots.append(out.narrow(0, rank * n, n))
+                shards.append(shard)
         if gpu:
             _record(outs, compute)
             _record(outs, all_gather_stream)
-            _record(ins, all_gather_stream)
+        if outs:
+            # This rank's shard straight into its slot of each parameter (the
+            # dtype cast, where mixed precision asks for one): one kernel, and
+            # the gather is in place, so nobody copies the own shard again.
+            with _keep_versions(outs):
+                torch._foreach_copy_(slots, shards)
     all_gather_stream.wait_stream(all_gather_copy_in_stream)
     with handle.stream(all_gather_stream):
         work = None
         if outs:
             # Writes through the daemon bump no version counter on the GPU; host
-            # staging copies back with torch, so keep FSDP2's rule for its outputs.
-            live = tuple(o for o in outs if not o.is_inference())
-            if live:
-                with torch.autograd._unsafe_preserve_version_counter(live):
-                    work = a.all_gather_coalesced(outs, ins, group=group, async_op=async_op, order_now=True)
-            else:
-                work = a.all_gather_coalesced(outs, ins, group=group, async_op=async_op, order_now=True)
+            # staging copies back with torch.
+            with _keep_versions(outs):
+                work = a.all_gather_coalesced(outs, slots, group=group, async_op=async_op, order_now=True)
         event = all_gather_stream.record_event()
     a.counters["zero_copy_unshards"] += 1
     a.counters["zero_copy_items"] += len(outs)
