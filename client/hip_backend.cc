@@ -181,6 +181,10 @@ class HipBackend : public ClientBackend {
       unsigned long long id = 0;
       err = api_->hipStreamGetId(s, &id);
       call = "hipStreamGetId";
+    } else if (api_->abi.stream_check == ::dmagather::common::hip::StreamCheck::kGetDevice) {
+      hipDevice_t device = 0;
+      err = api_->hipStreamGetDevice(s, &device);
+      call = "hipStreamGetDevice";
     } else {
       unsigned int flags = 0;
       err = api_->hipStreamGetFlags(s, &flags);

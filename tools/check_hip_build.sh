@@ -10,11 +10,12 @@
 # It builds //common/hip:hip_api, //server/engines/gpu:hip_runtime,
 # :hsa_copy_queue, :hsa_streams and :hsa_api, and //client:hip_backend with
 # DMAGATHER_HIP_PATH=ROCM_DIR (hip_api.cc checks at compile time that its
-# per-major table agrees with these headers), runs the fake-runtime tests
+# per-major table agrees with these headers and that HipApi's function
+# types are these headers' prototypes), runs the fake-runtime tests
 # built against them (tests/common/hip:hip_abi_test,
 # tests/server/engines/gpu:hsa_{copy_queue,streams,api,engine}_test,
-# tests/client:hip_backend_rocm{5,6,7}_test,
-# tests/server/engines/factory_hip:hip_runtime_fake_rocm{5,6,7}_test and
+# tests/client:hip_backend_rocm{5,6,7_0,7}_test,
+# tests/server/engines/factory_hip:hip_runtime_fake_rocm{5,6,7_0,7}_test and
 # :hip_engines_fake_*_test, on a fake libhsa-runtime64), and checks that
 # build_config.txt names ROCM_DIR and its version. Prints one PASS/FAIL
 # line; exit status 0 on PASS.
@@ -24,7 +25,7 @@
 # default ROCm (/opt/rocm, else /usr) again.
 set -uo pipefail
 if [[ $# -lt 1 ]]; then
-  sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 rocm=$(cd "$1" 2>/dev/null && pwd) || { echo "check_hip_build: FAIL: no directory $1" >&2; exit 1; }
@@ -50,7 +51,7 @@ done
 for t in own own_rocm7 unusable_engine old_hsa rocr_asked; do
   TESTS+=("//tests/server/engines/factory_hip:hip_engines_fake_${t}_test")
 done
-for major in 5 6 7; do
+for major in 5 6 7_0 7; do
   TESTS+=("//tests/client:hip_backend_rocm${major}_test"
           "//tests/server/engines/factory_hip:hip_runtime_fake_rocm${major}_test")
 done

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 
@@ -59,6 +60,58 @@ static_assert(hipIpcMemLazyEnablePeerAccess == 0, "hipIpcMemLazyEnablePeerAccess
 static_assert(HIP_VERSION >= 60100000, "hipMemcpyDeviceToDeviceNoCU in headers older than 6.1");
 static_assert(hipMemcpyDeviceToDeviceNoCU == 1024, "hipMemcpyDeviceToDeviceNoCU moved");
 #endif
+
+// HipApi's function types are the prototypes of the headers this file is
+// built against: a call resolved by dlsym is made through HipApi's type, so
+// a prototype that changed in some ROCm would go unnoticed at run time.
+#define DMAG_HIP_SAME_PROTOTYPE(fn, type)                                 \
+  static_assert(std::is_same_v<decltype(&::fn), type>,                  \
+                #fn ": the HIP headers' prototype differs from HipApi's")
+#define DMAG_HIP_CHECK_PROTOTYPE(fn) DMAG_HIP_SAME_PROTOTYPE(fn, decltype(HipApi::fn))
+DMAG_HIP_CHECK_PROTOTYPE(hipGetDeviceCount);
+DMAG_HIP_CHECK_PROTOTYPE(hipGetDevice);
+DMAG_HIP_CHECK_PROTOTYPE(hipSetDevice);
+DMAG_HIP_CHECK_PROTOTYPE(hipRuntimeGetVersion);
+DMAG_HIP_CHECK_PROTOTYPE(hipGetLastError);
+DMAG_HIP_CHECK_PROTOTYPE(hipGetErrorName);
+DMAG_HIP_CHECK_PROTOTYPE(hipGetErrorString);
+DMAG_HIP_CHECK_PROTOTYPE(hipDeviceGetUuid);
+DMAG_HIP_CHECK_PROTOTYPE(hipDeviceGetPCIBusId);
+DMAG_HIP_CHECK_PROTOTYPE(hipDeviceCanAccessPeer);
+DMAG_HIP_CHECK_PROTOTYPE(hipDeviceEnablePeerAccess);
+DMAG_HIP_CHECK_PROTOTYPE(hipStreamCreateWithFlags);
+DMAG_HIP_CHECK_PROTOTYPE(hipStreamDestroy);
+DMAG_HIP_CHECK_PROTOTYPE(hipEventCreateWithFlags);
+DMAG_HIP_CHECK_PROTOTYPE(hipEventDestroy);
+DMAG_HIP_CHECK_PROTOTYPE(hipEventRecord);
+DMAG_HIP_CHECK_PROTOTYPE(hipEventQuery);
+DMAG_HIP_CHECK_PROTOTYPE(hipStreamWaitEvent);
+DMAG_HIP_CHECK_PROTOTYPE(hipHostRegister);
+DMAG_HIP_CHECK_PROTOTYPE(hipHostUnregister);
+DMAG_HIP_CHECK_PROTOTYPE(hipHostGetDevicePointer);
+DMAG_HIP_CHECK_PROTOTYPE(hipIpcGetMemHandle);
+DMAG_HIP_CHECK_PROTOTYPE(hipIpcOpenMemHandle);
+DMAG_HIP_CHECK_PROTOTYPE(hipIpcCloseMemHandle);
+DMAG_HIP_CHECK_PROTOTYPE(hipMemGetAddressRange);
+DMAG_HIP_CHECK_PROTOTYPE(hipPointerGetAttribute);
+// hipMalloc is overloaded in C++ (a template for T**): its C declaration is
+// checked by redeclaring it (a different prototype is a conflicting
+// declaration of a C function).
+extern "C" hipError_t hipMalloc(void** ptr, size_t size);
+static_assert(std::is_same_v<decltype(HipApi::hipMalloc), hipError_t (*)(void**, size_t)>, "hipMalloc");
+DMAG_HIP_CHECK_PROTOTYPE(hipFree);
+DMAG_HIP_CHECK_PROTOTYPE(hipMemcpyAsync);
+DMAG_HIP_CHECK_PROTOTYPE(hipStreamWriteValue32);
+DMAG_HIP_CHECK_PROTOTYPE(hipStreamWaitValue32);
+DMAG_HIP_CHECK_PROTOTYPE(hipStreamGetFlags);
+#if HIP_VERSION_MAJOR >= 6  // Declared from 6.0 (5.2's headers lack it).
+DMAG_HIP_SAME_PROTOTYPE(hipStreamGetDevice, HipStreamGetDeviceFn);
+#endif
+#if HIP_VERSION_MAJOR > 7 || (HIP_VERSION_MAJOR == 7 && HIP_VERSION_MINOR >= 1)  // Declared from 7.1.
+DMAG_HIP_SAME_PROTOTYPE(hipStreamGetId, HipStreamGetIdFn);
+#endif
+#undef DMAG_HIP_CHECK_PROTOTYPE
+#undef DMAG_HIP_SAME_PROTOTYPE
 
 struct State {
   std::unique_ptr<HipLibrary> lib;
@@ -158,7 +211,11 @@ absl::StatusOr<HipAbi> HipAbiFor(int runtime_version) {
     abi.d2d_kind = 1024;
     abi.d2d_kind_name = "hipMemcpyDeviceToDeviceNoCU";
   }
-  abi.stream_check = abi.major >= 7 ? StreamCheck::kGetId : StreamCheck::kGetFlags;
+  // 7.0 no longer checks streams in hipStreamGetFlags and has no
+  // hipStreamGetId yet (new in 7.1); its hipStreamGetDevice still checks.
+  if (abi.major >= 7) {
+    abi.stream_check = (abi.major > 7 || abi.minor >= 1) ? StreamCheck::kGetId : StreamCheck::kGetDevice;
+  }
   return abi;
 }
 
@@ -249,11 +306,13 @@ absl::StatusOr<std::unique_ptr<HipLibrary>> LoadHip(const std::vector<std::strin
   a.abi = *abi;
   if (a.abi.stream_check == StreamCheck::kGetId) {
     Resolve(lib, "hipStreamGetId", &a.hipStreamGetId, &missing);
-    if (!missing.empty()) {
-      dlclose(lib);
-      return absl::UnavailableError(absl::StrCat(name, " (HIP runtime ", version, ") lacks ", missing,
-                                                 ", which checks streams on ROCm >= 7"));
-    }
+  } else if (a.abi.stream_check == StreamCheck::kGetDevice) {
+    Resolve(lib, "hipStreamGetDevice", &a.hipStreamGetDevice, &missing);
+  }
+  if (!missing.empty()) {
+    dlclose(lib);
+    return absl::UnavailableError(absl::StrCat(name, " (HIP runtime ", version, ") lacks ", missing,
+                                               ", which checks streams on ROCm ", a.abi.major, ".", a.abi.minor));
   }
   out->description =
       absl::StrCat(name, " (HIP runtime ", version, ", ROCm ", a.abi.major, ".", a.abi.minor, ")");

@@ -9,8 +9,10 @@
 // hipMemcpyDeviceToDeviceNoCU from 6.1, how a stream is checked), and a
 // major this build does not know is refused with the reason. The headers
 // the build used only have to agree with these values on the calls'
-// prototypes (30 of them, unchanged from 5.2 to 7.x); hip_api.cc checks at
-// compile time that the table matches the headers it is built against.
+// prototypes (32 of them, and the stream check's call on 7.x, unchanged
+// from 5.2 to 7.x where the headers have them); hip_api.cc checks at
+// compile time that the table matches the headers it is built against and
+// that HipApi's function types are the headers' prototypes.
 // HIP errors become absl::Status once, here, naming the call and the code.
 //
 // On a machine with libamdhip64 but no AMD GPU (no /dev/kfd, no amdgpu
@@ -34,16 +36,20 @@
 
 namespace dmagather::common::hip {
 
-// hipStreamGetId (ROCm >= 7.0; not in older headers): a 64-bit id of a
-// stream, after checking that the stream exists.
+// hipStreamGetId (ROCm >= 7.1: not in 7.0's library nor in older headers):
+// a 64-bit id of a stream, after checking that the stream exists.
 using HipStreamGetIdFn = hipError_t (*)(hipStream_t, unsigned long long*);
+// hipStreamGetDevice (not in 5.2's headers): the device of a stream, after
+// checking that the stream exists (ROCm 7.0 kept that check).
+using HipStreamGetDeviceFn = hipError_t (*)(hipStream_t, hipDevice_t*);
 
 // How a caller's stream handle is checked before it is used: ROCm 7.0
 // dereferences an invalid stream in hipMemcpyAsync/hipEventRecord (and in
 // hipStreamGetFlags), where 5.x/6.x returned an error.
 enum class StreamCheck {
-  kGetFlags,  // 5.x, 6.x: hipStreamGetFlags checks the handle (hipErrorContextIsDestroyed).
-  kGetId,     // 7.x: hipStreamGetId checks it (hipErrorInvalidResourceHandle).
+  kGetFlags,   // 5.x, 6.x: hipStreamGetFlags checks the handle (hipErrorContextIsDestroyed).
+  kGetDevice,  // 7.0: hipStreamGetDevice checks it (hipErrorContextIsDestroyed); no hipStreamGetId yet.
+  kGetId,      // 7.1 and later 7.x: hipStreamGetId checks it (hipErrorInvalidResourceHandle).
 };
 
 // The values that differ between ROCm majors, chosen at run time from
@@ -108,7 +114,8 @@ struct HipApi {
   hipError_t (*hipStreamWriteValue32)(hipStream_t, void*, uint32_t, unsigned int) = nullptr;
   hipError_t (*hipStreamWaitValue32)(hipStream_t, void*, uint32_t, unsigned int, uint32_t) = nullptr;
   hipError_t (*hipStreamGetFlags)(hipStream_t, unsigned int*) = nullptr;
-  HipStreamGetIdFn hipStreamGetId = nullptr;  // Resolved where abi.stream_check is kGetId.
+  HipStreamGetIdFn hipStreamGetId = nullptr;          // Resolved where abi.stream_check is kGetId.
+  HipStreamGetDeviceFn hipStreamGetDevice = nullptr;  // Resolved where abi.stream_check is kGetDevice.
 
   // The library's version and its values (HipAbiFor).
   HipAbi abi;

@@ -51,6 +51,11 @@ TEST_F(HipBackendTest, BadStreamIsInvalidArgumentBeforeAnyUse) {
   absl::Status st = backend_->CheckStream(bogus);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find("is not a live HIP stream of this process"), std::string::npos) << st;
+  // The call that checked it: 7.0's library has no hipStreamGetId and its
+  // hipStreamGetFlags no longer checks.
+  const auto& abi = api_->abi;
+  const char* check = abi.major < 7 ? "hipStreamGetFlags" : abi.minor == 0 ? "hipStreamGetDevice" : "hipStreamGetId";
+  EXPECT_NE(st.message().find(check), std::string::npos) << st;
 
   // Every call that hands a stream to HIP checks it (a wait may name
   // another stream than the submit did).

@@ -9,7 +9,10 @@
 //  - a stream handle that is not a live stream: an error from
 //    hipMemcpyAsync/hipEventRecord/hipStreamGetFlags before 7.0; from 7.0
 //    these dereference it (here: abort(), so a test that reaches them dies);
-//    hipStreamGetId (7.x) returns hipErrorInvalidResourceHandle.
+//    hipStreamGetId (7.1 on) returns hipErrorInvalidResourceHandle and
+//    hipStreamGetDevice (6.x, 7.x) hipErrorContextIsDestroyed. Built with
+//    FAKE_HIP_NO_STREAM_GET_ID it lacks hipStreamGetId, as ROCm 7.0's
+//    library does (libfake_amdhip64_rocm70.so).
 // One device ($DMAGATHER_FAKE_HIP_DEVICES for more, each a peer of the
 // others), memory from malloc, copies done at once with memcpy.
 // fake_hip_* (extern "C") let tests read what was asked of it.
@@ -136,11 +139,21 @@ hipError_t hipStreamGetFlags(hipStream_t s, unsigned int* flags) {
   *flags = 0;
   return hipSuccess;
 }
+#ifndef FAKE_HIP_NO_STREAM_GET_ID
 hipError_t hipStreamGetId(hipStream_t s, unsigned long long* id) {
   std::lock_guard<std::mutex> l(mu);
   if (id == nullptr) return Fail(hipErrorInvalidValue);
   if (!StreamValid(s)) return Fail(hipErrorInvalidResourceHandle);
   *id = reinterpret_cast<uintptr_t>(s);
+  return hipSuccess;
+}
+#endif
+// As clr from 6.0 to 7.x: the one stream query that still checks the handle on 7.0.
+hipError_t hipStreamGetDevice(hipStream_t s, hipDevice_t* device) {
+  std::lock_guard<std::mutex> l(mu);
+  if (device == nullptr) return Fail(hipErrorInvalidValue);
+  if (!StreamValid(s)) return Fail(hipErrorContextIsDestroyed);
+  *device = 0;
   return hipSuccess;
 }
 

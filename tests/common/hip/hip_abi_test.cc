@@ -1,8 +1,9 @@
 // The run-time choice of HIP values per ROCm major (common/hip HipAbi), on
 // the fake libamdhip64 (fake_amdhip64.cc) answering as ROCm 5.x, 6.0, 6.1,
-// 6.3, 7.0 and 7.1: the library is found by soname newest first, its
-// version picks the values, the fake accepts what the real runtime of that
-// major would, and an unknown major is refused with the reason. Built
+// 6.3, 7.0 (built without hipStreamGetId, as 7.0's library), 7.1 and 7.2:
+// the library is found by soname newest first, its version picks the
+// values, the fake accepts what the real runtime of that major would, and
+// an unknown major is refused with the reason. Built
 // against whatever HIP headers the build uses (5.2 in CI, 6.x/7.x in
 // tools/check_hip_build.sh): the answers must not depend on them.
 #include <dlfcn.h>
@@ -16,15 +17,16 @@
 namespace dmagather::common::hip {
 namespace {
 
-std::string FakeLib() {
+// The fake; libfake_amdhip64_rocm70.so lacks hipStreamGetId, as ROCm 7.0's library.
+std::string FakeLib(const std::string& name = "libfake_amdhip64.so") {
   const char* srcdir = std::getenv("TEST_SRCDIR");
-  return std::string(srcdir != nullptr ? srcdir : ".") + "/dmagather/tests/common/hip/libfake_amdhip64.so";
+  return std::string(srcdir != nullptr ? srcdir : ".") + "/dmagather/tests/common/hip/" + name;
 }
 
 // Loads the fake as the runtime of `version`.
-std::unique_ptr<HipLibrary> LoadAs(int version) {
+std::unique_ptr<HipLibrary> LoadAs(int version, const std::string& path = FakeLib()) {
   setenv("DMAGATHER_FAKE_HIP_VERSION", std::to_string(version).c_str(), 1);
-  auto lib = LoadHip({FakeLib()});
+  auto lib = LoadHip({path});
   EXPECT_TRUE(lib.ok()) << lib.status();
   return lib.ok() ? *std::move(lib) : nullptr;
 }
@@ -35,7 +37,7 @@ struct Seen {
   hipError_t ipc_open = hipErrorUnknown;
   int memcpy_kind = -1;
 };
-Seen Exercise(const HipApi& a) {
+Seen Exercise(const HipApi& a, const std::string& path = FakeLib()) {
   Seen seen;
   void* p = nullptr;
   EXPECT_EQ(a.hipMalloc(&p, 256), hipSuccess);
@@ -47,7 +49,7 @@ Seen Exercise(const HipApi& a) {
   char src[8] = "abcdefg", dst[8] = {};
   EXPECT_EQ(a.hipMemcpyAsync(dst, src, sizeof(src), static_cast<hipMemcpyKind>(a.abi.d2d_kind), nullptr), hipSuccess);
   EXPECT_STREQ(dst, "abcdefg");
-  void* lib = dlopen(FakeLib().c_str(), RTLD_NOW | RTLD_NOLOAD);
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
   auto kind = reinterpret_cast<int (*)()>(dlsym(lib, "fake_hip_last_memcpy_kind"));
   seen.memcpy_kind = kind != nullptr ? kind() : -2;
   dlclose(lib);
@@ -108,8 +110,36 @@ TEST(HipAbi, Rocm6) {
   }
 }
 
-TEST(HipAbi, Rocm7) {
-  for (int version : {70025000, 70125830}) {  // 7.0, 7.1.
+// ROCm 7.0's library has no hipStreamGetId (new in 7.1) and its
+// hipStreamGetFlags no longer checks the handle: streams are checked with
+// hipStreamGetDevice, and a library without hipStreamGetId loads.
+TEST(HipAbi, Rocm7_0ChecksStreamsWithGetDevice) {
+  const std::string path = FakeLib("libfake_amdhip64_rocm70.so");
+  for (int version : {70025000, 70051831}) {  // 7.0 (two build numbers).
+    SCOPED_TRACE(version);
+    auto lib = LoadAs(version, path);
+    ASSERT_NE(lib, nullptr);
+    const HipAbi& abi = lib->api.abi;
+    EXPECT_EQ(abi.major, 7);
+    EXPECT_EQ(abi.minor, 0);
+    EXPECT_EQ(abi.memory_type_device, 2u);
+    EXPECT_EQ(abi.ipc_lazy_enable_peer_access, 1u);
+    EXPECT_EQ(abi.d2d_kind, 1024);
+    EXPECT_EQ(abi.stream_check, StreamCheck::kGetDevice);
+    EXPECT_EQ(lib->api.hipStreamGetId, nullptr);
+    ASSERT_NE(lib->api.hipStreamGetDevice, nullptr);
+    hipDevice_t device = -1;
+    EXPECT_EQ(lib->api.hipStreamGetDevice(reinterpret_cast<hipStream_t>(0x1234), &device), hipErrorContextIsDestroyed);
+    EXPECT_EQ(lib->api.hipStreamGetDevice(nullptr, &device), hipSuccess);
+    const Seen seen = Exercise(lib->api, path);
+    EXPECT_EQ(seen.memory_type, 2u);
+    EXPECT_EQ(seen.ipc_open, hipSuccess);
+    EXPECT_EQ(seen.memcpy_kind, 1024);
+  }
+}
+
+TEST(HipAbi, Rocm7_1ChecksStreamsWithGetId) {
+  for (int version : {70125830, 70200000}) {  // 7.1, 7.2.
     SCOPED_TRACE(version);
     auto lib = LoadAs(version);
     ASSERT_NE(lib, nullptr);
@@ -119,6 +149,7 @@ TEST(HipAbi, Rocm7) {
     EXPECT_EQ(abi.ipc_lazy_enable_peer_access, 1u);
     EXPECT_EQ(abi.d2d_kind, 1024);
     EXPECT_EQ(abi.stream_check, StreamCheck::kGetId);
+    EXPECT_EQ(lib->api.hipStreamGetDevice, nullptr);
     ASSERT_NE(lib->api.hipStreamGetId, nullptr);
     unsigned long long id = 0;
     EXPECT_EQ(lib->api.hipStreamGetId(reinterpret_cast<hipStream_t>(0x1234), &id), hipErrorInvalidResourceHandle);
@@ -127,6 +158,16 @@ TEST(HipAbi, Rocm7) {
     EXPECT_EQ(seen.ipc_open, hipSuccess);
     EXPECT_EQ(seen.memcpy_kind, 1024);
   }
+}
+
+// A 7.1 library without hipStreamGetId is refused, naming the call.
+TEST(HipAbi, Rocm7_1WithoutGetIdIsRefused) {
+  setenv("DMAGATHER_FAKE_HIP_VERSION", "70125830", 1);
+  auto lib = LoadHip({FakeLib("libfake_amdhip64_rocm70.so")});
+  ASSERT_FALSE(lib.ok());
+  EXPECT_EQ(lib.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(lib.status().message().find("lacks hipStreamGetId, which checks streams on ROCm 7.1"), std::string::npos)
+      << lib.status();
 }
 
 // The values of the wrong major are what broke: 5.x's IPC flag on a 6.x
