@@ -42,8 +42,8 @@ trainers() {  # label daemon-envs... -- trainer-envs... -- parts
 case "$what" in
   trainers)
     trainers lanes0 DMAGATHER_CUDA_GRAPH_LANES=0 -- X=1 -- fsdp2,fsdp2_hf
-    trainers lanes4 DMAGATHER_CUDA_GRAPH_LANES=4 -- X=1 -- fsdp2_hf
-    trainers lanes4_vmm DMAGATHER_CUDA_GRAPH_LANES=4 -- PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- fsdp2_hf
+    trainers lanes0_vmm DMAGATHER_CUDA_GRAPH_LANES=0 -- PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- fsdp2_hf
+    [ -n "${TRAINERS_LANES4:-}" ] && trainers lanes4 DMAGATHER_CUDA_GRAPH_LANES=4 -- X=1 -- fsdp2_hf
     ;;
   hop)
     (cd "$fc" && OUT="$out" AB_SHAPES="${AB_SHAPES:-4m_r2 4m_r4 4m_r8 16m_r4 64m_r4}" ./ab_hop.sh \
