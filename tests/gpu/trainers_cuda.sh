@@ -10,7 +10,9 @@
 #       hook, the training scripts, and the wheels the GPU machine lacks
 #       (DeepSpeed 0.19.8 and its requirements, for CPython 3.12) into DIR.
 #   DIR/run.sh run [OUT] [WORLD]  (GPU machine: torch >= 2.11, no internet)
-#       makes a venv over the system's packages (torch), installs the wheels,
+#       makes a venv over the system's packages (torch), installs the wheels
+#       (the dmagather wheel too, unless DMAGATHER_FROM_CHECKOUT=1: then the
+#       staged package and library),
 #       starts dmagatherd --backend=cuda, runs the checks, writes OUT
 #       (default DIR/out) and ends with `N passed, N failed`.
 set -u
@@ -59,6 +61,9 @@ stage() {
   else
     cp "$ds" "$dir/wheels/"
   fi
+  # The dmagather wheel itself (libdmagather.so and its libraries inside): the
+  # GPU machine has none of Debian's libraries, so the run proves the wheel.
+  (cd "$root" && tools/build_wheel.sh "$dir/wheels") || exit 1
   ls "$dir/wheels"
   du -sh "$dir"
 }
@@ -81,17 +86,27 @@ run() {
   echo "$base_sites" >"$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/base-python.pth"
   "$py" -m pip --version >/dev/null 2>&1 || { echo "run: no pip for $py"; exit 1; }
   "$py" -m pip install --quiet --no-index --find-links "$here/wheels" deepspeed==0.19.8 2>&1 | tail -3
-  local site
+  local site whl
   site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  echo "$here/python" >"$site/dmagather-checkout.pth"
-  cp "$here/python/dmagather_autoload.pth" "$site/"
+  whl=$(ls "$here"/wheels/dmagather-*.whl 2>/dev/null | head -1)
+  if [ -n "$whl" ] && [ "${DMAGATHER_FROM_CHECKOUT:-0}" != 1 ]; then
+    # As a trainer installs it: the wheel alone (its library, its start-up hook).
+    "$py" -m pip install --quiet --no-index --no-deps "$whl" 2>&1 | tail -3
+    unset DMAGATHER_LIB
+  else
+    echo "$here/python" >"$site/dmagather-checkout.pth"
+    cp "$here/python/dmagather_autoload.pth" "$site/"
+    export DMAGATHER_LIB="$here/bin/libdmagather.so"
+  fi
   "$py" -c 'import torch, deepspeed; print("torch", torch.__version__, "deepspeed", deepspeed.__version__, "cuda", torch.cuda.is_available())' \
     | tee "$out/versions.txt"
+  "$py" -c 'import dmagather; print("dmagather", dmagather.__file__, "library", dmagather.load_library()._name)' \
+    | tee -a "$out/versions.txt"
   "$here/bin/dmagatherd" --socket="$work/d.sock" --backend=cuda --log_level=warning --metrics_listen= \
     >"$out/dmagatherd.log" 2>&1 &
   local dpid=$!
   for _ in $(seq 100); do [ -S "$work/d.sock" ] && break; sleep 0.1; done
-  export PATH="$work/venv/bin:$PATH" DMAGATHER_LIB="$here/bin/libdmagather.so" DMAGATHER_SOCKET="$work/d.sock"
+  export PATH="$work/venv/bin:$PATH" DMAGATHER_SOCKET="$work/d.sock"
   export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
   local t="$here/trainers"
   one() {  # name, env assignments..., -- , command...
@@ -100,7 +115,7 @@ run() {
     while [ "$1" != "--" ]; do envs+=("$1"); shift; done
     shift
     echo "== $name"
-    env -u DMAGATHER_ALLGATHER -u DS_SDMA_ALLGATHER "${envs[@]}" DMAGATHER_STATS_FILE="$out/$name-stats.{rank}.json" \
+    env -u DMAGATHER_ALLGATHER -u DS_SDMA_ALLGATHER -u DMAGATHER_FSDP_ZERO_COPY "${envs[@]}" DMAGATHER_STATS_FILE="$out/$name-stats.{rank}.json" \
       timeout "${DMAGATHER_RUN_TIMEOUT_S:-180}" "$@" >"$out/$name.log" 2>&1
     echo "$?" >"$out/$name.rc"
     "$here/bin/dmagatherctl" --socket="$work/d.sock" --json stats >"$out/$name-daemon.json" 2>&1
@@ -112,9 +127,11 @@ run() {
     --dist-backend gloo --steps 8
   one zero3-both DMAGATHER_ALLGATHER=1 DS_SDMA_ALLGATHER=1 -- "${tr[@]}" "$t/zero3_train.py" \
     --out "$out/zero3-both" --dtype bf16 --dist-backend gloo --steps 8
-  local f=("$t/fsdp2_train.py" --device cuda --dist-backend gloo --rs-allreduce --steps 6)
+  # FSDP2's own reduce-scatter: gloo's reduce_scatter_tensor takes CUDA tensors.
+  local f=("$t/fsdp2_train.py" --device cuda --dist-backend gloo --steps 6)
   one fsdp2-off -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-off"
   one fsdp2-on DMAGATHER_ALLGATHER=1 -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-on"
+  one fsdp2-copyout DMAGATHER_ALLGATHER=1 DMAGATHER_FSDP_ZERO_COPY=0 -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-copyout"
   one fsdp2-custom -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-custom" --custom-all-gather
   one fsdp2-off-bf16 -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-off-bf16" --dtype bf16
   one fsdp2-on-bf16 DMAGATHER_ALLGATHER=1 -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-on-bf16" --dtype bf16

@@ -58,16 +58,27 @@ def served(name, staged_ok=True):
     return ok, detail
 
 
-for name in ("zero3-off", "zero3-on", "zero3-both", "fsdp2-off", "fsdp2-on", "fsdp2-custom", "fsdp2-off-bf16",
-             "fsdp2-on-bf16"):
+def zero_copy(name):
+    """(status, unshards) equal on every rank, or None."""
+    seen = {(x.get("zero_copy"), x.get("zero_copy_unshards")) for x in stats(name).values()}
+    return seen.pop() if len(seen) == 1 else None
+
+
+for name in ("zero3-off", "zero3-on", "zero3-both", "fsdp2-off", "fsdp2-on", "fsdp2-copyout", "fsdp2-custom",
+             "fsdp2-off-bf16", "fsdp2-on-bf16"):
     check(f"{name} ran", rc(name) == 0, f"rc={rc(name)}")
 for name in ("zero3-off", "fsdp2-off", "fsdp2-off-bf16"):
     check(f"{name} set nothing up", stats(name) == {})
 for a, b in (("zero3-off", "zero3-on"), ("zero3-off", "zero3-both"), ("fsdp2-off", "fsdp2-on"),
-             ("fsdp2-off", "fsdp2-custom"), ("fsdp2-off-bf16", "fsdp2-on-bf16")):
+             ("fsdp2-off", "fsdp2-copyout"), ("fsdp2-off", "fsdp2-custom"), ("fsdp2-off-bf16", "fsdp2-on-bf16")):
     check(f"{b} == {a}", *same(a, b))
-for name in ("zero3-on", "zero3-both", "fsdp2-on", "fsdp2-custom", "fsdp2-on-bf16"):
+for name in ("zero3-on", "zero3-both", "fsdp2-on", "fsdp2-copyout", "fsdp2-custom", "fsdp2-on-bf16"):
     check(f"{name} served by dmagather", *served(name))
+for name in ("fsdp2-on", "fsdp2-custom", "fsdp2-on-bf16"):  # every unshard after the set-up one (custom: all)
+    z = zero_copy(name)
+    check(f"{name} zero-copy unshard", z is not None and z[0] == "on" and z[1] > 0, str(z))
+z = zero_copy("fsdp2-copyout")
+check("fsdp2-copyout FSDP2's copy-out path", z == ("off: DMAGATHER_FSDP_ZERO_COPY=0", 0), str(z))
 for name in ("zero3-on", "zero3-both", "fsdp2-on", "fsdp2-on-bf16"):
     try:
         lines = [l for l in open(os.path.join(out, f"{name}.log")) if "dmagather allgather " in l and

@@ -113,7 +113,17 @@ def main():
     local = torch.stack(losses)
     every = [torch.empty_like(local) for _ in range(world)]
     dist.all_gather(every, local)
-    full = [(n, q.full_tensor().detach().cpu().contiguous()) for n, q in model.named_parameters()]
+    if dev.type == "cuda" and dist.get_backend() == "gloo":
+        # DTensor.full_tensor() goes through functional collectives, which crash
+        # (SIGSEGV) over gloo with CUDA tensors in torch 2.11: each parameter's
+        # local shards of every rank, in rank order, by all_gather_object.
+        mine = [q.to_local().detach().cpu().contiguous() for _, q in model.named_parameters()]
+        every_shard = [None] * world
+        dist.all_gather_object(every_shard, mine)
+        full = [(n, torch.cat([every_shard[r][i].reshape(-1) for r in range(world)]))
+                for i, (n, _) in enumerate(model.named_parameters())]
+    else:
+        full = [(n, q.full_tensor().detach().cpu().contiguous()) for n, q in model.named_parameters()]
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
         lb = b"".join(t.cpu().numpy().tobytes() for t in every)

@@ -72,6 +72,11 @@ def main():
     if acc.device_name() == "cuda":
         local_rank = int(os.environ.get("LOCAL_RANK", max(args.local_rank, 0)))
         index = local_rank % torch.cuda.device_count()
+        if index != local_rank:
+            # Ranks share GPUs (a one-GPU test box): DeepSpeed binds its process
+            # group to cuda:<LOCAL_RANK> (init_process_group's device_id), which
+            # does not exist here; name the GPU this rank runs on instead.
+            os.environ["LOCAL_RANK"] = str(index)
         torch.cuda.set_device(index)
         ds_args = argparse.Namespace(device_rank=index)  # the engine's device (default: LOCAL_RANK)
         device = torch.device("cuda", index)
