@@ -326,14 +326,11 @@ def _fsdp_api(torch):
     return fully_shard, FSDPModule, AllGather, ReduceScatter, DeviceMesh
 
 
-def part_fsdp2(ctx):
-    torch, dist, dt, rank, world, dev = ctx["torch"], ctx["dist"], ctx["dt"], ctx["rank"], ctx["world"], ctx["dev"]
-    fully_shard, FSDPModule, AllGather, ReduceScatter, DeviceMesh = _fsdp_api(torch)
-    nn = torch.nn
+def _reference_comms(torch, dist, AllGather, ReduceScatter):
+    """FSDP2 comms for the reference runs: an all-gather by gloo broadcast (bit-exact, any dtype)
+    and a test-only reduce-scatter from gloo all_reduce (every arm uses it)."""
 
     class BroadcastAllGather(AllGather):
-        """Reference: every rank's slot by gloo broadcast (bytes: bit-exact, -0.0 kept)."""
-
         def allocate(self, size, *, dtype, device):
             return torch.empty(*size, dtype=dtype, device=device)
 
@@ -342,8 +339,6 @@ def part_fsdp2(ctx):
             return None
 
     class AllReduceReduceScatter(ReduceScatter):
-        """Test-only reduce-scatter for both runs: gloo all_reduce, keep this rank's chunk."""
-
         def allocate(self, size, *, dtype, device):
             return torch.empty(*size, dtype=dtype, device=device)
 
@@ -357,6 +352,15 @@ def part_fsdp2(ctx):
                 buf.div_(dist.get_world_size(group))
             output_tensor.copy_(buf.view(dist.get_world_size(group), -1)[dist.get_rank(group)])
             return None
+
+    return BroadcastAllGather, AllReduceReduceScatter
+
+
+def part_fsdp2(ctx):
+    torch, dist, dt, rank, world, dev = ctx["torch"], ctx["dist"], ctx["dt"], ctx["rank"], ctx["world"], ctx["dev"]
+    fully_shard, FSDPModule, AllGather, ReduceScatter, DeviceMesh = _fsdp_api(torch)
+    BroadcastAllGather, AllReduceReduceScatter = _reference_comms(torch, dist, AllGather, ReduceScatter)
+    nn = torch.nn
 
     def build():
         torch.manual_seed(4321)
@@ -457,26 +461,7 @@ def part_fsdp2_hf(ctx):
     from torch.profiler import profile, ProfilerActivity
     import transformers
     from dmagather import _fsdp_zero_copy as zc
-
-    class BroadcastAllGather(AllGather):
-        def allocate(self, size, *, dtype, device):
-            return torch.empty(*size, dtype=dtype, device=device)
-
-        def __call__(self, output_tensor, input_tensor, group, async_op=False):
-            bcast_gather(torch, dist, output_tensor, input_tensor, group)
-            return None
-
-    class AllReduceReduceScatter(ReduceScatter):
-        def allocate(self, size, *, dtype, device):
-            return torch.empty(*size, dtype=dtype, device=device)
-
-        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-            buf = input_tensor.clone()
-            dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
-            if "AVG" in str(op).upper():
-                buf.div_(dist.get_world_size(group))
-            output_tensor.copy_(buf.view(dist.get_world_size(group), -1)[dist.get_rank(group)])
-            return None
+    BroadcastAllGather, AllReduceReduceScatter = _reference_comms(torch, dist, AllGather, ReduceScatter)
 
     cfg = transformers.LlamaConfig(vocab_size=8192, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
                                    num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=512,
