@@ -15,7 +15,8 @@ set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 export LD_LIBRARY_PATH="$here/lib:${LD_LIBRARY_PATH:-}"
 export NCCL_NVLS_ENABLE=0
-out="${OUT:-.}"
+out="${OUT:-$PWD/results/ab_hop}"
+mkdir -p "$out" && out="$(cd "$out" && pwd)"
 
 shape_flags() {
   case "$1" in

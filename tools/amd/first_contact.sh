@@ -33,7 +33,7 @@
 #   GPU suite       SKIP: tests/gpu is CUDA-only; the checks above are its hip counterpart
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-out="${1:-$PWD/first_contact-$(hostname)-$(date -u +%Y%m%dT%H%M%SZ)}"
+out="${1:-$PWD/results/first_contact-$(hostname)-$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$out" || exit 2
 out="$(cd "$out" && pwd)"
 report="$out/report.txt"

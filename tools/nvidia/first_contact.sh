@@ -41,7 +41,7 @@ stage() {
 }
 
 run() {
-  local out="${1:-${OUT:-$PWD/first_contact-$(hostname)}}"
+  local out="${1:-${OUT:-$PWD/results/first_contact-$(hostname)}}"
   mkdir -p "$out" || exit 2
   out="$(cd "$out" && pwd)"
   local report="$out/report.txt"
