@@ -18,7 +18,7 @@ namespace {
 
 std::string FakeLib() {
   const char* srcdir = std::getenv("TEST_SRCDIR");
-  return std::string(srcdir != nullptr ? srcdir : ".") + "/dmagather/tests/common/hip/libfake_amdhip64.so";
+  return std::string(srcdir != nullptr ? srcdir : ".") + "/dmagather/tests/fakes/libfake_amdhip64.so";
 }
 
 // Loads the fake as the runtime of `version`.
