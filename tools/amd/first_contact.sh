@@ -5,7 +5,7 @@
 # fakes, and writes one report with a PASS / FAIL / SKIP line per claim the
 # docs make (README, "On AMD GPUs"):
 #
-#   tools/amd/first_contact.sh [OUT_DIR]        (default: ./first_contact-<host>-<time>)
+#   tools/amd/first_contact.sh [OUT_DIR]        (default: ./results/first_contact-<host>-<time>)
 #
 # Needs: a built tree (bazel-bin/server/dmagatherd, bazel-bin/client/
 # libdmagather.so, bazel-bin/tools/dmagatherctl; it runs `bazel build` when
