@@ -11,7 +11,7 @@ namespace dmagather::abi {
 constexpr uint32_t Stamp(uint32_t size, uint32_t version) { return size | (version << 24); }
 
 constexpr uint32_t kMagic = 0x474d4144u;  // "DAMG" little-endian
-constexpr uint32_t kMaxRanksV1 = 64;      // Ranks of one job on one node.
+constexpr uint32_t kMaxRanksV1 = 64;      // Ranks of one job (all its nodes).
 constexpr uint32_t kRingSlotsV1 = 256;    // Descriptors in flight per rank.
 constexpr uint32_t kErrorSlotsV1 = 16;    // Error records kept per rank.
 constexpr uint32_t kErrorMessageBytesV1 = 240;

@@ -33,7 +33,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "bench/verify.h"
+#include "tests/support/verify.h"
 #include "dmagather/client.h"
 #include "dmagather/v1/telemetry.grpc.pb.h"
 #if DMAGATHER_WITH_CUDA
@@ -62,9 +62,9 @@ ABSL_FLAG(int, gemm_n, 8192, "cuda: the overlap test's GEMM is bf16 n x n x n th
 
 namespace {
 
-using dmagather::bench::CheckAllGather;
-using dmagather::bench::FillPattern;
-using dmagather::bench::Variant;
+using dmagather::support::CheckAllGather;
+using dmagather::support::FillPattern;
+using dmagather::support::Variant;
 
 constexpr int kMaxRanks = 64;
 constexpr int kMaxRows = 64;
@@ -587,7 +587,7 @@ int RunRank(int rank, int world, const std::string& job, Shared* sh) {
   uint64_t seed = 0x5eed;
   for (int d = 0; d < DMAGATHER_NUM_DTYPES; ++d) {
     for (size_t count : counts) {
-      for (Variant variant : dmagather::bench::kAllVariants) {
+      for (Variant variant : dmagather::support::kAllVariants) {
         std::string why;
         ++seed;
         if (rank == 0) sh->check_ran[d]++;

@@ -2,10 +2,11 @@
 # The cuda backend's benchmark on one GPU: allgather_perf against a
 # dmagatherd --backend=cuda (ranks as processes on the same GPU), without and
 # with MPS. Run from a directory staged by `tests/gpu/run.sh stage DIR`:
-#   DIR/cuda_bench.sh            (logs under $OUT when set, else ./)
+#   DIR/cuda_bench.sh            (logs under $OUT when set, else ./results/cuda_bench)
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
-out="${OUT:-.}"
+out="${OUT:-$PWD/results/cuda_bench}"
+mkdir -p "$out" && out="$(cd "$out" && pwd)"
 export LD_LIBRARY_PATH="$here/lib:${LD_LIBRARY_PATH:-}"
 # cuBLAS for the GEMM overlap test (dlopened): the toolkit's, or PyTorch's.
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \

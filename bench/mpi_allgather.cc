@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/verify.h"
+#include "tests/support/verify.h"
 
 namespace {
 
@@ -60,14 +60,14 @@ void RunSmall(const std::vector<size_t>& kib, int max_iters, int max_warmup, int
     std::vector<double> t;
     for (int it = -warmup; it < iters; ++it) {
       const uint64_t seed = k * 100000 + (it + warmup);
-      dmagather::bench::FillPattern(buf.data() + rank * shard, shard, seed, rank);
+      dmagather::support::FillPattern(buf.data() + rank * shard, shard, seed, rank);
       MPI_Barrier(MPI_COMM_WORLD);
       const double t0 = MPI_Wtime();
       MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, buf.data(), int(shard), MPI_BYTE, MPI_COMM_WORLD);
       double us = (MPI_Wtime() - t0) * 1e6, umax = 0;
       MPI_Reduce(&us, &umax, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
       for (int r = 0; r < world; ++r) {
-        dmagather::bench::FillPattern(want.data(), shard, seed, r);
+        dmagather::support::FillPattern(want.data(), shard, seed, r);
         if (std::memcmp(buf.data() + r * shard, want.data(), shard) != 0) {
           std::fprintf(stderr, "rank %d: MPI_Allgather shard %d wrong (%zu KiB, iteration %d)\n", rank, r, k, it);
           MPI_Abort(MPI_COMM_WORLD, 1);

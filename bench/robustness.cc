@@ -71,7 +71,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "bench/verify.h"
+#include "tests/support/verify.h"
 #include "common/clock.h"
 #include "common/futex.h"
 #include "dmagather/client.h"
@@ -97,8 +97,8 @@ ABSL_FLAG(int, soak_max_kib, 4096, "soak: largest shard (KiB).");
 namespace {
 
 using dmagather::Comm;
-using dmagather::bench::FillPattern;
-using dmagather::bench::SplitMix64;
+using dmagather::support::FillPattern;
+using dmagather::support::SplitMix64;
 using dmagather::common::MonotonicNs;
 namespace abi = dmagather::abi;
 

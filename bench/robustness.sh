@@ -9,14 +9,16 @@
 #   bench/robustness.sh --soak_s=30 --mutations=20000 --kills=20 --restarts=3   # quick
 #
 # Extra arguments go to bench/robustness (see --help there). The log is
-# written to $ROBUSTNESS_LOG (default /tmp/dmagather-robustness-<date>.log).
+# written to $ROBUSTNESS_LOG (default results/robustness-<date>.log; results/
+# is ignored). The run docs/OPERATIONS.md cites: docs/perf/robustness/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 JOBS="${BAZEL_JOBS:-2}"
 bazel build -c opt --jobs="$JOBS" //server:dmagatherd //tools:dmagatherctl //bench:robustness >&2
 
-LOG="${ROBUSTNESS_LOG:-/tmp/dmagather-robustness-$(date +%Y%m%d-%H%M%S).log}"
+LOG="${ROBUSTNESS_LOG:-results/robustness-$(date +%Y%m%d-%H%M%S).log}"
+mkdir -p "$(dirname "$LOG")"
 ARGS=(
   --dmagatherd=bazel-bin/server/dmagatherd
   --dmagatherctl=bazel-bin/tools/dmagatherctl

@@ -24,7 +24,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "bench/verify.h"
+#include "tests/support/verify.h"
 #include "dmagather/client.h"
 
 ABSL_FLAG(std::string, socket, "", "dmagatherd socket (default: $DMAGATHER_SOCKET).");
@@ -39,7 +39,7 @@ constexpr int kMaxRanks = 16;
 constexpr int kMaxIters = 5000;
 constexpr int kMaxSizes = 16;
 
-struct Shared : dmagather::bench::RankSync {
+struct Shared : dmagather::support::RankSync {
   double us[kMaxSizes][kMaxIters][kMaxRanks];
 };
 
@@ -62,7 +62,7 @@ int RunRank(int rank, int world, const std::string& job, const std::vector<size_
     const size_t shard = kib[s] << 10;
     for (int it = -warmup; it < iters; ++it) {
       const uint64_t seed = s * 100000 + (it + warmup);
-      dmagather::bench::FillPattern(buf + rank * shard, shard, seed, rank);
+      dmagather::support::FillPattern(buf + rank * shard, shard, seed, rank);
       sh->Barrier(world);
       const auto t0 = std::chrono::steady_clock::now();
       dmagather_status_t st = comm.AllGather(buf + rank * shard, buf, shard, DMAGATHER_UINT8);
@@ -73,7 +73,7 @@ int RunRank(int rank, int world, const std::string& job, const std::vector<size_
         return 1;
       }
       // Every result is checked.
-      if (const int r = dmagather::bench::FirstWrongShard(buf, shard, world, seed, want.data()); r >= 0) {
+      if (const int r = dmagather::support::FirstWrongShard(buf, shard, world, seed, want.data()); r >= 0) {
         sh->Fail(absl::StrFormat("rank %d: shard %d wrong at %u KiB iteration %d", rank, r, kib[s], it));
         return 1;
       }
@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
   auto* sh = static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   if (sh == MAP_FAILED) return 1;
   const std::string job = absl::StrFormat("small-%d", getpid());
-  const int bad = dmagather::bench::ForkRanks(world, [&](int r) { return RunRank(r, world, job, kib, iters, warmup, sh); });
+  const int bad = dmagather::support::ForkRanks(world, [&](int r) { return RunRank(r, world, job, kib, iters, warmup, sh); });
   if (bad != 0 || sh->failures.load() != 0) {
     std::cerr << "small_ops: FAILED: " << sh->why << "\n";
     return 1;

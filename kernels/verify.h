@@ -1,8 +1,9 @@
 // Verification kernels, run in the caller's (a rank's, a test's, the
 // benchmark's) CUDA context - never in dmagatherd. They fill a buffer with
-// the deterministic pattern of bench/verify.h (byte for byte the same as
-// FillPattern on the CPU) and compare a buffer against it on the GPU, so a
-// multi-GiB AllGather result is checked without copying it to the host.
+// the deterministic pattern of tests/support/verify.h (byte for byte the
+// same as FillPattern on the CPU) and compare a buffer against it on the
+// GPU, so a multi-GiB AllGather result is checked without copying it to the
+// host.
 //
 // All functions enqueue on `stream` (a cudaStream_t; NULL = legacy default
 // stream) and return a cudaError_t as int (0 = success).

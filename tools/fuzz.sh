@@ -54,7 +54,7 @@ LIB_SRCS=(
   server/ingress/decoder.cc server/ingress/ingress.cc server/ingress/region_table.cc
   server/scheduler/job.cc server/scheduler/planner.cc server/scheduler/rank.cc server/scheduler/persistent_op.cc
   server/engines/copy_engine.cc
-  server/completion/completion_writer.cc common/latency_histogram.cc
+  server/scheduler/completion_writer.cc common/latency_histogram.cc
   server/service/request_checks.cc server/service/fd_request.cc
 )
 

@@ -15,7 +15,8 @@ set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 export LD_LIBRARY_PATH="$here/lib:${LD_LIBRARY_PATH:-}"
 export NCCL_NVLS_ENABLE=0
-out="${OUT:-.}"
+out="${OUT:-$PWD/results/ab_hop}"
+mkdir -p "$out" && out="$(cd "$out" && pwd)"
 
 shape_flags() {  # SIZE_rRANKS: SIZE is Nk or Nm per rank shard (4k_r4, 16m_r8, ...)
   local size="${1%_r*}" ranks="${1##*_r}" kib iters

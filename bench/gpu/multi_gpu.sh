@@ -2,7 +2,7 @@
 # dmagather against NCCL on every GPU of one node, in one call (issue: multi-GPU headline
 # numbers). Stages like tests/gpu/run.sh, then on the GPU machine runs the GPU test suite with
 # one rank per GPU and bench/gpu/multi_gpu_bench.py (correctness, busbw 1 MiB..1 GiB, GEMM
-# overlap, 64 KiB latency), writing CSV/PNG/JSON under $OUT (or ./multi_gpu_results).
+# overlap, 64 KiB latency), writing CSV/PNG/JSON under $OUT (or ./results/multi_gpu).
 #
 #   bench/gpu/multi_gpu.sh stage DIR     (build machine)
 #   DIR/multi_gpu.sh run                 (GPU machine; NVLink multicast stays off)
@@ -26,7 +26,7 @@ stage() {
 run() {
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   export LD_LIBRARY_PATH="$here/lib:${LD_LIBRARY_PATH:-}"
-  local out="${OUT:-$PWD/multi_gpu_results}" gpus
+  local out="${OUT:-$PWD/results/multi_gpu}" gpus
   mkdir -p "$out"
   # The GPUs this run may use: CUDA_VISIBLE_DEVICES honoured, MIG lines not
   # counted as GPUs (nvidia-smi -L lists every GPU and partition).

@@ -321,7 +321,7 @@ def main():
     p.add_argument("--latency_kib", default="64,1024,2048,4096", help="sizes per rank for the latency part")
     p.add_argument("--rank_visible", default="",
                    help="GPU UUIDs (or indices), comma-separated: rank r sees only entry r %% n")
-    p.add_argument("--out", default="multi_gpu_results")
+    p.add_argument("--out", default="results/multi_gpu")
     p.add_argument("--port", type=int, default=29531)
     p.add_argument("--job", default=str(os.getpid()))
     args = p.parse_args()

@@ -9,7 +9,7 @@ peer: what dmagatherd does for a pair reachable only that way). No kernel is
 launched. Every pair's copy is checked bit-exact once, then timed with CUDA
 events on the issuing stream (median of --iters).
 
-    pair_bw.py [--mib 256] [--iters 20] [--csv pair_bw.csv]
+    pair_bw.py [--mib 256] [--iters 20] [--csv results/pair_bw.csv]
 
 With one GPU it measures the device-to-device copy on that GPU (the same
 call, both ends on one device) so the script is exercised anywhere.
@@ -18,6 +18,7 @@ Prints a matrix per direction (GB/s) and writes one CSV row per measurement.
 import argparse
 import csv
 import ctypes
+import os
 import statistics
 import sys
 
@@ -37,7 +38,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mib", type=int, default=256)
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--csv", default="pair_bw.csv")
+    p.add_argument("--csv", default="results/pair_bw.csv")
     args = p.parse_args()
     n = torch.cuda.device_count()
     if n == 0:
@@ -86,6 +87,7 @@ def main():
             ms = statistics.median(times)
             rows.append([s, d, mode, int(peer), args.mib, round(ms, 4), round(nbytes / (ms / 1e3) / 1e9, 1),
                          "PASSED" if ok else f"FAILED(rc={rc})"])
+    os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
     with open(args.csv, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["src", "dst", "mode", "peer_access", "MiB", "ms", "GBps", "bit_exact"])

@@ -37,7 +37,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "bench/verify.h"
+#include "tests/support/verify.h"
 #include "dmagather/dmagather.h"
 
 ABSL_FLAG(std::string, sockets, "", "Comma-separated dmagatherd sockets, one per node (node order).");
@@ -56,7 +56,7 @@ constexpr int kMaxRanks = 32;
 constexpr int kMaxIters = 2000;
 constexpr int kMaxSizes = 16;
 
-struct Shared : dmagather::bench::RankSync {
+struct Shared : dmagather::support::RankSync {
   char job_ids[kMaxSizes][DMAGATHER_JOB_ID_MAX];
   double us[kMaxSizes][kMaxIters][kMaxRanks];
 };
@@ -105,7 +105,7 @@ int RunRank(int rank, int world, int rpn, const std::vector<std::string>& socket
     }
     for (int it = -warmup; it < iters; ++it) {
       const uint64_t seed = s * 100000 + (it + warmup);
-      dmagather::bench::FillPattern(buf + rank * shard, shard, seed, rank);
+      dmagather::support::FillPattern(buf + rank * shard, shard, seed, rank);
       sh->Barrier(world);
       if (sh->failures.load() != 0) return 1;
       const auto t0 = std::chrono::steady_clock::now();
@@ -117,7 +117,7 @@ int RunRank(int rank, int world, int rpn, const std::vector<std::string>& socket
         return 1;
       }
       // Every result is checked.
-      if (const int r = dmagather::bench::FirstWrongShard(buf, shard, world, seed, want.data()); r >= 0) {
+      if (const int r = dmagather::support::FirstWrongShard(buf, shard, world, seed, want.data()); r >= 0) {
         sh->Fail(absl::StrFormat("rank %d: shard %d wrong at %u KiB iteration %d", rank, r, kib[s], it));
         return 1;
       }
@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
     waitpid(pid, &st, 0);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) return 1;
   }
-  const int bad = dmagather::bench::ForkRanks(world, [&](int r) { return RunRank(r, world, rpn, sockets, netns, kib, sh); });
+  const int bad = dmagather::support::ForkRanks(world, [&](int r) { return RunRank(r, world, rpn, sockets, netns, kib, sh); });
   if (bad != 0 || sh->failures.load() != 0) {
     std::cerr << "ring_ops: FAILED: " << sh->why << "\n";
     return 1;

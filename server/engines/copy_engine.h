@@ -1,8 +1,9 @@
 // CopyEngine: the stage that moves bytes. The scheduler hands it a plan of
 // (src, dst, bytes) copies in the daemon's address space (host pointers for
-// the host backend, IPC-mapped device pointers for cuda) and is called back
-// once all of them have landed. Backends (host/, cuda/) register themselves
-// by name in engine_registry.h; nothing above this layer names a backend.
+// the host backend, IPC-mapped device pointers for cuda and hip) and is
+// called back once all of them have landed. Backends (host/; gpu/, the one
+// GpuEngine registered as cuda and as hip) register themselves by name in
+// engine_registry.h; nothing above this layer names a backend.
 //
 // Per-rank state that only an engine understands (a GPU rank's device and
 // the engine-visible address of its ready flag) lives in the EngineRank the

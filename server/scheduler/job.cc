@@ -7,7 +7,7 @@
 #include "common/clock.h"
 #include "common/dtype.h"
 #include "common/status.h"
-#include "server/completion/completion_writer.h"
+#include "server/scheduler/completion_writer.h"
 #include "server/scheduler/planner.h"
 
 namespace dmagather::server::scheduler {
@@ -405,7 +405,7 @@ void Job::FinishOp(Op* op, const absl::Status& status, int failed_rank) {
         const int32_t code = common::ToApiStatus(st);
         // Under completion_mu_: error_count is a read-modify-write, and two
         // threads may finish failed ops of this rank at once.
-        completion::RecordError(k->completion(), op->seq, code, p.status.ok() ? failed_rank : r, st.message());
+        RecordError(k->completion(), op->seq, code, p.status.ok() ? failed_rank : r, st.message());
         k->counters.errors[code].fetch_add(1, std::memory_order_relaxed);
         counters.errors[code].fetch_add(1, std::memory_order_relaxed);
       } else {
@@ -425,7 +425,7 @@ void Job::FinishOp(Op* op, const absl::Status& status, int failed_rank) {
         // Count the ops out before the client can see them done: a client
         // that frees a buffer right after its wait must find it unused.
         k->inflight.fetch_sub(published, std::memory_order_acq_rel);
-        completion::PublishDone(k->completion(), k->next_publish - 1);
+        PublishDone(k->completion(), k->next_publish - 1);
       }
     }
   }

@@ -1,7 +1,7 @@
 // VerbsApi: the ibverbs entry points the ibverbs transport uses, as a table
 // (a C++ interface) so that the transport can run against libibverbs
 // (RealVerbs) or against an in-process fake HCA in tests
-// (tests/server/transport/fake_verbs.h).
+// (tests/fakes/fake_verbs.h).
 //
 // The methods mirror the libibverbs calls one for one and keep their
 // conventions: pointers are null on failure (errno set), ints are 0 or an

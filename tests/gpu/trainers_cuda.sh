@@ -69,7 +69,7 @@ stage() {
 }
 
 run() {
-  local out="${1:-$here/out}" world="${2:-4}"
+  local out="${1:-$PWD/results/trainers_cuda}" world="${2:-4}"
   mkdir -p "$out"
   out="$(cd "$out" && pwd)"
   local work

@@ -7,15 +7,15 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "bench/verify.h"
+#include "tests/support/verify.h"
 #include "dmagather/client.h"
 #include "tests/integration/harness.h"
 
 namespace dmagather::testing {
 namespace {
 
-using bench::CheckAllGather;
-using bench::Variant;
+using support::CheckAllGather;
+using support::Variant;
 
 class AllGatherTest : public ::testing::Test {
  protected:
@@ -62,7 +62,7 @@ TEST_F(AllGatherTest, EveryDtypeOddSizesAllVariantsBitExact) {
     uint64_t seed = 100;
     for (int d = 0; d < DMAGATHER_NUM_DTYPES; ++d) {
       for (size_t count : counts) {
-        for (Variant v : bench::kAllVariants) {
+        for (Variant v : support::kAllVariants) {
           if (!CheckAllGather(comm, s, r, static_cast<dmagather_dtype_t>(d), count, v, ++seed, scratch, why)) {
             return false;
           }
@@ -108,7 +108,7 @@ TEST_F(AllGatherTest, ManyOpsInFlightBeforeWait) {
     char* recv = static_cast<char*>(comm.Alloc(shard * world * ops));
     for (int i = 0; i < ops; ++i) {
       char* out = recv + size_t(i) * shard * world;
-      bench::FillPattern(out + rank * shard, shard, 900 + i, rank);
+      support::FillPattern(out + rank * shard, shard, 900 + i, rank);
       if (comm.AllGather(out + rank * shard, out, count, DMAGATHER_INT32) != DMAGATHER_OK) {
         rep.Say(comm.error());
         return 1;
@@ -121,7 +121,7 @@ TEST_F(AllGatherTest, ManyOpsInFlightBeforeWait) {
     std::vector<char> expect(shard);
     for (int i = 0; i < ops; ++i) {
       for (int r = 0; r < world; ++r) {
-        bench::FillPattern(expect.data(), shard, 900 + i, r);
+        support::FillPattern(expect.data(), shard, 900 + i, r);
         if (std::memcmp(recv + (size_t(i) * world + r) * shard, expect.data(), shard) != 0) {
           rep.Say(absl::StrCat("op ", i, " shard ", r, " differs"));
           return 1;
@@ -173,7 +173,7 @@ TEST_F(AllGatherTest, FourJobsOfFourRanksAtOnce) {
         std::string why;
         for (int it = 0; it < 20; ++it) {
           auto dt = static_cast<dmagather_dtype_t>(it % DMAGATHER_NUM_DTYPES);
-          Variant v = bench::kAllVariants[it % 4];
+          Variant v = support::kAllVariants[it % 4];
           if (!CheckAllGather(comm, s, rb, dt, count, v, 1000 * j + it, &scratch, &why)) {
             rep.Say(absl::StrCat("job ", j, ": ", why));
             return 1;

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "bench/verify.h"
+#include "tests/support/verify.h"
 #include "dmagather/client.h"
 #include "common/clock.h"
 #include "tests/integration/harness.h"
@@ -22,8 +22,8 @@
 namespace dmagather::testing {
 namespace {
 
-using bench::CheckAllGather;
-using bench::Variant;
+using support::CheckAllGather;
+using support::Variant;
 
 int Report(const Reporter& rep, dmagather_status_t st, const std::string& msg, double seconds = 0) {
   *rep.status = st;

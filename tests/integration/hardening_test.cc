@@ -36,7 +36,7 @@
 #include "abi/descriptor_v2.h"
 #include "abi/ring_v1.h"
 #include "absl/strings/str_cat.h"
-#include "bench/verify.h"
+#include "tests/support/verify.h"
 #include "common/fd_exchange.h"
 #include "common/memfd.h"
 #include "dmagather/client.h"
@@ -51,7 +51,7 @@
 namespace dmagather::testing {
 namespace {
 
-using bench::FillPattern;
+using support::FillPattern;
 
 // This process's open descriptors whose target contains `what`.
 std::vector<int> FdsNamed(const std::string& what) {

@@ -32,7 +32,7 @@
 #include "abi/descriptor_v2.h"
 #include "abi/ring_v1.h"
 #include "absl/strings/str_cat.h"
-#include "bench/verify.h"
+#include "tests/support/verify.h"
 #include "common/fd_exchange.h"
 #include "common/memfd.h"
 #include "dmagather/client.h"
@@ -46,7 +46,7 @@
 namespace dmagather::testing {
 namespace {
 
-using bench::FillPattern;
+using support::FillPattern;
 
 double Now() {
   timespec ts;

@@ -20,7 +20,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
-#include "bench/verify.h"
+#include "tests/support/verify.h"
 #include "dmagather/client.h"
 #include "tests/integration/harness.h"
 
@@ -67,7 +67,7 @@ inline bool Contains(const std::string& s, const std::string& part) { return s.f
 inline long FirstMismatch(const char* out, size_t shard, int world, uint64_t seed) {
   std::vector<char> want(shard);
   for (int r = 0; r < world; ++r) {
-    bench::FillPattern(want.data(), shard, seed, r);
+    support::FillPattern(want.data(), shard, seed, r);
     if (std::memcmp(out + r * shard, want.data(), shard) == 0) continue;
     for (size_t i = 0; i < shard; ++i) {
       if (out[r * shard + i] != want[i]) return long(r * shard + i);
@@ -80,7 +80,7 @@ inline long FirstMismatch(const char* out, size_t shard, int world, uint64_t see
 inline std::string RunOp(Comm& comm, char* send, char* recv, size_t count, int world, int rank, uint64_t seed) {
   const size_t shard = count * 4;
   std::memset(recv, 0xEE, shard * world);
-  bench::FillPattern(send, shard, seed, rank);
+  support::FillPattern(send, shard, seed, rank);
   dmagather_status_t st = comm.AllGather(send, recv, count, DMAGATHER_FLOAT32);
   if (st == DMAGATHER_OK) st = comm.Wait();
   if (st != DMAGATHER_OK) return absl::StrCat("allgather: ", dmagather_status_string(st), " ", comm.error());

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "bench/verify.h"
+#include "tests/support/verify.h"
 #include "client/comm.h"
 #include "common/api_names.h"
 #include "common/clock.h"
@@ -36,7 +36,7 @@
 namespace dmagather::testing {
 namespace {
 
-using bench::FillPattern;
+using support::FillPattern;
 
 // A counting barrier in shared memory for `n` processes, reusable by
 // generation.

@@ -6,7 +6,7 @@
 
 #include <cstring>
 
-#include "bench/verify.h"
+#include "tests/support/verify.h"
 #include "client/comm.h"
 #include "tests/integration/harness.h"
 
@@ -75,7 +75,7 @@ constexpr uint32_t kVictimRegion = 1;
 constexpr uint32_t kMyRegion = 2;
 
 TEST_F(ValidationTest, OwnRegionWorks) {
-  bench::FillPattern(mine_, 256, 1, 0);
+  support::FillPattern(mine_, 256, 1, 0);
   std::vector<char> want(mine_, mine_ + 256);
   ASSERT_TRUE(Submit(Valid(kMyRegion)).ok());
   EXPECT_EQ(std::memcmp(mine_ + 1024, want.data(), 256), 0);
@@ -138,7 +138,7 @@ TEST_F(ValidationTest, JobStaysUsableAfterRejections) {
   abi::DescriptorV1 bad = Valid(kMyRegion);
   bad.send.region_id = 999;
   EXPECT_FALSE(Submit(bad).ok());
-  bench::FillPattern(mine_, 256, 9, 0);
+  support::FillPattern(mine_, 256, 9, 0);
   std::vector<char> want(mine_, mine_ + 256);
   ASSERT_TRUE(Submit(Valid(kMyRegion)).ok());
   EXPECT_EQ(std::memcmp(mine_ + 1024, want.data(), 256), 0);

@@ -35,7 +35,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
-[ "$(id -u)" -eq 0 ] || { echo "packaging: SKIPPED: needs root (debootstrap, chroot)"; echo "0 passed, 0 failed, 1 skipped"; exit 0; }
+[ "$(id -u)" -eq 0 ] || { echo "packaging: SKIPPED: needs root (debootstrap, chroot)"; echo "0 passed, 0 failed, 1 skipped"; exit 77; }
 if [ -z "${DMAGATHER_IN_PRIVATE_NS:-}" ]; then
   DMAGATHER_IN_PRIVATE_NS=1 exec unshare --mount --propagation private "$0" "$@"
 fi

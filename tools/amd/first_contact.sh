@@ -5,7 +5,7 @@
 # fakes, and writes one report with a PASS / FAIL / SKIP line per claim the
 # docs make (README, "On AMD GPUs"):
 #
-#   tools/amd/first_contact.sh [OUT_DIR]        (default: ./first_contact-<host>-<time>)
+#   tools/amd/first_contact.sh [OUT_DIR]        (default: ./results/first_contact-<host>-<time>)
 #
 # Needs: a built tree (bazel-bin/server/dmagatherd, bazel-bin/client/
 # libdmagather.so, bazel-bin/tools/dmagatherctl; it runs `bazel build` when
@@ -33,7 +33,7 @@
 #   GPU suite       SKIP: tests/gpu is CUDA-only; the checks above are its hip counterpart
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-out="${1:-$PWD/first_contact-$(hostname)-$(date -u +%Y%m%dT%H%M%SZ)}"
+out="${1:-$PWD/results/first_contact-$(hostname)-$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$out" || exit 2
 out="$(cd "$out" && pwd)"
 report="$out/report.txt"

@@ -6,7 +6,7 @@
 # SKIP line per claim (docs/CUDA.md, "One rank per GPU"):
 #
 #   tools/nvidia/first_contact.sh stage DIR    (build machine: binaries, their .so closure, scripts)
-#   DIR/first_contact.sh run [OUT_DIR]         (GPU machine; default OUT_DIR: $OUT or ./first_contact-<host>)
+#   DIR/first_contact.sh run [OUT_DIR]         (GPU machine; default OUT_DIR: $OUT or ./results/first_contact-<host>)
 #
 # Needs on the GPU machine: the NVIDIA driver, nvidia-smi, python3 with a
 # CUDA build of torch (NCCL inside). It starts its own dmagatherd on private
@@ -41,7 +41,7 @@ stage() {
 }
 
 run() {
-  local out="${1:-${OUT:-$PWD/first_contact-$(hostname)}}"
+  local out="${1:-${OUT:-$PWD/results/first_contact-$(hostname)}}"
   mkdir -p "$out" || exit 2
   out="$(cd "$out" && pwd)"
   local report="$out/report.txt"

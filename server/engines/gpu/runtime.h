@@ -4,7 +4,7 @@
 // once and runs over
 //   cuda  (cuda_runtime.cc: CUDA runtime + driver entry points, NVIDIA copy engines),
 //   hip   (hip_runtime.cc: HIP through dlopen, AMD SDMA engines),
-//   fake  (fake_runtime.h: memcpy on CPU threads, for unit tests in CI).
+//   fake  (tests/fakes/fake_gpu_runtime.h: memcpy on CPU threads, for unit tests in CI).
 // Each runtime is its own file; nothing here names a vendor.
 //
 // Handles (streams, events) are opaque pointers the runtime hands out and

@@ -20,7 +20,7 @@ namespace {
 // The fake; libfake_amdhip64_rocm70.so lacks hipStreamGetId, as ROCm 7.0's library.
 std::string FakeLib(const std::string& name = "libfake_amdhip64.so") {
   const char* srcdir = std::getenv("TEST_SRCDIR");
-  return std::string(srcdir != nullptr ? srcdir : ".") + "/dmagather/tests/common/hip/" + name;
+  return std::string(srcdir != nullptr ? srcdir : ".") + "/dmagather/tests/fakes/" + name;
 }
 
 // Loads the fake as the runtime of `version`.

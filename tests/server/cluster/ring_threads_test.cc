@@ -1,5 +1,5 @@
 // Ring with its threads (send, receive, control reader, ticker) on the
-// in-memory transport (fake_transport.h): three "nodes" in one process, each
+// in-memory transport (tests/fakes/fake_transport.h): three "nodes" in one process, each
 // a multi-node Job with one local rank. What the rank sees is read from its
 // completion block, as the client would: the data in its output, done_seq,
 // the error record's status and message. Waits are for a condition (with a
@@ -23,7 +23,7 @@
 #include "server/scheduler/job.h"
 #include "server/scheduler/op.h"
 #include "server/scheduler/rank.h"
-#include "tests/server/cluster/fake_transport.h"
+#include "tests/fakes/fake_transport.h"
 
 namespace dmagather::server::cluster::testing {
 namespace {

@@ -13,7 +13,7 @@
 #include "gtest/gtest.h"
 #include "server/transport/ibverbs_transport.h"
 #include "server/transport/tcp_transport.h"
-#include "tests/server/transport/fake_verbs.h"
+#include "tests/fakes/fake_verbs.h"
 #include "tests/server/transport/link_util.h"
 
 namespace dmagather::server::transport::testing {

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "server/engines/gpu/fake_runtime.h"
+#include "tests/fakes/fake_gpu_runtime.h"
 #include "server/engines/gpu/gpu_engine.h"
 
 namespace dmagather::server::engines::gpu::enginetest {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "server/engines/gpu/fake_runtime.h"
+#include "tests/fakes/fake_gpu_runtime.h"
 #include "server/engines/gpu/gpu_engine.h"
 #include "tests/server/engines/gpu/engine_fixture.h"
 

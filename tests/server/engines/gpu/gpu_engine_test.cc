@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "server/engines/gpu/fake_runtime.h"
+#include "tests/fakes/fake_gpu_runtime.h"
 #include "server/engines/gpu/gpu_engine.h"
 #include "tests/server/engines/gpu/engine_fixture.h"
 

@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "server/engines/gpu/fake_runtime.h"
+#include "tests/fakes/fake_gpu_runtime.h"
 #include "server/engines/gpu/gpu_engine.h"
 #include "server/engines/gpu/hsa_streams.h"
 #include "tests/server/engines/gpu/engine_fixture.h"

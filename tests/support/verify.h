@@ -14,7 +14,7 @@
 
 #include "dmagather/client.h"
 
-namespace dmagather::bench {
+namespace dmagather::support {
 
 inline uint64_t SplitMix64(uint64_t& x) {
   uint64_t z = (x += 0x9e3779b97f4a7c15ull);
@@ -67,4 +67,4 @@ const char* VariantName(Variant v);
 bool CheckAllGather(Comm& comm, char* sendbuf, char* recvbuf, dmagather_dtype_t dtype, size_t count, Variant variant,
                     uint64_t seed, std::vector<char>* scratch, std::string* why);
 
-}  // namespace dmagather::bench
+}  // namespace dmagather::support

@@ -1,4 +1,4 @@
-#include "bench/verify.h"
+#include "tests/support/verify.h"
 
 #include <sched.h>
 #include <sys/wait.h>
@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_format.h"
 
-namespace dmagather::bench {
+namespace dmagather::support {
 
 void RankSync::Barrier(int world) {
   const int gen = generation.load(std::memory_order_acquire);
@@ -114,4 +114,4 @@ bool CheckAllGather(Comm& comm, char* sendbuf, char* recvbuf, dmagather_dtype_t 
   return true;
 }
 
-}  // namespace dmagather::bench
+}  // namespace dmagather::support

@@ -1,4 +1,4 @@
-#include "tests/server/transport/fake_verbs.h"
+#include "tests/fakes/fake_verbs.h"
 
 #include <endian.h>
 

@@ -1,4 +1,4 @@
-#include "server/engines/gpu/fake_runtime.h"
+#include "tests/fakes/fake_gpu_runtime.h"
 
 #include <sched.h>
 #include <unistd.h>

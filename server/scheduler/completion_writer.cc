@@ -1,11 +1,11 @@
-#include "server/completion/completion_writer.h"
+#include "server/scheduler/completion_writer.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "common/futex.h"
 
-namespace dmagather::server::completion {
+namespace dmagather::server::scheduler {
 
 void RecordError(abi::CompletionV1* c, uint32_t seq, int32_t api_status, int32_t failed_rank,
                  absl::string_view message) {
@@ -26,4 +26,4 @@ void PublishDone(abi::CompletionV1* c, uint32_t seq) {
   if (abi::LoadSeqCst(&c->done_waiters) != 0) common::FutexWakeAll(&c->done_seq);
 }
 
-}  // namespace dmagather::server::completion
+}  // namespace dmagather::server::scheduler
