@@ -53,6 +53,7 @@ Ring::Ring(scheduler::Job* job, std::shared_ptr<const scheduler::Topology> topol
       options_(std::move(options)),
       staged_(options_.engine != nullptr && (options_.force_staging || !options_.engine->host_addressable())),
       next_(to_next.size()),
+      send_queues_(to_next.size()),
       prev_(std::move(from_prev)),
       state_(StateOptions(*topo_, int(to_next.size()), options_), *options_.clock),
       data_(abi::kRingSlotsV1) {
@@ -111,9 +112,16 @@ void Ring::Run() {
   tick_thread_ = std::thread(&Ring::TickLoop, this);
 }
 
+bool Ring::AbortFramesPendingLocked() const {
+  for (const SendQueue& q : send_queues_) {
+    if (q.send_abort) return true;
+  }
+  return send_abort_prev_;
+}
+
 void Ring::Close() {
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (closed_.load()) return;
     if (!state_.aborted()) {
       // The job ended here: the neighbours hear it (nothing is delivered
@@ -125,26 +133,23 @@ void Ring::Close() {
       ApplyLocked(fx, &ignored);
     }
     stop_waits_.store(true, std::memory_order_release);
-    for (Link& l : next_) l.cv.notify_all();
-    tick_cv_.notify_all();
+    for (Link& l : next_) l.cv.SignalAll();
+    tick_cv_.SignalAll();
     // The abort frames go out first (briefly: a cut link cannot hold us).
-    close_cv_.wait_for(lock, std::chrono::seconds(1), [this] {
-      for (const Link& l : next_) {
-        if (l.send_abort) return false;
-      }
-      return !send_abort_prev_;
-    });
+    const absl::Time deadline = absl::Now() + absl::Seconds(1);
+    while (AbortFramesPendingLocked() && !close_cv_.WaitWithDeadline(&mu_, deadline)) {
+    }
     closed_.store(true);
   }
-  close_cv_.notify_all();
-  tick_cv_.notify_all();
+  close_cv_.SignalAll();
+  tick_cv_.SignalAll();
   if (abort_thread_.joinable()) abort_thread_.join();
   for (Link& l : next_) {
     l.conn->Shutdown();
-    l.cv.notify_all();
+    l.cv.SignalAll();
   }
   for (auto& c : prev_) c->Shutdown();
-  slot_cv_.notify_all();
+  slot_cv_.SignalAll();
   for (Link& l : next_) {
     if (l.thread.joinable()) l.thread.join();
     if (l.control_thread.joinable()) l.control_thread.join();
@@ -155,10 +160,10 @@ void Ring::Close() {
 }
 
 void Ring::QueueLocked(int link, const Send& s) {
-  Link& l = next_[link];
-  l.queue.push_back(s);
-  l.queue.back().link = link;
-  l.cv.notify_one();
+  std::deque<Send>& q = send_queues_[link].frames;
+  q.push_back(s);
+  q.back().link = link;
+  next_[link].cv.Signal();
 }
 
 void Ring::ApplyLocked(RingState::Effects& fx, Outcome* out, const char* payload) {
@@ -170,7 +175,7 @@ void Ring::ApplyLocked(RingState::Effects& fx, Outcome* out, const char* payload
   for (auto& [link, frame] : fx.forward) QueueLocked(link, Send{frame, frame.type == kFrameData ? payload : nullptr, link});
   if (fx.drop_queued) {
     // Frames not yet written belong to ops that now fail.
-    for (Link& l : next_) l.queue.clear();
+    for (SendQueue& q : send_queues_) q.frames.clear();
   }
   for (RingState::Ended& e : fx.ended) {
     SlotData& d = data_[e.seq % data_.size()];
@@ -190,16 +195,16 @@ void Ring::ApplyLocked(RingState::Effects& fx, Outcome* out, const char* payload
     out->spare = fx.fail_spare;
   }
   if (fx.send_abort_next) {
-    for (Link& l : next_) {
-      l.send_abort = true;
-      l.cv.notify_all();
+    for (size_t k = 0; k < next_.size(); ++k) {
+      send_queues_[k].send_abort = true;
+      next_[k].cv.SignalAll();
     }
   }
   if (fx.send_abort_prev) {
     send_abort_prev_ = true;
-    tick_cv_.notify_all();
+    tick_cv_.SignalAll();
   }
-  if (!fx.release.empty() || !fx.ended.empty()) slot_cv_.notify_all();
+  if (!fx.release.empty() || !fx.ended.empty()) slot_cv_.SignalAll();
 }
 
 void Ring::Deliver(Outcome& out) {
@@ -217,7 +222,7 @@ void Ring::OnLinkError(RingState::Side side, int link, const absl::Status& st) {
   if (closed_.load()) return;
   Outcome out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     RingState::Effects fx;
     state_.LinkFailed(side, link, std::string(st.message()), &fx);
     ApplyLocked(fx, &out);
@@ -271,10 +276,10 @@ void Ring::BuildOwnFrames(Op* op, uint32_t idx, RingFrameV1* h) {
 }
 
 void Ring::Start(Op* op, const absl::Status& local_verdict, int failed_rank) {
-  const uint32_t idx = op->seq % data_.size();
   Outcome out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
+    const uint32_t idx = op->seq % data_.size();
     SlotData& d = data_[idx];
     d.op = op;
     d.own.clear();
@@ -346,12 +351,12 @@ void Ring::RecvLoop(int k) {
     Outcome out;
     RingState::Frame what;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       RingState::Effects fx;
       what = state_.OnFrame(k, f, &fx);
       while (what == RingState::Frame::kWait) {
         // Its op has not started here: its ranks will submit it.
-        slot_cv_.wait(lock);
+        slot_cv_.Wait(&mu_);
         what = state_.OnFrame(k, f, &fx);
       }
       ApplyLocked(fx, &out);
@@ -371,7 +376,7 @@ bool Ring::LandChunk(int k, const RingFrameV1& f, std::vector<char>* scratch) {
   char* dst;
   {
     // The slot cannot end while this chunk is uncounted: land it unlocked.
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     d = &data_[f.seq % data_.size()];
     dst = state_.local_ok(f.seq) && Fits(*d, f) ? (staged_ ? StagingDest(*d, f) : Dest(*d, 0, f)) : nullptr;
   }
@@ -403,7 +408,7 @@ bool Ring::LandChunk(int k, const RingFrameV1& f, std::vector<char>* scratch) {
   }
   Outcome out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     RingState::Effects fx;
     if (st.ok()) {
       state_.ChunkDone(k, f, dst != nullptr, &fx);
@@ -426,22 +431,23 @@ void Ring::SendLoop(int k) {
   for (;;) {
     Send item;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      link.cv.wait(lock, [&] { return state_.aborted() || closed_.load() || !link.queue.empty(); });
+      absl::MutexLock lock(&mu_);
+      while (!state_.aborted() && !closed_.load() && send_queues_[k].frames.empty()) link.cv.Wait(&mu_);
       if (state_.aborted() || closed_.load()) {
-        if (link.send_abort) {
+        if (send_queues_[k].send_abort) {
           // Best effort: the next node learns why (after everything sent before).
           const RingFrameV1 abort = state_.abort_frame();
-          lock.unlock();
+          mu_.Unlock();
           (void)link.conn->Send(&abort, sizeof(abort), nullptr, 0);
-          lock.lock();
-          link.send_abort = false;
-          close_cv_.notify_all();
+          mu_.Lock();
+          send_queues_[k].send_abort = false;
+          close_cv_.SignalAll();
         }
         return;
       }
-      item = link.queue.front();
-      link.queue.pop_front();
+      std::deque<Send>& q = send_queues_[k].frames;
+      item = q.front();
+      q.pop_front();
       state_.SendBegin(item.frame.seq);  // Its payload is read outside mu_.
     }
     const uint64_t len = item.frame.type == kFrameData ? item.frame.len : 0;
@@ -456,7 +462,7 @@ void Ring::SendLoop(int k) {
     absl::Status st = staged.ok() ? link.conn->Send(&item.frame, sizeof(item.frame), item.payload, len) : staged;
     Outcome out;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       RingState::Effects fx;
       state_.SendDone(item.frame.seq, st.ok(), &fx);
       ApplyLocked(fx, &out);
@@ -489,7 +495,7 @@ void Ring::ControlLoop(int k) {
     f.text[sizeof(f.text) - 1] = '\0';
     Outcome out;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       RingState::Effects fx;
       state_.OnControl(k, f, &fx);
       ApplyLocked(fx, &out);
@@ -499,7 +505,7 @@ void Ring::ControlLoop(int k) {
 }
 
 void Ring::TickLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (!closed_.load()) {
     RingState::Effects fx;
     state_.Tick(&fx);
@@ -508,7 +514,7 @@ void Ring::TickLoop() {
     const bool abort_back = send_abort_prev_;
     const RingFrameV1 frame = abort_back ? state_.abort_frame() : state_.HeartbeatFrame();
     const std::vector<int> links = abort_back ? std::vector<int>() : fx.heartbeats;
-    lock.unlock();
+    mu_.Unlock();
     // This thread alone writes on the previous node's links (backwards).
     for (size_t k = 0; k < prev_.size(); ++k) {
       if (abort_back) (void)prev_[k]->Send(&frame, sizeof(frame), nullptr, 0);
@@ -518,39 +524,43 @@ void Ring::TickLoop() {
       if (!st.ok()) OnLinkError(RingState::Side::kPrev, k, st);
     }
     Deliver(out);
-    lock.lock();
+    mu_.Lock();
     if (abort_back) {
       send_abort_prev_ = false;
-      close_cv_.notify_all();
+      close_cv_.SignalAll();
     }
     const uint64_t due = state_.NextTickNs(), now = state_.NowNs();
     const uint64_t wait_ns = due == 0 ? 100'000'000 : std::min<uint64_t>(due > now ? due - now : 0, 100'000'000);
-    tick_cv_.wait_for(lock, std::chrono::nanoseconds(std::max<uint64_t>(wait_ns, 1'000'000)),
-                      [this] { return closed_.load() || send_abort_prev_; });
+    const absl::Time deadline = absl::Now() + absl::Nanoseconds(std::max<uint64_t>(wait_ns, 1'000'000));
+    while (!closed_.load() && !send_abort_prev_ && !tick_cv_.WaitWithDeadline(&mu_, deadline)) {
+    }
   }
 }
 
 void Ring::Abort(const absl::Status& why) {
   Outcome out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (state_.aborted()) return;
     RingState::Effects fx;
     state_.Abort(why, &fx);
     stop_waits_.store(true, std::memory_order_release);
     ApplyLocked(fx, &out);
-    for (Link& l : next_) l.cv.notify_all();
+    for (Link& l : next_) l.cv.SignalAll();
     // A cut link can hold a Send or a Recv until the transport gives up:
     // after a moment for the abort frames, every connection is shut.
     abort_thread_ = std::thread([this] {
-      std::unique_lock<std::mutex> lock(mu_);
-      close_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return closed_.load(); });
-      lock.unlock();
+      {
+        absl::MutexLock lock(&mu_);
+        const absl::Time deadline = absl::Now() + absl::Seconds(1);
+        while (!closed_.load() && !close_cv_.WaitWithDeadline(&mu_, deadline)) {
+        }
+      }
       for (Link& l : next_) l.conn->Shutdown();
       for (auto& c : prev_) c->Shutdown();
     });
   }
-  slot_cv_.notify_all();
+  slot_cv_.SignalAll();
   Deliver(out);
 }
 
@@ -561,7 +571,7 @@ void Ring::StagingFailed(const absl::Status& st) {
 }
 
 std::string Ring::Pending(uint32_t seq) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return state_.Pending(seq);
 }
 
@@ -580,7 +590,7 @@ scheduler::RemoteStats Ring::stats() const {
   st.busy_ns = busy_ns_.load();
   st.chunk_latency = chunk_ns_.Summary();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     st.transit_bytes = staging_total_;
   }
   return st;

@@ -11,14 +11,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status.h"
 #include "server/transport/tcp_transport.h"
 
@@ -254,17 +255,18 @@ class IbverbsConnection : public Connection {
   absl::Status Exchange(bool initiator, WireInfo* mine, WireInfo* theirs, uint32_t stage);
   absl::Status Modify(ibv_qp_attr* attr, int mask, const char* to);
 
-  // All below: mu_ held.
-  void Progress();
-  void HandleRecv(const ibv_wc& wc);
-  void Fail(absl::Status s, bool flush = false);
-  absl::Status CompletionError(const char* what, const ibv_wc& wc) const;
-  bool PostRecv();
-  void FlushCredits();
-  bool PeerGone() const;
+  void Progress() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleRecv(const ibv_wc& wc) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Fail(absl::Status s, bool flush = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CompletionError(const char* what, const ibv_wc& wc) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool PostRecv() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FlushCredits() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool PeerGone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Progresses until ready() (both called with mu_ held; mu_ is released
+  // between tries), or the connection fails or is shut.
   template <typename Ready, typename Idle>
-  absl::Status Wait(std::unique_lock<std::mutex>& lk, Ready ready, Idle idle, bool data_first);
-  void Drain();
+  absl::Status Wait(Ready ready, Idle idle, bool data_first) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Drain() ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Status ShutError() const {
     return absl::UnavailableError(absl::StrCat("connection to ", peer_, " was shut down"));
@@ -298,13 +300,13 @@ class IbverbsConnection : public Connection {
 
   std::atomic<bool> shut_{false};
 
-  std::mutex mu_;
-  absl::Status error_;       // The first failure (a flush error gives way to its cause).
-  bool error_is_flush_ = false;
-  std::deque<uint32_t> arrived_;  // Lengths of the chunks landed in rx slots, in order.
-  uint32_t tx_credits_ = 0;       // Free slots of the peer's ring.
-  uint32_t credits_to_return_ = 0;
-  int sq_outstanding_ = 0;        // Posted sends whose completion is not polled yet.
+  mutable absl::Mutex mu_;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);  // The first failure (a flush error gives way to its cause).
+  bool error_is_flush_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<uint32_t> arrived_ ABSL_GUARDED_BY(mu_);  // Lengths of the chunks landed in rx slots, in order.
+  uint32_t tx_credits_ ABSL_GUARDED_BY(mu_) = 0;       // Free slots of the peer's ring.
+  uint32_t credits_to_return_ ABSL_GUARDED_BY(mu_) = 0;
+  int sq_outstanding_ ABSL_GUARDED_BY(mu_) = 0;        // Posted sends whose completion is not polled yet.
 
   // Receiver thread only.
   uint64_t rx_head_ = 0;  // Chunks consumed.
@@ -385,7 +387,7 @@ absl::Status IbverbsConnection::SetupRemote(const WireInfo& t) {
   // Receives: one per chunk that may land (slots_) and one per credit
   // message that may be in flight (at most one per peer slot).
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    absl::MutexLock lk(&mu_);
     for (uint32_t i = 0; i < slots_ + remote_slots_; ++i) {
       if (!PostRecv()) return error_;
     }
@@ -485,7 +487,7 @@ absl::Status IbverbsConnection::Setup(bool initiator) {
   // other end may write.
   DMAG_RETURN_IF_ERROR(Exchange(initiator, &mine, &theirs, kReady));
   if (!remote.ok()) return remote;
-  std::lock_guard<std::mutex> lk(mu_);
+  absl::MutexLock lk(&mu_);
   tx_credits_ = remote_slots_;
   connected_ = true;
   return absl::OkStatus();
@@ -602,7 +604,7 @@ bool IbverbsConnection::PeerGone() const {
 }
 
 template <typename Ready, typename Idle>
-absl::Status IbverbsConnection::Wait(std::unique_lock<std::mutex>& lk, Ready ready, Idle idle, bool data_first) {
+absl::Status IbverbsConnection::Wait(Ready ready, Idle idle, bool data_first) {
   for (int spins = 0;; ++spins) {
     if (shut_.load()) return ShutError();
     Progress();
@@ -614,13 +616,13 @@ absl::Status IbverbsConnection::Wait(std::unique_lock<std::mutex>& lk, Ready rea
       Fail(absl::UnavailableError(absl::StrCat("connection to ", peer_, " closed by the peer")));
       continue;  // Take what landed before the close.
     }
-    lk.unlock();
+    mu_.Unlock();
     if (spins < 64) {
       std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 5 * (spins - 63))));
     }
-    lk.lock();
+    mu_.Lock();
   }
 }
 
@@ -634,9 +636,10 @@ absl::Status IbverbsConnection::Send(const void* header, size_t header_len, cons
   while (remaining > 0) {
     const size_t chunk = std::min(remaining, remote_slot_bytes_);
     {
-      std::unique_lock<std::mutex> lk(mu_);
-      DMAG_RETURN_IF_ERROR(Wait(
-          lk, [&] { return tx_credits_ > 0 && sq_outstanding_ < sq_depth_; }, [] {}, /*data_first=*/false));
+      absl::MutexLock lk(&mu_);
+      DMAG_RETURN_IF_ERROR(Wait([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return tx_credits_ > 0 && sq_outstanding_ < sq_depth_;
+      }, [] {}, /*data_first=*/false));
     }
     // The slot is free: its credit came back, so the peer has read it and
     // this side's adapter is done with the staging copy.
@@ -667,7 +670,7 @@ absl::Status IbverbsConnection::Send(const void* header, size_t header_len, cons
     wr.wr.rdma.remote_addr = remote_addr_ + slot * remote_slot_bytes_;
     wr.wr.rdma.rkey = remote_rkey_;
     {
-      std::lock_guard<std::mutex> lk(mu_);
+      absl::MutexLock lk(&mu_);
       if (shut_.load()) return ShutError();
       if (!error_.ok()) return error_;
       if (int rc = api_->PostSend(qp_, &wr, &bad); rc != 0) {
@@ -690,9 +693,10 @@ absl::Status IbverbsConnection::Recv(void* dst, size_t len) {
   while (len > 0) {
     uint32_t chunk;
     {
-      std::unique_lock<std::mutex> lk(mu_);
-      DMAG_RETURN_IF_ERROR(Wait(
-          lk, [&] { return !arrived_.empty(); }, [&] { FlushCredits(); }, /*data_first=*/true));
+      absl::MutexLock lk(&mu_);
+      DMAG_RETURN_IF_ERROR(Wait([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !arrived_.empty(); },
+                                [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { FlushCredits(); },
+                                /*data_first=*/true));
       chunk = arrived_.front();
     }
     const char* src = rx_base_ + (rx_head_ % slots_) * slot_bytes_ + rx_cursor_;
@@ -702,7 +706,7 @@ absl::Status IbverbsConnection::Recv(void* dst, size_t len) {
     len -= n;
     rx_cursor_ += n;
     if (rx_cursor_ == chunk) {
-      std::lock_guard<std::mutex> lk(mu_);
+      absl::MutexLock lk(&mu_);
       arrived_.pop_front();
       rx_cursor_ = 0;
       ++rx_head_;
@@ -713,14 +717,14 @@ absl::Status IbverbsConnection::Recv(void* dst, size_t len) {
 }
 
 void IbverbsConnection::Drain() {
-  std::unique_lock<std::mutex> lk(mu_);
+  absl::MutexLock lk(&mu_);
   const auto deadline = std::chrono::steady_clock::now() + kDrainTimeout;
   for (;;) {
     Progress();
     if (sq_outstanding_ == 0 || !error_.ok() || std::chrono::steady_clock::now() > deadline) return;
-    lk.unlock();
+    mu_.Unlock();
     std::this_thread::sleep_for(std::chrono::microseconds(50));
-    lk.lock();
+    mu_.Lock();
   }
 }
 

@@ -117,6 +117,10 @@ absl::Status GpuEngine::Init() {
   GpuRuntime& rt = *runtime_;
   devices_.resize(num_devices_);
   issued_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(num_devices_);
+  {
+    absl::MutexLock lock(&pool_mu_);
+    free_end_.resize(num_devices_);
+  }
   for (int d = 0; d < num_devices_; ++d) issued_bytes_[d].store(0, std::memory_order_relaxed);
   const int ns = streams_per_device_;
   for (int d = 0; d < num_devices_; ++d) {
@@ -132,7 +136,8 @@ absl::Status GpuEngine::Init() {
     DMAG_ASSIGN_OR_RETURN(dev.gate, rt.CreateEvent(d));
     for (int i = 0; i < 64; ++i) {
       DMAG_ASSIGN_OR_RETURN(GpuEvent e, rt.CreateEvent(d));
-      dev.free_end.push_back(e);
+      absl::MutexLock lock(&pool_mu_);
+      free_end_[d].push_back(e);
     }
     dev.copies.reserve(64);
     dev.stream_used.resize(ns);
@@ -141,7 +146,10 @@ absl::Status GpuEngine::Init() {
   rt.UsePeers(peers_);
   involved_.resize(num_devices_);
   tracks_ = std::vector<OpTrack>(kTracks);
-  for (OpTrack& t : tracks_) free_tracks_.push_back(&t);
+  {
+    absl::MutexLock lock(&tracks_mu_);
+    for (OpTrack& t : tracks_) free_tracks_.push_back(&t);
+  }
   LOG(INFO) << name() << " engine: " << num_devices_ << " device(s), " << ns << " streams each, chunks of "
             << chunk_bytes_ << " bytes (cap " << rt.max_transfer_bytes() << "), " << options_.max_batch
             << " chunks per copy call, ready flags waited on " << (rt.device_waits() ? "the device" : "the CPU")
@@ -149,18 +157,23 @@ absl::Status GpuEngine::Init() {
             << rt.Describe();
   for (int d = 0; d < num_devices_; ++d) {
     completions_.push_back(std::make_unique<Completion>());
+    absl::MutexLock lock(&completions_.back()->mu);
     completions_.back()->ring.resize(kShareSlots);
   }
   for (int d = 0; d < num_devices_; ++d) completions_[d]->thread = std::thread([this, d] { CompletionLoop(d); });
   if (parallel_issue_) {
     for (Device& dev : devices_) {
       dev.issuer = std::make_unique<Issuer>();
+      absl::MutexLock lock(&dev.issuer->mu);
       dev.issuer->ring.resize(kIssueSlots);
     }
     for (int d = 0; d < num_devices_; ++d) devices_[d].issuer->thread = std::thread([this, d] { IssuerLoop(d); });
   }
   if (!rt.device_waits()) {
-    gate_ring_.resize(kGateSlots);
+    {
+      absl::MutexLock lock(&issue_mu_);
+      gate_ring_.resize(kGateSlots);
+    }
     gate_thread_ = std::thread([this] { GateLoop(); });
   }
   return absl::OkStatus();
@@ -288,7 +301,7 @@ GpuEngine::~GpuEngine() {
     for (GpuEvent e : dev.joins) {
       if (e != nullptr) runtime_->DestroyEvent(dev.ordinal, e);
     }
-    for (GpuEvent e : dev.free_end) runtime_->DestroyEvent(dev.ordinal, e);
+    for (GpuEvent e : free_end_[dev.ordinal]) runtime_->DestroyEvent(dev.ordinal, e);
     if (dev.gate != nullptr) runtime_->DestroyEvent(dev.ordinal, dev.gate);
   }
 }
@@ -306,7 +319,7 @@ absl::StatusOr<std::shared_ptr<ImportedRegion>> GpuEngine::Import(const RegionSp
     return absl::InvalidArgumentError(absl::StrCat(runtime_->label(), " IPC handle has ", spec.handle.size(),
                                                    " bytes, expected ", runtime_->ipc_handle_bytes()));
   }
-  std::lock_guard<std::mutex> lock(import_mu_);
+  absl::MutexLock lock(&import_mu_);
   auto it = imports_.find(spec.handle);
   if (it != imports_.end()) {
     if (auto region = it->second.lock(); region != nullptr && region->bytes() >= spec.bytes) return region;
@@ -341,10 +354,11 @@ absl::StatusOr<std::unique_ptr<EngineRank>> GpuEngine::AttachRank(const RankAtta
 
 GpuEvent GpuEngine::TakeEndEvent(Device& dev) {
   {
-    std::lock_guard<std::mutex> lock(pool_mu_);
-    if (!dev.free_end.empty()) {
-      GpuEvent e = dev.free_end.back();
-      dev.free_end.pop_back();
+    absl::MutexLock lock(&pool_mu_);
+    std::vector<GpuEvent>& free_end = free_end_[dev.ordinal];
+    if (!free_end.empty()) {
+      GpuEvent e = free_end.back();
+      free_end.pop_back();
       return e;
     }
   }
@@ -451,8 +465,8 @@ absl::Status GpuEngine::EnqueueDevice(Device& dev, const EngineOp& op, GpuEvent*
   absl::Status rs = rt.RecordEvent(e, s0);
   if (!rs.ok()) {
     st.Update(rs);
-    std::lock_guard<std::mutex> lock(pool_mu_);
-    dev.free_end.push_back(e);
+    absl::MutexLock lock(&pool_mu_);
+    free_end_[dev.ordinal].push_back(e);
     return st;
   }
   *end = e;
@@ -472,48 +486,48 @@ void GpuEngine::Execute(EngineOp* op) {
   }
   // CPU gating: issue now when nothing waits before it and its ranks are
   // ready; else queue it for the gate thread (in order).
-  std::unique_lock<std::mutex> lock(issue_mu_);
-  if (gate_head_ == gate_tail_ && RanksReady(*op) && !abandon_.load()) {
-    Issue(op);
-    return;
+  {
+    absl::MutexLock lock(&issue_mu_);
+    if (gate_head_ == gate_tail_ && RanksReady(*op) && !abandon_.load()) {
+      Issue(op);
+      return;
+    }
+    // Back-pressure: wait while the gate is full.
+    while (gate_tail_ - gate_head_ >= kGateSlots) gate_cv_.Wait(&issue_mu_);
+    gate_ring_[gate_tail_ % kGateSlots] = op;
+    ++gate_tail_;
   }
-  if (gate_tail_ - gate_head_ >= kGateSlots) {  // Back-pressure: the gate is full.
-    gate_cv_.wait(lock, [&] { return gate_tail_ - gate_head_ < kGateSlots; });
-  }
-  gate_ring_[gate_tail_ % kGateSlots] = op;
-  ++gate_tail_;
-  lock.unlock();
-  gate_cv_.notify_all();
+  gate_cv_.SignalAll();
 }
 
 void GpuEngine::GateLoop() {
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-  std::unique_lock<std::mutex> lock(issue_mu_);
+  absl::MutexLock lock(&issue_mu_);
   uint64_t t0 = 0;
   for (;;) {
-    gate_cv_.wait(lock, [&] { return gate_head_ != gate_tail_ || stopping_.load(); });
+    while (gate_head_ == gate_tail_ && !stopping_.load()) gate_cv_.Wait(&issue_mu_);
     if (gate_head_ == gate_tail_) return;  // Stopping and drained.
     EngineOp* op = gate_ring_[gate_head_ % kGateSlots];
     if (abandon_.load()) {
       ++gate_head_;
-      gate_cv_.notify_all();
-      lock.unlock();
+      gate_cv_.SignalAll();
+      issue_mu_.Unlock();
       op->OnEngineDone(absl::UnavailableError(
           "dmagatherd stopped while the op waited for its ranks' ready flags"));
-      lock.lock();
+      issue_mu_.Lock();
       continue;
     }
     if (RanksReady(*op)) {
       ++gate_head_;
-      gate_cv_.notify_all();
+      gate_cv_.SignalAll();
       Issue(op);
       t0 = 0;
       continue;
     }
     if (t0 == 0) t0 = common::MonotonicNs();
-    lock.unlock();
+    issue_mu_.Unlock();
     Backoff(common::MonotonicNs() - t0);
-    lock.lock();
+    issue_mu_.Lock();
   }
 }
 
@@ -563,7 +577,10 @@ void GpuEngine::Issue(EngineOp* op) {
   // enqueued (then its completion holds it).
   OpTrack* t = TakeTrack();
   t->op = op;
-  t->status = st;
+  {
+    absl::MutexLock lock(&t->mu);
+    t->status = st;
+  }
   t->open.store(1, std::memory_order_relaxed);
   if (st.ok()) {
     for (int d = 0; d < num_devices_; ++d) {
@@ -578,14 +595,14 @@ void GpuEngine::Issue(EngineOp* op) {
       Issuer& q = *dev.issuer;
       bool wake = false;
       {
-        std::unique_lock<std::mutex> lock(q.mu);
-        q.space_cv.wait(lock, [&] { return q.tail - q.head < kIssueSlots; });
+        absl::MutexLock lock(&q.mu);
+        while (q.tail - q.head >= kIssueSlots) q.space_cv.Wait(&q.mu);
         q.ring[q.tail % kIssueSlots] = t;
         ++q.tail;
         q.posted.store(q.tail, std::memory_order_release);
         wake = q.sleeping;
       }
-      if (wake) q.cv.notify_one();
+      if (wake) q.cv.Signal();
     }
   }
   execute_ns_.Record(common::MonotonicNs() - t_start);
@@ -615,14 +632,14 @@ void GpuEngine::IssueShare(Device& dev, OpTrack* t) {
     t->open.fetch_add(1, std::memory_order_acq_rel);
     bool wake = false;
     {
-      std::unique_lock<std::mutex> lock(c.mu);
-      c.space_cv.wait(lock, [&] { return c.tail - c.head < kShareSlots; });
+      absl::MutexLock lock(&c.mu);
+      while (c.tail - c.head >= kShareSlots) c.space_cv.Wait(&c.mu);
       c.ring[c.tail % kShareSlots] = Share{t, end};
       ++c.tail;
       c.posted.store(c.tail, std::memory_order_release);
       wake = c.sleeping;
     }
-    if (wake) c.cv.notify_one();
+    if (wake) c.cv.Signal();
   }
   CloseShare(t, st);
 }
@@ -643,25 +660,25 @@ void GpuEngine::IssuerLoop(int device) {
     }
     OpTrack* t = nullptr;
     {
-      std::unique_lock<std::mutex> lock(q.mu);
+      absl::MutexLock lock(&q.mu);
       q.sleeping = true;
-      q.cv.wait(lock, [&] { return q.head != q.tail || stopping_.load(); });
+      while (q.head == q.tail && !stopping_.load()) q.cv.Wait(&q.mu);
       q.sleeping = false;
       if (q.head == q.tail) return;  // Stopping and drained.
       t = q.ring[q.head % kIssueSlots];
     }
     IssueShare(dev, t);
     {
-      std::lock_guard<std::mutex> lock(q.mu);
+      absl::MutexLock lock(&q.mu);
       head = ++q.head;
     }
-    q.space_cv.notify_one();
+    q.space_cv.Signal();
   }
 }
 
 GpuEngine::OpTrack* GpuEngine::TakeTrack() {
-  std::unique_lock<std::mutex> lock(tracks_mu_);
-  tracks_cv_.wait(lock, [this] { return !free_tracks_.empty(); });
+  absl::MutexLock lock(&tracks_mu_);
+  while (free_tracks_.empty()) tracks_cv_.Wait(&tracks_mu_);
   OpTrack* t = free_tracks_.back();
   free_tracks_.pop_back();
   return t;
@@ -669,22 +686,22 @@ GpuEngine::OpTrack* GpuEngine::TakeTrack() {
 
 void GpuEngine::CloseShare(OpTrack* t, const absl::Status& st) {
   if (!st.ok()) {
-    std::lock_guard<std::mutex> lock(t->mu);
+    absl::MutexLock lock(&t->mu);
     t->status.Update(st);
   }
   if (t->open.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   EngineOp* op = t->op;
   absl::Status status;
   {
-    std::lock_guard<std::mutex> lock(t->mu);
+    absl::MutexLock lock(&t->mu);
     status = std::move(t->status);
     t->status = absl::OkStatus();
   }
   {
-    std::lock_guard<std::mutex> lock(tracks_mu_);
+    absl::MutexLock lock(&tracks_mu_);
     free_tracks_.push_back(t);
   }
-  tracks_cv_.notify_one();
+  tracks_cv_.Signal();
   const uint64_t t_seen = common::MonotonicNs();
   op->OnEngineDone(status);
   complete_ns_.Record(common::MonotonicNs() - t_seen);
@@ -707,9 +724,9 @@ void GpuEngine::CompletionLoop(int device) {
     }
     Share sh;
     {
-      std::unique_lock<std::mutex> lock(c.mu);
+      absl::MutexLock lock(&c.mu);
       c.sleeping = true;
-      c.cv.wait(lock, [&] { return c.head != c.tail || stopping_.load(); });
+      while (c.head == c.tail && !stopping_.load()) c.cv.Wait(&c.mu);
       c.sleeping = false;
       if (c.head == c.tail) return;  // Stopping and drained.
       sh = c.ring[c.head % kShareSlots];
@@ -730,14 +747,14 @@ void GpuEngine::CompletionLoop(int device) {
       Backoff(common::MonotonicNs() - t0);
     }
     {
-      std::lock_guard<std::mutex> lock(pool_mu_);
-      devices_[device].free_end.push_back(sh.end);
+      absl::MutexLock lock(&pool_mu_);
+      free_end_[device].push_back(sh.end);
     }
     {
-      std::lock_guard<std::mutex> lock(c.mu);
+      absl::MutexLock lock(&c.mu);
       head = ++c.head;
     }
-    c.space_cv.notify_one();
+    c.space_cv.Signal();
     CloseShare(sh.track, st);
   }
 }
@@ -773,45 +790,45 @@ void GpuEngine::Stop() {
   };
   if (gate_thread_.joinable()) {
     drained([&] {
-      std::lock_guard<std::mutex> lock(issue_mu_);
+      absl::MutexLock lock(&issue_mu_);
       return gate_head_ == gate_tail_;
     });
   }
   for (Device& dev : devices_) {
     if (dev.issuer == nullptr || abandon_.load()) continue;
     drained([&] {
-      std::lock_guard<std::mutex> lock(dev.issuer->mu);
+      absl::MutexLock lock(&dev.issuer->mu);
       return dev.issuer->head == dev.issuer->tail;
     });
   }
   for (auto& c : completions_) {
     if (abandon_.load()) break;
     drained([&] {
-      std::lock_guard<std::mutex> lock(c->mu);
+      absl::MutexLock lock(&c->mu);
       return c->head == c->tail;
     });
   }
   stopping_.store(true);
   if (gate_thread_.joinable()) {
     {
-      std::lock_guard<std::mutex> lock(issue_mu_);
+      absl::MutexLock lock(&issue_mu_);
     }
-    gate_cv_.notify_all();
+    gate_cv_.SignalAll();
     gate_thread_.join();
   }
   for (Device& dev : devices_) {
     if (dev.issuer == nullptr) continue;
     {
-      std::lock_guard<std::mutex> lock(dev.issuer->mu);
+      absl::MutexLock lock(&dev.issuer->mu);
     }
-    dev.issuer->cv.notify_all();
+    dev.issuer->cv.SignalAll();
     if (dev.issuer->thread.joinable()) dev.issuer->thread.join();
   }
   for (auto& c : completions_) {
     {
-      std::lock_guard<std::mutex> lock(c->mu);
+      absl::MutexLock lock(&c->mu);
     }
-    c->cv.notify_all();
+    c->cv.SignalAll();
     if (c->thread.joinable()) c->thread.join();
   }
 }
