@@ -29,6 +29,23 @@ std::string Hostname() {
   return h;
 }
 
+// The job's topology as the coordinator's table gives it.
+std::shared_ptr<scheduler::Topology> TopologyOf(const v1::NodeTable& table, int world_size) {
+  auto topo = std::make_shared<scheduler::Topology>();
+  topo->world_size = world_size;
+  topo->my_node = table.your_index();
+  topo->node_of_rank.assign(world_size, -1);
+  for (int n = 0; n < table.nodes_size(); ++n) {
+    const v1::NodeEntry& e = table.nodes(n);
+    topo->node_ranks.emplace_back(e.ranks().begin(), e.ranks().end());
+    topo->node_names.push_back(absl::StrCat(e.hostname(), " ", e.peer_address()));
+    for (int r : e.ranks()) {
+      if (r >= 0 && r < world_size) topo->node_of_rank[r] = n;
+    }
+  }
+  return topo;
+}
+
 }  // namespace
 
 PeerService::PeerService(const PeerOptions& options, engines::CopyEngine* engine)
@@ -350,8 +367,7 @@ void PeerService::Bootstrap(std::shared_ptr<Pending> p) {
   if (--threads_ == 0) threads_cv_.SignalAll();
 }
 
-absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<scheduler::Job>& job) {
-  // 1. Report this node's ranks to the coordinator until the table comes.
+absl::StatusOr<v1::NodeTable> PeerService::AwaitTable(Pending& p, const std::shared_ptr<scheduler::Job>& job) {
   v1::PeerHello hello;
   hello.set_role("coord");
   DMAG_ASSIGN_OR_RETURN(auto coord, Dial(p, p.id.address, hello));
@@ -379,7 +395,7 @@ absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<schedul
                                                " (the job's coordinator) failed: its daemon went away while the "
                                                "job was being set up (", got.message(), ")"));
       }
-      break;
+      return table;
     }
     if (job->failed()) return job->failure();
     if (absl::Now() > p.deadline) {
@@ -390,23 +406,16 @@ absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<schedul
     }
     if (stopping()) return absl::UnavailableError("dmagatherd is shutting down");
   }
-  coord.reset();
+}
+
+absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<scheduler::Job>& job) {
+  // 1. Report this node's ranks to the coordinator until the table comes.
+  DMAG_ASSIGN_OR_RETURN(v1::NodeTable table, AwaitTable(p, job));
   if (!table.failed_node().empty()) return absl::AbortedError(absl::StrCat("job '", job->key(), "': ", table.error()));
   if (!table.error().empty()) return absl::FailedPreconditionError(absl::StrCat("job '", job->key(), "': ", table.error()));
 
   // 2. The topology.
-  auto topo = std::make_shared<scheduler::Topology>();
-  topo->world_size = job->world_size();
-  topo->my_node = table.your_index();
-  topo->node_of_rank.assign(job->world_size(), -1);
-  for (int n = 0; n < table.nodes_size(); ++n) {
-    const v1::NodeEntry& e = table.nodes(n);
-    topo->node_ranks.emplace_back(e.ranks().begin(), e.ranks().end());
-    topo->node_names.push_back(absl::StrCat(e.hostname(), " ", e.peer_address()));
-    for (int r : e.ranks()) {
-      if (r >= 0 && r < job->world_size()) topo->node_of_rank[r] = n;
-    }
-  }
+  std::shared_ptr<scheduler::Topology> topo = TopologyOf(table, job->world_size());
   const int n_nodes = topo->num_nodes();
   if (topo->my_node < 0 || topo->my_node >= n_nodes) {
     return absl::InternalError("the coordinator's table does not name this node");

@@ -120,6 +120,10 @@ class PeerService {
   void FailSetupLocked(Pending& p, const std::string& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   void Bootstrap(std::shared_ptr<Pending> p) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status RunBootstrap(Pending& p, const std::shared_ptr<scheduler::Job>& job) ABSL_LOCKS_EXCLUDED(mu_, p.mu);
+  // Reports this node's ranks to the coordinator (again each time they
+  // change) until its node table comes.
+  absl::StatusOr<v1::NodeTable> AwaitTable(Pending& p, const std::shared_ptr<scheduler::Job>& job)
+      ABSL_LOCKS_EXCLUDED(mu_, p.mu);
   absl::StatusOr<std::unique_ptr<transport::Connection>> Dial(const Pending& p, const std::string& address,
                                                               v1::PeerHello hello) ABSL_LOCKS_EXCLUDED(mu_);
   bool stopping() const ABSL_LOCKS_EXCLUDED(mu_);
