@@ -495,37 +495,20 @@ class CudaRuntime : public GpuRuntime {
 // ---------------------------------------------------------------------------
 // Registration (server/engines/engine_registry.h): --backend=cuda, tried by
 // --backend=auto after hip. Kept apart from the runtime above.
-#include "server/engines/engine_registry.h"
-#include "server/engines/factory.h"
+#include "server/engines/gpu/gpu_backend.h"
 
 namespace dmagather::server::engines::gpu {
 namespace {
 
-EngineBackend CudaBackend() {
-  EngineBackend b;
-  b.name = "cuda";
-  b.priority = 200;
-  b.label = "CUDA";
-  b.unusable = "no usable CUDA GPU";
-  b.create = [](const EngineOptions& o) -> absl::StatusOr<std::unique_ptr<CopyEngine>> {
-    GpuEngine::Options go;
-    go.streams_per_device = o.streams_per_device;
-    go.parallel_issue = o.parallel_issue;
-    go.chunk_bytes = o.chunk_bytes;
-    if (const char* c = std::getenv("DMAGATHER_CUDA_CHUNK_MIB"); c != nullptr && std::atoi(c) > 0) {
-      go.chunk_bytes = uint64_t(std::atoi(c)) << 20;
-    }
-    DMAG_ASSIGN_OR_RETURN(std::unique_ptr<GpuRuntime> rt, CudaRuntime::Create());
-    DMAG_ASSIGN_OR_RETURN(std::unique_ptr<GpuEngine> engine, GpuEngine::Create(std::move(rt), go));
-    return std::unique_ptr<CopyEngine>(std::move(engine));
-  };
-  b.describe = [](const CopyEngine& e) {
-    return absl::StrCat(static_cast<const GpuEngine&>(e).num_devices(), " CUDA GPU(s)");
-  };
-  return b;
-}
-
-const EngineRegistration kCudaRegistration(CudaBackend());
+const EngineRegistration kCudaRegistration(GpuEngineBackend({
+    .name = "cuda",
+    .priority = 200,
+    .label = "CUDA",
+    .unusable = "no usable CUDA GPU",
+    .devices = "CUDA GPU(s)",
+    .create_runtime = [] { return CudaRuntime::Create(); },
+    .chunk_mib_env = "DMAGATHER_CUDA_CHUNK_MIB",
+}));
 
 }  // namespace
 }  // namespace dmagather::server::engines::gpu
