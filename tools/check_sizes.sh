@@ -14,13 +14,13 @@
 # something (an empty `size-ok:` does not count). Ends with one line
 # `N passed, N failed, N skipped` (one case).
 #
-#   tools/check_sizes.sh [FILE...]     (default: every product file git knows)
+#   tools/check_sizes.sh [FILE...]     (default: every product file, tracked or new)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if (($#)); then
   files=("$@")
 else
-  mapfile -t files < <(git ls-files -- server client common proto |
+  mapfile -t files < <(git ls-files --cached --others --exclude-standard -- server client common proto |
     grep -E '\.(h|cc|c|proto|py)$' | grep -vE '(^|/)tests?/|_test\.(cc|py)$')
 fi
 python3 - "${files[@]}" <<'PY'
