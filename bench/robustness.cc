@@ -75,6 +75,7 @@
 #include "common/clock.h"
 #include "common/futex.h"
 #include "dmagather/client.h"
+#include "tests/integration/daemon_process.h"
 
 ABSL_FLAG(std::string, dmagatherd, "bazel-bin/server/dmagatherd", "The daemon binary.");
 ABSL_FLAG(std::string, dmagatherctl, "bazel-bin/tools/dmagatherctl", "The CLI (health).");
@@ -146,16 +147,6 @@ int Reap(pid_t pid, double timeout_s, bool* timed_out = nullptr) {
   return -1;
 }
 
-bool CanConnect(const std::string& path) {
-  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
-  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-  close(fd);
-  return ok;
-}
-
 std::vector<std::string> DirEntries(const std::string& dir, const std::string& contains = "") {
   std::vector<std::string> out;
   DIR* d = opendir(dir.c_str());
@@ -201,65 +192,30 @@ ProcStats ReadProc(pid_t pid) {
 
 // ---------------------------------------------------------------- daemon.
 
+// The daemon under test (tests/integration/daemon_process.h), started again
+// on the same socket by the restart run; its health through dmagatherctl.
 class Daemon {
  public:
   Daemon(std::string dir, std::vector<std::string> flags) : dir_(std::move(dir)), flags_(std::move(flags)) {}
-  ~Daemon() {
-    if (pid_ > 0) Stop(SIGTERM);
-  }
   std::string socket() const { return dir_ + "/dmagatherd.sock"; }
   const std::string& dir() const { return dir_; }
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return proc_ != nullptr ? proc_->pid() : -1; }
 
   bool Start() {
-    std::vector<std::string> args = {absl::GetFlag(FLAGS_dmagatherd), "--socket=" + socket(), "--backend=host",
-                                     "--log_level=warning",
-                                     absl::StrCat("--op_timeout_s=", absl::GetFlag(FLAGS_op_timeout_s))};
-    args.insert(args.end(), flags_.begin(), flags_.end());
-    const std::string log = dir_ + "/dmagatherd.log";
-    fflush(stdout);
-    pid_ = fork();
-    if (pid_ == 0) {
-      int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      dup2(fd, 2);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      perror("execv dmagatherd");
-      _exit(127);
-    }
-    for (int i = 0; i < 1000; ++i) {
-      if (CanConnect(socket())) return true;
-      int st;
-      if (waitpid(pid_, &st, WNOHANG) == pid_) {
-        fprintf(stderr, "dmagatherd exited at start; log in %s\n", log.c_str());
-        pid_ = -1;
-        return false;
-      }
-      usleep(10000);
-    }
-    fprintf(stderr, "dmagatherd did not listen within 10 s\n");
-    return false;
+    dmagather::testing::DaemonStart start;
+    start.binary = absl::GetFlag(FLAGS_dmagatherd);
+    start.flags = {absl::StrCat("--op_timeout_s=", absl::GetFlag(FLAGS_op_timeout_s))};
+    start.flags.insert(start.flags.end(), flags_.begin(), flags_.end());
+    start.dir = dir_;
+    start.listen_timeout_s = 10;
+    proc_ = dmagather::testing::DaemonProcess::StartWith(start);
+    if (proc_ == nullptr) return false;
+    proc_->KeepDir();  // Its log stays, and the next start uses the same socket.
+    return true;
   }
   // Alive: not reaped and not a zombie.
-  bool Alive() {
-    if (pid_ <= 0) return false;
-    int st;
-    if (waitpid(pid_, &st, WNOHANG) == pid_) {
-      exit_status_ = st;
-      pid_ = -1;
-      return false;
-    }
-    return kill(pid_, 0) == 0;
-  }
-  int Stop(int sig) {
-    if (pid_ <= 0) return exit_status_;
-    kill(pid_, sig);
-    waitpid(pid_, &exit_status_, 0);
-    pid_ = -1;
-    return exit_status_;
-  }
+  bool Alive() { return proc_ != nullptr && proc_->Alive(); }
+  int Stop(int sig) { return proc_ != nullptr ? proc_->Stop(sig) : -1; }
   // `dmagatherctl health`: true when it says SERVING (exit 0).
   bool Healthy(std::string* out = nullptr) {
     int p[2];
@@ -289,8 +245,7 @@ class Daemon {
  private:
   std::string dir_;
   std::vector<std::string> flags_;
-  pid_t pid_ = -1;
-  int exit_status_ = -1;
+  std::unique_ptr<dmagather::testing::DaemonProcess> proc_;
 };
 
 // ---------------------------------------------------------------- table.

@@ -1,39 +1,46 @@
 #include "client/backend.h"
 
 #include <algorithm>
-#include <mutex>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status.h"
 
 namespace dmagather::client {
 namespace {
 
-std::vector<ClientBackendEntry>& Entries() {
-  static auto* entries = new std::vector<ClientBackendEntry>();
-  return *entries;
-}
+// The backends compiled in (registered from static initializers), highest
+// priority first.
+struct Registry {
+  absl::Mutex mu;
+  std::vector<ClientBackendEntry> entries ABSL_GUARDED_BY(mu);
+};
 
-std::mutex& EntriesMu() {
-  static auto* mu = new std::mutex();
-  return *mu;
+// Constructed on first use, so registrations from any translation unit's
+// static initializers find it.
+Registry& GetRegistry() {
+  static auto* registry = new Registry();
+  return *registry;
 }
 
 }  // namespace
 
 bool RegisterClientBackend(ClientBackendEntry entry) {
-  std::lock_guard<std::mutex> lock(EntriesMu());
-  auto& e = Entries();
+  Registry& r = GetRegistry();
+  absl::MutexLock lock(&r.mu);
+  auto& e = r.entries;
   e.push_back(std::move(entry));
   std::stable_sort(e.begin(), e.end(), [](const auto& a, const auto& b) { return a.priority > b.priority; });
   return true;
 }
 
 ProbedDevice ProbeDevice() {
-  std::lock_guard<std::mutex> lock(EntriesMu());
-  for (const ClientBackendEntry& e : Entries()) {
+  Registry& r = GetRegistry();
+  absl::MutexLock lock(&r.mu);
+  for (const ClientBackendEntry& e : r.entries) {
     if (!e.probe_device) continue;
     const int d = e.probe_device();
     if (d < 0) continue;
@@ -49,8 +56,9 @@ absl::StatusOr<std::unique_ptr<ClientBackend>> CreateClientBackend(const std::st
   std::vector<std::string> have;
   const ClientBackendEntry* found = nullptr;
   {
-    std::lock_guard<std::mutex> lock(EntriesMu());
-    for (const ClientBackendEntry& e : Entries()) {
+    Registry& r = GetRegistry();
+    absl::MutexLock lock(&r.mu);
+    for (const ClientBackendEntry& e : r.entries) {
       have.push_back(e.name);
       if (e.name == name) found = &e;
     }

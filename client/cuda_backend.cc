@@ -13,12 +13,14 @@
 #include <cstddef>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "abi/device_memory_v1.h"
 #include "abi/graph_v1.h"
 #include "client/backend.h"
+#include "client/device_memory.h"
 #include "client/vmm_walk.h"
 #include "common/cuda/cuda_api.h"
 #include "common/memory_kinds.h"
@@ -113,18 +115,69 @@ struct GraphSlotOwner {
   }
 };
 
-class CudaBuffer : public OwnedBuffer {
+// The CUDA calls DeviceMemory (device_memory.h) is written over: pointer
+// queries through the driver, IPC handles and allocations through the
+// runtime.
+class CudaMemory final : public DeviceMemoryApi {
  public:
-  CudaBuffer(void* p, MemoryExport exp) : p_(p), exp_(std::move(exp)) {}
-  ~CudaBuffer() override {
-    if (cudaFree(p_) != cudaSuccess) cudaGetLastError();
+  explicit CudaMemory(const ::dmagather::common::cuda::DriverApi* api) : api_(api) {}
+  const char* backend() const override { return "cuda"; }
+  const char* label() const override { return "CUDA"; }
+  const char* malloc_name() const override { return "cudaMalloc"; }
+  const char* ipc_memory_kind() const override { return common::kMemoryCudaIpc; }
+
+  bool IsDeviceMemory(const void* ptr) const override {
+    unsigned int type = 0;
+    CUresult r = api_->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, Dptr(ptr));
+    return r == CUDA_SUCCESS && type == CU_MEMORYTYPE_DEVICE;
   }
-  void* data() const override { return p_; }
-  const MemoryExport& export_info() const override { return exp_; }
+  absl::StatusOr<int> DeviceOrdinal(const void* ptr) const override {
+    int ordinal = -1;
+    CUresult r = api_->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, Dptr(ptr));
+    if (r != CUDA_SUCCESS) return CuStatus("cuPointerGetAttribute(DEVICE_ORDINAL)", r);
+    return ordinal;
+  }
+  absl::StatusOr<uint64_t> BufferIdOf(const void* ptr) const override {
+    unsigned long long id = 0;
+    CUresult r = api_->cuPointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, Dptr(ptr));
+    if (r != CUDA_SUCCESS) return CuStatus("cuPointerGetAttribute(BUFFER_ID)", r);
+    return uint64_t{id};
+  }
+  absl::Status AddressRange(const void* ptr, uintptr_t* base, uint64_t* bytes) const override {
+    CUdeviceptr b = 0;
+    size_t size = 0;
+    CUresult r = api_->cuMemGetAddressRange(&b, &size, Dptr(ptr));
+    if (r != CUDA_SUCCESS) return CuStatus("cuMemGetAddressRange", r);
+    *base = static_cast<uintptr_t>(b);
+    *bytes = size;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> IpcHandle(uintptr_t base) const override {
+    cudaIpcMemHandle_t h;
+    cudaError_t err = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base));
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return CudaStatus("cudaIpcGetMemHandle", err);
+    }
+    return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+  }
+
+  absl::Status SetDevice(int device) const override {
+    DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<void*> Malloc(uint64_t bytes) const override {
+    void* p = nullptr;
+    DMAG_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
+    return p;
+  }
+  void Free(void* p) const override {
+    if (cudaFree(p) != cudaSuccess) cudaGetLastError();
+  }
 
  private:
-  void* const p_;
-  const MemoryExport exp_;
+  static CUdeviceptr Dptr(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
+  const ::dmagather::common::cuda::DriverApi* const api_;
 };
 
 class CudaBackend : public ClientBackend {
@@ -159,66 +212,17 @@ class CudaBackend : public ClientBackend {
   const char* name() const override { return "cuda"; }
 
   absl::StatusOr<std::unique_ptr<OwnedBuffer>> Allocate(uint64_t bytes) override {
-    DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    void* p = nullptr;
-    DMAG_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
-    auto exp = Describe(p, bytes);
-    if (!exp.ok()) {
-      cudaFree(p);
-      return exp.status();
-    }
-    return std::unique_ptr<OwnedBuffer>(new CudaBuffer(p, *std::move(exp)));
+    return AllocateDeviceBuffer(memory_, device_, bytes,
+                                [this](const void* p, uint64_t n) { return Describe(p, n); });
   }
 
   absl::StatusOr<MemoryExport> Describe(const void* ptr, uint64_t bytes) const override {
-    const CUdeviceptr p = reinterpret_cast<CUdeviceptr>(ptr);
-    unsigned int type = 0;
-    CUresult r = api_->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
-    if (r != CUDA_SUCCESS || type != CU_MEMORYTYPE_DEVICE) {
-      return common::FallbackError(absl::StrFormat(
-          "%p is not CUDA device memory (the cuda backend moves device buffers; host or managed memory is not "
-          "supported)",
-          ptr));
-    }
-    int ordinal = -1;
-    r = api_->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p);
-    if (r != CUDA_SUCCESS) return CuStatus("cuPointerGetAttribute(DEVICE_ORDINAL)", r);
-    if (ordinal != device_) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("buffer %p is on CUDA device %d, but the rank uses device %d", ptr, ordinal, device_));
-    }
+    DMAG_RETURN_IF_ERROR(CheckDeviceBuffer(*memory_, ptr, device_));
     int legacy_ipc = 1;
-    r = api_->cuPointerGetAttribute(&legacy_ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p);
+    CUresult r = api_->cuPointerGetAttribute(&legacy_ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                                             reinterpret_cast<CUdeviceptr>(ptr));
     if (r == CUDA_SUCCESS && legacy_ipc == 0) return DescribeNonLegacy(ptr, bytes);
-    MemoryExport e;
-    unsigned long long id = 0;
-    r = api_->cuPointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, p);
-    if (r != CUDA_SUCCESS) return CuStatus("cuPointerGetAttribute(BUFFER_ID)", r);
-    e.buffer_id = id;
-    CUdeviceptr base = 0;
-    size_t size = 0;
-    r = api_->cuMemGetAddressRange(&base, &size, p);
-    if (r != CUDA_SUCCESS) return CuStatus("cuMemGetAddressRange", r);
-    e.base = static_cast<uintptr_t>(base);
-    e.bytes = size;
-    const uintptr_t at = reinterpret_cast<uintptr_t>(ptr);
-    if (at - e.base > e.bytes || bytes > e.bytes - (at - e.base)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "buffer %p + %u bytes runs past the end of its CUDA allocation (%u bytes at 0x%x)", ptr, bytes, e.bytes,
-          e.base));
-    }
-    cudaIpcMemHandle_t h;
-    cudaError_t err = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(e.base));
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      absl::Status st = CudaStatus("cudaIpcGetMemHandle", err);
-      return common::FallbackError(absl::StrCat(
-          st.message(), ": this allocation cannot be shared with dmagatherd through CUDA IPC (memory from "
-          "cudaMalloc can; stream-ordered pools and VMM allocations such as expandable segments cannot)"));
-    }
-    e.memory_kind = common::kMemoryCudaIpc;
-    e.handle.assign(reinterpret_cast<const char*>(&h), sizeof(h));
-    return e;
+    return ExportIpcBuffer(*memory_, ptr, bytes);
   }
 
   // Memory legacy CUDA IPC cannot share: stream-ordered pools and VMM.
@@ -340,6 +344,7 @@ class CudaBackend : public ClientBackend {
   CudaBackend(const ::dmagather::common::cuda::DriverApi* api, int device, abi::CompletionV1* block,
               uint64_t ready_dev, uint64_t done_dev, uint64_t graph_dev)
       : api_(api),
+        memory_(std::make_shared<CudaMemory>(api)),
         vmm_(api),
         device_(device),
         block_(block),
@@ -348,6 +353,7 @@ class CudaBackend : public ClientBackend {
         graph_dev_(graph_dev) {}
 
   const ::dmagather::common::cuda::DriverApi* const api_;
+  const std::shared_ptr<const CudaMemory> memory_;
   const CudaVmmDriver vmm_;
   const int device_;
   abi::CompletionV1* const block_;

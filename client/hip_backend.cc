@@ -24,9 +24,12 @@
 //
 // Threads: the rank's submitting thread (CommImpl's caller).
 #include <cstring>
+#include <memory>
+#include <string>
 
 #include "absl/strings/str_format.h"
 #include "client/backend.h"
+#include "client/device_memory.h"
 #include "common/hip/hip_api.h"
 #include "common/memory_kinds.h"
 #include "common/status.h"
@@ -48,19 +51,72 @@ int CurrentDevice() {
   return d;
 }
 
-class HipBuffer : public OwnedBuffer {
+// The HIP calls DeviceMemory (device_memory.h) is written over.
+class HipMemory final : public DeviceMemoryApi {
  public:
-  HipBuffer(const HipApi* api, void* p, MemoryExport exp) : api_(api), p_(p), exp_(std::move(exp)) {}
-  ~HipBuffer() override {
-    if (api_->hipFree(p_) != hipSuccess) (void)api_->hipGetLastError();
+  explicit HipMemory(const HipApi* api) : api_(api) {}
+  const char* backend() const override { return "hip"; }
+  const char* label() const override { return "HIP"; }
+  const char* malloc_name() const override { return "hipMalloc"; }
+  const char* ipc_memory_kind() const override { return common::kMemoryHipIpc; }
+
+  bool IsDeviceMemory(const void* ptr) const override {
+    unsigned int type = 0;
+    hipError_t err = api_->hipPointerGetAttribute(&type, HIP_POINTER_ATTRIBUTE_MEMORY_TYPE, const_cast<void*>(ptr));
+    if (err != hipSuccess) (void)api_->hipGetLastError();
+    // hipMemoryTypeDevice of the runtime's major (1 before 6.0, 2 after).
+    return err == hipSuccess && type == api_->abi.memory_type_device;
   }
-  void* data() const override { return p_; }
-  const MemoryExport& export_info() const override { return exp_; }
+  absl::StatusOr<int> DeviceOrdinal(const void* ptr) const override {
+    int ordinal = -1;
+    hipError_t err = api_->hipPointerGetAttribute(&ordinal, HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL, const_cast<void*>(ptr));
+    if (err != hipSuccess) return HipStatus("hipPointerGetAttribute(DEVICE_ORDINAL)", err);
+    return ordinal;
+  }
+  // 0 where the runtime has no buffer id for it (not tracked).
+  absl::StatusOr<uint64_t> BufferIdOf(const void* ptr) const override { return BufferId(ptr); }
+  uint64_t BufferId(const void* ptr) const {
+    unsigned long long id = 0;
+    if (api_->hipPointerGetAttribute(&id, HIP_POINTER_ATTRIBUTE_BUFFER_ID, const_cast<void*>(ptr)) != hipSuccess) {
+      (void)api_->hipGetLastError();
+      return 0;
+    }
+    return id;
+  }
+  absl::Status AddressRange(const void* ptr, uintptr_t* base, uint64_t* bytes) const override {
+    hipDeviceptr_t b = nullptr;
+    size_t size = 0;
+    hipError_t err = api_->hipMemGetAddressRange(&b, &size, const_cast<void*>(ptr));
+    if (err != hipSuccess) return HipStatus("hipMemGetAddressRange", err);
+    *base = reinterpret_cast<uintptr_t>(b);
+    *bytes = size;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> IpcHandle(uintptr_t base) const override {
+    hipIpcMemHandle_t h;
+    hipError_t err = api_->hipIpcGetMemHandle(&h, reinterpret_cast<void*>(base));
+    if (err != hipSuccess) {
+      (void)api_->hipGetLastError();
+      return HipStatus("hipIpcGetMemHandle", err);
+    }
+    return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+  }
+
+  absl::Status SetDevice(int device) const override {
+    DMAG_HIP_RETURN_IF_ERROR(api_, hipSetDevice(device));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<void*> Malloc(uint64_t bytes) const override {
+    void* p = nullptr;
+    DMAG_HIP_RETURN_IF_ERROR(api_, hipMalloc(&p, bytes));
+    return p;
+  }
+  void Free(void* p) const override {
+    if (api_->hipFree(p) != hipSuccess) (void)api_->hipGetLastError();
+  }
 
  private:
   const HipApi* const api_;
-  void* const p_;
-  const MemoryExport exp_;
 };
 
 class HipBackend : public ClientBackend {
@@ -96,72 +152,16 @@ class HipBackend : public ClientBackend {
   const char* name() const override { return "hip"; }
 
   absl::StatusOr<std::unique_ptr<OwnedBuffer>> Allocate(uint64_t bytes) override {
-    DMAG_HIP_RETURN_IF_ERROR(api_, hipSetDevice(device_));
-    void* p = nullptr;
-    DMAG_HIP_RETURN_IF_ERROR(api_, hipMalloc(&p, bytes));
-    auto exp = Describe(p, bytes);
-    if (!exp.ok()) {
-      (void)api_->hipFree(p);
-      return exp.status();
-    }
-    return std::unique_ptr<OwnedBuffer>(new HipBuffer(api_, p, *std::move(exp)));
+    return AllocateDeviceBuffer(memory_, device_, bytes,
+                                [this](const void* p, uint64_t n) { return Describe(p, n); });
   }
 
   absl::StatusOr<MemoryExport> Describe(const void* ptr, uint64_t bytes) const override {
-    hipDeviceptr_t p = const_cast<void*>(ptr);
-    unsigned int type = 0;
-    hipError_t err = api_->hipPointerGetAttribute(&type, HIP_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
-    // hipMemoryTypeDevice of the runtime's major (1 before 6.0, 2 after).
-    if (err != hipSuccess || type != api_->abi.memory_type_device) {
-      if (err != hipSuccess) (void)api_->hipGetLastError();
-      return common::FallbackError(absl::StrFormat(
-          "%p is not HIP device memory (the hip backend moves device buffers; host or managed memory is not "
-          "supported)",
-          ptr));
-    }
-    int ordinal = -1;
-    err = api_->hipPointerGetAttribute(&ordinal, HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p);
-    if (err != hipSuccess) return HipStatus("hipPointerGetAttribute(DEVICE_ORDINAL)", err);
-    if (ordinal != device_) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("buffer %p is on HIP device %d, but the rank uses device %d", ptr, ordinal, device_));
-    }
-    MemoryExport e;
-    e.buffer_id = BufferId(ptr);
-    hipDeviceptr_t base = nullptr;
-    size_t size = 0;
-    err = api_->hipMemGetAddressRange(&base, &size, p);
-    if (err != hipSuccess) return HipStatus("hipMemGetAddressRange", err);
-    e.base = reinterpret_cast<uintptr_t>(base);
-    e.bytes = size;
-    const uintptr_t at = reinterpret_cast<uintptr_t>(ptr);
-    if (at - e.base > e.bytes || bytes > e.bytes - (at - e.base)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "buffer %p + %u bytes runs past the end of its HIP allocation (%u bytes at 0x%x)", ptr, bytes, e.bytes,
-          e.base));
-    }
-    hipIpcMemHandle_t h;
-    err = api_->hipIpcGetMemHandle(&h, base);
-    if (err != hipSuccess) {
-      (void)api_->hipGetLastError();
-      absl::Status st = HipStatus("hipIpcGetMemHandle", err);
-      return common::FallbackError(absl::StrCat(
-          st.message(), ": this allocation cannot be shared with dmagatherd through HIP IPC (memory from "
-          "hipMalloc can; stream-ordered pools and VMM allocations such as expandable segments cannot)"));
-    }
-    e.memory_kind = common::kMemoryHipIpc;
-    e.handle.assign(reinterpret_cast<const char*>(&h), sizeof(h));
-    return e;
+    DMAG_RETURN_IF_ERROR(CheckDeviceBuffer(*memory_, ptr, device_));
+    return ExportIpcBuffer(*memory_, ptr, bytes);
   }
 
-  uint64_t BufferId(const void* ptr) const override {
-    unsigned long long id = 0;
-    if (api_->hipPointerGetAttribute(&id, HIP_POINTER_ATTRIBUTE_BUFFER_ID, const_cast<void*>(ptr)) != hipSuccess) {
-      (void)api_->hipGetLastError();
-      return 0;
-    }
-    return id;
-  }
+  uint64_t BufferId(const void* ptr) const override { return memory_->BufferId(ptr); }
   bool registers_on_submit() const override { return true; }
 
   // The caller's stream must be a live HIP stream of this process: ROCm 7
@@ -221,6 +221,7 @@ class HipBackend : public ClientBackend {
   HipBackend(const HipApi* api, int device, abi::CompletionV1* block, void* ready_dev, void* done_dev,
              hipEvent_t release, hipEvent_t acquire)
       : api_(api),
+        memory_(std::make_shared<HipMemory>(api)),
         device_(device),
         block_(block),
         ready_dev_(ready_dev),
@@ -229,6 +230,7 @@ class HipBackend : public ClientBackend {
         acquire_(acquire) {}
 
   const HipApi* const api_;
+  const std::shared_ptr<const HipMemory> memory_;
   const int device_;
   abi::CompletionV1* const block_;
   void* const ready_dev_;

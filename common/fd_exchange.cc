@@ -14,18 +14,10 @@
 
 namespace dmagather::common {
 
-std::string FdChannelPath(const std::string& socket_path) { return socket_path + ".fd"; }
+namespace {
 
-absl::StatusOr<FdExchangeResult> ExchangeFd(const std::string& path, uint32_t kind, int fd, uint64_t bytes,
-                                            int timeout_ms) {
-  std::vector<int> fds;
-  if (fd >= 0) fds.push_back(fd);
-  return ExchangeFds(path, kind, fds, bytes, timeout_ms);
-}
-
-absl::StatusOr<FdExchangeResult> ExchangeFds(const std::string& path, uint32_t kind, const std::vector<int>& fds,
-                                             uint64_t bytes, int timeout_ms) {
-  if (fds.size() > 253) return absl::InvalidArgumentError("more than 253 descriptors in one fd-channel message");
+// A connection to the fd channel at `path`, with send and receive timeouts.
+absl::StatusOr<UniqueFd> ConnectFdChannel(const std::string& path, int timeout_ms) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat("fd channel path '", path, "' is too long"));
@@ -51,6 +43,24 @@ absl::StatusOr<FdExchangeResult> ExchangeFds(const std::string& path, uint32_t k
     return absl::UnavailableError(absl::StrCat("cannot connect to dmagatherd's fd channel ", path, ": ",
                                                strerror(err), " (is dmagatherd 0.3 or newer running?)"));
   }
+  return s;
+}
+
+}  // namespace
+
+std::string FdChannelPath(const std::string& socket_path) { return socket_path + ".fd"; }
+
+absl::StatusOr<FdExchangeResult> ExchangeFd(const std::string& path, uint32_t kind, int fd, uint64_t bytes,
+                                            int timeout_ms) {
+  std::vector<int> fds;
+  if (fd >= 0) fds.push_back(fd);
+  return ExchangeFds(path, kind, fds, bytes, timeout_ms);
+}
+
+absl::StatusOr<FdExchangeResult> ExchangeFds(const std::string& path, uint32_t kind, const std::vector<int>& fds,
+                                             uint64_t bytes, int timeout_ms) {
+  if (fds.size() > 253) return absl::InvalidArgumentError("more than 253 descriptors in one fd-channel message");
+  DMAG_ASSIGN_OR_RETURN(UniqueFd s, ConnectFdChannel(path, timeout_ms));
   abi::FdRequestV1 req{};
   req.stamp = abi::kFdRequestStampV1;
   req.magic = abi::kMagic;

@@ -82,9 +82,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& opti
   return d;
 }
 
-absl::Status Daemon::Start() {
-  const std::string& path = options_.socket_path;
-  const std::string fd_path = common::FdChannelPath(path);
+absl::Status Daemon::ClaimSocketsAndDoorbell(const std::string& path, const std::string& fd_path) {
   if (SocketAlive(path) || SocketAlive(fd_path, SOCK_SEQPACKET)) {
     return absl::AlreadyExistsError(absl::StrCat("another dmagatherd already serves ", path));
   }
@@ -103,7 +101,35 @@ absl::Status Daemon::Start() {
   auto* db = static_cast<abi::DoorbellV1*>(doorbell_.data());
   db->stamp = abi::kDoorbellStampV1;
   db->magic = abi::kMagic;
+  return absl::OkStatus();
+}
 
+void Daemon::FillHealth(v1::HealthReply* h) const {
+  h->set_version(Version());
+  h->set_backend(engine_->name());
+  h->set_backend_reason(engine_reason_);
+  h->set_uptime_s(absl::ToDoubleSeconds(absl::Now() - started_));
+  h->set_worker_threads(engine_->worker_threads());
+  if (peers_ != nullptr) {
+    const cluster::PeerStats ps = peers_->stats();
+    h->set_peer_address(ps.address);
+    h->set_transport(ps.transport);
+    h->set_transport_reason(ps.transport_reason);
+    h->set_peer_auth_failures(ps.auth_failures);
+    h->set_transport_fallbacks(options_.peers.transport == "auto" && ps.transport == "tcp" ? 1 : 0);
+  }
+  const std::string why = SelfCheck();
+  if (!why.empty()) {
+    h->set_status("NOT_SERVING");
+    h->set_reason(why);
+  }
+}
+
+absl::Status Daemon::Start() {
+  const std::string& path = options_.socket_path;
+  const std::string fd_path = common::FdChannelPath(path);
+  DMAG_RETURN_IF_ERROR(ClaimSocketsAndDoorbell(path, fd_path));
+  auto* db = static_cast<abi::DoorbellV1*>(doorbell_.data());
   service::TicketTable::Options to;
   to.ttl = options_.ticket_ttl;
   tickets_ = std::make_unique<service::TicketTable>(to);
@@ -158,26 +184,7 @@ absl::Status Daemon::Start() {
                                                        [lis](const std::string& peer) { return lis->PeerOf(peer); });
   started_ = absl::Now();
   telemetry_ = std::make_unique<service::TelemetryService>(reg, tickets_.get(), operator_gid_,
-                                                          [this](v1::HealthReply* h) {
-    h->set_version(Version());
-    h->set_backend(engine_->name());
-    h->set_backend_reason(engine_reason_);
-    h->set_uptime_s(absl::ToDoubleSeconds(absl::Now() - started_));
-    h->set_worker_threads(engine_->worker_threads());
-    if (peers_ != nullptr) {
-      const cluster::PeerStats ps = peers_->stats();
-      h->set_peer_address(ps.address);
-      h->set_transport(ps.transport);
-      h->set_transport_reason(ps.transport_reason);
-      h->set_peer_auth_failures(ps.auth_failures);
-      h->set_transport_fallbacks(options_.peers.transport == "auto" && ps.transport == "tcp" ? 1 : 0);
-    }
-    const std::string why = SelfCheck();
-    if (!why.empty()) {
-      h->set_status("NOT_SERVING");
-      h->set_reason(why);
-    }
-  });
+                                                          [this](v1::HealthReply* h) { FillHealth(h); });
 
   // No listening port of gRPC's own: the listener accepts (and knows who
   // connected), then hands each connection to the server.

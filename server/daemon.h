@@ -18,6 +18,10 @@ namespace grpc {
 class Server;
 }
 
+namespace dmagather::v1 {
+class HealthReply;
+}  // namespace dmagather::v1
+
 namespace dmagather::server {
 
 namespace ingress {
@@ -83,6 +87,11 @@ class Daemon {
   explicit Daemon(const DaemonOptions& options);
   // What a Join needs, tried for real: "" when fine, else the reason.
   std::string SelfCheck() const;
+  // Start: refuses a socket another daemon serves, removes what a dead one
+  // left, and creates the doorbell.
+  absl::Status ClaimSocketsAndDoorbell(const std::string& path, const std::string& fd_path);
+  // The Health reply's fields (a Telemetry Health call's thread).
+  void FillHealth(v1::HealthReply* h) const;
   // --metrics_listen: logs (and goes on without it) when it cannot listen.
   void StartMetricsHttp();
 

@@ -102,38 +102,17 @@ int MinLogLevel(const std::string& s) {
   return google::GLOG_INFO;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "dmagatherd --socket=PATH [--backend=host|cuda|hip|auto] [flags]\n"
-      "The per-node AllGather daemon: ranks join over the gRPC socket, submit AllGathers through shared-memory "
-      "rings, and the daemon moves the bytes (copy engines on GPUs, worker threads on the host backend).");
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) { return absl::EndsWith(file, "server/main.cc"); };
-  usage.version_string = [] { return std::string("dmagatherd ") + dmagather::server::Daemon::Version() + "\n"; };
-  absl::SetFlagsUsageConfig(usage);
-  absl::ParseCommandLine(argc, argv);
-  FLAGS_logtostderr = true;
-  FLAGS_minloglevel = MinLogLevel(absl::GetFlag(FLAGS_log_level));
-  google::InitGoogleLogging(argv[0]);
-
-  // Signals are taken synchronously by this thread (sigwait).
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGTERM);
-  sigaddset(&sigs, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-
-  dmagather::server::DaemonOptions o;
+// The daemon's options from the flags; false (the reason on stderr) on a
+// malformed flag.
+bool OptionsFromFlags(dmagather::server::DaemonOptions* options) {
+  dmagather::server::DaemonOptions& o = *options;
   o.socket_path = absl::GetFlag(FLAGS_socket);
   const std::string mode = absl::GetFlag(FLAGS_socket_mode);
   char* end = nullptr;
   o.socket_mode = static_cast<unsigned>(std::strtoul(mode.c_str(), &end, 8));
   if (mode.empty() || *end != '\0' || o.socket_mode > 0777) {
     std::cerr << "dmagatherd: --socket_mode must be octal permissions like 0660, got '" << mode << "'\n";
-    return 2;
+    return false;
   }
   o.engine.backend = absl::GetFlag(FLAGS_backend);
   o.engine.workers = absl::GetFlag(FLAGS_workers);
@@ -159,7 +138,7 @@ int main(int argc, char** argv) {
   const std::string staging = absl::GetFlag(FLAGS_ring_staging);
   if (staging != "auto" && staging != "always") {
     std::fprintf(stderr, "dmagatherd: --ring_staging=%s: expected auto or always\n", staging.c_str());
-    return 2;
+    return false;
   }
   o.peers.force_staging = staging == "always";
   o.peers.peer_timeout = absl::Milliseconds(std::max(0, absl::GetFlag(FLAGS_peer_timeout_ms)));
@@ -171,6 +150,35 @@ int main(int argc, char** argv) {
   o.max_mapped_bytes_per_uid =
       mapped < 0 ? uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE)) : uint64_t(mapped);
   o.operator_group = absl::GetFlag(FLAGS_operator_group);
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "dmagatherd --socket=PATH [--backend=host|cuda|hip|auto] [flags]\n"
+      "The per-node AllGather daemon: ranks join over the gRPC socket, submit AllGathers through shared-memory "
+      "rings, and the daemon moves the bytes (copy engines on GPUs, worker threads on the host backend).");
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) { return absl::EndsWith(file, "server/main.cc"); };
+  usage.version_string = [] { return std::string("dmagatherd ") + dmagather::server::Daemon::Version() + "\n"; };
+  absl::SetFlagsUsageConfig(usage);
+  absl::ParseCommandLine(argc, argv);
+  FLAGS_logtostderr = true;
+  FLAGS_minloglevel = MinLogLevel(absl::GetFlag(FLAGS_log_level));
+  google::InitGoogleLogging(argv[0]);
+
+  // Signals are taken synchronously by this thread (sigwait).
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  dmagather::server::DaemonOptions o;
+  if (!OptionsFromFlags(&o)) return 2;
   auto daemon = dmagather::server::Daemon::Create(o);
   if (!daemon.ok()) {
     std::cerr << "dmagatherd: " << daemon.status().message() << "\n";

@@ -53,7 +53,7 @@ std::string HumanBytes(double b) {
     b /= 1024;
     ++u;
   }
-  return absl::StrFormat(u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
+  return u == 0 ? absl::StrFormat("%.0f %s", b, units[u]) : absl::StrFormat("%.1f %s", b, units[u]);
 }
 
 template <typename M>

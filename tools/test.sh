@@ -3,7 +3,10 @@
 # with a real daemon and real rank processes), then the extra checks:
 # tools/check_no_cuda_build.sh (the build as on a machine without the CUDA
 # toolkit: one case), tools/check_unit.sh (systemd-analyze verify of the
-# unit: one case), tools/test_tsan.sh (the CPU unit tests under
+# unit: one case), tools/check_thread_safety.sh (every CPU target built with
+# clang's -Wthread-safety -Werror: one case), tools/check_sizes.sh (product
+# files and functions within their size limits: one case),
+# tools/test_tsan.sh (the CPU unit tests under
 # ThreadSanitizer: its cases counted), tools/test_asan.sh (every CPU test
 # under ASan+UBSan: its cases counted) and tools/fuzz.sh (each libFuzzer
 # target for DMAGATHER_FUZZ_SECONDS, default 15: one case per target) and
@@ -69,8 +72,12 @@ run_counted() {
   if [ "$sub_rc" -ne 0 ] && [ "$sub_rc" -ne 77 ]; then rc=1; fi
   echo "== $name: $((SECONDS - t0)) s"
 }
-# The CPU unit tests under ThreadSanitizer, every CPU test under
-# ASan+UBSan, and the fuzz targets for a bounded time each.
+# Clang's thread-safety analysis over every CPU target (one case; skipped
+# where clang-14 is missing), the product files' sizes (one case), the CPU
+# unit tests under ThreadSanitizer, every CPU test under ASan+UBSan, and the
+# fuzz targets for a bounded time each.
+run_counted check_thread_safety tools/check_thread_safety.sh
+run_counted check_sizes tools/check_sizes.sh
 run_counted test_tsan tools/test_tsan.sh
 run_counted test_asan tools/test_asan.sh
 run_counted fuzz tools/fuzz.sh -t "${DMAGATHER_FUZZ_SECONDS:-15}"

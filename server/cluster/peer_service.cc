@@ -29,6 +29,23 @@ std::string Hostname() {
   return h;
 }
 
+// The job's topology as the coordinator's table gives it.
+std::shared_ptr<scheduler::Topology> TopologyOf(const v1::NodeTable& table, int world_size) {
+  auto topo = std::make_shared<scheduler::Topology>();
+  topo->world_size = world_size;
+  topo->my_node = table.your_index();
+  topo->node_of_rank.assign(world_size, -1);
+  for (int n = 0; n < table.nodes_size(); ++n) {
+    const v1::NodeEntry& e = table.nodes(n);
+    topo->node_ranks.emplace_back(e.ranks().begin(), e.ranks().end());
+    topo->node_names.push_back(absl::StrCat(e.hostname(), " ", e.peer_address()));
+    for (int r : e.ranks()) {
+      if (r >= 0 && r < world_size) topo->node_of_rank[r] = n;
+    }
+  }
+  return topo;
+}
+
 }  // namespace
 
 PeerService::PeerService(const PeerOptions& options, engines::CopyEngine* engine)
@@ -65,15 +82,20 @@ PeerService::~PeerService() { Stop(); }
 
 void PeerService::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) return;
     stopping_ = true;
-    for (auto& [tag, p] : pending_) p->cv.notify_all();
+    for (auto& [tag, p] : pending_) p->cv.SignalAll();
   }
   listener_->Shutdown();
   if (accept_thread_.joinable()) accept_thread_.join();
-  std::unique_lock<std::mutex> lock(mu_);
-  threads_cv_.wait(lock, [&] { return threads_ == 0; });
+  absl::MutexLock lock(&mu_);
+  while (threads_ != 0) threads_cv_.Wait(&mu_);
+}
+
+bool PeerService::stopping() const {
+  absl::MutexLock lock(&mu_);
+  return stopping_;
 }
 
 absl::StatusOr<std::string> PeerService::NewJobId() const { return MakeJobId(address_); }
@@ -88,13 +110,13 @@ PeerStats PeerService::stats() const {
 }
 
 std::shared_ptr<PeerService::Pending> PeerService::Find(const std::string& tag) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = pending_.find(tag);
   return it == pending_.end() ? nullptr : it->second;
 }
 
 void PeerService::Forget(const std::shared_ptr<Pending>& p) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = pending_.find(p->id.tag);
   if (it != pending_.end() && it->second == p) pending_.erase(it);
 }
@@ -105,7 +127,7 @@ absl::Status PeerService::AddRank(const std::shared_ptr<scheduler::Job>& job, co
   std::shared_ptr<Pending> p;
   bool start = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("dmagatherd is shutting down");
     auto it = pending_.find(id.tag);
     if (it != pending_.end()) {
@@ -126,10 +148,10 @@ absl::Status PeerService::AddRank(const std::shared_ptr<scheduler::Job>& job, co
     }
   }
   {
-    std::lock_guard<std::mutex> lock(p->mu);
+    absl::MutexLock lock(&p->mu);
     p->changed = true;
   }
-  p->cv.notify_all();
+  p->cv.SignalAll();
   if (start) std::thread(&PeerService::Bootstrap, this, p).detach();
   return absl::OkStatus();
 }
@@ -141,7 +163,7 @@ void PeerService::AcceptLoop() {
       if (!absl::IsCancelled(conn.status())) LOG(WARNING) << "peer listener: " << conn.status();
       return;
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) return;
     ++threads_;
     std::thread(&PeerService::Handle, this, std::move(*conn)).detach();
@@ -177,7 +199,7 @@ void PeerService::Handle(std::unique_ptr<transport::Connection> conn) {
     if (!link.ok()) {
       LOG(WARNING) << "ring link from " << hello->node() << ": " << link.status();
     } else {
-      std::lock_guard<std::mutex> lock(p->mu);
+      absl::MutexLock lock(&p->mu);
       if (p->prev_links.empty()) {
         p->prev_links.resize(options_.links);
         p->prev_from.assign(options_.links, -1);
@@ -187,11 +209,11 @@ void PeerService::Handle(std::unique_ptr<transport::Connection> conn) {
         p->prev_from[hello->link()] = hello->node();
         ++p->prev_count;
       }
-      p->cv.notify_all();
+      p->cv.SignalAll();
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (--threads_ == 0) threads_cv_.notify_all();
+  absl::MutexLock lock(&mu_);
+  if (--threads_ == 0) threads_cv_.SignalAll();
 }
 
 void PeerService::FailSetupLocked(Pending& p, const std::string& node) {
@@ -201,7 +223,7 @@ void PeerService::FailSetupLocked(Pending& p, const std::string& node) {
   p.table.set_error(absl::StrCat("node ", node, " failed: its daemon went away while the job was being set up"));
   LOG(WARNING) << "multi-node job cannot start: " << p.table.error();
   p.table_ready = true;
-  p.cv.notify_all();
+  p.cv.SignalAll();
 }
 
 void PeerService::MaybeBuildTableLocked(Pending& p) {
@@ -229,12 +251,16 @@ void PeerService::MaybeBuildTableLocked(Pending& p) {
   v1::NodeTable& t = p.table;
   t.set_error(error);
   if (error.empty()) {
-    std::vector<int> order;
+    std::vector<std::pair<int, int>> by_lowest;  // (lowest rank, node): nodes in the order of their lowest rank.
     for (size_t n = 0; n < p.nodes.size(); ++n) {
-      if (p.nodes[n]->have && p.nodes[n]->update.ranks_size() > 0) order.push_back(int(n));
+      const v1::NodeUpdate& u = p.nodes[n]->update;
+      if (p.nodes[n]->have && u.ranks_size() > 0) {
+        by_lowest.emplace_back(*std::min_element(u.ranks().begin(), u.ranks().end()), int(n));
+      }
     }
-    auto lowest = [&](int n) { return *std::min_element(p.nodes[n]->update.ranks().begin(), p.nodes[n]->update.ranks().end()); };
-    std::sort(order.begin(), order.end(), [&](int a, int b) { return lowest(a) < lowest(b); });
+    std::sort(by_lowest.begin(), by_lowest.end());
+    std::vector<int> order;
+    for (const auto& [lowest, n] : by_lowest) order.push_back(n);
     bool all_verbs = true;
     for (int n : order) {
       const v1::NodeUpdate& u = p.nodes[n]->update;
@@ -255,47 +281,46 @@ void PeerService::MaybeBuildTableLocked(Pending& p) {
     LOG(WARNING) << "multi-node job cannot start: " << error;
   }
   p.table_ready = true;
-  p.cv.notify_all();
+  p.cv.SignalAll();
 }
 
 void PeerService::ServeCoordinator(const std::shared_ptr<Pending>& p, transport::Connection& conn) {
   auto me = std::make_shared<CoordNode>();
   {
-    std::lock_guard<std::mutex> lock(p->mu);
+    absl::MutexLock lock(&p->mu);
     p->nodes.push_back(me);
   }
   for (;;) {
+    v1::NodeTable t;
+    int index = -1;
+    bool ready;
     {
-      std::unique_lock<std::mutex> lock(p->mu);
-      if (p->table_ready) {
-        v1::NodeTable t = p->table;
-        int index = -1;
-        for (int i = 0; i < t.nodes_size(); ++i) {
-          if (me->have && t.nodes(i).peer_address() == me->update.peer_address()) index = i;
-        }
-        lock.unlock();
-        if (index < 0 && t.error().empty()) t.set_error("this node has no rank of the job");
-        t.set_your_index(index);
-        (void)WriteMessage(conn, t);
-        return;
+      absl::MutexLock lock(&p->mu);
+      ready = p->table_ready;
+      if (ready) t = p->table;
+      for (int i = 0; ready && i < t.nodes_size(); ++i) {
+        if (me->have && t.nodes(i).peer_address() == me->update.peer_address()) index = i;
       }
     }
-    if (absl::Now() > p->deadline) return;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) return;
+    if (ready) {
+      if (index < 0 && t.error().empty()) t.set_error("this node has no rank of the job");
+      t.set_your_index(index);
+      (void)WriteMessage(conn, t);
+      return;
     }
+    if (absl::Now() > p->deadline) return;
+    if (stopping()) return;
     if (!Readable(conn, 50)) continue;
     v1::NodeUpdate u;
     if (!ReadMessage(conn, &u).ok()) {
       // The node's daemon went away (its connection closed) before the
       // table: the job cannot start; every node waiting hears it now.
-      std::lock_guard<std::mutex> lock(p->mu);
+      absl::MutexLock lock(&p->mu);
       FailSetupLocked(*p, me->have ? absl::StrCat(me->update.hostname(), " ", me->update.peer_address())
                                    : std::string("a node not yet reported"));
       return;
     }
-    std::lock_guard<std::mutex> lock(p->mu);
+    absl::MutexLock lock(&p->mu);
     LOG(INFO) << "job '" << u.job_key() << "': node " << u.hostname() << " " << u.peer_address() << " reported "
               << u.ranks_size() << " of " << u.world_size() << " ranks";
     me->update = std::move(u);
@@ -309,10 +334,7 @@ absl::StatusOr<std::unique_ptr<transport::Connection>> PeerService::Dial(const P
   hello.set_job_tag(p.id.tag);
   absl::Status last = absl::DeadlineExceededError("not tried");
   while (absl::Now() < p.deadline) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) return absl::UnavailableError("dmagatherd is shutting down");
-    }
+    if (stopping()) return absl::UnavailableError("dmagatherd is shutting down");
     auto conn = tcp_->Connect(address, std::min(absl::Seconds(2), p.deadline - absl::Now()));
     if (conn.ok()) {
       SetRecvTimeout(**conn, options_.handshake_timeout);
@@ -341,12 +363,11 @@ void PeerService::Bootstrap(std::shared_ptr<Pending> p) {
     }
   }
   Forget(p);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (--threads_ == 0) threads_cv_.notify_all();
+  absl::MutexLock lock(&mu_);
+  if (--threads_ == 0) threads_cv_.SignalAll();
 }
 
-absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<scheduler::Job>& job) {
-  // 1. Report this node's ranks to the coordinator until the table comes.
+absl::StatusOr<v1::NodeTable> PeerService::AwaitTable(Pending& p, const std::shared_ptr<scheduler::Job>& job) {
   v1::PeerHello hello;
   hello.set_role("coord");
   DMAG_ASSIGN_OR_RETURN(auto coord, Dial(p, p.id.address, hello));
@@ -354,7 +375,7 @@ absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<schedul
   for (;;) {
     bool send = false;
     {
-      std::unique_lock<std::mutex> lock(p.mu);
+      absl::MutexLock lock(&p.mu);
       send = p.changed;
       p.changed = false;
     }
@@ -374,7 +395,7 @@ absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<schedul
                                                " (the job's coordinator) failed: its daemon went away while the "
                                                "job was being set up (", got.message(), ")"));
       }
-      break;
+      return table;
     }
     if (job->failed()) return job->failure();
     if (absl::Now() > p.deadline) {
@@ -383,26 +404,18 @@ absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<schedul
           ") joined some node's daemon before the join timeout (the coordinator at ", p.id.address,
           " still waits for the others)"));
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return absl::UnavailableError("dmagatherd is shutting down");
+    if (stopping()) return absl::UnavailableError("dmagatherd is shutting down");
   }
-  coord.reset();
+}
+
+absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<scheduler::Job>& job) {
+  // 1. Report this node's ranks to the coordinator until the table comes.
+  DMAG_ASSIGN_OR_RETURN(v1::NodeTable table, AwaitTable(p, job));
   if (!table.failed_node().empty()) return absl::AbortedError(absl::StrCat("job '", job->key(), "': ", table.error()));
   if (!table.error().empty()) return absl::FailedPreconditionError(absl::StrCat("job '", job->key(), "': ", table.error()));
 
   // 2. The topology.
-  auto topo = std::make_shared<scheduler::Topology>();
-  topo->world_size = job->world_size();
-  topo->my_node = table.your_index();
-  topo->node_of_rank.assign(job->world_size(), -1);
-  for (int n = 0; n < table.nodes_size(); ++n) {
-    const v1::NodeEntry& e = table.nodes(n);
-    topo->node_ranks.emplace_back(e.ranks().begin(), e.ranks().end());
-    topo->node_names.push_back(absl::StrCat(e.hostname(), " ", e.peer_address()));
-    for (int r : e.ranks()) {
-      if (r >= 0 && r < job->world_size()) topo->node_of_rank[r] = n;
-    }
-  }
+  std::shared_ptr<scheduler::Topology> topo = TopologyOf(table, job->world_size());
   const int n_nodes = topo->num_nodes();
   if (topo->my_node < 0 || topo->my_node >= n_nodes) {
     return absl::InternalError("the coordinator's table does not name this node");
@@ -425,8 +438,10 @@ absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<schedul
   }
   std::vector<std::unique_ptr<transport::Connection>> from_prev;
   {
-    std::unique_lock<std::mutex> lock(p.mu);
-    if (!p.cv.wait_until(lock, absl::ToChronoTime(p.deadline), [&] { return p.prev_count == int(table.links()); })) {
+    absl::MutexLock lock(&p.mu);
+    while (p.prev_count != int(table.links()) && !p.cv.WaitWithDeadline(&p.mu, p.deadline)) {
+    }
+    if (p.prev_count != int(table.links())) {
       return absl::DeadlineExceededError(absl::StrCat("job '", job->key(), "': only ", p.prev_count, " of ",
                                                       table.links(), " ring links from node ", prev, " (",
                                                       topo->node_names[prev], ") arrived before the join timeout"));

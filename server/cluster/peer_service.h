@@ -21,19 +21,21 @@
 //
 // Threads: the accept thread; one handler thread per incoming connection
 // until its handshake (and, for the coordinator, the table) is done; one
-// bootstrap thread per job until its ring runs.
+// bootstrap thread per job until its ring runs. mu_ guards the table of
+// bootstrapping jobs and the thread count; each job's Pending::mu its links
+// and (coordinator) the nodes' updates and the table.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "dmagather/v1/peer.pb.h"
 #include "server/cluster/job_id.h"
@@ -71,17 +73,19 @@ class PeerService {
   static absl::StatusOr<std::unique_ptr<PeerService>> Create(const PeerOptions& options,
                                                              engines::CopyEngine* engine);
   ~PeerService();
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string& address() const { return address_; }
   // A fresh job id naming this daemon as coordinator.
   absl::StatusOr<std::string> NewJobId() const;
   // A rank of `job` joined here with `job_id`; `deadline` bounds the
   // bootstrap. The job completes (or fails) asynchronously.
-  absl::Status AddRank(const std::shared_ptr<scheduler::Job>& job, const std::string& job_id, absl::Time deadline);
+  absl::Status AddRank(const std::shared_ptr<scheduler::Job>& job, const std::string& job_id, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
   PeerStats stats() const;
 
  private:
+  // Written and read under its job's Pending::mu.
   struct CoordNode {
     v1::NodeUpdate update;
     bool have = false;
@@ -92,34 +96,39 @@ class PeerService {
     std::weak_ptr<scheduler::Job> job;
     absl::Time deadline;
     bool coordinator = false;
-    std::mutex mu;
-    std::condition_variable cv;
-    bool changed = true;  // Local ranks changed since the last NodeUpdate.
+    absl::Mutex mu;
+    absl::CondVar cv;  // Ranks changed / a link arrived / the table is ready / stopping.
+    bool changed ABSL_GUARDED_BY(mu) = true;  // Local ranks changed since the last NodeUpdate.
     // Links from the previous node (by link index), handshaken and upgraded.
-    std::vector<std::unique_ptr<transport::Connection>> prev_links;
-    std::vector<int> prev_from;  // Node index each prev link claimed.
-    int prev_count = 0;
+    std::vector<std::unique_ptr<transport::Connection>> prev_links ABSL_GUARDED_BY(mu);
+    std::vector<int> prev_from ABSL_GUARDED_BY(mu);  // Node index each prev link claimed.
+    int prev_count ABSL_GUARDED_BY(mu) = 0;
     // Coordinator: every node's latest update (by handler), and the table.
-    std::vector<std::shared_ptr<CoordNode>> nodes;
-    bool table_ready = false;
-    v1::NodeTable table;
+    std::vector<std::shared_ptr<CoordNode>> nodes ABSL_GUARDED_BY(mu);
+    bool table_ready ABSL_GUARDED_BY(mu) = false;
+    v1::NodeTable table ABSL_GUARDED_BY(mu);
   };
 
   PeerService(const PeerOptions& options, engines::CopyEngine* engine);
-  void AcceptLoop();
-  void Handle(std::unique_ptr<transport::Connection> conn);
-  void ServeCoordinator(const std::shared_ptr<Pending>& p, transport::Connection& conn);
-  // Coordinator, under p.mu: builds the table once every rank is placed.
-  void MaybeBuildTableLocked(Pending& p);
-  // Coordinator, under p.mu: a node's daemon went away before the table was
-  // sent; every node still waiting gets a table that says so.
-  void FailSetupLocked(Pending& p, const std::string& node);
-  void Bootstrap(std::shared_ptr<Pending> p);
-  absl::Status RunBootstrap(Pending& p, const std::shared_ptr<scheduler::Job>& job);
+  void AcceptLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  void Handle(std::unique_ptr<transport::Connection> conn) ABSL_LOCKS_EXCLUDED(mu_);
+  void ServeCoordinator(const std::shared_ptr<Pending>& p, transport::Connection& conn) ABSL_LOCKS_EXCLUDED(mu_);
+  // Coordinator: builds the table once every rank is placed.
+  void MaybeBuildTableLocked(Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
+  // Coordinator: a node's daemon went away before the table was sent; every
+  // node still waiting gets a table that says so.
+  void FailSetupLocked(Pending& p, const std::string& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
+  void Bootstrap(std::shared_ptr<Pending> p) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status RunBootstrap(Pending& p, const std::shared_ptr<scheduler::Job>& job) ABSL_LOCKS_EXCLUDED(mu_, p.mu);
+  // Reports this node's ranks to the coordinator (again each time they
+  // change) until its node table comes.
+  absl::StatusOr<v1::NodeTable> AwaitTable(Pending& p, const std::shared_ptr<scheduler::Job>& job)
+      ABSL_LOCKS_EXCLUDED(mu_, p.mu);
   absl::StatusOr<std::unique_ptr<transport::Connection>> Dial(const Pending& p, const std::string& address,
-                                                              v1::PeerHello hello);
-  std::shared_ptr<Pending> Find(const std::string& tag) const;
-  void Forget(const std::shared_ptr<Pending>& p);
+                                                              v1::PeerHello hello) ABSL_LOCKS_EXCLUDED(mu_);
+  bool stopping() const ABSL_LOCKS_EXCLUDED(mu_);
+  std::shared_ptr<Pending> Find(const std::string& tag) const ABSL_LOCKS_EXCLUDED(mu_);
+  void Forget(const std::shared_ptr<Pending>& p) ABSL_LOCKS_EXCLUDED(mu_);
 
   const PeerOptions options_;
   engines::CopyEngine* const engine_;
@@ -130,11 +139,11 @@ class PeerService {
   std::string address_;
   std::thread accept_thread_;
 
-  mutable std::mutex mu_;
-  std::condition_variable threads_cv_;
-  std::map<std::string, std::shared_ptr<Pending>> pending_;  // By job tag.
-  int threads_ = 0;  // Handler and bootstrap threads alive.
-  bool stopping_ = false;
+  mutable absl::Mutex mu_;
+  absl::CondVar threads_cv_;  // threads_ reached 0.
+  std::map<std::string, std::shared_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);  // By job tag.
+  int threads_ ABSL_GUARDED_BY(mu_) = 0;  // Handler and bootstrap threads alive.
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> auth_failures_{0};
 };
 

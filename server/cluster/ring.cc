@@ -1,3 +1,6 @@
+// Ring: the threads (links, ticker), the state machine's effects, start,
+// abort and close (ring.h). An op's data - own frames, landing, staging - is
+// in ring_data.cc.
 #include "server/cluster/ring.h"
 
 #include <algorithm>
@@ -13,23 +16,8 @@
 #include "glog/logging.h"
 
 namespace dmagather::server::cluster {
-namespace {
 
 using scheduler::Op;
-using scheduler::OpKind;
-
-uint64_t Mix(uint64_t h, uint64_t v) {
-  for (int i = 0; i < 8; ++i) {
-    h ^= (v >> (8 * i)) & 0xff;
-    h *= 1099511628211ull;  // FNV-1a: the same on every daemon (unlike a seeded hash).
-  }
-  return h;
-}
-
-// Smallest chunk a shard is cut into to spread it over the links.
-constexpr uint64_t kMinChunk = 64 << 10;
-
-}  // namespace
 
 RingStateOptions Ring::StateOptions(const scheduler::Topology& topo, int links, const RingOptions& o) {
   RingStateOptions so;
@@ -53,6 +41,7 @@ Ring::Ring(scheduler::Job* job, std::shared_ptr<const scheduler::Topology> topol
       options_(std::move(options)),
       staged_(options_.engine != nullptr && (options_.force_staging || !options_.engine->host_addressable())),
       next_(to_next.size()),
+      send_queues_(to_next.size()),
       prev_(std::move(from_prev)),
       state_(StateOptions(*topo_, int(to_next.size()), options_), *options_.clock),
       data_(abi::kRingSlotsV1) {
@@ -67,41 +56,6 @@ Ring::~Ring() {
   for (auto& [p, bytes] : spare_staging_) options_.engine->FreeStaging(p);
 }
 
-absl::Status Ring::EnsureStagingLocked(SlotData& s, uint32_t seq, uint64_t bytes) {
-  if (s.staging_bytes >= bytes) return absl::OkStatus();
-  // Buffers are never freed while the job runs (freeing pinned memory can
-  // wait for the device, whose streams may wait for ranks that wait for
-  // this ring): a slot's too-small buffer goes to the spare list, and a
-  // spare one that fits is reused before anything is allocated.
-  if (s.staging != nullptr) spare_staging_.emplace_back(s.staging, s.staging_bytes);
-  s.staging = nullptr;
-  s.staging_bytes = 0;
-  size_t best = spare_staging_.size();
-  for (size_t i = 0; i < spare_staging_.size(); ++i) {
-    if (spare_staging_[i].second >= bytes &&
-        (best == spare_staging_.size() || spare_staging_[i].second < spare_staging_[best].second)) {
-      best = i;
-    }
-  }
-  if (best != spare_staging_.size()) {
-    s.staging = spare_staging_[best].first;
-    s.staging_bytes = spare_staging_[best].second;
-    spare_staging_.erase(spare_staging_.begin() + long(best));
-    return absl::OkStatus();
-  }
-  if (staging_total_ + bytes > options_.transit_bytes) {
-    return common::FallbackError(absl::StrCat(
-        "allgather #", seq, " needs ", bytes >> 20, " MiB of ring transit on this node, over the ",
-        (options_.transit_bytes - std::min(options_.transit_bytes, staging_total_)) >> 20,
-        " MiB left of dmagatherd --ring_transit_mib"));
-  }
-  DMAG_ASSIGN_OR_RETURN(void* p, options_.engine->AllocStaging(bytes));
-  s.staging = static_cast<char*>(p);
-  s.staging_bytes = bytes;
-  staging_total_ += bytes;
-  return absl::OkStatus();
-}
-
 void Ring::Run() {
   for (size_t i = 0; i < next_.size(); ++i) {
     next_[i].thread = std::thread(&Ring::SendLoop, this, int(i));
@@ -111,9 +65,16 @@ void Ring::Run() {
   tick_thread_ = std::thread(&Ring::TickLoop, this);
 }
 
+bool Ring::AbortFramesPendingLocked() const {
+  for (const SendQueue& q : send_queues_) {
+    if (q.send_abort) return true;
+  }
+  return send_abort_prev_;
+}
+
 void Ring::Close() {
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (closed_.load()) return;
     if (!state_.aborted()) {
       // The job ended here: the neighbours hear it (nothing is delivered
@@ -125,26 +86,23 @@ void Ring::Close() {
       ApplyLocked(fx, &ignored);
     }
     stop_waits_.store(true, std::memory_order_release);
-    for (Link& l : next_) l.cv.notify_all();
-    tick_cv_.notify_all();
+    for (Link& l : next_) l.cv.SignalAll();
+    tick_cv_.SignalAll();
     // The abort frames go out first (briefly: a cut link cannot hold us).
-    close_cv_.wait_for(lock, std::chrono::seconds(1), [this] {
-      for (const Link& l : next_) {
-        if (l.send_abort) return false;
-      }
-      return !send_abort_prev_;
-    });
+    const absl::Time deadline = absl::Now() + absl::Seconds(1);
+    while (AbortFramesPendingLocked() && !close_cv_.WaitWithDeadline(&mu_, deadline)) {
+    }
     closed_.store(true);
   }
-  close_cv_.notify_all();
-  tick_cv_.notify_all();
+  close_cv_.SignalAll();
+  tick_cv_.SignalAll();
   if (abort_thread_.joinable()) abort_thread_.join();
   for (Link& l : next_) {
     l.conn->Shutdown();
-    l.cv.notify_all();
+    l.cv.SignalAll();
   }
   for (auto& c : prev_) c->Shutdown();
-  slot_cv_.notify_all();
+  slot_cv_.SignalAll();
   for (Link& l : next_) {
     if (l.thread.joinable()) l.thread.join();
     if (l.control_thread.joinable()) l.control_thread.join();
@@ -155,10 +113,10 @@ void Ring::Close() {
 }
 
 void Ring::QueueLocked(int link, const Send& s) {
-  Link& l = next_[link];
-  l.queue.push_back(s);
-  l.queue.back().link = link;
-  l.cv.notify_one();
+  std::deque<Send>& q = send_queues_[link].frames;
+  q.push_back(s);
+  q.back().link = link;
+  next_[link].cv.Signal();
 }
 
 void Ring::ApplyLocked(RingState::Effects& fx, Outcome* out, const char* payload) {
@@ -170,7 +128,7 @@ void Ring::ApplyLocked(RingState::Effects& fx, Outcome* out, const char* payload
   for (auto& [link, frame] : fx.forward) QueueLocked(link, Send{frame, frame.type == kFrameData ? payload : nullptr, link});
   if (fx.drop_queued) {
     // Frames not yet written belong to ops that now fail.
-    for (Link& l : next_) l.queue.clear();
+    for (SendQueue& q : send_queues_) q.frames.clear();
   }
   for (RingState::Ended& e : fx.ended) {
     SlotData& d = data_[e.seq % data_.size()];
@@ -190,16 +148,16 @@ void Ring::ApplyLocked(RingState::Effects& fx, Outcome* out, const char* payload
     out->spare = fx.fail_spare;
   }
   if (fx.send_abort_next) {
-    for (Link& l : next_) {
-      l.send_abort = true;
-      l.cv.notify_all();
+    for (size_t k = 0; k < next_.size(); ++k) {
+      send_queues_[k].send_abort = true;
+      next_[k].cv.SignalAll();
     }
   }
   if (fx.send_abort_prev) {
     send_abort_prev_ = true;
-    tick_cv_.notify_all();
+    tick_cv_.SignalAll();
   }
-  if (!fx.release.empty() || !fx.ended.empty()) slot_cv_.notify_all();
+  if (!fx.release.empty() || !fx.ended.empty()) slot_cv_.SignalAll();
 }
 
 void Ring::Deliver(Outcome& out) {
@@ -217,7 +175,7 @@ void Ring::OnLinkError(RingState::Side side, int link, const absl::Status& st) {
   if (closed_.load()) return;
   Outcome out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     RingState::Effects fx;
     state_.LinkFailed(side, link, std::string(st.message()), &fx);
     ApplyLocked(fx, &out);
@@ -225,56 +183,11 @@ void Ring::OnLinkError(RingState::Side side, int link, const absl::Status& st) {
   Deliver(out);
 }
 
-void Ring::BuildOwnFrames(Op* op, uint32_t idx, RingFrameV1* h) {
-  SlotData& d = data_[idx];
-  const int me = topo_->my_node;
-  const int links = static_cast<int>(next_.size());
-  const std::vector<int>& local = topo_->local_ranks();
-  // The node's shape (every local rank agreed on it) and its block.
-  const scheduler::RankPart& ref = op->parts[local[0]];
-  uint64_t sig = Mix(1469598103934665603ull, ref.items.size());
-  for (const scheduler::Item& it : ref.items) {
-    sig = Mix(Mix(Mix(sig, uint64_t(it.kind)), it.count), it.dtype);
-  }
-  h->signature = sig;
-  const scheduler::Item& first = ref.items[0];
-  SetFrameText(h, absl::StrCat(first.kind == OpKind::kAllGatherList ? "allgather_list" : "allgather",
-                               " count=", first.count, " dtype=", common::DtypeName(first.dtype),
-                               ref.items.size() > 1 ? absl::StrCat(" (+", ref.items.size() - 1, " items)") : ""));
-  uint64_t c = 0;
-  // Every link carries a share even of a small op: a shard is cut into at
-  // least `links` chunks (down to kMinChunk), and each origin starts on its
-  // own link, so forwarded blocks spread over the links too.
-  for (size_t i = 0; i < ref.items.size(); ++i) {
-    const uint64_t bytes = d.item_bytes[i];
-    const uint64_t step = std::min<uint64_t>(
-        options_.chunk_bytes, std::max<uint64_t>(kMinChunk, (bytes + links - 1) / uint64_t(links)));
-    for (int r : local) {
-      const char* src = op->parts[r].items[i].send;
-      for (uint64_t off = 0; off < bytes; off += step, ++c) {
-        RingFrameV1 f = NewRingFrame(kFrameData, op->seq, me);
-        f.item = static_cast<uint32_t>(i);
-        f.rank = r;
-        f.offset = off;
-        f.len = std::min<uint64_t>(step, bytes - off);
-        const int link = int((c + uint64_t(me)) % uint64_t(links));
-        if (staged_) {
-          // Sent from staging, after its link thread copies it out of the rank's memory.
-          d.own.push_back(Send{f, StagingDest(d, f), link, src + off, op->ranks[r], op->ready_observed});
-        } else {
-          d.own.push_back(Send{f, src + off, link});
-        }
-      }
-    }
-  }
-  h->chunks = c;
-}
-
 void Ring::Start(Op* op, const absl::Status& local_verdict, int failed_rank) {
-  const uint32_t idx = op->seq % data_.size();
   Outcome out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
+    const uint32_t idx = op->seq % data_.size();
     SlotData& d = data_[idx];
     d.op = op;
     d.own.clear();
@@ -311,26 +224,6 @@ void Ring::Start(Op* op, const absl::Status& local_verdict, int failed_rank) {
   Deliver(out);
 }
 
-bool Ring::Fits(const SlotData& d, const RingFrameV1& f) const {
-  if (f.item >= d.item_bytes.size()) return false;
-  if (f.rank < 0 || f.rank >= topo_->world_size || topo_->node_of_rank[f.rank] != f.origin) return false;
-  const uint64_t bytes = d.item_bytes[f.item];
-  return f.len <= bytes && f.offset <= bytes - f.len;
-}
-
-char* Ring::StagingDest(const SlotData& d, const RingFrameV1& f) const {
-  return d.staging + d.item_base[f.item] + uint64_t(f.rank) * d.item_bytes[f.item] + f.offset;
-}
-
-char* Ring::Dest(const SlotData& d, int l, const RingFrameV1& f) const {
-  const uint64_t bytes = d.item_bytes[f.item];
-  const scheduler::RankPart& p = d.op->parts[topo_->local_ranks()[l]];
-  const scheduler::Item& it = p.items[f.item];
-  char* base = it.kind == OpKind::kAllGatherList ? p.recv[it.recv_begin + f.rank]
-                                                 : p.recv[it.recv_begin] + uint64_t(f.rank) * bytes;
-  return base + f.offset;
-}
-
 void Ring::RecvLoop(int k) {
   std::vector<char> scratch;
   transport::Connection& conn = *prev_[k];
@@ -346,12 +239,12 @@ void Ring::RecvLoop(int k) {
     Outcome out;
     RingState::Frame what;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       RingState::Effects fx;
       what = state_.OnFrame(k, f, &fx);
       while (what == RingState::Frame::kWait) {
         // Its op has not started here: its ranks will submit it.
-        slot_cv_.wait(lock);
+        slot_cv_.Wait(&mu_);
         what = state_.OnFrame(k, f, &fx);
       }
       ApplyLocked(fx, &out);
@@ -365,83 +258,28 @@ void Ring::RecvLoop(int k) {
   }
 }
 
-bool Ring::LandChunk(int k, const RingFrameV1& f, std::vector<char>* scratch) {
-  transport::Connection& conn = *prev_[k];
-  SlotData* d;
-  char* dst;
-  {
-    // The slot cannot end while this chunk is uncounted: land it unlocked.
-    std::lock_guard<std::mutex> lock(mu_);
-    d = &data_[f.seq % data_.size()];
-    dst = state_.local_ok(f.seq) && Fits(*d, f) ? (staged_ ? StagingDest(*d, f) : Dest(*d, 0, f)) : nullptr;
-  }
-  const uint64_t t0 = common::MonotonicNs();
-  absl::Status st = absl::OkStatus();
-  if (dst != nullptr) {
-    st = conn.Recv(dst, f.len);
-  } else {
-    scratch->resize(std::min<uint64_t>(f.len, 1 << 20));
-    for (uint64_t left = f.len; left > 0 && st.ok(); left -= std::min<uint64_t>(left, scratch->size())) {
-      st = conn.Recv(scratch->data(), std::min<uint64_t>(left, scratch->size()));
-    }
-  }
-  const bool link_ok = st.ok();
-  if (link_ok) {
-    chunk_ns_.Record(common::MonotonicNs() - t0);
-    bytes_received_.fetch_add(f.len, std::memory_order_relaxed);
-  }
-  const std::vector<int>& local = topo_->local_ranks();
-  for (size_t l = staged_ ? 0 : 1; st.ok() && dst != nullptr && l < local.size(); ++l) {
-    if (!staged_) {
-      memcpy(Dest(*d, int(l), f), dst, f.len);
-      continue;
-    }
-    // The output may still be read by the rank's earlier work until it reaches this op.
-    const engines::EngineRank* rank = d->op->ranks[local[l]];
-    if (!d->op->ready_observed) st = options_.engine->WaitRankReady(rank, f.seq, stop_waits_);
-    if (st.ok()) st = options_.engine->StageIn(Dest(*d, int(l), f), dst, f.len, rank);
-  }
-  Outcome out;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    RingState::Effects fx;
-    if (st.ok()) {
-      state_.ChunkDone(k, f, dst != nullptr, &fx);
-    } else {
-      state_.ChunkFailed(f.seq, &fx);
-    }
-    ApplyLocked(fx, &out, dst);
-  }
-  Deliver(out);
-  if (!link_ok) {
-    OnLinkError(RingState::Side::kPrev, k, st);
-  } else if (!st.ok()) {
-    StagingFailed(st);
-  }
-  return st.ok();
-}
-
 void Ring::SendLoop(int k) {
   Link& link = next_[k];
   for (;;) {
     Send item;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      link.cv.wait(lock, [&] { return state_.aborted() || closed_.load() || !link.queue.empty(); });
+      absl::MutexLock lock(&mu_);
+      while (!state_.aborted() && !closed_.load() && send_queues_[k].frames.empty()) link.cv.Wait(&mu_);
       if (state_.aborted() || closed_.load()) {
-        if (link.send_abort) {
+        if (send_queues_[k].send_abort) {
           // Best effort: the next node learns why (after everything sent before).
           const RingFrameV1 abort = state_.abort_frame();
-          lock.unlock();
+          mu_.Unlock();
           (void)link.conn->Send(&abort, sizeof(abort), nullptr, 0);
-          lock.lock();
-          link.send_abort = false;
-          close_cv_.notify_all();
+          mu_.Lock();
+          send_queues_[k].send_abort = false;
+          close_cv_.SignalAll();
         }
         return;
       }
-      item = link.queue.front();
-      link.queue.pop_front();
+      std::deque<Send>& q = send_queues_[k].frames;
+      item = q.front();
+      q.pop_front();
       state_.SendBegin(item.frame.seq);  // Its payload is read outside mu_.
     }
     const uint64_t len = item.frame.type == kFrameData ? item.frame.len : 0;
@@ -456,7 +294,7 @@ void Ring::SendLoop(int k) {
     absl::Status st = staged.ok() ? link.conn->Send(&item.frame, sizeof(item.frame), item.payload, len) : staged;
     Outcome out;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       RingState::Effects fx;
       state_.SendDone(item.frame.seq, st.ok(), &fx);
       ApplyLocked(fx, &out);
@@ -489,7 +327,7 @@ void Ring::ControlLoop(int k) {
     f.text[sizeof(f.text) - 1] = '\0';
     Outcome out;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       RingState::Effects fx;
       state_.OnControl(k, f, &fx);
       ApplyLocked(fx, &out);
@@ -499,7 +337,7 @@ void Ring::ControlLoop(int k) {
 }
 
 void Ring::TickLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (!closed_.load()) {
     RingState::Effects fx;
     state_.Tick(&fx);
@@ -508,7 +346,7 @@ void Ring::TickLoop() {
     const bool abort_back = send_abort_prev_;
     const RingFrameV1 frame = abort_back ? state_.abort_frame() : state_.HeartbeatFrame();
     const std::vector<int> links = abort_back ? std::vector<int>() : fx.heartbeats;
-    lock.unlock();
+    mu_.Unlock();
     // This thread alone writes on the previous node's links (backwards).
     for (size_t k = 0; k < prev_.size(); ++k) {
       if (abort_back) (void)prev_[k]->Send(&frame, sizeof(frame), nullptr, 0);
@@ -518,50 +356,48 @@ void Ring::TickLoop() {
       if (!st.ok()) OnLinkError(RingState::Side::kPrev, k, st);
     }
     Deliver(out);
-    lock.lock();
+    mu_.Lock();
     if (abort_back) {
       send_abort_prev_ = false;
-      close_cv_.notify_all();
+      close_cv_.SignalAll();
     }
     const uint64_t due = state_.NextTickNs(), now = state_.NowNs();
     const uint64_t wait_ns = due == 0 ? 100'000'000 : std::min<uint64_t>(due > now ? due - now : 0, 100'000'000);
-    tick_cv_.wait_for(lock, std::chrono::nanoseconds(std::max<uint64_t>(wait_ns, 1'000'000)),
-                      [this] { return closed_.load() || send_abort_prev_; });
+    const absl::Time deadline = absl::Now() + absl::Nanoseconds(std::max<uint64_t>(wait_ns, 1'000'000));
+    while (!closed_.load() && !send_abort_prev_ && !tick_cv_.WaitWithDeadline(&mu_, deadline)) {
+    }
   }
 }
 
 void Ring::Abort(const absl::Status& why) {
   Outcome out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (state_.aborted()) return;
     RingState::Effects fx;
     state_.Abort(why, &fx);
     stop_waits_.store(true, std::memory_order_release);
     ApplyLocked(fx, &out);
-    for (Link& l : next_) l.cv.notify_all();
+    for (Link& l : next_) l.cv.SignalAll();
     // A cut link can hold a Send or a Recv until the transport gives up:
     // after a moment for the abort frames, every connection is shut.
     abort_thread_ = std::thread([this] {
-      std::unique_lock<std::mutex> lock(mu_);
-      close_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return closed_.load(); });
-      lock.unlock();
+      {
+        absl::MutexLock lock(&mu_);
+        const absl::Time deadline = absl::Now() + absl::Seconds(1);
+        while (!closed_.load() && !close_cv_.WaitWithDeadline(&mu_, deadline)) {
+        }
+      }
       for (Link& l : next_) l.conn->Shutdown();
       for (auto& c : prev_) c->Shutdown();
     });
   }
-  slot_cv_.notify_all();
+  slot_cv_.SignalAll();
   Deliver(out);
 }
 
-void Ring::StagingFailed(const absl::Status& st) {
-  if (closed_.load() || absl::IsCancelled(st)) return;  // Cancelled: the ring is stopping anyway.
-  LOG(ERROR) << "job '" << job_->key() << "': ring staging copy failed: " << st;
-  job_->Fail(common::Annotate(st, "ring staging copy (host <-> rank memory) failed: "), -1);
-}
-
 std::string Ring::Pending(uint32_t seq) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return state_.Pending(seq);
 }
 
@@ -580,7 +416,7 @@ scheduler::RemoteStats Ring::stats() const {
   st.busy_ns = busy_ns_.load();
   st.chunk_latency = chunk_ns_.Summary();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     st.transit_bytes = staging_total_;
   }
   return st;

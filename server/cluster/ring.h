@@ -38,18 +38,20 @@
 // Threads: Start/Pending on the ingress thread; per link one receive thread
 // (previous side), one send thread and one control reader (next side); one
 // ticker (heartbeats back, silent links; abort frames back); Abort from any
-// thread; one mutex (mu_) for the state.
+// thread; one mutex (mu_) for the state, the send queues and the staging
+// buffers (the annotations below say which; clang checks them,
+// tools/check_thread_safety.sh).
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/latency_histogram.h"
 #include "common/clock.h"
 #include "server/cluster/frame.h"
@@ -86,11 +88,11 @@ class Ring : public scheduler::RemotePart {
 
   // Starts the link threads.
   void Run();
-  void Start(scheduler::Op* op, const absl::Status& local_verdict, int failed_rank) override;
-  void Abort(const absl::Status& why) override;
-  std::string Pending(uint32_t seq) const override;
-  void Close() override;
-  scheduler::RemoteStats stats() const override;
+  void Start(scheduler::Op* op, const absl::Status& local_verdict, int failed_rank) override ABSL_LOCKS_EXCLUDED(mu_);
+  void Abort(const absl::Status& why) override ABSL_LOCKS_EXCLUDED(mu_);
+  std::string Pending(uint32_t seq) const override ABSL_LOCKS_EXCLUDED(mu_);
+  void Close() override ABSL_LOCKS_EXCLUDED(mu_);
+  scheduler::RemoteStats stats() const override ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Send {
@@ -105,11 +107,14 @@ class Ring : public scheduler::RemotePart {
   };
   struct Link {
     std::unique_ptr<transport::Connection> conn;
-    std::deque<Send> queue;  // Under mu_.
-    std::condition_variable cv;
+    absl::CondVar cv;            // Its SendQueue has work / the ring aborts or closes.
     std::thread thread;          // Sends the queue (forwards).
     std::thread control_thread;  // Reads heartbeats and aborts (backwards).
-    bool send_abort = false;  // Under mu_: still has to send the abort frame.
+  };
+  // A link's frames still to send (guarded by mu_: `send_queues_`).
+  struct SendQueue {
+    std::deque<Send> frames;
+    bool send_abort = false;  // Still has to send the abort frame.
   };
   // What the state machine leaves to the data path, per op slot.
   struct SlotData {
@@ -135,29 +140,33 @@ class Ring : public scheduler::RemotePart {
   };
 
   static RingStateOptions StateOptions(const scheduler::Topology& topo, int links, const RingOptions& o);
-  void SendLoop(int link);
-  void RecvLoop(int link);
-  void ControlLoop(int link);
-  void TickLoop();
-  // Under mu_: carries out what the state machine asked for (`payload`: the
-  // landed chunk a forward of it is sent from).
-  void ApplyLocked(RingState::Effects& fx, Outcome* out, const char* payload = nullptr);
-  void Deliver(Outcome& out);
-  void QueueLocked(int link, const Send& s);
+  void SendLoop(int link) ABSL_LOCKS_EXCLUDED(mu_);
+  void RecvLoop(int link) ABSL_LOCKS_EXCLUDED(mu_);
+  void ControlLoop(int link) ABSL_LOCKS_EXCLUDED(mu_);
+  void TickLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Carries out what the state machine asked for (`payload`: the landed
+  // chunk a forward of it is sent from).
+  void ApplyLocked(RingState::Effects& fx, Outcome* out, const char* payload = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the ops and fails the job as `out` says (calls into the job).
+  void Deliver(Outcome& out) ABSL_LOCKS_EXCLUDED(mu_);
+  void QueueLocked(int link, const Send& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether an abort frame is still to be sent on some link.
+  bool AbortFramesPendingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A chunk (OnFrame said kChunk): lands its payload; false when the ring
   // stopped reading this link.
-  bool LandChunk(int link, const RingFrameV1& f, std::vector<char>* scratch);
-  void OnLinkError(RingState::Side side, int link, const absl::Status& st);
-  void BuildOwnFrames(scheduler::Op* op, uint32_t idx, RingFrameV1* header);
+  bool LandChunk(int link, const RingFrameV1& f, std::vector<char>* scratch) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnLinkError(RingState::Side side, int link, const absl::Status& st) ABSL_LOCKS_EXCLUDED(mu_);
+  void BuildOwnFrames(scheduler::Op* op, uint32_t idx, RingFrameV1* header) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where chunk (item, rank, offset, len) of the op in `d` lands in local
   // rank `l`'s output.
   char* Dest(const SlotData& d, int l, const RingFrameV1& f) const;
   // Staged: where the chunk lands in the slot's host staging.
   char* StagingDest(const SlotData& d, const RingFrameV1& f) const;
   bool Fits(const SlotData& d, const RingFrameV1& f) const;
-  // Under mu_: staging of at least `bytes` for `d` within the transit budget.
-  absl::Status EnsureStagingLocked(SlotData& d, uint32_t seq, uint64_t bytes);
-  void StagingFailed(const absl::Status& st);
+  // Staging of at least `bytes` for `d` within the transit budget.
+  absl::Status EnsureStagingLocked(SlotData& d, uint32_t seq, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StagingFailed(const absl::Status& st) ABSL_LOCKS_EXCLUDED(mu_);
   int next_node() const { return (topo_->my_node + 1) % topo_->num_nodes(); }
   int prev_node() const { return (topo_->my_node + topo_->num_nodes() - 1) % topo_->num_nodes(); }
 
@@ -165,23 +174,26 @@ class Ring : public scheduler::RemotePart {
   const std::shared_ptr<const scheduler::Topology> topo_;
   const RingOptions options_;
   const bool staged_;  // Rank memory is not host memory here: land in staging, copy in.
-  uint64_t staging_total_ = 0;  // Under mu_: staging allocated (in slots and spare).
-  std::vector<std::pair<char*, uint64_t>> spare_staging_;  // Under mu_: buffers no slot holds.
+  mutable absl::Mutex mu_;
+  uint64_t staging_total_ ABSL_GUARDED_BY(mu_) = 0;  // Staging allocated (in slots and spare).
+  std::vector<std::pair<char*, uint64_t>> spare_staging_ ABSL_GUARDED_BY(mu_);  // Buffers no slot holds.
   std::vector<Link> next_;
+  std::vector<SendQueue> send_queues_ ABSL_GUARDED_BY(mu_);  // Per link of next_.
   std::vector<std::unique_ptr<transport::Connection>> prev_;
   std::vector<std::thread> recv_threads_;
   std::thread tick_thread_;
 
-  mutable std::mutex mu_;
-  RingState state_;             // Under mu_.
-  std::vector<SlotData> data_;  // Under mu_ (per slot; landing reads it unlocked while the slot is busy).
-  std::condition_variable slot_cv_;  // A slot was started / the ring aborted.
-  std::condition_variable tick_cv_;  // The ticker has an abort to send back / the ring closes.
-  bool send_abort_prev_ = false;     // Under mu_: the ticker still has to send the abort frame back.
+  RingState state_ ABSL_GUARDED_BY(mu_);
+  // Per slot. A chunk lands through a SlotData* taken under mu_ and used
+  // unlocked: the slot cannot end (nor be reused) while the chunk is uncounted.
+  std::vector<SlotData> data_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar slot_cv_;  // A slot was started / the ring aborted.
+  absl::CondVar tick_cv_;  // The ticker has an abort to send back / the ring closes.
+  bool send_abort_prev_ ABSL_GUARDED_BY(mu_) = false;  // The ticker still has to send the abort frame back.
   // After an abort: gives the links a moment to carry the abort frames,
   // then shuts every connection (a cut link would hold a thread for long).
   std::thread abort_thread_;
-  std::condition_variable close_cv_;
+  absl::CondVar close_cv_;
   std::atomic<bool> closed_{false};
   std::atomic<bool> stop_waits_{false};  // Ends staging's waits for ranks' ready flags.
 

@@ -4,16 +4,17 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 
 namespace dmagather::server::engines {
 namespace {
 
 struct Registry {
-  std::mutex mu;
-  std::vector<EngineBackend> backends;  // Sorted: highest priority first.
+  absl::Mutex mu;
+  std::vector<EngineBackend> backends ABSL_GUARDED_BY(mu);  // Sorted: highest priority first.
 };
 
 // Constructed on first use, so registrations from any translation unit's
@@ -27,7 +28,7 @@ Registry& GetRegistry() {
 
 void RegisterEngine(EngineBackend backend) {
   Registry& r = GetRegistry();
-  std::lock_guard<std::mutex> lock(r.mu);
+  absl::MutexLock lock(&r.mu);
   for (const EngineBackend& b : r.backends) {
     if (b.name == backend.name) {
       std::fprintf(stderr, "dmagather: copy backend '%s' registered twice\n", backend.name.c_str());
@@ -49,7 +50,7 @@ void RegisterEngine(std::string name, int priority, EngineCreateFn create) {
 
 std::vector<EngineBackend> RegisteredEngines() {
   Registry& r = GetRegistry();
-  std::lock_guard<std::mutex> lock(r.mu);
+  absl::MutexLock lock(&r.mu);
   return r.backends;
 }
 

@@ -18,7 +18,7 @@ void Op::PartDone(const absl::Status& status, int failed_rank) {
   absl::Status verdict;
   int who;
   {
-    std::lock_guard<std::mutex> lock(part_mu);
+    absl::MutexLock lock(&part_mu);
     if (!status.ok() && part_status.ok()) {
       part_status = status;
       part_failed_rank = failed_rank;

@@ -4,8 +4,11 @@
 // so a busy slot means "not yet": the ingress thread leaves the descriptor
 // in the ring (back-pressure) instead of queueing it elsewhere.
 //
-// Threads: ranks join on gRPC threads; SlotFor/Dispatch/Sweep on the
-// ingress thread; FinishOp on an engine thread or the ingress thread. Error
+// Threads: ranks join on gRPC threads; SlotFor/Dispatch/Sweep/PollPersistent
+// on the ingress thread; FinishOp on an engine thread, the ingress thread or
+// (multi-node, through Op::PartDone) a ring thread (cluster/ring.h: a link's
+// receive, send or control thread, the ticker); Fail from any of these and
+// from the cluster layer's threads, FailAfter from a ring thread. Error
 // records and done flags are written per rank in sequence order under
 // completion_mu_.
 #pragma once
@@ -54,44 +57,45 @@ class Job {
   uid_t uid() const { return uid_; }
 
   // --- Join (gRPC threads) ---
-  absl::Status AddRank(std::shared_ptr<Rank> rank);
-  void RemoveRank(const Rank* rank);
+  absl::Status AddRank(std::shared_ptr<Rank> rank) ABSL_LOCKS_EXCLUDED(mu_);
+  void RemoveRank(const Rank* rank) ABSL_LOCKS_EXCLUDED(mu_);
   // Blocks until every rank has joined, `deadline` passes or cancelled()
   // returns true (polled every 50 ms). Returns whether all joined.
-  bool WaitAllJoined(absl::Time deadline, const std::function<bool()>& cancelled);
+  bool WaitAllJoined(absl::Time deadline, const std::function<bool()>& cancelled) ABSL_LOCKS_EXCLUDED(mu_);
   bool all_joined() const { return all_joined_.load(std::memory_order_acquire); }
-  int joined() const;
-  std::vector<int> missing_ranks() const;
+  int joined() const ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<int> missing_ranks() const ABSL_LOCKS_EXCLUDED(mu_);
   // After all_joined(): the ranks, fixed for the job's life (null: on another node).
   Rank* rank(int r) const { return ranks_[r].get(); }
-  std::vector<std::shared_ptr<Rank>> ranks() const;
+  std::vector<std::shared_ptr<Rank>> ranks() const ABSL_LOCKS_EXCLUDED(mu_);
   // Ranks on this node (all of them on a one-node job).
   int local_count() const { return local_count_.load(std::memory_order_acquire); }
 
   // --- Multi-node ---
   bool multi_node() const { return multi_node_; }
   // The ranks that joined here so far (ascending).
-  std::vector<int> joined_ranks() const;
+  std::vector<int> joined_ranks() const ABSL_LOCKS_EXCLUDED(mu_);
   // From the cluster layer once the coordinator's table is in and the ring
   // is up. Fails (and the job with it) when the table's local ranks are not
   // the ones that joined here.
-  absl::Status SetTopology(std::shared_ptr<const Topology> topology, std::shared_ptr<RemotePart> remote);
+  absl::Status SetTopology(std::shared_ptr<const Topology> topology, std::shared_ptr<RemotePart> remote)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Null on a one-node job / before SetTopology.
   const Topology* topology() const { return all_joined() ? topology_.get() : nullptr; }
   const RemotePart* remote() const { return all_joined() ? remote_.get() : nullptr; }
 
   // --- Failure: the first reason wins and fails every later op. ---
-  void Fail(const absl::Status& status, int failed_rank);
+  void Fail(const absl::Status& status, int failed_rank) ABSL_LOCKS_EXCLUDED(mu_);
   // As Fail, for a failure that started on another node after its op
   // `spare` ended there: ops up to `spare` still complete normally here.
-  void FailAfter(const absl::Status& status, uint32_t spare);
+  void FailAfter(const absl::Status& status, uint32_t spare) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether op `seq` is spared by a FailAfter.
   bool Spared(uint32_t seq) const {
     return has_spare_.load(std::memory_order_acquire) && int32_t(seq - spare_.load(std::memory_order_acquire)) <= 0;
   }
   bool failed() const { return failed_.load(std::memory_order_acquire); }
-  absl::Status failure() const;
-  int failed_rank() const;
+  absl::Status failure() const ABSL_LOCKS_EXCLUDED(mu_);
+  int failed_rank() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // --- Matching (ingress thread) ---
   // The op for `seq`, set up if its slot was free; nullptr while the slot is
@@ -106,7 +110,7 @@ class Job {
 
   // --- Completion (any thread) ---
   // Records errors, publishes done flags in order, frees the slot.
-  void FinishOp(Op* op, const absl::Status& status, int failed_rank);
+  void FinishOp(Op* op, const absl::Status& status, int failed_rank) ABSL_LOCKS_EXCLUDED(completion_mu_);
 
   // --- Persistent (CUDA-graph captured) ops ---
   // Ingress thread: one look at every armed persistent op's ready flags;
@@ -138,7 +142,9 @@ class Job {
   std::shared_ptr<RemotePart> remote_;        // Likewise.
 
   mutable absl::Mutex mu_;
-  std::vector<std::shared_ptr<Rank>> ranks_;  // Written under mu_ until all_joined_.
+  // Written under mu_ until all_joined_, then fixed and read without it (so
+  // not ABSL_GUARDED_BY: rank(), FinishOp and the ingress read it unlocked).
+  std::vector<std::shared_ptr<Rank>> ranks_;
   int joined_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<bool> all_joined_{false};
 
@@ -157,7 +163,8 @@ class Job {
   std::atomic<size_t> persistent_count_{0};
   std::atomic<int> inflight_ops_{0};
   // Orders the writes into the ranks' completion blocks (error records,
-  // then done flags) between the threads that finish ops.
+  // then done flags, each Rank's finished/next_publish) between the threads
+  // that finish ops.
   absl::Mutex completion_mu_;
 };
 

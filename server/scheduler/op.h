@@ -5,10 +5,11 @@
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "server/engines/copy_engine.h"
 #include "server/scheduler/request.h"
 
@@ -23,7 +24,7 @@ class Op : public engines::EngineOp {
   void OnEngineDone(absl::Status status) override;
   // One of the op's parts ended (the engine's copies; on a multi-node job
   // also the ring). The first error wins; the last part finishes the op.
-  void PartDone(const absl::Status& status, int failed_rank);
+  void PartDone(const absl::Status& status, int failed_rank) ABSL_LOCKS_EXCLUDED(part_mu);
 
   Job* job = nullptr;
   std::atomic<int> state{kFree};
@@ -32,9 +33,9 @@ class Op : public engines::EngineOp {
   uint64_t matched_ns = 0;
   std::vector<RankPart> parts;  // world_size entries (a multi-node job fills its local ranks' only).
   std::atomic<int> open_parts{0};
-  std::mutex part_mu;
-  absl::Status part_status;  // Under part_mu.
-  int part_failed_rank = -1;
+  absl::Mutex part_mu;
+  absl::Status part_status ABSL_GUARDED_BY(part_mu);  // The parts' first error.
+  int part_failed_rank ABSL_GUARDED_BY(part_mu) = -1;
 };
 
 }  // namespace dmagather::server::scheduler

@@ -64,23 +64,23 @@ ControlService::~ControlService() { Stop(); }
 
 void ControlService::Wake() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     wake_ = true;
   }
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void ControlService::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_one();
+  cv_.Signal();
   if (watcher_.joinable()) watcher_.join();
 }
 
 int ControlService::open_joins() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return static_cast<int>(reactors_.size());
 }
 
@@ -104,31 +104,32 @@ grpc::ServerWriteReactor<v1::JoinEvent>* ControlService::Join(grpc::CallbackServ
   r->timeout_ms_ = req->join_timeout_ms() > 0 ? req->join_timeout_ms() : 60000;
   r->deadline_ = clock_->Now() + absl::Milliseconds(r->timeout_ms_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     reactors_.push_back(r);
     wake_ = true;
   }
-  cv_.notify_one();
+  cv_.Signal();
   return r;
 }
 
 void ControlService::WatcherLoop() {
   std::vector<JoinReactor*> batch, done;
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (;;) {
     // Open Joins are polled every 20 ms (a job completing, a session the
     // daemon ends); with none, only Wake() or a second passing wakes it.
-    cv_.wait_for(lock, reactors_.empty() ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(20),
-                 [this] { return wake_ || stop_; });
+    const absl::Time until = absl::Now() + (reactors_.empty() ? absl::Seconds(1) : absl::Milliseconds(20));
+    while (!wake_ && !stop_ && !cv_.WaitWithDeadline(&mu_, until)) {
+    }
     if (stop_) break;
     wake_ = false;
     batch = reactors_;  // Only this thread finishes them, so they stay valid.
-    lock.unlock();
+    mu_.Unlock();
     done.clear();
     for (JoinReactor* r : batch) {
       if (Step(r)) done.push_back(r);
     }
-    lock.lock();
+    mu_.Lock();
     if (!done.empty()) {
       reactors_.erase(std::remove_if(reactors_.begin(), reactors_.end(),
                                      [&](JoinReactor* r) {

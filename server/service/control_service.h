@@ -12,15 +12,16 @@
 // Threads: gRPC's callback threads create reactors and run their reactions
 // (which only set flags); the watcher thread does every write, Finish and
 // registry call of a Join; Stop() after the gRPC server has shut down.
+// mu_ guards the open Joins and the watcher's wake/stop flags.
 #pragma once
 
-#include <condition_variable>
 #include <functional>
 #include <optional>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "dmagather/v1/control.grpc.pb.h"
 #include "common/clock.h"
@@ -50,14 +51,14 @@ class ControlService final : public v1::Control::WithCallbackMethod_Join<v1::Con
                           v1::DeregisterReply* reply) override;
 
   // Wakes the watcher (a Join arrived, a stream was cancelled, shutdown).
-  void Wake();
+  void Wake() ABSL_LOCKS_EXCLUDED(mu_);
   // Stops the watcher thread (after the gRPC server has finished every call).
-  void Stop();
-  int open_joins() const;
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+  int open_joins() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   friend class JoinReactor;
-  void WatcherLoop();
+  void WatcherLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // One watcher step for one reactor; true when it is finished (dropped).
   bool Step(JoinReactor* r);
 
@@ -66,11 +67,12 @@ class ControlService final : public v1::Control::WithCallbackMethod_Join<v1::Con
   common::Clock* const clock_;  // Join deadlines.
   const std::string version_;
   const std::string backend_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool wake_ = false;
-  bool stop_ = false;
-  std::vector<JoinReactor*> reactors_;  // Open Joins not yet finished (owned by gRPC until OnDone).
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;  // wake_ or stop_ set.
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Open Joins not yet finished (owned by gRPC until OnDone).
+  std::vector<JoinReactor*> reactors_ ABSL_GUARDED_BY(mu_);
   std::thread watcher_;
 };
 

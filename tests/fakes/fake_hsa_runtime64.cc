@@ -35,7 +35,6 @@ using EngineId = uint32_t;
 std::mutex mu;
 std::map<uint32_t, uint64_t> bytes_on;  // Engine bit (0: ROCr's choice) -> bytes.
 int forced = 0;                         // Copies with force_copy_on_sdma.
-int same_agent_on_engine = 0;           // Copies on an engine with dst agent == src agent.
 
 constexpr uint64_t kCpu = 1;
 constexpr uint64_t kGpu0 = 10;
@@ -145,7 +144,6 @@ hsa_status_t hsa_amd_memory_async_copy_on_engine(void* dst, hsa_agent_t dst_agen
   {
     std::lock_guard<std::mutex> l(mu);
     forced += force_copy_on_sdma ? 1 : 0;
-    same_agent_on_engine += dst_agent.handle == src_agent.handle ? 1 : 0;
   }
   return Copy(dst, dst_agent, src, src_agent, size, num_dep_signals, dep_signals, completion_signal, engine_id);
 }

@@ -3,8 +3,6 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,16 +21,6 @@ struct SharedReport {
   double seconds;
   char message[2048];
 };
-
-bool CanConnect(const std::string& path) {
-  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
-  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-  close(fd);
-  return ok;
-}
 
 int WaitWithTimeout(pid_t pid, double timeout_s) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
@@ -62,74 +50,6 @@ int WaitWithTimeout(pid_t pid, double timeout_s) {
 }  // namespace
 
 void Reporter::Say(const std::string& s) const { snprintf(message, 2048, "%s", s.c_str()); }
-
-std::unique_ptr<DaemonProcess> DaemonProcess::Start(const std::vector<std::string>& flags, const std::string& dir) {
-  char tmpl[] = "/tmp/dmagather-test-XXXXXX";
-  if (dir.empty() && mkdtemp(tmpl) == nullptr) {
-    perror("mkdtemp");
-    return nullptr;
-  }
-  auto d = std::unique_ptr<DaemonProcess>(new DaemonProcess());
-  d->dir_ = dir.empty() ? std::string(tmpl) : dir;
-  d->socket_ = d->dir_ + "/dmagatherd.sock";
-  std::vector<std::string> args = {"server/dmagatherd", "--socket=" + d->socket_, "--backend=host",
-                                   "--log_level=warning",
-                                   // No HTTP metrics unless a test asks (tests run in parallel).
-                                   "--metrics_listen="};
-  args.insert(args.end(), flags.begin(), flags.end());
-  const std::string log = d->dir_ + "/dmagatherd.log";
-  d->pid_ = fork();
-  if (d->pid_ == 0) {
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    dup2(fd, 2);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    perror("execv server/dmagatherd");
-    _exit(127);
-  }
-  for (int i = 0; i < 500; ++i) {
-    if (CanConnect(d->socket_)) return d;
-    int status;
-    if (waitpid(d->pid_, &status, WNOHANG) == d->pid_) {
-      std::cerr << "dmagatherd exited at start; log in " << log << "\n";
-      d->pid_ = -1;
-      return nullptr;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  std::cerr << "dmagatherd did not listen within 5 s\n";
-  return nullptr;
-}
-
-int DaemonProcess::Stop(int sig) {
-  if (pid_ <= 0) return -1;
-  kill(pid_, sig);
-  int status = 0;
-  waitpid(pid_, &status, 0);
-  pid_ = -1;
-  return status;
-}
-
-DaemonProcess::~DaemonProcess() {
-  if (pid_ > 0) {
-    const int status = Stop(SIGTERM);
-    // Under tools/test_asan.sh a daemon that found a memory error or a leak
-    // reports it at exit (non-zero status): fail the test with the report.
-    if (getenv("DMAGATHER_SANITIZER") != nullptr && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-      fprintf(stderr, "dmagatherd (%s) exited with status 0x%x after SIGTERM; its log:\n", socket_.c_str(), status);
-      const std::string cat = "tail -n 60 '" + dir_ + "/dmagatherd.log' >&2";
-      if (system(cat.c_str()) != 0) {
-      }
-      abort();
-    }
-  }
-  if (keep_dir_) return;
-  std::string cmd = "rm -rf '" + dir_ + "'";
-  if (system(cmd.c_str()) != 0) {
-  }
-}
 
 RankProcess::RankProcess(int rank, const std::function<int(int, const Reporter&)>& fn) {
   shared_ = mmap(nullptr, sizeof(SharedReport), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);

@@ -1,5 +1,6 @@
-// Integration-test harness: a real dmagatherd process on a private socket,
-// and real rank processes (fork) that report back through shared memory.
+// Integration-test harness: a real dmagatherd process on a private socket
+// (DaemonProcess, daemon_process.h), and real rank processes (fork) that
+// report back through shared memory.
 // The test process itself never touches gRPC (only its children do), so
 // forking is safe.
 #pragma once
@@ -11,32 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "tests/integration/daemon_process.h"
+
 namespace dmagather::testing {
-
-class DaemonProcess {
- public:
-  // Starts server/dmagatherd (from the test's runfiles) and waits until its
-  // socket accepts connections. nullptr (and a message on stderr) on failure.
-  // `dir`: the socket's directory (default: a fresh private one); a daemon
-  // started again in the same dir uses the same socket path.
-  static std::unique_ptr<DaemonProcess> Start(const std::vector<std::string>& flags = {},
-                                              const std::string& dir = "");
-  ~DaemonProcess();
-
-  const std::string& socket() const { return socket_; }
-  const std::string& dir() const { return dir_; }
-  pid_t pid() const { return pid_; }
-  // Sends `sig` and reaps the process; returns its exit status (waitpid form).
-  int Stop(int sig);
-  bool running() const { return pid_ > 0; }
-  // Keeps the directory when this object goes (another daemon uses it next).
-  void KeepDir() { keep_dir_ = true; }
-
- private:
-  std::string dir_, socket_;
-  pid_t pid_ = -1;
-  bool keep_dir_ = false;
-};
 
 struct RankReport {
   int exit_code = -1;  // Child exit status (128+signal when killed).

@@ -7,7 +7,7 @@
 namespace dmagather::server::engines::gpu {
 
 void ReleaseLog::Add(uint64_t base, uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   ranges_.emplace_back(base, bytes);
   pending_.store(true, std::memory_order_release);
 }
@@ -15,7 +15,7 @@ void ReleaseLog::Add(uint64_t base, uint64_t bytes) {
 bool ReleaseLog::Take(std::vector<std::pair<uint64_t, uint64_t>>* ranges) {
   ranges->clear();
   if (!pending_.load(std::memory_order_acquire)) return false;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   ranges->swap(ranges_);
   pending_.store(false, std::memory_order_relaxed);
   return !ranges->empty();

@@ -38,14 +38,15 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "server/engines/copy_engine.h"
 
 namespace dmagather::server::engines::gpu {
@@ -53,14 +54,14 @@ namespace dmagather::server::engines::gpu {
 // Address ranges whose memory is about to go (any thread).
 class ReleaseLog {
  public:
-  void Add(uint64_t base, uint64_t bytes);
+  void Add(uint64_t base, uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // The ranges added since the last call (issuing thread); false if none.
-  bool Take(std::vector<std::pair<uint64_t, uint64_t>>* ranges);
+  bool Take(std::vector<std::pair<uint64_t, uint64_t>>* ranges) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   std::atomic<bool> pending_{false};
-  std::mutex mu_;
-  std::vector<std::pair<uint64_t, uint64_t>> ranges_;  // [base, base + bytes).
+  absl::Mutex mu_;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges_ ABSL_GUARDED_BY(mu_);  // [base, base + bytes).
 };
 
 class CopyGraphCache {

@@ -48,6 +48,7 @@
 #include "common/cuda/cuda_api.h"
 #include "common/status.h"
 #include "server/engines/gpu/copy_graph_cache.h"
+#include "server/engines/gpu/cuda_graphs.h"
 #include "server/engines/gpu/gpu_engine.h"
 #include "server/engines/gpu/runtime.h"
 #include "server/engines/gpu/vmm_import.h"
@@ -58,10 +59,6 @@ namespace {
 using ::dmagather::common::cuda::CudaStatus;
 using ::dmagather::common::cuda::CuStatus;
 using ::dmagather::common::cuda::DriverApi;
-
-// Chains side by side for copy calls with chunks above the chain cap
-// (docs/PERFORMANCE.md, "Medium ops"); 0: those calls are issued as a batch.
-constexpr size_t kGraphLanes = 0;
 
 class CudaRuntime : public GpuRuntime {
  public:
@@ -392,7 +389,7 @@ class CudaRuntime : public GpuRuntime {
       auto is = std::make_unique<Issuing>();
       is->batch_copies_ok = batch;
       if (graphs) {
-        is->graphs = std::make_unique<CopyGraphCache>(GraphOps(), GraphOptions());
+        is->graphs = std::make_unique<CopyGraphCache>(CudaGraphOps(), CudaGraphOptions());
         releases_.push_back(is->graphs->releases());
       }
       issuing_.push_back(std::move(is));
@@ -426,62 +423,6 @@ class CudaRuntime : public GpuRuntime {
     loc->type = device < 0 ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
     loc->id = device < 0 ? 0 : device;
   }
-  // A graph of the chunks as memcpy nodes in `lanes` chains, chunk i after
-  // chunk i - lanes: a chain launches in ~1.2-2.3 us whatever its length,
-  // where independent nodes cost ~1 us each (the driver fans them out over
-  // internal streams), so lanes = 1 is cheapest and more lanes let large
-  // copies overlap.
-  static absl::StatusOr<CopyGraphCache::Graph> BuildGraph(const CopyCmd* chunks, size_t n, size_t lanes) {
-    cudaGraph_t g = nullptr;
-    DMAG_CUDA_RETURN_IF_ERROR(cudaGraphCreate(&g, 0));
-    std::vector<cudaGraphNode_t> nodes(n, nullptr);
-    cudaError_t err = cudaSuccess;
-    for (size_t i = 0; i < n && err == cudaSuccess; ++i) {
-      const cudaGraphNode_t* dep = i >= lanes ? &nodes[i - lanes] : nullptr;
-      err = cudaGraphAddMemcpyNode1D(&nodes[i], g, dep, dep != nullptr ? 1 : 0, chunks[i].dst, chunks[i].src,
-                                     chunks[i].bytes, cudaMemcpyDeviceToDevice);
-    }
-    cudaGraphExec_t exec = nullptr;
-    if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, g, 0);
-    cudaGraphDestroy(g);
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      return CudaStatus("cudaGraphAddMemcpyNode1D/cudaGraphInstantiate", err);
-    }
-    return static_cast<CopyGraphCache::Graph>(exec);
-  }
-  static CopyGraphCache::Ops GraphOps() {
-    CopyGraphCache::Ops ops;
-    ops.build = BuildGraph;
-    ops.launch = [](CopyGraphCache::Graph g, void* stream) {
-      cudaError_t err = cudaGraphLaunch(static_cast<cudaGraphExec_t>(g), static_cast<cudaStream_t>(stream));
-      if (err != cudaSuccess) cudaGetLastError();
-      return CudaStatus("cudaGraphLaunch(copies)", err);
-    };
-    // A graph still in flight is freed by the driver when it completes.
-    ops.destroy = [](CopyGraphCache::Graph g) { cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g)); };
-    return ops;
-  }
-  static CopyGraphCache::Options GraphOptions() {
-    CopyGraphCache::Options o;
-    // Largest chunk replayed (DMAGATHER_CUDA_GRAPH_MAX_KIB). Measured on one
-    // H200 (ranks sharing it): 4 KiB and 1 MiB copies issued and ran faster
-    // from a graph; with 16 MiB shards a chain took 2-3.5x longer end to end
-    // and with 64 MiB shards the p99 went from ~1.0 to 2.7 ms (a chain runs
-    // its copies one after another). Not yet measured with ranks on several
-    // GPUs (peer copies on copy engines).
-    if (const char* e = std::getenv("DMAGATHER_CUDA_GRAPH_MAX_KIB"); e != nullptr && std::atoll(e) > 0) {
-      o.max_chunk_bytes = uint64_t(std::atoll(e)) << 10;
-    }
-    // Calls with larger chunks: replayed as this many chains side by side
-    // (DMAGATHER_CUDA_GRAPH_LANES; 0: issued as a batch, docs/CUDA.md).
-    o.lanes = kGraphLanes;
-    if (const char* e = std::getenv("DMAGATHER_CUDA_GRAPH_LANES"); e != nullptr && *e != '\0') {
-      o.lanes = size_t(std::max(0LL, std::atoll(e)));
-    }
-    return o;
-  }
-
   // A device's issuing state: used only by that device's issuing thread.
   struct Issuing {
     std::vector<CUstreamBatchMemOpParams> memops;
@@ -510,37 +451,20 @@ class CudaRuntime : public GpuRuntime {
 // ---------------------------------------------------------------------------
 // Registration (server/engines/engine_registry.h): --backend=cuda, tried by
 // --backend=auto after hip. Kept apart from the runtime above.
-#include "server/engines/engine_registry.h"
-#include "server/engines/factory.h"
+#include "server/engines/gpu/gpu_backend.h"
 
 namespace dmagather::server::engines::gpu {
 namespace {
 
-EngineBackend CudaBackend() {
-  EngineBackend b;
-  b.name = "cuda";
-  b.priority = 200;
-  b.label = "CUDA";
-  b.unusable = "no usable CUDA GPU";
-  b.create = [](const EngineOptions& o) -> absl::StatusOr<std::unique_ptr<CopyEngine>> {
-    GpuEngine::Options go;
-    go.streams_per_device = o.streams_per_device;
-    go.parallel_issue = o.parallel_issue;
-    go.chunk_bytes = o.chunk_bytes;
-    if (const char* c = std::getenv("DMAGATHER_CUDA_CHUNK_MIB"); c != nullptr && std::atoi(c) > 0) {
-      go.chunk_bytes = uint64_t(std::atoi(c)) << 20;
-    }
-    DMAG_ASSIGN_OR_RETURN(std::unique_ptr<GpuRuntime> rt, CudaRuntime::Create());
-    DMAG_ASSIGN_OR_RETURN(std::unique_ptr<GpuEngine> engine, GpuEngine::Create(std::move(rt), go));
-    return std::unique_ptr<CopyEngine>(std::move(engine));
-  };
-  b.describe = [](const CopyEngine& e) {
-    return absl::StrCat(static_cast<const GpuEngine&>(e).num_devices(), " CUDA GPU(s)");
-  };
-  return b;
-}
-
-const EngineRegistration kCudaRegistration(CudaBackend());
+const EngineRegistration kCudaRegistration(GpuEngineBackend({
+    .name = "cuda",
+    .priority = 200,
+    .label = "CUDA",
+    .unusable = "no usable CUDA GPU",
+    .devices = "CUDA GPU(s)",
+    .create_runtime = [] { return CudaRuntime::Create(); },
+    .chunk_mib_env = "DMAGATHER_CUDA_CHUNK_MIB",
+}));
 
 }  // namespace
 }  // namespace dmagather::server::engines::gpu

@@ -1,3 +1,6 @@
+// GpuEngine (gpu_engine.h): set-up, devices, imports and ranks, stop, stats
+// and the ring's staging. The per-op path - gate, route, issue, complete -
+// is in gpu_engine_issue.cc.
 #include "server/engines/gpu/gpu_engine.h"
 
 #include <glog/logging.h>
@@ -16,11 +19,10 @@
 #include "common/cpu_relax.h"
 #include "common/futex.h"
 #include "common/status.h"
+#include "server/engines/gpu/gpu_rank.h"
 
 namespace dmagather::server::engines::gpu {
 namespace {
-
-using common::CpuRelax;
 
 // A rank's allocation opened through the runtime's IPC; closed with the
 // last reference (which may outlive the engine: it shares the runtime).
@@ -39,51 +41,6 @@ class IpcRegion : public ImportedRegion {
   const int device_;
 };
 
-// A rank on this engine: its device (the daemon's number, and the rank's
-// own), its completion block registered with the runtime (streams read the
-// ready flag at `ready_flag`; the CPU gate reads `ready_word`);
-// unregistered when the rank is released.
-class GpuRank : public EngineRank {
- public:
-  GpuRank(std::shared_ptr<GpuRuntime> rt, int device, int rank_ordinal, void* pages, uint64_t ready_flag,
-          const uint32_t* ready_word)
-      : rt_(std::move(rt)),
-        device_(device),
-        rank_ordinal_(rank_ordinal),
-        pages_(pages),
-        ready_flag_(ready_flag),
-        ready_word_(ready_word) {}
-  ~GpuRank() override { rt_->UnregisterFlags(pages_); }
-  int device() const { return device_; }
-  int rank_ordinal() const { return rank_ordinal_; }
-  uint64_t ready_flag() const { return ready_flag_; }
-  const uint32_t* ready_word() const { return ready_word_; }
-
- private:
-  const std::shared_ptr<GpuRuntime> rt_;
-  const int device_;
-  const int rank_ordinal_;
-  void* const pages_;
-  const uint64_t ready_flag_;
-  const uint32_t* const ready_word_;
-};
-
-const GpuRank* AsGpu(const EngineRank* r) { return static_cast<const GpuRank*>(r); }
-
-// The other end of a copy issued on `device` (its link), or `device` itself.
-int LinkPeer(const CopyCmd& c, int device) { return c.src_device == device ? c.dst_device : c.src_device; }
-
-// Backs off while polling: spin (latency: a sleep costs ~60 us of timer
-// slack), yield after 200 us, sleep between polls only after 5 ms.
-void Backoff(uint64_t waited_ns) {
-  if (waited_ns < 200'000) {
-    for (int i = 0; i < 32; ++i) CpuRelax();
-  } else if (waited_ns < 5'000'000) {
-    sched_yield();
-  } else {
-    usleep(50);
-  }
-}
 
 }  // namespace
 
@@ -117,6 +74,10 @@ absl::Status GpuEngine::Init() {
   GpuRuntime& rt = *runtime_;
   devices_.resize(num_devices_);
   issued_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(num_devices_);
+  {
+    absl::MutexLock lock(&pool_mu_);
+    free_end_.resize(num_devices_);
+  }
   for (int d = 0; d < num_devices_; ++d) issued_bytes_[d].store(0, std::memory_order_relaxed);
   const int ns = streams_per_device_;
   for (int d = 0; d < num_devices_; ++d) {
@@ -132,7 +93,8 @@ absl::Status GpuEngine::Init() {
     DMAG_ASSIGN_OR_RETURN(dev.gate, rt.CreateEvent(d));
     for (int i = 0; i < 64; ++i) {
       DMAG_ASSIGN_OR_RETURN(GpuEvent e, rt.CreateEvent(d));
-      dev.free_end.push_back(e);
+      absl::MutexLock lock(&pool_mu_);
+      free_end_[d].push_back(e);
     }
     dev.copies.reserve(64);
     dev.stream_used.resize(ns);
@@ -141,7 +103,10 @@ absl::Status GpuEngine::Init() {
   rt.UsePeers(peers_);
   involved_.resize(num_devices_);
   tracks_ = std::vector<OpTrack>(kTracks);
-  for (OpTrack& t : tracks_) free_tracks_.push_back(&t);
+  {
+    absl::MutexLock lock(&tracks_mu_);
+    for (OpTrack& t : tracks_) free_tracks_.push_back(&t);
+  }
   LOG(INFO) << name() << " engine: " << num_devices_ << " device(s), " << ns << " streams each, chunks of "
             << chunk_bytes_ << " bytes (cap " << rt.max_transfer_bytes() << "), " << options_.max_batch
             << " chunks per copy call, ready flags waited on " << (rt.device_waits() ? "the device" : "the CPU")
@@ -149,18 +114,23 @@ absl::Status GpuEngine::Init() {
             << rt.Describe();
   for (int d = 0; d < num_devices_; ++d) {
     completions_.push_back(std::make_unique<Completion>());
+    absl::MutexLock lock(&completions_.back()->mu);
     completions_.back()->ring.resize(kShareSlots);
   }
   for (int d = 0; d < num_devices_; ++d) completions_[d]->thread = std::thread([this, d] { CompletionLoop(d); });
   if (parallel_issue_) {
     for (Device& dev : devices_) {
       dev.issuer = std::make_unique<Issuer>();
+      absl::MutexLock lock(&dev.issuer->mu);
       dev.issuer->ring.resize(kIssueSlots);
     }
     for (int d = 0; d < num_devices_; ++d) devices_[d].issuer->thread = std::thread([this, d] { IssuerLoop(d); });
   }
   if (!rt.device_waits()) {
-    gate_ring_.resize(kGateSlots);
+    {
+      absl::MutexLock lock(&issue_mu_);
+      gate_ring_.resize(kGateSlots);
+    }
     gate_thread_ = std::thread([this] { GateLoop(); });
   }
   return absl::OkStatus();
@@ -288,7 +258,7 @@ GpuEngine::~GpuEngine() {
     for (GpuEvent e : dev.joins) {
       if (e != nullptr) runtime_->DestroyEvent(dev.ordinal, e);
     }
-    for (GpuEvent e : dev.free_end) runtime_->DestroyEvent(dev.ordinal, e);
+    for (GpuEvent e : free_end_[dev.ordinal]) runtime_->DestroyEvent(dev.ordinal, e);
     if (dev.gate != nullptr) runtime_->DestroyEvent(dev.ordinal, dev.gate);
   }
 }
@@ -306,7 +276,7 @@ absl::StatusOr<std::shared_ptr<ImportedRegion>> GpuEngine::Import(const RegionSp
     return absl::InvalidArgumentError(absl::StrCat(runtime_->label(), " IPC handle has ", spec.handle.size(),
                                                    " bytes, expected ", runtime_->ipc_handle_bytes()));
   }
-  std::lock_guard<std::mutex> lock(import_mu_);
+  absl::MutexLock lock(&import_mu_);
   auto it = imports_.find(spec.handle);
   if (it != imports_.end()) {
     if (auto region = it->second.lock(); region != nullptr && region->bytes() >= spec.bytes) return region;
@@ -337,409 +307,6 @@ absl::StatusOr<std::unique_ptr<EngineRank>> GpuEngine::AttachRank(const RankAtta
   DMAG_ASSIGN_OR_RETURN(uint64_t flag, runtime_->RegisterFlags(device, a.flag_pages, a.flag_bytes, a.ready_word));
   return std::unique_ptr<EngineRank>(
       new GpuRank(runtime_, device, a.device.ordinal, a.flag_pages, flag, a.ready_word));
-}
-
-GpuEvent GpuEngine::TakeEndEvent(Device& dev) {
-  {
-    std::lock_guard<std::mutex> lock(pool_mu_);
-    if (!dev.free_end.empty()) {
-      GpuEvent e = dev.free_end.back();
-      dev.free_end.pop_back();
-      return e;
-    }
-  }
-  auto e = runtime_->CreateEvent(dev.ordinal);
-  return e.ok() ? *e : nullptr;
-}
-
-bool GpuEngine::RanksReady(const EngineOp& op) {
-  if (op.ready_observed) return true;  // A graph replay: the ingress thread saw the flags.
-  for (const EngineRank* r : op.ranks) {
-    if (r == nullptr) continue;
-    const uint32_t* w = AsGpu(r)->ready_word();
-    if (w == nullptr) continue;
-    const uint32_t v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
-    if (static_cast<int32_t>(v - op.seq) < 0) return false;
-  }
-  return true;
-}
-
-absl::Status GpuEngine::WaitReady(Device& dev, const EngineOp& op) {
-  if (!runtime_->device_waits()) return absl::OkStatus();  // Gated on the CPU before Issue.
-  // Every flag already at the op (a graph replay, or the ranks' streams
-  // wrote them before the last descriptor came): the device wait would pass
-  // at once; skip the driver call. The flag writes follow the producers'
-  // work in the ranks' streams, so the inputs are complete, as for the CPU
-  // gate.
-  if (RanksReady(op)) {
-    ready_seen_.fetch_add(1, std::memory_order_relaxed);
-    return absl::OkStatus();
-  }
-  dev.flags.clear();
-  for (const EngineRank* r : op.ranks) {
-    const uint64_t addr = r != nullptr ? AsGpu(r)->ready_flag() : 0;
-    if (addr != 0) dev.flags.push_back(addr);
-  }
-  if (dev.flags.empty()) return absl::OkStatus();
-  return runtime_->WaitValues(dev.ordinal, dev.streams[0], dev.flags.data(), dev.flags.size(), op.seq);
-}
-
-absl::Status GpuEngine::EnqueueDevice(Device& dev, const EngineOp& op, GpuEvent* end) {
-  GpuRuntime& rt = *runtime_;
-  *end = nullptr;
-  DMAG_RETURN_IF_ERROR(rt.SetDevice(dev.ordinal));
-  WavePlanOptions wo;
-  wo.chunk_bytes = chunk_bytes_;
-  // Small ops stay on stream 0 (fewer calls = lower hop latency); a stream
-  // is added per chunk_bytes of payload, and one per peer link when the
-  // share reads (or writes) several peers, so that every link runs at once
-  // (a stream - and a copy graph's chain - runs its copies one after
-  // another), up to streams_per_device.
-  uint64_t dev_bytes = 0;
-  uint64_t peer_mask = 0;  // Devices beyond 64 share bit 63: only the count matters.
-  for (const CopyCmd& c : dev.copies) {
-    dev_bytes += c.bytes;
-    const int peer = LinkPeer(c, dev.ordinal);
-    if (peer != dev.ordinal && peer >= 0) peer_mask |= uint64_t{1} << std::min(peer, 63);
-  }
-  const int links = __builtin_popcountll(peer_mask);
-  wo.streams = static_cast<int>(std::min<uint64_t>(
-      streams_per_device_, std::max<uint64_t>({1, dev_bytes / wo.chunk_bytes, uint64_t(links)})));
-  wo.stream_per_link = links > 1;
-  wo.device = dev.ordinal;
-  wo.max_batch = options_.max_batch;
-  wo.world_size = static_cast<int>(op.ranks.size());
-  std::vector<CopyCmd>& chunks = dev.chunks;
-  PlanWaves(dev.copies, wo, &chunks, &dev.batches);
-  chunks_stat_.fetch_add(chunks.size(), std::memory_order_relaxed);
-  GpuStream s0 = dev.streams[0];
-  const uint64_t t_plan = common::MonotonicNs();
-  absl::Status st = WaitReady(dev, op);
-  const uint64_t t_waits = common::MonotonicNs();
-  memops_ns_.Record(t_waits - t_plan);
-  if (st.ok()) {
-    std::vector<char>& used = dev.stream_used;
-    std::fill(used.begin(), used.end(), 0);
-    for (const WaveBatch& b : dev.batches) used[b.stream] = 1;
-    bool fan_out = false;
-    for (size_t s = 1; s < used.size(); ++s) fan_out |= used[s] != 0;
-    if (fan_out) {
-      st.Update(rt.RecordEvent(dev.gate, s0));
-      for (size_t s = 1; st.ok() && s < used.size(); ++s) {
-        if (used[s]) st.Update(rt.StreamWaitEvent(dev.streams[s], dev.gate));
-      }
-    }
-    const uint64_t t_copies = common::MonotonicNs();
-    for (const WaveBatch& b : dev.batches) {
-      if (!st.ok()) break;
-      st.Update(rt.Copy(dev.ordinal, dev.streams[b.stream], chunks.data() + b.begin, b.end - b.begin));
-    }
-    copies_ns_.Record(common::MonotonicNs() - t_copies);
-    // Join every stream back into stream 0 (also after an error: the end
-    // event must follow everything that was enqueued).
-    for (size_t s = 1; fan_out && s < used.size(); ++s) {
-      if (!used[s]) continue;
-      st.Update(rt.RecordEvent(dev.joins[s], dev.streams[s]));
-      st.Update(rt.StreamWaitEvent(s0, dev.joins[s]));
-    }
-  }
-  GpuEvent e = TakeEndEvent(dev);
-  if (e == nullptr) {
-    st.Update(absl::ResourceExhaustedError("no event for the end of an op"));
-    return st;
-  }
-  absl::Status rs = rt.RecordEvent(e, s0);
-  if (!rs.ok()) {
-    st.Update(rs);
-    std::lock_guard<std::mutex> lock(pool_mu_);
-    dev.free_end.push_back(e);
-    return st;
-  }
-  *end = e;
-  return st;
-}
-
-void GpuEngine::Execute(EngineOp* op) {
-  ops_.fetch_add(1, std::memory_order_relaxed);
-  bytes_.fetch_add(op->plan.bytes, std::memory_order_relaxed);
-  if (op->plan.copies.empty()) {  // Nothing to move (one rank in place, or count 0).
-    op->OnEngineDone(absl::OkStatus());
-    return;
-  }
-  if (runtime_->device_waits()) {
-    Issue(op);
-    return;
-  }
-  // CPU gating: issue now when nothing waits before it and its ranks are
-  // ready; else queue it for the gate thread (in order).
-  std::unique_lock<std::mutex> lock(issue_mu_);
-  if (gate_head_ == gate_tail_ && RanksReady(*op) && !abandon_.load()) {
-    Issue(op);
-    return;
-  }
-  if (gate_tail_ - gate_head_ >= kGateSlots) {  // Back-pressure: the gate is full.
-    gate_cv_.wait(lock, [&] { return gate_tail_ - gate_head_ < kGateSlots; });
-  }
-  gate_ring_[gate_tail_ % kGateSlots] = op;
-  ++gate_tail_;
-  lock.unlock();
-  gate_cv_.notify_all();
-}
-
-void GpuEngine::GateLoop() {
-  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-  std::unique_lock<std::mutex> lock(issue_mu_);
-  uint64_t t0 = 0;
-  for (;;) {
-    gate_cv_.wait(lock, [&] { return gate_head_ != gate_tail_ || stopping_.load(); });
-    if (gate_head_ == gate_tail_) return;  // Stopping and drained.
-    EngineOp* op = gate_ring_[gate_head_ % kGateSlots];
-    if (abandon_.load()) {
-      ++gate_head_;
-      gate_cv_.notify_all();
-      lock.unlock();
-      op->OnEngineDone(absl::UnavailableError(
-          "dmagatherd stopped while the op waited for its ranks' ready flags"));
-      lock.lock();
-      continue;
-    }
-    if (RanksReady(*op)) {
-      ++gate_head_;
-      gate_cv_.notify_all();
-      Issue(op);
-      t0 = 0;
-      continue;
-    }
-    if (t0 == 0) t0 = common::MonotonicNs();
-    lock.unlock();
-    Backoff(common::MonotonicNs() - t0);
-    lock.lock();
-  }
-}
-
-void GpuEngine::Issue(EngineOp* op) {
-  const uint64_t t_start = common::MonotonicNs();
-  absl::Status st;
-  std::fill(involved_.begin(), involved_.end(), 0);
-  uint64_t same = 0, pushes = 0;
-  const int n = static_cast<int>(op->ranks.size());
-  // Route: every copy's devices, and the device that issues it.
-  for (CopyCmd& c : op->plan.copies) {
-    const int dd = c.dst_rank < n && op->ranks[c.dst_rank] != nullptr ? AsGpu(op->ranks[c.dst_rank])->device() : -1;
-    const int sd = c.src_rank < n && op->ranks[c.src_rank] != nullptr ? AsGpu(op->ranks[c.src_rank])->device() : -1;
-    if (dd < 0 || dd >= num_devices_) {
-      st = absl::InternalError(absl::StrCat("rank ", c.dst_rank, " has no ", runtime_->label(),
-                                            " device known to the engine"));
-      break;
-    }
-    c.src_device = sd;
-    c.dst_device = dd;
-    const int on = IssuingDevice(sd, dd);
-    if (on < 0) {
-      st = common::FallbackError(absl::StrCat(
-          "rank ", c.src_rank, " (device ", sd, ") and rank ", c.dst_rank, " (device ", dd,
-          ") are on GPUs that reach each other neither way (", peers_.why(dd, sd), "), so no copy engine can move "
-          "bytes between them"));
-      break;
-    }
-    involved_[on] = 1;
-    if (sd == dd) {
-      ++same;
-    } else if (on != dd) {
-      ++pushes;
-    }
-  }
-  if (same != 0) {
-    same_device_.fetch_add(same, std::memory_order_relaxed);
-    std::call_once(same_device_logged_, [] {
-      LOG(WARNING) << "ranks share a GPU: their AllGather copies are same-device copies, which the driver runs on "
-                      "SMs/CUs (not DMA engines) when issued from dmagatherd; they time-slice with the ranks' "
-                      "kernels. Counted as fallback 'same_device_copy_on_sm'. Run one rank per GPU to avoid it.";
-    });
-  }
-  if (pushes != 0) pushes_.fetch_add(pushes, std::memory_order_relaxed);
-  // Track the op (back-pressure if completions lag); the caller holds one
-  // share of it, and each issuing device one, until its copies are
-  // enqueued (then its completion holds it).
-  OpTrack* t = TakeTrack();
-  t->op = op;
-  t->status = st;
-  t->open.store(1, std::memory_order_relaxed);
-  if (st.ok()) {
-    for (int d = 0; d < num_devices_; ++d) {
-      if (involved_[d]) t->open.fetch_add(1, std::memory_order_relaxed);
-    }
-    for (Device& dev : devices_) {
-      if (!involved_[dev.ordinal]) continue;
-      if (!parallel_issue_) {
-        IssueShare(dev, t);
-        continue;
-      }
-      Issuer& q = *dev.issuer;
-      bool wake = false;
-      {
-        std::unique_lock<std::mutex> lock(q.mu);
-        q.space_cv.wait(lock, [&] { return q.tail - q.head < kIssueSlots; });
-        q.ring[q.tail % kIssueSlots] = t;
-        ++q.tail;
-        q.posted.store(q.tail, std::memory_order_release);
-        wake = q.sleeping;
-      }
-      if (wake) q.cv.notify_one();
-    }
-  }
-  execute_ns_.Record(common::MonotonicNs() - t_start);
-  CloseShare(t, absl::OkStatus());  // The caller's own share: may complete the op here.
-}
-
-void GpuEngine::IssueShare(Device& dev, OpTrack* t) {
-  const EngineOp& op = *t->op;
-  dev.copies.clear();
-  for (const CopyCmd& c : op.plan.copies) {
-    if (IssuingDevice(c.src_device, c.dst_device) == dev.ordinal) dev.copies.push_back(c);
-  }
-  GpuEvent end = nullptr;
-  absl::Status st;
-  if (abandon_.load(std::memory_order_relaxed)) {
-    st = absl::UnavailableError("dmagatherd stopped before the op's copies were issued");
-  } else {
-    st = EnqueueDevice(dev, op, &end);
-    if (st.ok()) {
-      uint64_t bytes = 0;
-      for (const CopyCmd& c : dev.copies) bytes += c.bytes;
-      issued_bytes_[dev.ordinal].fetch_add(bytes, std::memory_order_relaxed);
-    }
-  }
-  if (end != nullptr) {
-    Completion& c = *completions_[dev.ordinal];
-    t->open.fetch_add(1, std::memory_order_acq_rel);
-    bool wake = false;
-    {
-      std::unique_lock<std::mutex> lock(c.mu);
-      c.space_cv.wait(lock, [&] { return c.tail - c.head < kShareSlots; });
-      c.ring[c.tail % kShareSlots] = Share{t, end};
-      ++c.tail;
-      c.posted.store(c.tail, std::memory_order_release);
-      wake = c.sleeping;
-    }
-    if (wake) c.cv.notify_one();
-  }
-  CloseShare(t, st);
-}
-
-void GpuEngine::IssuerLoop(int device) {
-  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-  runtime_->BindThread(device);
-  Device& dev = devices_[device];
-  Issuer& q = *dev.issuer;
-  uint64_t head = 0;  // q.head, as this thread (its only writer) last set it.
-  for (;;) {
-    // As CompletionLoop: poll a while before sleeping, so that the router
-    // need not wake this thread between the ops of a burst.
-    const uint64_t idle_since = common::MonotonicNs();
-    while (q.posted.load(std::memory_order_acquire) == head && !stopping_.load(std::memory_order_relaxed) &&
-           common::MonotonicNs() - idle_since < kCompletionSpinNs) {
-      sched_yield();
-    }
-    OpTrack* t = nullptr;
-    {
-      std::unique_lock<std::mutex> lock(q.mu);
-      q.sleeping = true;
-      q.cv.wait(lock, [&] { return q.head != q.tail || stopping_.load(); });
-      q.sleeping = false;
-      if (q.head == q.tail) return;  // Stopping and drained.
-      t = q.ring[q.head % kIssueSlots];
-    }
-    IssueShare(dev, t);
-    {
-      std::lock_guard<std::mutex> lock(q.mu);
-      head = ++q.head;
-    }
-    q.space_cv.notify_one();
-  }
-}
-
-GpuEngine::OpTrack* GpuEngine::TakeTrack() {
-  std::unique_lock<std::mutex> lock(tracks_mu_);
-  tracks_cv_.wait(lock, [this] { return !free_tracks_.empty(); });
-  OpTrack* t = free_tracks_.back();
-  free_tracks_.pop_back();
-  return t;
-}
-
-void GpuEngine::CloseShare(OpTrack* t, const absl::Status& st) {
-  if (!st.ok()) {
-    std::lock_guard<std::mutex> lock(t->mu);
-    t->status.Update(st);
-  }
-  if (t->open.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  EngineOp* op = t->op;
-  absl::Status status;
-  {
-    std::lock_guard<std::mutex> lock(t->mu);
-    status = std::move(t->status);
-    t->status = absl::OkStatus();
-  }
-  {
-    std::lock_guard<std::mutex> lock(tracks_mu_);
-    free_tracks_.push_back(t);
-  }
-  tracks_cv_.notify_one();
-  const uint64_t t_seen = common::MonotonicNs();
-  op->OnEngineDone(status);
-  complete_ns_.Record(common::MonotonicNs() - t_seen);
-}
-
-void GpuEngine::CompletionLoop(int device) {
-  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // 1 us: short sleeps stay short.
-  runtime_->BindThread(device);
-  Completion& c = *completions_[device];
-  uint64_t head = 0;  // c.head, as this thread (its only writer) last set it.
-  for (;;) {
-    // Ops come in bursts: poll a while for the next share so that the
-    // issuer need not wake this thread (kCompletionSpinNs), yielding the
-    // core between polls (on a busy machine the copies' own threads, or the
-    // ranks, need it more), then sleep.
-    const uint64_t idle_since = common::MonotonicNs();
-    while (c.posted.load(std::memory_order_acquire) == head && !stopping_.load(std::memory_order_relaxed) &&
-           common::MonotonicNs() - idle_since < kCompletionSpinNs) {
-      sched_yield();
-    }
-    Share sh;
-    {
-      std::unique_lock<std::mutex> lock(c.mu);
-      c.sleeping = true;
-      c.cv.wait(lock, [&] { return c.head != c.tail || stopping_.load(); });
-      c.sleeping = false;
-      if (c.head == c.tail) return;  // Stopping and drained.
-      sh = c.ring[c.head % kShareSlots];
-    }
-    absl::Status st;
-    const uint64_t t0 = common::MonotonicNs();
-    for (;;) {
-      absl::StatusOr<bool> done = runtime_->QueryEvent(sh.end);
-      if (!done.ok()) {
-        st = done.status();
-        break;
-      }
-      if (*done) break;
-      if (abandon_.load(std::memory_order_relaxed)) {
-        st = absl::UnavailableError("dmagatherd stopped while the op's copies were still queued");
-        break;
-      }
-      Backoff(common::MonotonicNs() - t0);
-    }
-    {
-      std::lock_guard<std::mutex> lock(pool_mu_);
-      devices_[device].free_end.push_back(sh.end);
-    }
-    {
-      std::lock_guard<std::mutex> lock(c.mu);
-      head = ++c.head;
-    }
-    c.space_cv.notify_one();
-    CloseShare(sh.track, st);
-  }
 }
 
 void GpuEngine::Stop() {
@@ -773,45 +340,45 @@ void GpuEngine::Stop() {
   };
   if (gate_thread_.joinable()) {
     drained([&] {
-      std::lock_guard<std::mutex> lock(issue_mu_);
+      absl::MutexLock lock(&issue_mu_);
       return gate_head_ == gate_tail_;
     });
   }
   for (Device& dev : devices_) {
     if (dev.issuer == nullptr || abandon_.load()) continue;
     drained([&] {
-      std::lock_guard<std::mutex> lock(dev.issuer->mu);
+      absl::MutexLock lock(&dev.issuer->mu);
       return dev.issuer->head == dev.issuer->tail;
     });
   }
   for (auto& c : completions_) {
     if (abandon_.load()) break;
     drained([&] {
-      std::lock_guard<std::mutex> lock(c->mu);
+      absl::MutexLock lock(&c->mu);
       return c->head == c->tail;
     });
   }
   stopping_.store(true);
   if (gate_thread_.joinable()) {
     {
-      std::lock_guard<std::mutex> lock(issue_mu_);
+      absl::MutexLock lock(&issue_mu_);
     }
-    gate_cv_.notify_all();
+    gate_cv_.SignalAll();
     gate_thread_.join();
   }
   for (Device& dev : devices_) {
     if (dev.issuer == nullptr) continue;
     {
-      std::lock_guard<std::mutex> lock(dev.issuer->mu);
+      absl::MutexLock lock(&dev.issuer->mu);
     }
-    dev.issuer->cv.notify_all();
+    dev.issuer->cv.SignalAll();
     if (dev.issuer->thread.joinable()) dev.issuer->thread.join();
   }
   for (auto& c : completions_) {
     {
-      std::lock_guard<std::mutex> lock(c->mu);
+      absl::MutexLock lock(&c->mu);
     }
-    c->cv.notify_all();
+    c->cv.SignalAll();
     if (c->thread.joinable()) c->thread.join();
   }
 }

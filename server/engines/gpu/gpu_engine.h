@@ -48,19 +48,21 @@
 // device or parallel_issue is off); for an op whose ranks are not all ready
 // yet (CPU gating) the gate thread does the same (issue_mu_ makes the two
 // take turns and keeps the order); OnEngineDone on a device's completion
-// thread (or where the op was issued when nothing was enqueued).
+// thread (or where the op was issued when nothing was enqueued). The
+// annotations below say which mutex guards what (clang checks them).
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
+#include <mutex>  // std::once_flag
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/latency_histogram.h"
 #include "server/engines/copy_engine.h"
 #include "server/engines/gpu/peer_table.h"
@@ -87,9 +89,10 @@ class GpuEngine : public CopyEngine {
   ~GpuEngine() override;
 
   const char* name() const override { return runtime_->name(); }
-  absl::StatusOr<std::shared_ptr<ImportedRegion>> Import(const RegionSpec& spec) override;
-  void Execute(EngineOp* op) override;
-  void Stop() override;
+  absl::StatusOr<std::shared_ptr<ImportedRegion>> Import(const RegionSpec& spec) override
+      ABSL_LOCKS_EXCLUDED(import_mu_);
+  void Execute(EngineOp* op) override ABSL_LOCKS_EXCLUDED(issue_mu_);
+  void Stop() override ABSL_LOCKS_EXCLUDED(issue_mu_);
   EngineStats stats() const override;
   absl::StatusOr<void*> AllocStaging(uint64_t bytes) override { return runtime_->AllocPinned(bytes); }
   void FreeStaging(void* host) override { runtime_->FreePinned(host); }
@@ -116,17 +119,18 @@ class GpuEngine : public CopyEngine {
   struct OpTrack {
     EngineOp* op = nullptr;
     std::atomic<int> open{0};
-    std::mutex mu;
-    absl::Status status;
+    absl::Mutex mu;
+    absl::Status status ABSL_GUARDED_BY(mu);
   };
   // A device's issuing thread and its FIFO of ops to issue (parallel_issue).
   struct Issuer {
-    std::mutex mu;
-    std::condition_variable cv;        // Work arrived / stop.
-    std::condition_variable space_cv;  // A slot was freed.
-    std::vector<OpTrack*> ring;
-    uint64_t head = 0, tail = 0;
-    bool sleeping = false;             // As Completion::sleeping.
+    absl::Mutex mu;
+    absl::CondVar cv;        // Work arrived / stop.
+    absl::CondVar space_cv;  // A slot was freed.
+    std::vector<OpTrack*> ring ABSL_GUARDED_BY(mu);
+    uint64_t head ABSL_GUARDED_BY(mu) = 0;
+    uint64_t tail ABSL_GUARDED_BY(mu) = 0;
+    bool sleeping ABSL_GUARDED_BY(mu) = false;  // As Completion::sleeping.
     std::atomic<uint64_t> posted{0};
     std::thread thread;
   };
@@ -135,7 +139,6 @@ class GpuEngine : public CopyEngine {
     std::vector<GpuStream> streams;
     GpuEvent gate = nullptr;            // Recorded on streams[0] after the ready waits.
     std::vector<GpuEvent> joins;        // Per stream: its copies, joined into streams[0].
-    std::vector<GpuEvent> free_end;     // Pool of end events (under pool_mu_).
     // Issuing scratch, used only by whoever issues this device's shares
     // (its issuer thread, or the one thread that issues every device).
     std::vector<CopyCmd> copies;        // This device's copies of the op.
@@ -152,16 +155,17 @@ class GpuEngine : public CopyEngine {
   };
   // A device's FIFO of shares and the thread that completes them.
   struct Completion {
-    std::mutex mu;
-    std::condition_variable cv;        // Work arrived / stop.
-    std::condition_variable space_cv;  // A slot was freed.
-    std::vector<Share> ring;
-    uint64_t head = 0, tail = 0;
+    absl::Mutex mu;
+    absl::CondVar cv;        // Work arrived / stop.
+    absl::CondVar space_cv;  // A slot was freed.
+    std::vector<Share> ring ABSL_GUARDED_BY(mu);
+    uint64_t head ABSL_GUARDED_BY(mu) = 0;
+    uint64_t tail ABSL_GUARDED_BY(mu) = 0;
     // The thread waits on `cv` (the issuer must notify: a futex call on the
     // hop) only after kCompletionSpinNs without work; until then it polls
     // `posted` (tail, published), yielding between polls, and the issuer
     // skips the notify.
-    bool sleeping = false;
+    bool sleeping ABSL_GUARDED_BY(mu) = false;
     std::atomic<uint64_t> posted{0};
     std::thread thread;
   };
@@ -189,16 +193,16 @@ class GpuEngine : public CopyEngine {
   // was already enqueued).
   absl::Status EnqueueDevice(Device& dev, const EngineOp& op, GpuEvent* end);
   absl::Status WaitReady(Device& dev, const EngineOp& op);
-  void IssuerLoop(int device);
+  void IssuerLoop(int device) ABSL_LOCKS_EXCLUDED(issue_mu_);
   // Every rank's ready flag has reached op.seq (read on the CPU).
   static bool RanksReady(const EngineOp& op);
-  GpuEvent TakeEndEvent(Device& dev);
-  OpTrack* TakeTrack();
+  GpuEvent TakeEndEvent(Device& dev) ABSL_LOCKS_EXCLUDED(pool_mu_);
+  OpTrack* TakeTrack() ABSL_LOCKS_EXCLUDED(tracks_mu_);
   // Records `st` (if an error) and closes one share of the track; the last
   // close completes the op.
-  void CloseShare(OpTrack* t, const absl::Status& st);
-  void CompletionLoop(int device);
-  void GateLoop();
+  void CloseShare(OpTrack* t, const absl::Status& st) ABSL_LOCKS_EXCLUDED(tracks_mu_);
+  void CompletionLoop(int device) ABSL_LOCKS_EXCLUDED(pool_mu_);
+  void GateLoop() ABSL_LOCKS_EXCLUDED(issue_mu_);
 
   // Shared with the imported regions and ranks, which may outlive the engine.
   const std::shared_ptr<GpuRuntime> runtime_;
@@ -212,32 +216,37 @@ class GpuEngine : public CopyEngine {
   PeerTable peers_;
 
   // Routing scratch (Issue: the ingress or gate thread, under issue_mu_
-  // when the gate thread runs).
-  std::mutex issue_mu_;
+  // when the gate thread runs; so not annotated: with device waits there is
+  // no gate thread and Issue runs on the ingress thread alone).
+  absl::Mutex issue_mu_;
   std::vector<char> involved_;
 
   // CPU gating (runtimes without device waits): ops waiting for their
-  // ranks' ready flags, in order (under issue_mu_).
-  std::vector<EngineOp*> gate_ring_;
-  uint64_t gate_head_ = 0, gate_tail_ = 0;
-  std::condition_variable gate_cv_;
+  // ranks' ready flags, in order.
+  std::vector<EngineOp*> gate_ring_ ABSL_GUARDED_BY(issue_mu_);
+  uint64_t gate_head_ ABSL_GUARDED_BY(issue_mu_) = 0;
+  uint64_t gate_tail_ ABSL_GUARDED_BY(issue_mu_) = 0;
+  absl::CondVar gate_cv_;  // An op was gated / left the gate / stopping.
   std::thread gate_thread_;
 
-  std::mutex pool_mu_;
+  // Per device: its pool of end events (taken by the issuer, returned by
+  // the completion thread).
+  absl::Mutex pool_mu_;
+  std::vector<std::vector<GpuEvent>> free_end_ ABSL_GUARDED_BY(pool_mu_);
 
   // Per-device completion FIFOs (index = device) and the OpTrack pool.
   std::vector<std::unique_ptr<Completion>> completions_;
   std::vector<OpTrack> tracks_;
-  std::mutex tracks_mu_;
-  std::condition_variable tracks_cv_;
-  std::vector<OpTrack*> free_tracks_;
+  absl::Mutex tracks_mu_;
+  absl::CondVar tracks_cv_;  // A track was freed.
+  std::vector<OpTrack*> free_tracks_ ABSL_GUARDED_BY(tracks_mu_);
   std::atomic<bool> stopping_{false};
   std::atomic<bool> abandon_{false};  // Stop gave up waiting for the GPU.
   std::atomic<bool> stopped_{false};
 
   // The import cache: opened IPC handles, by handle bytes.
-  std::mutex import_mu_;
-  std::map<std::string, std::weak_ptr<ImportedRegion>> imports_;
+  absl::Mutex import_mu_;
+  std::map<std::string, std::weak_ptr<ImportedRegion>> imports_ ABSL_GUARDED_BY(import_mu_);
 
   std::atomic<uint64_t> ops_{0}, bytes_{0}, chunks_stat_{0}, same_device_{0}, pushes_{0};
   // Bytes each device's streams were given to copy (which GPU ran each

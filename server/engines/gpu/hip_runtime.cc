@@ -328,34 +328,19 @@ class HipRuntime : public GpuRuntime {
 // ---------------------------------------------------------------------------
 // Registration (server/engines/engine_registry.h): --backend=hip, the first
 // choice of --backend=auto. Kept apart from the runtime above.
-#include "server/engines/engine_registry.h"
-#include "server/engines/factory.h"
+#include "server/engines/gpu/gpu_backend.h"
 
 namespace dmagather::server::engines::gpu {
 namespace {
 
-EngineBackend HipBackend() {
-  EngineBackend b;
-  b.name = "hip";
-  b.priority = 300;
-  b.label = "HIP";
-  b.unusable = "no usable AMD GPU";
-  b.create = [](const EngineOptions& o) -> absl::StatusOr<std::unique_ptr<CopyEngine>> {
-    GpuEngine::Options go;
-    go.streams_per_device = o.streams_per_device;
-    go.parallel_issue = o.parallel_issue;
-    go.chunk_bytes = o.chunk_bytes;
-    DMAG_ASSIGN_OR_RETURN(std::unique_ptr<GpuRuntime> rt, HipRuntime::Create());
-    DMAG_ASSIGN_OR_RETURN(std::unique_ptr<GpuEngine> engine, GpuEngine::Create(std::move(rt), go));
-    return std::unique_ptr<CopyEngine>(std::move(engine));
-  };
-  b.describe = [](const CopyEngine& e) {
-    return absl::StrCat(static_cast<const GpuEngine&>(e).num_devices(), " AMD GPU(s) (HIP, SDMA)");
-  };
-  return b;
-}
-
-const EngineRegistration kHipRegistration(HipBackend());
+const EngineRegistration kHipRegistration(GpuEngineBackend({
+    .name = "hip",
+    .priority = 300,
+    .label = "HIP",
+    .unusable = "no usable AMD GPU",
+    .devices = "AMD GPU(s) (HIP, SDMA)",
+    .create_runtime = [] { return HipRuntime::Create(); },
+}));
 
 }  // namespace
 }  // namespace dmagather::server::engines::gpu

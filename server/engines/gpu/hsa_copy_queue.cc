@@ -5,14 +5,14 @@
 namespace dmagather::server::engines::gpu {
 
 HsaCopyQueue::~HsaCopyQueue() {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   for (const Pending& p : pending_) (void)api_->signal_destroy(p.signal);
   for (hsa_signal_t s : free_) (void)api_->signal_destroy(s);
 }
 
 absl::StatusOr<hsa_signal_t> HsaCopyQueue::TakeSignal() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     if (!free_.empty()) {
       hsa_signal_t s = free_.back();
       free_.pop_back();
@@ -37,7 +37,7 @@ absl::Status HsaCopyQueue::Copy(void* dst, hsa_agent_t dst_agent, const void* sr
       on_engine ? api_->copy_on_engine(dst, dst_agent, src, src_agent, bytes, deps, &last_, *signal, engine_bit, force_sdma)
                 : api_->async_copy(dst, dst_agent, src, src_agent, bytes, deps, &last_, *signal);
   if (st != HSA_STATUS_SUCCESS) {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     free_.push_back(*signal);
     return absl::InternalError(absl::StrCat(on_engine ? "hsa_amd_memory_async_copy_on_engine(engine bit 0x"
                                                       : "hsa_amd_memory_async_copy(",
@@ -49,7 +49,7 @@ absl::Status HsaCopyQueue::Copy(void* dst, hsa_agent_t dst_agent, const void* sr
   } else {
     bytes_rocr_.fetch_add(bytes, std::memory_order_relaxed);
   }
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   last_ = *signal;
   has_last_ = true;
   pending_.push_back(Pending{++issued_, *signal, false});
@@ -57,7 +57,7 @@ absl::Status HsaCopyQueue::Copy(void* dst, hsa_agent_t dst_agent, const void* sr
 }
 
 absl::StatusOr<bool> HsaCopyQueue::Complete(uint64_t mark) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   bool done = true;
   for (Pending& p : pending_) {
     if (p.seq > mark) break;

@@ -25,12 +25,13 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace dmagather::server::engines::gpu {
 
@@ -64,13 +65,13 @@ class HsaCopyQueue {
   // force_copy_on_sdma, for a copy within one GPU, which ROCr would
   // otherwise do with a blit kernel.
   absl::Status Copy(void* dst, hsa_agent_t dst_agent, const void* src, hsa_agent_t src_agent, size_t bytes,
-                    uint32_t engine_bit, bool force_sdma = false);
+                    uint32_t engine_bit, bool force_sdma = false) ABSL_LOCKS_EXCLUDED(mu_);
   // A mark after everything enqueued so far (0: nothing enqueued yet).
   uint64_t Mark() const { return issued_; }
   // True when every copy up to `mark` has completed (checked in issue
   // order); signals no copy depends on any more are kept for reuse. An
   // error when a signal reports one (< 0).
-  absl::StatusOr<bool> Complete(uint64_t mark);
+  absl::StatusOr<bool> Complete(uint64_t mark) ABSL_LOCKS_EXCLUDED(mu_);
 
   uint64_t bytes_on_engine(int index) const { return bytes_[index].load(std::memory_order_relaxed); }
   uint64_t bytes_rocr_choice() const { return bytes_rocr_.load(std::memory_order_relaxed); }
@@ -82,12 +83,12 @@ class HsaCopyQueue {
     hsa_signal_t signal;
     bool done;
   };
-  absl::StatusOr<hsa_signal_t> TakeSignal();
+  absl::StatusOr<hsa_signal_t> TakeSignal() ABSL_LOCKS_EXCLUDED(mu_);
 
   const HsaCopyApi* const api_;
-  std::mutex mu_;                 // pending_ and free_: issuing vs completion thread.
-  std::deque<Pending> pending_;   // Issue order.
-  std::vector<hsa_signal_t> free_;
+  absl::Mutex mu_;  // Issuing vs completion thread.
+  std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);  // Issue order.
+  std::vector<hsa_signal_t> free_ ABSL_GUARDED_BY(mu_);
   uint64_t issued_ = 0;           // Written by the issuing thread under mu_.
   size_t created_ = 0;            // Issuing thread.
   bool has_last_ = false;         // Issuing thread (written under mu_).

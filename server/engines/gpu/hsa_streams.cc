@@ -37,13 +37,13 @@ HsaStreams::HsaStreams(const HsaCopyApi* api, SdmaEnginePlan plan, std::vector<h
 HsaStreams::~HsaStreams() = default;
 
 HsaStreams::Stream* HsaStreams::CreateStream(int device) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   streams_.push_back(std::make_unique<Stream>(api_, device));
   return streams_.back().get();
 }
 
 void HsaStreams::DestroyStream(Stream* s) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   for (auto it = streams_.begin(); it != streams_.end(); ++it) {
     if (it->get() != s) continue;
     streams_.erase(it);

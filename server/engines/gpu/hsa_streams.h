@@ -34,10 +34,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/status/statusor.h"
 #include "server/engines/copy_engine.h"
 #include "server/engines/gpu/hsa_copy_queue.h"
@@ -82,8 +83,8 @@ class HsaStreams {
   const SdmaEnginePlan plan_;
   const std::vector<hsa_agent_t> agents_;
   std::vector<uint32_t> local_engine_;  // Per device: the engine of copies within it (0: ROCr's choice).
-  std::mutex mu_;  // streams_ (setup thread; destroyed with the engine).
-  std::vector<std::unique_ptr<Stream>> streams_;
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);  // Setup thread; destroyed with the engine.
   // bytes_[device * (kEngines + 1) + engine + 1]; engine -1: ROCr's choice.
   std::unique_ptr<std::atomic<uint64_t>[]> bytes_;
 };

@@ -102,12 +102,12 @@ absl::StatusOr<VmmTable> ParseVmmTable(const std::string& handle, uint64_t bytes
 VmmImporter::VmmImporter(const DriverApi* api, ReleaseFn on_release) : api_(api), on_release_(std::move(on_release)) {}
 
 void VmmImporter::SetPeers(const PeerTable& peers) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   peers_ = peers;
 }
 
 size_t VmmImporter::live_imports() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   size_t n = 0;
   for (const auto& kv : cache_) n += kv.second.expired() ? 0 : 1;
   return n;
@@ -122,7 +122,7 @@ absl::StatusOr<std::shared_ptr<ImportedRegion>> VmmImporter::Import(const Region
   }
   std::string key = absl::StrCat(spec.owner_pid, "/", device, "/");
   key.append(spec.handle);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = cache_.find(key);
   if (it != cache_.end()) {
     if (auto region = it->second.lock(); region != nullptr) return region;

@@ -23,8 +23,9 @@
 // Only driver entry points are used, through a DriverApi table: the CPU unit
 // test (tests/server/engines/gpu/vmm_import_test) drives it with a fake one.
 //
-// Threads: Import on gRPC threads (Register), serialised by its own mutex;
-// regions are released on whatever thread drops the last reference.
+// Threads: Import on gRPC threads (Register), serialised by its own mutex
+// (mu_: the peer table and the cache); regions are released on whatever
+// thread drops the last reference.
 #pragma once
 
 #include <sys/types.h>
@@ -32,12 +33,13 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "abi/device_memory_v1.h"
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/cuda/cuda_api.h"
 #include "server/engines/copy_engine.h"
 #include "server/engines/gpu/peer_table.h"
@@ -67,25 +69,27 @@ class VmmImporter {
 
   // Which devices reach which (the engine's table; until set, a region is
   // granted to its own device only).
-  void SetPeers(const PeerTable& peers);
+  void SetPeers(const PeerTable& peers) ABSL_LOCKS_EXCLUDED(mu_);
 
   // `device`: the owning rank's device as the daemon numbers it (the
   // mapping's home); `rank_ordinal`: the same device as the rank numbers it
   // (what its chunk table says; checked).
-  absl::StatusOr<std::shared_ptr<ImportedRegion>> Import(const RegionSpec& spec, int device, int rank_ordinal);
+  absl::StatusOr<std::shared_ptr<ImportedRegion>> Import(const RegionSpec& spec, int device, int rank_ordinal)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Live imports in the cache (for tests and stats).
-  size_t live_imports();
+  size_t live_imports() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   absl::StatusOr<std::shared_ptr<ImportedRegion>> MapRegion(const VmmTable& table, int device,
-                                                            const std::vector<int>& fds, uint64_t bytes);
+                                                            const std::vector<int>& fds, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ::dmagather::common::cuda::DriverApi* const api_;
   const ReleaseFn on_release_;
-  std::mutex mu_;
-  PeerTable peers_;  // Under mu_.
-  std::map<std::string, std::weak_ptr<ImportedRegion>> cache_;  // (pid, device, table) -> region.
+  absl::Mutex mu_;
+  PeerTable peers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::weak_ptr<ImportedRegion>> cache_ ABSL_GUARDED_BY(mu_);  // (pid, device, table) -> region.
 };
 
 }  // namespace dmagather::server::engines::gpu

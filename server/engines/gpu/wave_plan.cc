@@ -12,6 +12,37 @@ int StepOf(const CopyCmd& c, int world) {
   return ((c.src_rank - c.dst_rank) % w + w) % w;
 }
 
+// 2'. Deal by link: lane = the link's index in order of first appearance,
+//     stream = lane % streams; then batches in rounds.
+void DealByLink(const std::vector<CopyCmd>& ordered, const WavePlanOptions& options, int streams,
+                uint32_t max_batch, std::vector<CopyCmd>* chunks, std::vector<WaveBatch>* batches) {
+  thread_local std::vector<int> lanes;  // Peer device of each lane.
+  thread_local std::vector<std::vector<CopyCmd>> per_stream;
+  lanes.clear();
+  if (per_stream.size() < size_t(streams)) per_stream.resize(streams);
+  for (int s = 0; s < streams; ++s) per_stream[s].clear();
+  for (const CopyCmd& c : ordered) {
+    const int peer = c.src_device == options.device ? c.dst_device : c.src_device;
+    size_t lane = std::find(lanes.begin(), lanes.end(), peer) - lanes.begin();
+    if (lane == lanes.size()) lanes.push_back(peer);
+    per_stream[lane % streams].push_back(c);
+  }
+  for (size_t round = 0;; ++round) {
+    bool more = false;
+    for (int s = 0; s < streams; ++s) {
+      const std::vector<CopyCmd>& q = per_stream[s];
+      const size_t b0 = round * max_batch;
+      if (b0 >= q.size()) continue;
+      more = true;
+      const size_t b1 = std::min(q.size(), b0 + max_batch);
+      const uint32_t begin = static_cast<uint32_t>(chunks->size());
+      chunks->insert(chunks->end(), q.begin() + b0, q.begin() + b1);
+      batches->push_back(WaveBatch{s, begin, static_cast<uint32_t>(chunks->size())});
+    }
+    if (!more) break;
+  }
+}
+
 }  // namespace
 
 void PlanWaves(const std::vector<CopyCmd>& copies, const WavePlanOptions& options, std::vector<CopyCmd>* chunks,
@@ -52,33 +83,7 @@ void PlanWaves(const std::vector<CopyCmd>& copies, const WavePlanOptions& option
   }
 
   if (options.stream_per_link) {
-    // 2'. Deal by link: lane = the link's index in order of first
-    //     appearance, stream = lane % streams; then batches in rounds.
-    thread_local std::vector<int> lanes;  // Peer device of each lane.
-    thread_local std::vector<std::vector<CopyCmd>> per_stream;
-    lanes.clear();
-    if (per_stream.size() < size_t(streams)) per_stream.resize(streams);
-    for (int s = 0; s < streams; ++s) per_stream[s].clear();
-    for (const CopyCmd& c : ordered) {
-      const int peer = c.src_device == options.device ? c.dst_device : c.src_device;
-      size_t lane = std::find(lanes.begin(), lanes.end(), peer) - lanes.begin();
-      if (lane == lanes.size()) lanes.push_back(peer);
-      per_stream[lane % streams].push_back(c);
-    }
-    for (size_t round = 0;; ++round) {
-      bool more = false;
-      for (int s = 0; s < streams; ++s) {
-        const std::vector<CopyCmd>& q = per_stream[s];
-        const size_t b0 = round * max_batch;
-        if (b0 >= q.size()) continue;
-        more = true;
-        const size_t b1 = std::min(q.size(), b0 + max_batch);
-        const uint32_t begin = static_cast<uint32_t>(chunks->size());
-        chunks->insert(chunks->end(), q.begin() + b0, q.begin() + b1);
-        batches->push_back(WaveBatch{s, begin, static_cast<uint32_t>(chunks->size())});
-      }
-      if (!more) break;
-    }
+    DealByLink(ordered, options, streams, max_batch, chunks, batches);
     return;
   }
 

@@ -78,13 +78,13 @@ void HostEngine::Execute(EngineOp* op) {
   op->next_chunk.store(0, std::memory_order_relaxed);
   op->chunks_left.store(op->chunks.size(), std::memory_order_relaxed);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     queue_.push_back(op);
   }
   if (op->chunks.size() == 1) {
-    cv_.notify_one();
+    cv_.Signal();
   } else {
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 }
 
@@ -93,8 +93,8 @@ void HostEngine::WorkerLoop() {
     EngineOp* op = nullptr;
     size_t idx = 0;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      absl::MutexLock lock(&mu_);
+      while (!stopping_ && queue_.empty()) cv_.Wait(&mu_);
       if (queue_.empty()) return;  // stopping_ and drained.
       op = queue_.front();
       idx = op->next_chunk.fetch_add(1, std::memory_order_relaxed);
@@ -110,11 +110,11 @@ void HostEngine::WorkerLoop() {
 
 void HostEngine::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_ && workers_.empty()) return;
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   for (auto& t : workers_) t.join();
   workers_.clear();
 }

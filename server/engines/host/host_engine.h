@@ -2,17 +2,18 @@
 // daemon; a pool of worker threads copies them with memcpy, each op cut into
 // chunks that all workers claim, so one large op uses every worker.
 //
-// Threads: Execute() on the ingress thread; workers call OnEngineDone().
+// Threads: Execute() on the ingress thread; workers call OnEngineDone();
+// mu_ guards the queue of ops with unclaimed chunks.
 #pragma once
 
 #include <cstring>
 
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "server/engines/copy_engine.h"
 
 namespace dmagather::server::engines::host {
@@ -31,8 +32,8 @@ class HostEngine : public CopyEngine {
 
   const char* name() const override { return "host"; }
   absl::StatusOr<std::shared_ptr<ImportedRegion>> Import(const RegionSpec& spec) override;
-  void Execute(EngineOp* op) override;
-  void Stop() override;
+  void Execute(EngineOp* op) override ABSL_LOCKS_EXCLUDED(mu_);
+  void Stop() override ABSL_LOCKS_EXCLUDED(mu_);
   EngineStats stats() const override;
   bool host_addressable() const override { return true; }
   // The ring stages only when told to (dmagatherd --ring_staging=always):
@@ -51,14 +52,14 @@ class HostEngine : public CopyEngine {
 
  private:
   explicit HostEngine(const Options& options);
-  void WorkerLoop();
+  void WorkerLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<EngineOp*> queue_;  // Ops with unclaimed chunks.
-  bool stopping_ = false;
-  std::vector<std::thread> workers_;
+  absl::Mutex mu_;
+  absl::CondVar cv_;  // An op was queued / stopping.
+  std::deque<EngineOp*> queue_ ABSL_GUARDED_BY(mu_);  // Ops with unclaimed chunks.
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> workers_;  // Started by Create, joined by Stop (one thread).
   std::atomic<uint64_t> ops_{0}, bytes_{0}, chunks_{0};
 };
 

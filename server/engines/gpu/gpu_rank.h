@@ -1,0 +1,44 @@
+// GpuRank: a rank attached to the GPU engine (gpu_engine.h), shared by its
+// two files (gpu_engine.cc, gpu_engine_issue.cc). Private to the engine.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "server/engines/copy_engine.h"
+#include "server/engines/gpu/runtime.h"
+
+namespace dmagather::server::engines::gpu {
+
+// A rank on this engine: its device (the daemon's number, and the rank's
+// own), its completion block registered with the runtime (streams read the
+// ready flag at `ready_flag`; the CPU gate reads `ready_word`);
+// unregistered when the rank is released.
+class GpuRank : public EngineRank {
+ public:
+  GpuRank(std::shared_ptr<GpuRuntime> rt, int device, int rank_ordinal, void* pages, uint64_t ready_flag,
+          const uint32_t* ready_word)
+      : rt_(std::move(rt)),
+        device_(device),
+        rank_ordinal_(rank_ordinal),
+        pages_(pages),
+        ready_flag_(ready_flag),
+        ready_word_(ready_word) {}
+  ~GpuRank() override { rt_->UnregisterFlags(pages_); }
+  int device() const { return device_; }
+  int rank_ordinal() const { return rank_ordinal_; }
+  uint64_t ready_flag() const { return ready_flag_; }
+  const uint32_t* ready_word() const { return ready_word_; }
+
+ private:
+  const std::shared_ptr<GpuRuntime> rt_;
+  const int device_;
+  const int rank_ordinal_;
+  void* const pages_;
+  const uint64_t ready_flag_;
+  const uint32_t* const ready_word_;
+};
+
+inline const GpuRank* AsGpu(const EngineRank* r) { return static_cast<const GpuRank*>(r); }
+
+}  // namespace dmagather::server::engines::gpu
