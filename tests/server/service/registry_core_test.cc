@@ -5,17 +5,17 @@
 #include "server/service/registry_core.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
+#include <sys/stat.h>
 
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "abi/fd_channel_v1.h"
 #include "abi/ring_v1.h"
 #include "common/clock.h"
 #include "common/memfd.h"
 #include "tests/fakes/fake_copy_engine.h"
+#include "tests/server/service/handovers.h"
 
 namespace dmagather::server::service {
 namespace {
@@ -54,7 +54,7 @@ class FakePeers : public PeerJoiner {
 
 class RegistryCoreTest : public ::testing::Test {
  protected:
-  RegistryCoreTest() : tickets_(TicketOptions(&clock_)) {}
+  RegistryCoreTest() : tickets_(TicketOptions(&clock_)), handovers_(&tickets_) {}
 
   static TicketTable::Options TicketOptions(common::Clock* clock) {
     TicketTable::Options o;
@@ -62,40 +62,11 @@ class RegistryCoreTest : public ::testing::Test {
     return o;
   }
 
-  // A rank segment (header written with `token`) handed over by `pid`.
   std::string HandOverSegment(uint64_t token, pid_t pid = kPid, uid_t uid = kUid) {
-    auto m = common::MemfdMapping::Create("test-seg", abi::SegmentLayoutV1::kBytes);
-    EXPECT_TRUE(m.ok()) << m.status();
-    abi::InitSegmentV1(m->data(), token, abi::kDescriptorStampV2);
-    Handover h;
-    h.kind = abi::kFdSegment;
-    h.uid = uid;
-    h.pid = pid;
-    h.bytes = abi::SegmentLayoutV1::kBytes;
-    h.fd = common::UniqueFd(dup(m->fd()));
-    segments_.push_back(*std::move(m));
-    auto t = tickets_.Issue(std::move(h));
-    EXPECT_TRUE(t.ok()) << t.status();
-    return *t;
+    return handovers_.Segment(token, uid, pid);
   }
-
-  // A host buffer of `bytes` handed over by `pid`; its memfd in *fd_out.
   std::string HandOverBuffer(uint64_t bytes, pid_t pid = kPid, int fd = -1) {
-    if (fd < 0) {
-      auto m = common::MemfdMapping::Create("test-buf", bytes);
-      EXPECT_TRUE(m.ok()) << m.status();
-      fd = m->fd();
-      buffers_.push_back(*std::move(m));
-    }
-    Handover h;
-    h.kind = abi::kFdBuffer;
-    h.uid = kUid;
-    h.pid = pid;
-    h.bytes = bytes;
-    h.fd = common::UniqueFd(dup(fd));
-    auto t = tickets_.Issue(std::move(h));
-    EXPECT_TRUE(t.ok()) << t.status();
-    return *t;
+    return handovers_.Buffer(bytes, kUid, pid, fd);
   }
 
   JoinSpec Spec(const std::string& job, int world, int rank, uint64_t token) {
@@ -127,8 +98,7 @@ class RegistryCoreTest : public ::testing::Test {
   common::FakeClock clock_;
   TicketTable tickets_;
   Engine engine_;
-  std::vector<common::MemfdMapping> segments_;
-  std::vector<common::MemfdMapping> buffers_;
+  Handovers handovers_;
 };
 
 TEST_F(RegistryCoreTest, JoinCreatesTheJobAndFeedsIngressOnceAllRanksAreIn) {
@@ -269,14 +239,20 @@ TEST_F(RegistryCoreTest, MultiNodeJoinsGoThroughThePeersAndFailuresLeaveNothing)
   EXPECT_TRUE(core.Sweep(0, &frees).empty()) << "it never ran: no telemetry entry";
   EXPECT_EQ(core.num_jobs(), 0) << "no rank left in it";
   EXPECT_EQ(core.quota().uids(), 0) << "the job count went back with the entry";
-  EXPECT_EQ(core.retired().jobs_completed, 0u);
+  EXPECT_EQ(core.view().retired.jobs_completed, 0u);
 
   peers.add_rank = absl::OkStatus();
-  auto ok = core.Join(Spec("mn", 2, 0, 1000), PeerCred{kUid, 0, kPid});
+  JoinSpec again = Spec("mn", 2, 0, 1000);
+  again.job_id = "id-1";
+  again.join_timeout_ms = 1500;
+  auto ok = core.Join(again, PeerCred{kUid, 0, kPid});
   ASSERT_TRUE(ok.ok()) << ok.status();
-  JoinSpec plain = Spec("mn", 2, 1, 1001);
-  auto mixed = core.Join(plain, PeerCred{kUid, 0, kPid});
-  EXPECT_TRUE(mixed.ok()) << "a job without an id is single-node: " << mixed.status();
+  EXPECT_TRUE(ok->job->multi_node());
+  EXPECT_EQ(peers.last_timeout_ms, 1500);
+  auto mixed = core.Join(Spec("mn", 2, 1, 1001), PeerCred{kUid, 0, kPid});
+  EXPECT_EQ(mixed.status().code(), absl::StatusCode::kInvalidArgument) << mixed.status();
+  EXPECT_NE(mixed.status().message().find("gave no job id"), std::string::npos) << mixed.status();
+  EXPECT_EQ(core.quota().held(kUid).sessions, 1);
 }
 
 TEST_F(RegistryCoreTest, ASessionEndedBeforeTheJobRanLeavesAJobTheSweepDrops) {
@@ -326,7 +302,7 @@ TEST_F(RegistryCoreTest, AJobThatRanIsSweptOnceEveryRankIsGoneAndItsSessionsAreR
   EXPECT_EQ(ended[0].sessions[1], r1->session);
   EXPECT_EQ(core.num_jobs(), 0);
   EXPECT_EQ(core.quota().uids(), 0);
-  const RetiredTotals t = core.retired();
+  const RetiredTotals t = core.view().retired;
   EXPECT_EQ(t.jobs_completed, 1u);
   EXPECT_EQ(t.ops, 5u);
   EXPECT_EQ(t.bytes, 640u);
@@ -342,18 +318,20 @@ TEST_F(RegistryCoreTest, AJobThatRanIsSweptOnceEveryRankIsGoneAndItsSessionsAreR
   EXPECT_EQ(r1->session->rank()->completion(), nullptr) << "the engine let go of the completion block";
 }
 
-TEST_F(RegistryCoreTest, OpsInFlightKeepTheJobAndItsSessions) {
+TEST_F(RegistryCoreTest, AGoneRanksSessionWaitsForItsOpsInFlight) {
   RegistryCore core(&engine_, &tickets_, NoLimits());
-  auto r0 = JoinRank(core, "job", 1, 0);
-  ASSERT_TRUE(r0.ok());
+  auto r0 = JoinRank(core, "job", 2, 0);
+  auto r1 = JoinRank(core, "job", 2, 1);
+  ASSERT_TRUE(r0.ok() && r1.ok());
   r0->session->rank()->inflight.store(1);
   core.EndSession(*r0);
   DeferredFrees frees;
-  EXPECT_TRUE(core.Sweep(0, &frees).empty());
+  EXPECT_TRUE(core.Sweep(0, &frees).empty()) << "rank 1 is live";
   EXPECT_TRUE(frees.empty()) << "an op may still write rank 0's completion block";
   r0->session->rank()->inflight.store(0);
-  EXPECT_EQ(core.Sweep(0, &frees).size(), 1u);
+  EXPECT_TRUE(core.Sweep(0, &frees).empty());
   EXPECT_EQ(frees.size(), 1u);
+  EXPECT_EQ(core.num_jobs(), 1);
 }
 
 TEST_F(RegistryCoreTest, RegisterChargesOnceAndGivesTheChargeBackOnEveryPath) {
@@ -397,7 +375,7 @@ TEST_F(RegistryCoreTest, RegisterRefusesWhatTheSessionsProcessDidNotHandOver) {
   EXPECT_EQ(short_buf.status().code(), absl::StatusCode::kInvalidArgument) << short_buf.status();
   // Its own segment can never be a buffer.
   auto seg = core.Register(HostRegion(*j, abi::SegmentLayoutV1::kBytes,
-                                      HandOverBuffer(abi::SegmentLayoutV1::kBytes, kPid, segments_[0].fd())));
+                                      HandOverBuffer(abi::SegmentLayoutV1::kBytes, kPid, handovers_.segments[0].fd())));
   EXPECT_EQ(seg.status().code(), absl::StatusCode::kInvalidArgument) << seg.status();
   EXPECT_NE(seg.status().message().find("own rank segment"), std::string::npos) << seg.status();
   EXPECT_EQ(engine_.imports, 0);
