@@ -120,12 +120,8 @@ void CommImpl::OnDaemonGone(const std::string& reason) {
     // No daemon will ever publish done again: release the rank's streams
     // (their done waits pass); the calls report UNAVAILABLE.
     abi::StoreSeqCst(&view_.completion->done_seq, released_done_ + (1u << 30));
-    // Captured ops: the permanent release of every graph slot (high word
-    // of its done flag), so no replay waits forever.
-    abi::GraphFlagsV1* g = abi::GraphFlagsOf(view_.completion);
-    for (uint32_t s = 0; s < abi::kGraphSlotsV1; ++s) {
-      abi::StoreSeqCst(&g->done[s].hi, 1u);
-    }
+    // Captured ops: no replay waits forever.
+    GraphSlots::ReleaseForever(view_.completion);
   }
   common::FutexWakeAll(&view_.completion->done_seq);
 }
@@ -399,14 +395,7 @@ absl::Status CommImpl::RenameDropped(size_t n) {
 }
 
 absl::Status CommImpl::SubmitCaptured(size_t n, void* stream, uint32_t slot, uint64_t* op) {
-  // Fresh flag words: the daemon retires any earlier op of this slot when
-  // it arms the new one.
-  abi::GraphFlagsV1* g = abi::GraphFlagsOf(view_.completion);
-  abi::StoreRelease(&g->stamp, abi::kGraphFlagsStampV1);
-  abi::StoreRelease(&g->ready[slot], 0u);
-  abi::StoreRelease(&g->done[slot].hi, 0u);
-  abi::StoreRelease(&g->done[slot].lo, 0u);
-  abi::StoreRelease(&g->status[slot], 0);
+  GraphSlots::ResetFlags(view_.completion, slot);
   for (size_t i = 0; i < n; ++i) scratch_[i].op |= abi::kOpPersistentBit | (slot << abi::kOpPersistentSlotShift);
   // The definition takes a sequence number like any op; ready_seq is not
   // written for it (nothing of it runs until a replay).

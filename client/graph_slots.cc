@@ -37,4 +37,18 @@ GraphSlots::CapturedOp* GraphSlots::Find(uint64_t op) {
 
 int GraphSlots::used() const { return __builtin_popcount(used_); }
 
+void GraphSlots::ResetFlags(abi::CompletionV1* completion, uint32_t slot) {
+  abi::GraphFlagsV1* g = abi::GraphFlagsOf(completion);
+  abi::StoreRelease(&g->stamp, abi::kGraphFlagsStampV1);
+  abi::StoreRelease(&g->ready[slot], 0u);
+  abi::StoreRelease(&g->done[slot].hi, 0u);
+  abi::StoreRelease(&g->done[slot].lo, 0u);
+  abi::StoreRelease(&g->status[slot], 0);
+}
+
+void GraphSlots::ReleaseForever(abi::CompletionV1* completion) {
+  abi::GraphFlagsV1* g = abi::GraphFlagsOf(completion);
+  for (uint32_t s = 0; s < abi::kGraphSlotsV1; ++s) abi::StoreSeqCst(&g->done[s].hi, 1u);
+}
+
 }  // namespace dmagather::client

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 
+#include "abi/completion_v1.h"
 #include "client/backend.h"
 
 namespace dmagather::client {
@@ -40,6 +41,14 @@ class GraphSlots {
   // The captured op `op`, or null when it was not captured (or forgotten).
   CapturedOp* Find(uint64_t op);
   int used() const;  // Slots held.
+
+  // The graph flags in the completion pages after `completion`:
+  // fresh words for an op captured into `slot` (the daemon retires any
+  // earlier op of the slot when it arms the new one);
+  static void ResetFlags(abi::CompletionV1* completion, uint32_t slot);
+  // the permanent release of every slot (high word of its done flag) when
+  // the daemon is gone, so no replay waits forever.
+  static void ReleaseForever(abi::CompletionV1* completion);
 
  private:
   uint32_t used_ = 0;  // Bit per slot.
