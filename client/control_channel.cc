@@ -134,11 +134,15 @@ absl::StatusOr<JoinAnswer> ControlChannel::ReadAnswer(const JoinParams& p) {
   bool no_answer = false;
   {
     absl::Mutex mu;
-    bool answered = false;  // Guarded by mu (a local: no annotation).
+    absl::CondVar cv;
+    bool answered = false;  // Under mu (a local: no annotation).
     std::thread watchdog([&] {
+      const absl::Time deadline = absl::Now() + absl::Milliseconds(int64_t{p.join_timeout_ms} + 10000);
       absl::MutexLock lock(&mu);
-      if (!mu.AwaitWithTimeout(absl::Condition(&answered),
-                               absl::Milliseconds(int64_t{p.join_timeout_ms} + 10000))) {
+      while (!answered) {
+        if (cv.WaitWithDeadline(&mu, deadline)) break;  // Timed out.
+      }
+      if (!answered) {
         no_answer = true;
         join_ctx_->TryCancel();
       }
@@ -147,6 +151,7 @@ absl::StatusOr<JoinAnswer> ControlChannel::ReadAnswer(const JoinParams& p) {
     {
       absl::MutexLock lock(&mu);
       answered = true;
+      cv.Signal();
     }
     watchdog.join();
   }

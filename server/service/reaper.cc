@@ -50,12 +50,14 @@ void ReaperThread::Start() { thread_ = std::thread([this] { Loop(); }); }
 void ReaperThread::Wake() {
   absl::MutexLock lock(&mu_);
   wake_ = true;
+  cv_.Signal();
 }
 
 void ReaperThread::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
+    cv_.SignalAll();
   }
   if (thread_.joinable()) thread_.join();
 }
@@ -65,10 +67,14 @@ void ReaperThread::Loop() {
   for (;;) {
     {
       // Every 20 ms while there are jobs or frees waiting; an idle daemon
-      // wakes once a second (or at Wake()).
+      // wakes once a second (or at Wake()). The predicate is read here, after
+      // the wait re-acquired mu_ (not in an absl::Condition: see
+      // third_party/system/absl_tsan.cc).
       absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(this, &ReaperThread::Woken),
-                           idle ? absl::Seconds(1) : absl::Milliseconds(20));
+      const absl::Time deadline = absl::Now() + (idle ? absl::Seconds(1) : absl::Milliseconds(20));
+      while (!stop_ && !wake_) {
+        if (cv_.WaitWithDeadline(&mu_, deadline)) break;  // Timed out.
+      }
       if (stop_) return;
       wake_ = false;
     }

@@ -92,10 +92,10 @@ class ReaperThread {
 
  private:
   void Loop();
-  bool Woken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || wake_; }
 
   const std::function<bool()> pass_;
   absl::Mutex mu_;
+  absl::CondVar cv_;  // Signalled by Wake and Stop.
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;  // Start and Stop only (not concurrently).

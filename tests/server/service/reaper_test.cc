@@ -91,18 +91,19 @@ TEST(HeapTrimmerTest, TrimsAfterFreesAtMostOncePerPeriod) {
 
 TEST(ReaperThreadTest, RunsPassesUntilStopped) {
   absl::Mutex mu;
+  absl::CondVar ran;
   int passes = 0;
   ReaperThread thread([&] {
     absl::MutexLock lock(&mu);
     ++passes;
+    ran.SignalAll();
     return true;  // Idle.
   });
   thread.Start();
   thread.Wake();
   {
     absl::MutexLock lock(&mu);
-    auto ran = [&]() { return passes >= 1; };
-    mu.Await(absl::Condition(&ran));
+    while (passes < 1) ran.Wait(&mu);
   }
   thread.Stop();
   int after_stop;

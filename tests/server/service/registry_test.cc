@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <string>
 
 #include "common/clock.h"
@@ -219,6 +220,35 @@ TEST_F(RegistryTest, OnlyTheLastSixteenEndedJobsAreKept) {
   ASSERT_EQ(stats.jobs_size(), 16);
   EXPECT_EQ(stats.jobs(0).job_key(), "job19") << "newest first";
   EXPECT_EQ(stats.jobs(15).job_key(), "job4");
+}
+
+// Polls `done` (the reaper thread works on its own cadence); false if it
+// never came true in a minute.
+template <typename F>
+bool Eventually(F done) {
+  for (int i = 0; i < 60000; ++i) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return done();
+}
+
+TEST_F(RegistryTest, TheReaperThreadFreesOnlyAfterAWholeIngressPass) {
+  std::atomic<uint64_t> epoch{10};
+  std::atomic<int> kicks{0};
+  registry_.StartReaper([&] { return epoch.load(); }, [&] { kicks.fetch_add(1); });
+  auto j = JoinRank("job", 1, 0);
+  ASSERT_TRUE(j.ok()) << j.status();
+  registry_.EndSession(*j);
+  ASSERT_TRUE(Eventually([&] { return registry_.num_jobs() == 0; })) << "the job was never swept";
+  ASSERT_TRUE(Eventually([&] { return kicks.load() > 0; })) << "frees wait: the ingress thread is asked for a pass";
+  EXPECT_FALSE(j->session->memory_released()) << "the ingress epoch has not moved";
+  epoch.store(12);
+  EXPECT_TRUE(Eventually([&] { return j->session->memory_released(); }));
+  registry_.StopReaper();
+  v1::StatsReply stats;
+  registry_.FillStats("", &stats);
+  EXPECT_EQ(stats.jobs_completed(), 1u);
 }
 
 }  // namespace
