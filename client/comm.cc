@@ -25,7 +25,8 @@ int RefusalCode(const absl::Status& s) { return common::IsFallback(s) ? DMAGATHE
 
 }  // namespace
 
-CommImpl::CommImpl(const CommOptions& options) : options_(options), ops_(options.rank), regions_(options.rank) {
+CommImpl::CommImpl(const CommOptions& options)
+    : options_(options), done_(options.rank), ops_(options.rank), regions_(options.rank) {
   // Pause iterations before a waiting rank sleeps on the futex: the
   // option, then $DMAGATHER_SPIN, then the daemon's advice in its Join reply
   // (which knows the node's cores and ranks), then 256.
@@ -94,6 +95,7 @@ absl::Status CommImpl::Join() {
   backend_name_ = answer.backend;
   daemon_version_ = answer.daemon_version;
   if (!spin_set_ && answer.wait_spin.has_value()) spin_ = *answer.wait_spin;
+  done_.SetSpin(spin_, yields_);
   ClientBackendContext ctx;
   ctx.completion = view_.completion;
   ctx.flag_bytes = abi::SegmentLayoutV1::kRingOffset - abi::SegmentLayoutV1::kCompletionOffset;
@@ -105,33 +107,12 @@ absl::Status CommImpl::Join() {
   }
   backend_ = *std::move(backend);
   graphs_.SetReadyWords(abi::GraphFlagsOf(view_.completion)->ready);
-  control_->StartWatcher([this](const std::string& reason) { OnDaemonGone(reason); });
+  done_.Attach(view_.completion, backend_->has_stream_waits());
+  control_->StartWatcher([this](const std::string& reason) { done_.MarkGone(reason); });
   return absl::OkStatus();
 }
 
-void CommImpl::OnDaemonGone(const std::string& reason) {
-  {
-    absl::MutexLock lock(&gone_mu_);
-    gone_reason_ = reason;
-  }
-  released_done_ = abi::LoadAcquire(&view_.completion->done_seq);
-  daemon_gone_.store(true, std::memory_order_release);
-  if (backend_->has_stream_waits()) {
-    // No daemon will ever publish done again: release the rank's streams
-    // (their done waits pass); the calls report UNAVAILABLE.
-    abi::StoreSeqCst(&view_.completion->done_seq, released_done_ + (1u << 30));
-    // Captured ops: no replay waits forever.
-    GraphSlots::ReleaseForever(view_.completion);
-  }
-  common::FutexWakeAll(&view_.completion->done_seq);
-}
-
 CommImpl::~CommImpl() { Close().IgnoreError(); }
-
-absl::Status CommImpl::DaemonGone() const {
-  absl::MutexLock lock(&gone_mu_);
-  return absl::UnavailableError(absl::StrCat(Rank(), gone_reason_));
-}
 
 absl::Status CommImpl::Close() {
   if (closed_) return absl::OkStatus();
@@ -139,9 +120,9 @@ absl::Status CommImpl::Close() {
   absl::Status st = joined ? Wait() : absl::OkStatus();
   closed_ = true;
   if (joined) {
-    if (!daemon_gone_.load()) control_->Leave();
+    if (!done_.gone()) control_->Leave();
     // The daemon ends the stream once it sees the Leave; cancel in case it cannot.
-    for (int i = 0; i < 100 && !daemon_gone_.load(); ++i) usleep(2000);
+    for (int i = 0; i < 100 && !done_.gone(); ++i) usleep(2000);
     control_->EndStream();
   }
   regions_.Clear();  // Frees what dmagather_alloc made.
@@ -168,7 +149,7 @@ absl::Status CommImpl::RegisterExport(const MemoryExport& e, std::unique_ptr<Own
   // freed and reused (or unmapped and remapped): drop them first (ops in
   // flight may still name them).
   if (regions_.AnyStale(e, *backend_)) {
-    DMAG_RETURN_IF_ERROR(WaitDone(static_cast<uint32_t>(ops_.submitted())));
+    DMAG_RETURN_IF_ERROR(done_.Wait(static_cast<uint32_t>(ops_.submitted())));
     for (const auto& [base, r] : regions_.TakeStale(e, *backend_)) {
       control_->Deregister(r.id).IgnoreError();  // Best effort: the daemon drops it at Leave at the latest.
       dropped_.emplace_back(r.id, base);
@@ -182,7 +163,7 @@ absl::Status CommImpl::RegisterExport(const MemoryExport& e, std::unique_ptr<Own
 absl::StatusOr<void*> CommImpl::Alloc(size_t bytes) {
   if (closed_) return absl::InvalidArgumentError("the communicator was destroyed");
   if (bytes == 0) return absl::InvalidArgumentError("dmagather_alloc of 0 bytes");
-  if (daemon_gone_.load()) return DaemonGone();
+  if (done_.gone()) return done_.GoneStatus();
   DMAG_ASSIGN_OR_RETURN(std::unique_ptr<OwnedBuffer> buf, backend_->Allocate(bytes));
   void* p = buf->data();
   const MemoryExport e = buf->export_info();
@@ -193,7 +174,7 @@ absl::StatusOr<void*> CommImpl::Alloc(size_t bytes) {
 absl::Status CommImpl::Register(void* ptr, size_t bytes) {
   if (closed_) return absl::InvalidArgumentError("the communicator was destroyed");
   if (ptr == nullptr || bytes == 0) return absl::InvalidArgumentError("dmagather_register of a null or empty buffer");
-  if (daemon_gone_.load()) return DaemonGone();
+  if (done_.gone()) return done_.GoneStatus();
   if (regions_.Held(ptr, bytes, *backend_)) return absl::OkStatus();
   auto e = backend_->Describe(ptr, bytes);
   if (!e.ok()) return common::Annotate(e.status(), Rank());
@@ -210,7 +191,7 @@ absl::Status CommImpl::Deregister(void* ptr) {
   DMAG_RETURN_IF_ERROR(Wait());  // Outstanding ops may still use it.
   absl::Status st = control_->Deregister(r->id);
   regions_.Erase(ptr);  // Freed here (if the library made it); the daemon's side goes with the Deregister.
-  return daemon_gone_.load() ? absl::OkStatus() : st;
+  return done_.gone() ? absl::OkStatus() : st;
 }
 
 absl::Status CommImpl::Free(void* ptr) {
@@ -226,31 +207,11 @@ absl::Status CommImpl::Free(void* ptr) {
 
 absl::Status CommImpl::CheckHealthy() {
   if (closed_) return absl::InvalidArgumentError("the communicator was destroyed");
-  if (daemon_gone_.load(std::memory_order_acquire)) return DaemonGone();
+  if (done_.gone()) return done_.GoneStatus();
   // An earlier op's failure is returned here only when it ends the job
   // (peer failed, timeout, daemon stopping); others come back from Wait().
   if (ops_.FatalPending()) return ops_.CollectErrors();
   return absl::OkStatus();
-}
-
-absl::Status CommImpl::WaitDone(uint32_t seq) {
-  abi::CompletionV1* c = view_.completion;
-  common::Backoff backoff(spin_, yields_);
-  for (;;) {
-    if (backend_->has_stream_waits() && daemon_gone_.load(std::memory_order_acquire)) {
-      // done_seq was moved ahead to release the streams; only ops finished
-      // before the daemon went away really are done.
-      return abi::SeqGeq(released_done_, seq) ? absl::OkStatus() : DaemonGone();
-    }
-    uint32_t done = abi::LoadAcquire(&c->done_seq);
-    if (abi::SeqGeq(done, seq)) return absl::OkStatus();
-    if (daemon_gone_.load(std::memory_order_acquire)) return DaemonGone();
-    if (!backoff.Pause()) continue;
-    abi::FetchAdd(&c->done_waiters, 1u);
-    done = abi::LoadSeqCst(&c->done_seq);
-    if (!abi::SeqGeq(done, seq) && !daemon_gone_.load()) common::FutexWait(&c->done_seq, done, 50'000'000);
-    abi::FetchAdd(&c->done_waiters, ~0u);
-  }
 }
 
 // --- Submit ---
@@ -258,8 +219,8 @@ absl::Status CommImpl::WaitDone(uint32_t seq) {
 absl::Status CommImpl::Publish(abi::DescriptorV2* ds, size_t n) {
   const uint32_t seq = ops_.next_seq();
   // At most kRingSlotsV1 ops outstanding: the daemon's matcher has one slot each.
-  DMAG_RETURN_IF_ERROR(WaitDone(seq - abi::kRingSlotsV1));
-  if (!ring_.PublishOp(ds, n, seq, common::MonotonicNs(), daemon_gone_)) return DaemonGone();
+  DMAG_RETURN_IF_ERROR(done_.Wait(seq - abi::kRingSlotsV1));
+  if (!ring_.PublishOp(ds, n, seq, common::MonotonicNs(), done_.gone_flag())) return done_.GoneStatus();
   ops_.CountSubmitted();
   return absl::OkStatus();
 }
@@ -457,24 +418,21 @@ absl::StatusOr<uint32_t> CommImpl::OpSeq(uint64_t op) const {
 
 absl::Status CommImpl::OpWait(uint64_t op) {
   DMAG_ASSIGN_OR_RETURN(uint32_t seq, OpSeq(op));
-  DMAG_RETURN_IF_ERROR(WaitDone(seq));
+  DMAG_RETURN_IF_ERROR(done_.Wait(seq));
   return ops_.Status(seq);
 }
 
 absl::StatusOr<bool> CommImpl::OpTest(uint64_t op, absl::Status* op_status) {
   DMAG_ASSIGN_OR_RETURN(uint32_t seq, OpSeq(op));
-  *op_status = absl::OkStatus();
-  if (backend_->has_stream_waits() && daemon_gone_.load(std::memory_order_acquire)) {
-    if (!abi::SeqGeq(released_done_, seq)) {
-      *op_status = DaemonGone();
+  switch (done_.Test(seq)) {
+    case DoneFlag::Poll::kPending:
+      *op_status = absl::OkStatus();
+      return false;
+    case DoneFlag::Poll::kGone:
+      *op_status = done_.GoneStatus();
       return true;
-    }
-  } else if (!abi::SeqGeq(abi::LoadAcquire(&view_.completion->done_seq), seq)) {
-    if (daemon_gone_.load(std::memory_order_acquire)) {
-      *op_status = DaemonGone();
-      return true;
-    }
-    return false;
+    case DoneFlag::Poll::kDone:
+      break;
   }
   *op_status = ops_.Status(seq);
   return true;
@@ -500,7 +458,7 @@ absl::Status CommImpl::OpWaitStream(uint64_t op, void* stream) {
   }
   if (!backend_->has_stream_waits()) {
     DMAG_RETURN_IF_ERROR(common::Annotate(backend_->CheckStream(stream), Rank()));
-    DMAG_RETURN_IF_ERROR(WaitDone(seq));
+    DMAG_RETURN_IF_ERROR(done_.Wait(seq));
     return ops_.Status(seq);
   }
   return backend_->WaitDoneOnStream(stream, seq);
@@ -510,19 +468,19 @@ absl::Status CommImpl::SubmitRawForTesting(const abi::DescriptorV1& d) {
   abi::DescriptorV1 copy = d;
   DMAG_RETURN_IF_ERROR(CheckHealthy());
   const uint32_t seq = ops_.next_seq();
-  DMAG_RETURN_IF_ERROR(WaitDone(seq - abi::kRingSlotsV1));
+  DMAG_RETURN_IF_ERROR(done_.Wait(seq - abi::kRingSlotsV1));
   copy.stamp = copy.stamp != 0 ? copy.stamp : abi::kDescriptorStampV1;
   copy.seq = seq;
   copy.submit_ns = common::MonotonicNs();
   backend_->WriteReady(nullptr, seq).IgnoreError();
-  if (!ring_.PublishSlot(&copy, sizeof(copy), daemon_gone_)) return DaemonGone();
+  if (!ring_.PublishSlot(&copy, sizeof(copy), done_.gone_flag())) return done_.GoneStatus();
   ops_.CountSubmitted();
   return absl::OkStatus();
 }
 
 absl::Status CommImpl::Wait() {
   if (closed_) return absl::InvalidArgumentError("the communicator was destroyed");
-  absl::Status st = WaitDone(static_cast<uint32_t>(ops_.submitted()));
+  absl::Status st = done_.Wait(static_cast<uint32_t>(ops_.submitted()));
   absl::Status errors = ops_.CollectErrors();
   return errors.ok() ? st : errors;
 }

@@ -6,17 +6,17 @@
 // watcher thread holds the Join stream: when it ends, the daemon is gone.
 // Its pieces: ControlChannel (gRPC, the watcher, hand-overs),
 // RegistrationCache (pointer -> region), OpTable (op handles and error
-// records), RingWriter (descriptors into the ring), GraphSlots (CUDA-graph
-// capture); this class is the submit path and the glue.
+// records), RingWriter (descriptors into the ring), DoneFlag (waiting for
+// ops, the daemon going away), GraphSlots (CUDA-graph capture); this class
+// is the submit path and the glue.
 //
 // Every submit takes a sequence number, also when this rank cannot take
 // part (it then publishes a refusal), so all ranks of a job see the same
 // ops and get the same verdict for each.
 //
 // Threads: one user thread at a time calls the public methods; the watcher
-// thread only records why the daemon went (gone_reason_, released_done_,
-// then daemon_gone_ with release order) and, on GPU backends, releases
-// done_seq.
+// thread only marks the daemon gone (DoneFlag::MarkGone: why, and on GPU
+// backends the release of done_seq).
 #pragma once
 
 #include <atomic>
@@ -33,6 +33,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/backend.h"
 #include "client/control_channel.h"
+#include "client/done_flag.h"
 #include "client/graph_slots.h"
 #include "client/op_table.h"
 #include "client/registration_cache.h"
@@ -104,8 +105,6 @@ class CommImpl {
  private:
   explicit CommImpl(const CommOptions& options);
   absl::Status Join();
-  // The watcher's end of the Join stream: the daemon is gone (`reason`).
-  void OnDaemonGone(const std::string& reason);
   // The region + offset of [ptr, ptr+bytes), registering unknown or reused
   // memory on the way where the backend allows it.
   absl::StatusOr<abi::BufferRefV1> Resolve(const void* ptr, uint64_t bytes, const char* what);
@@ -128,9 +127,6 @@ class CommImpl {
   // own-shard copies and the graph's ready write on `stream`.
   absl::Status SubmitCaptured(size_t n, void* stream, uint32_t slot, uint64_t* op);
   absl::Status CheckHealthy();  // Open, daemon alive, no job-ending error.
-  // Blocks until done_seq >= seq (cyclically) or the daemon is gone.
-  absl::Status WaitDone(uint32_t seq);
-  absl::Status DaemonGone() const;
   // Checks that `op` names a submitted op; its 32-bit sequence number.
   absl::StatusOr<uint32_t> OpSeq(uint64_t op) const;
   std::string Rank() const;  // "rank N: "
@@ -140,12 +136,7 @@ class CommImpl {
   std::string daemon_version_;
 
   std::unique_ptr<ControlChannel> control_;
-  std::atomic<bool> daemon_gone_{false};
-  mutable absl::Mutex gone_mu_;
-  std::string gone_reason_ ABSL_GUARDED_BY(gone_mu_);
-  // done_seq when the daemon went away (stream backends): written by the
-  // watcher before daemon_gone_ (release), read after it (acquire).
-  uint32_t released_done_ = 0;
+  DoneFlag done_;  // Also: whether, and why, the daemon went away.
 
   common::MemfdMapping segment_;  // Keeps its memfd (sealed) for the session's life.
   abi::SegmentViewV1 view_;
