@@ -41,11 +41,11 @@ class DoneFlag {
   }
 
   // The watcher thread: the Join stream ended (`reason`).
-  void MarkGone(const std::string& reason);
+  void MarkGone(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
   bool gone() const { return gone_.load(std::memory_order_acquire); }
   const std::atomic<bool>& gone_flag() const { return gone_; }
   // UNAVAILABLE: "rank N: <why the daemon went>".
-  absl::Status GoneStatus() const;
+  absl::Status GoneStatus() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Blocks until op `seq` is done (cyclic compare) or the daemon is gone.
   absl::Status Wait(uint32_t seq);

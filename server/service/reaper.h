@@ -44,12 +44,12 @@ class DeferredFrees {
  public:
   // Queues `item`, retired at ingress epoch `epoch`. An item already queued
   // or already released is left as it is.
-  void Retire(uint64_t epoch, std::shared_ptr<Retirable> item);
+  void Retire(uint64_t epoch, std::shared_ptr<Retirable> item) ABSL_LOCKS_EXCLUDED(mu_);
   // Takes the items due at `epoch`, oldest first: those retired at least two
   // epochs before (a whole pass began and ended since), or every item when
   // `gated` is false (no ingress thread reads them).
-  std::vector<std::shared_ptr<Retirable>> TakeDue(uint64_t epoch, bool gated);
-  size_t size() const;
+  std::vector<std::shared_ptr<Retirable>> TakeDue(uint64_t epoch, bool gated) ABSL_LOCKS_EXCLUDED(mu_);
+  size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
   bool empty() const { return size() == 0; }
 
  private:
@@ -86,9 +86,9 @@ class ReaperThread {
 
   void Start();
   // Runs a pass now (a job was created: the 20 ms cadence starts).
-  void Wake();
+  void Wake() ABSL_LOCKS_EXCLUDED(mu_);
   // Joins the thread; a stopped ReaperThread does not start again.
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void Loop();

@@ -91,11 +91,12 @@ class Registry {
   std::vector<ingress::JobFeed> Snapshot() const { return core_.Snapshot(); }
   // One reaper pass (the thread runs it every 20 ms; tests call it): a core
   // sweep, the ended jobs' telemetry kept, the frees that are due, a trim.
-  void Reap();
+  void Reap() ABSL_LOCKS_EXCLUDED(recent_mu_);
 
   // Telemetry. Node totals always; per-job entries only for jobs `viewer`
   // may see (its own uid's, or all for an operator).
-  void FillStats(const std::string& job_key, const Viewer& viewer, v1::StatsReply* out) const;
+  void FillStats(const std::string& job_key, const Viewer& viewer, v1::StatsReply* out) const
+      ABSL_LOCKS_EXCLUDED(recent_mu_);
   // Everything (for in-daemon callers that serve operators only).
   void FillStats(const std::string& job_key, v1::StatsReply* out) const {
     FillStats(job_key, Viewer::Everything(), out);

@@ -14,7 +14,9 @@ using scheduler::Rank;
 
 namespace {
 
-absl::Status NoSession(uint64_t id) { return absl::NotFoundError(absl::StrCat("no session ", id, " with that secret")); }
+absl::Status NoSession(uint64_t id) {
+  return absl::NotFoundError(absl::StrCat("no session ", id, " with that secret"));
+}
 
 }  // namespace
 

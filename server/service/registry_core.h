@@ -111,42 +111,43 @@ class RegistryCore {
   // is who sent the Join, and it must be the process that handed the
   // segment over, so a ticket seen by another user or process is worth
   // nothing.
-  absl::StatusOr<Joined> Join(const JoinSpec& req, const PeerCred& caller);
+  absl::StatusOr<Joined> Join(const JoinSpec& req, const PeerCred& caller) ABSL_LOCKS_EXCLUDED(mu_);
   // The Join stream ended: clean (Leave was called, or the join never
   // completed) or not (the rank died). Fails the job's later ops if it was
   // running. The session's quota goes back.
-  void EndSession(const Joined& j);
+  void EndSession(const Joined& j) ABSL_LOCKS_EXCLUDED(mu_);
   // Leave/Register/Deregister act only for the holder of the session's
   // secret (from the Join reply); anything else is "no session".
-  absl::Status Leave(uint64_t session_id, const std::string& secret);
-  absl::Status CheckSession(uint64_t session_id, const std::string& secret) const;
-  absl::StatusOr<uint32_t> Register(const RegisterSpec& req);
-  absl::Status Deregister(uint64_t session_id, const std::string& secret, uint32_t region_id);
+  absl::Status Leave(uint64_t session_id, const std::string& secret) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CheckSession(uint64_t session_id, const std::string& secret) const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<uint32_t> Register(const RegisterSpec& req) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Deregister(uint64_t session_id, const std::string& secret, uint32_t region_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Shutdown: every running job fails its pending and later ops with `why`.
-  void FailAll(const absl::Status& why);
+  void FailAll(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
   bool stopping() const { return stopping_.load(std::memory_order_acquire); }
-  int total_ops_in_flight() const;
+  int total_ops_in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Ingress hooks: the snapshot changes when version() does.
   uint64_t version() const { return version_.load(std::memory_order_acquire); }
-  std::vector<ingress::JobFeed> Snapshot() const;
+  std::vector<ingress::JobFeed> Snapshot() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // One sweep (reaper thread): retires into `frees`, at ingress epoch
   // `epoch`, every session no op can touch any more; drops the jobs that
   // ended (their quota goes back) and returns those whose ranks had all
   // joined, for telemetry.
-  std::vector<JobView> Sweep(uint64_t epoch, DeferredFrees* frees);
+  std::vector<JobView> Sweep(uint64_t epoch, DeferredFrees* frees) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Telemetry: the live jobs and what the swept ones counted, at one instant.
   struct View {
     std::vector<JobView> jobs;
     RetiredTotals retired;
   };
-  View view() const;
+  View view() const ABSL_LOCKS_EXCLUDED(mu_);
   RegionLedger::Held held_regions() const { return ledger_->total(); }
-  int num_jobs() const;
-  int num_sessions() const;
+  int num_jobs() const ABSL_LOCKS_EXCLUDED(mu_);
+  int num_sessions() const ABSL_LOCKS_EXCLUDED(mu_);
   const UidQuota& quota() const { return *quota_; }
   const RegionLedger& ledger() const { return *ledger_; }
 
@@ -164,12 +165,12 @@ class RegistryCore {
 
   // Join's steps: the request's routing and segment hand-over; then, under
   // mu_, the job (found or created) and the rank's place in it.
-  absl::StatusOr<Handover> ClaimSegment(const JoinSpec& req, const PeerCred& caller);
+  absl::StatusOr<Handover> ClaimSegment(const JoinSpec& req, const PeerCred& caller) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<JobEntry*> FindOrCreateJobLocked(const JoinSpec& req, uid_t uid)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Joined> AddToJobLocked(const JoinSpec& req, const std::shared_ptr<Session>& session,
                                         UidQuota::Reservation* quota) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::shared_ptr<Session> FindSession(uint64_t id, const std::string& secret) const;
+  std::shared_ptr<Session> FindSession(uint64_t id, const std::string& secret) const ABSL_LOCKS_EXCLUDED(mu_);
   // Sweeps one job; true when it ended (and may be dropped).
   bool SweepJobLocked(const JobEntry& entry, uint64_t epoch, DeferredFrees* frees)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

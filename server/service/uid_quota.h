@@ -63,16 +63,16 @@ class UidQuota : public std::enable_shared_from_this<UidQuota> {
 
   // Counts one more session (job) of `uid`, or RESOURCE_EXHAUSTED naming
   // the limit and its flag. `job_key` only names the job in the message.
-  absl::StatusOr<Reservation> ReserveSession(uid_t uid);
-  absl::StatusOr<Reservation> ReserveJob(uid_t uid, const std::string& job_key);
+  absl::StatusOr<Reservation> ReserveSession(uid_t uid) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<Reservation> ReserveJob(uid_t uid, const std::string& job_key) ABSL_LOCKS_EXCLUDED(mu_);
 
-  Held held(uid_t uid) const;
+  Held held(uid_t uid) const ABSL_LOCKS_EXCLUDED(mu_);
   // Uids holding anything (a uid whose counts reach zero is forgotten).
-  int uids() const;
+  int uids() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   explicit UidQuota(const Limits& limits) : limits_(limits) {}
-  void Release(uid_t uid, Kind kind);
+  void Release(uid_t uid, Kind kind) ABSL_LOCKS_EXCLUDED(mu_);
 
   const Limits limits_;
   mutable absl::Mutex mu_;

@@ -22,7 +22,8 @@ constexpr pid_t kPid = 31;
 
 class RegistryTest : public ::testing::Test {
  protected:
-  RegistryTest() : tickets_(TicketOptions(&clock_)), handovers_(&tickets_), registry_(&engine_, &tickets_, Limits{0, 0, 0, 0}) {}
+  RegistryTest()
+      : tickets_(TicketOptions(&clock_)), handovers_(&tickets_), registry_(&engine_, &tickets_, Limits{0, 0, 0, 0}) {}
 
   static TicketTable::Options TicketOptions(common::Clock* clock) {
     TicketTable::Options o;
