@@ -10,8 +10,8 @@
 #include "common/status.h"
 
 namespace dmagather::server::service {
-absl::StatusOr<std::shared_ptr<Session>> Session::Open(uint64_t id, const v1::JoinRequest& req,
-                                                       const Handover& segment, engines::CopyEngine* engine) {
+absl::StatusOr<std::shared_ptr<Session>> Session::Open(uint64_t id, const JoinSpec& req, const Handover& segment,
+                                                       engines::CopyEngine* engine) {
   // Only ever the memory this caller handed over: messages may describe it.
   DMAG_ASSIGN_OR_RETURN(common::MemfdMapping m,
                         common::MemfdMapping::Map(segment.fd.get(), abi::SegmentLayoutV1::kBytes));
@@ -23,7 +23,7 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(uint64_t id, const v1::Jo
         "daemon versions differ",
         h.stamp, abi::kSegmentStampV1));
   }
-  if (h.token != req.segment_token()) {
+  if (h.token != req.segment_token) {
     return absl::PermissionDeniedError("the rank segment's token does not match the join request");
   }
   if (h.ring_slots != abi::kRingSlotsV1 ||
@@ -41,26 +41,23 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(uint64_t id, const v1::Jo
   s->segment_dev_ = st.st_dev;
   s->segment_ino_ = st.st_ino;
   s->abi_version_ = h.descriptor_stamp == abi::kDescriptorStampV2 ? 2 : 1;
-  s->device_.kind = req.device().kind().empty() ? "cpu" : req.device().kind();
-  s->device_.ordinal = req.device().ordinal();
-  s->device_.uuid = req.device().uuid();
-  s->device_.pci_bus_id = req.device().pci_bus_id();
+  s->device_ = req.device;
   v = abi::SegmentViewV1::At(s->segment_.data());
   // Whatever the client left there, the daemon starts the protocol clean.
   abi::StoreRelease(&v.completion->done_seq, 0u);
   abi::StoreRelease(&v.completion->error_count, 0u);
   abi::StoreRelease(&v.completion->daemon_state, static_cast<uint32_t>(abi::kDaemonServing));
   engines::RankAttach attach;
-  attach.rank = req.rank();
+  attach.rank = req.rank;
   attach.device = s->device_;
   attach.flag_pages = v.completion;
   attach.flag_bytes = abi::SegmentLayoutV1::kRingOffset - abi::SegmentLayoutV1::kCompletionOffset;
   attach.ready_word = &v.completion->ready_seq;
   auto engine_rank = engine->AttachRank(attach);
   if (!engine_rank.ok()) {
-    return common::Annotate(engine_rank.status(), absl::StrCat("rank ", req.rank(), ": "));
+    return common::Annotate(engine_rank.status(), absl::StrCat("rank ", req.rank, ": "));
   }
-  s->rank_ = std::make_shared<scheduler::Rank>(req.rank(), s->pid_, s->uid_, v.completion,
+  s->rank_ = std::make_shared<scheduler::Rank>(req.rank, s->pid_, s->uid_, v.completion,
                                                 *std::move(engine_rank));
   s->input_ = std::make_shared<ingress::RankInput>(s->rank_, v);
   return s;

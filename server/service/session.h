@@ -22,22 +22,23 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/memfd.h"
-#include "dmagather/v1/control.pb.h"
 #include "server/engines/copy_engine.h"
 #include "server/ingress/rank_input.h"
 #include "server/scheduler/rank.h"
+#include "server/service/reaper.h"
+#include "server/service/requests.h"
 #include "server/service/ticket_table.h"
 
 namespace dmagather::server::service {
 
-class Session {
+class Session final : public Retirable {
  public:
   // Maps the segment the client handed over (`segment`, claimed from the
   // ticket in `req`), checks its header and token, attaches the rank to
   // `engine`. No registry lock is held while this runs.
-  static absl::StatusOr<std::shared_ptr<Session>> Open(uint64_t id, const v1::JoinRequest& req,
-                                                       const Handover& segment, engines::CopyEngine* engine);
-  ~Session();
+  static absl::StatusOr<std::shared_ptr<Session>> Open(uint64_t id, const JoinSpec& req, const Handover& segment,
+                                                       engines::CopyEngine* engine);
+  ~Session() override;
 
   uint64_t id() const { return id_; }
   uid_t uid() const { return uid_; }
@@ -60,7 +61,7 @@ class Session {
   dev_t segment_dev() const { return segment_dev_; }
   ino_t segment_ino() const { return segment_ino_; }
 
-  // Registration bookkeeping (Registry::Register/Deregister, one at a time
+  // Registration bookkeeping (RegistryCore::Register/Deregister, one at a time
   // per session under register_mu): host buffers by (st_dev, st_ino, bytes),
   // so the same memfd registered again is the same region, not a second
   // mapping; and what each region charged to the uid's mapped bytes.
@@ -80,13 +81,10 @@ class Session {
   absl::Mutex register_mu;
   std::map<HostKey, uint32_t> by_inode ABSL_GUARDED_BY(register_mu);
   std::map<uint32_t, Registered> registered ABSL_GUARDED_BY(register_mu);
-  // What this session charged to its uid's usage (the registry's mu_).
-  bool charged_session = false;
-
   // Undoes the engine's attach, drops the regions, unmaps the segment.
   // Safe to call more than once.
-  void ReleaseMemory();
-  bool memory_released() const { return released_.load(std::memory_order_acquire); }
+  void ReleaseMemory() override;
+  bool memory_released() const override { return released_.load(std::memory_order_acquire); }
 
  private:
   Session(uint64_t id, std::string secret, uid_t uid, pid_t pid, common::MemfdMapping segment);

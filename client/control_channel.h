@@ -1,0 +1,106 @@
+// ControlChannel: one rank's control plane to dmagatherd: the gRPC channel
+// and stub, the Join stream (held for the session's life by a watcher
+// thread: when it ends, the daemon is gone or ended the session), Leave,
+// Register and Deregister, and the fd-channel hand-overs of the memory a
+// Register names. The only client piece that reads or writes a protobuf.
+//
+// Threads: the communicator's user thread calls every method (one at a
+// time); the watcher thread only reads the stream and, when it ends, calls
+// the on_end callback once. EndStream() joins it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/backend.h"
+#include "common/fd_exchange.h"
+#include "dmagather/v1/control.grpc.pb.h"
+
+namespace dmagather::client {
+
+// gRPC status -> absl::Status ("what: message"; FALLBACK kept).
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view what);
+
+// The socket to use: `explicit_path`, else $DMAGATHER_SOCKET, else the default.
+std::string ResolveSocket(const std::string& explicit_path);
+
+// A new multi-node job id from the daemon at `socket_path` ("" = default).
+absl::StatusOr<std::string> CreateJobId(const std::string& socket_path);
+
+struct JoinParams {
+  std::string job_key;
+  int world_size = 0;
+  int rank = 0;
+  std::string segment_ticket;  // The segment's hand-over.
+  uint64_t segment_token = 0;  // Also in the segment's header.
+  int join_timeout_ms = 60000;
+  ProbedDevice device;
+  std::string job_id;
+};
+
+struct JoinAnswer {
+  uint64_t session_id = 0;
+  std::string session_secret;
+  std::string backend;  // "host" when the daemon named none.
+  std::string daemon_version;
+  std::optional<uint32_t> wait_spin;  // The daemon's advice.
+};
+
+class ControlChannel {
+ public:
+  // Connects to the daemon at `socket_path` (1 s), saying so when this user
+  // may not (permissions) or nobody answers (a stale socket).
+  static absl::StatusOr<std::unique_ptr<ControlChannel>> Connect(const std::string& socket_path);
+  ~ControlChannel();
+
+  const std::string& socket_path() const { return socket_path_; }
+
+  // Hands the rank's segment over on the fd channel: its ticket and the
+  // daemon's doorbell descriptor.
+  absl::StatusOr<common::FdExchangeResult> HandOverSegment(int fd, uint64_t bytes, int rank);
+
+  // Sends the Join and waits for its answer (all ranks in, or an error);
+  // a daemon that does not answer within the join timeout plus 10 s is
+  // given up on (DEADLINE_EXCEEDED).
+  absl::StatusOr<JoinAnswer> Join(const JoinParams& p);
+  // Whether a Join stream is open.
+  bool joined() const { return stream_ != nullptr; }
+  // Starts the watcher: it holds the stream until it ends, then calls
+  // `on_end` (on its thread) with why.
+  void StartWatcher(std::function<void(const std::string& reason)> on_end);
+  // Leaves the session (best effort, 2 s).
+  void Leave();
+  // Cancels the Join stream, joins the watcher, finishes the call.
+  void EndStream();
+
+  // Registers `e` (handing its memory over first where it is descriptors);
+  // the daemon's region id. `owned` (may be null: memory the caller
+  // allocated) hears when the daemon has answered. `rank` names the rank
+  // in messages.
+  absl::StatusOr<uint32_t> Register(const MemoryExport& e, int rank, OwnedBuffer* owned);
+  absl::Status Deregister(uint32_t region_id);
+
+ private:
+  ControlChannel(std::string socket_path, std::shared_ptr<grpc::Channel> channel);
+  // Waits for the first event of the stream (the Join's answer).
+  absl::StatusOr<JoinAnswer> ReadAnswer(const JoinParams& p);
+  // The fd-channel tickets of `e`'s memory, put into `req`.
+  absl::Status HandOverExport(const MemoryExport& e, int rank, v1::RegisterRequest* req);
+
+  const std::string socket_path_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<v1::Control::Stub> stub_;
+  uint64_t session_id_ = 0;
+  std::string session_secret_;
+  std::unique_ptr<grpc::ClientContext> join_ctx_;
+  std::unique_ptr<grpc::ClientReader<v1::JoinEvent>> stream_;
+  std::thread watcher_;
+};
+
+}  // namespace dmagather::client

@@ -1,0 +1,59 @@
+// GraphSlots: the CUDA-graph capture bookkeeping of one communicator. A
+// captured AllGather is a persistent op in one of abi::kGraphSlotsV1 graph
+// slots, held until its graph is destroyed; the backend's destroy callback
+// (any thread) names the freed slot in GraphSlotsFreed, and the next Take()
+// reclaims it. Captured ops are remembered by handle (their slot, and
+// whether their stream wait was captured: a captured op is waited exactly
+// once, in the same capture).
+//
+// Threads: Take/Release/Captured/Find on the communicator's user thread;
+// the shared GraphSlotsFreed is filled from any thread under its mutex.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+
+#include "abi/completion_v1.h"
+#include "client/backend.h"
+
+namespace dmagather::client {
+
+class GraphSlots {
+ public:
+  struct CapturedOp {
+    uint32_t slot = 0;
+    bool waited = false;  // Its stream wait was captured.
+  };
+
+  // Handed to the backend with each slot taken (its destroy callback).
+  const std::shared_ptr<GraphSlotsFreed>& freed() const { return freed_; }
+  // The graph flags' ready words (null: nobody to tell any more).
+  void SetReadyWords(uint32_t* ready);
+
+  // A free slot (reclaiming those whose graphs were destroyed), or -1 when
+  // every slot is held.
+  int Take();
+  void Release(uint32_t slot) { used_ &= ~(1u << slot); }
+  // Op `op` was captured into `slot`. The oldest records go beyond
+  // 4 * kGraphSlotsV1.
+  void Captured(uint64_t op, uint32_t slot);
+  // The captured op `op`, or null when it was not captured (or forgotten).
+  CapturedOp* Find(uint64_t op);
+  int used() const;  // Slots held.
+
+  // The graph flags in the completion pages after `completion`:
+  // fresh words for an op captured into `slot` (the daemon retires any
+  // earlier op of the slot when it arms the new one);
+  static void ResetFlags(abi::CompletionV1* completion, uint32_t slot);
+  // the permanent release of every slot (high word of its done flag) when
+  // the daemon is gone, so no replay waits forever.
+  static void ReleaseForever(abi::CompletionV1* completion);
+
+ private:
+  uint32_t used_ = 0;  // Bit per slot.
+  std::map<uint64_t, CapturedOp> ops_;
+  const std::shared_ptr<GraphSlotsFreed> freed_ = std::make_shared<GraphSlotsFreed>();
+};
+
+}  // namespace dmagather::client

@@ -1,0 +1,55 @@
+#include "client/ring_writer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/futex.h"
+
+namespace dmagather::client {
+
+bool RingWriter::PublishSlot(const void* d, size_t bytes, const std::atomic<bool>& gone) {
+  abi::RingV1* ring = view_.ring;
+  const uint64_t tail = ring->tail;
+  common::Backoff backoff;
+  while (tail - abi::LoadAcquire(&ring->head) >= abi::kRingSlotsV1) {
+    if (gone.load()) return false;
+    if (backoff.Pause()) usleep(50);
+  }
+  std::memcpy(&view_.slots[tail % abi::kRingSlotsV1], d, bytes);
+  abi::StoreSeqCst(&ring->tail, tail + 1);
+  if (abi::LoadSeqCst(&bell_->sleeping) != 0) {
+    abi::FetchAdd(&bell_->seq, 1u);
+    common::FutexWakeAll(&bell_->seq);
+  }
+  return true;
+}
+
+bool RingWriter::PublishOp(abi::DescriptorV2* ds, size_t n, uint32_t seq, uint64_t now_ns,
+                           const std::atomic<bool>& gone) {
+  for (size_t i = 0; i < n; ++i) {
+    abi::DescriptorV2& d = ds[i];
+    d.stamp = abi::kDescriptorStampV2;
+    d.seq = seq;
+    d.submit_ns = now_ns;
+    d.items_following = static_cast<uint32_t>(n - 1 - i);
+    const size_t used = d.op == abi::kOpRefuse
+                            ? sizeof(abi::DescriptorV2)
+                            : offsetof(abi::DescriptorV2, recv) +
+                                  sizeof(abi::BufferRefV1) * std::min(d.num_recv, abi::kMaxRanksV1);
+    if (!PublishSlot(&d, used, gone)) return false;
+  }
+  return true;
+}
+
+void RingWriter::FillRefusal(int code, const absl::Status& why, abi::DescriptorV2* d) {
+  std::memset(d, 0, sizeof(*d));
+  d->op = abi::kOpRefuse;
+  d->refusal.status = code;
+  const size_t len = std::min(why.message().size(), sizeof(d->refusal.reason) - 1);
+  std::memcpy(d->refusal.reason, why.message().data(), len);
+  d->refusal.reason[len] = '\0';
+}
+
+}  // namespace dmagather::client

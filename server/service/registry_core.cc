@@ -1,0 +1,315 @@
+#include "server/service/registry_core.h"
+
+#include <glog/logging.h>
+
+#include "abi/fd_channel_v1.h"
+#include "abi/ring_v1.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace dmagather::server::service {
+
+using scheduler::Job;
+using scheduler::Rank;
+
+namespace {
+
+absl::Status NoSession(uint64_t id) {
+  return absl::NotFoundError(absl::StrCat("no session ", id, " with that secret"));
+}
+
+}  // namespace
+
+RegistryCore::RegistryCore(engines::CopyEngine* engine, TicketTable* tickets, const Limits& limits)
+    : engine_(engine),
+      tickets_(tickets),
+      quota_(UidQuota::Create({limits.max_jobs_per_uid, limits.max_sessions_per_uid})),
+      ledger_(RegionLedger::Create({limits.max_regions_per_uid, limits.max_mapped_bytes_per_uid})) {}
+
+absl::StatusOr<Handover> RegistryCore::ClaimSegment(const JoinSpec& req, const PeerCred& caller) {
+  if (!req.job_id.empty()) {
+    if (peers_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "join with a job id (a multi-node job): this dmagatherd runs without --peer_listen, so it cannot "
+          "reach other nodes' daemons");
+    }
+    DMAG_RETURN_IF_ERROR(peers_->CheckJobId(req.job_id));
+  }
+  if (req.segment_ticket.empty()) {
+    return absl::PermissionDeniedError(
+        "join: no segment ticket (hand the segment over on the fd channel first; clients before 0.3 named "
+        "shared memory, which dmagatherd no longer opens)");
+  }
+  DMAG_ASSIGN_OR_RETURN(Handover segment, tickets_->Take(req.segment_ticket, abi::kFdSegment));
+  if (caller.uid != segment.uid || caller.pid != segment.pid) {
+    // The ticket is spent either way: whoever leaked it must hand over again.
+    return absl::PermissionDeniedError(absl::StrCat(
+        "join: the segment ticket was handed over by pid ", segment.pid, " (uid ", segment.uid,
+        "), but this Join comes from pid ", caller.pid, " (uid ", caller.uid,
+        "); a ticket is good only for the process that handed the memory over"));
+  }
+  return segment;
+}
+
+absl::StatusOr<Joined> RegistryCore::Join(const JoinSpec& req, const PeerCred& caller) {
+  if (stopping()) return absl::UnavailableError("dmagatherd is shutting down");
+  DMAG_ASSIGN_OR_RETURN(Handover segment, ClaimSegment(req, caller));
+  // The session limit is checked (and the session counted) before anything
+  // is mapped for it; every early return below gives the count back.
+  DMAG_ASSIGN_OR_RETURN(UidQuota::Reservation session_quota, quota_->ReserveSession(segment.uid));
+  const uint64_t id = next_session_id_.fetch_add(1);
+  // Mapping the segment and attaching the rank to the engine (cuda:
+  // cudaHostRegister) happen outside the registry lock, and so does the
+  // unmapping of a session that failed to join (declared before the lock).
+  DMAG_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, Session::Open(id, req, segment, engine_));
+  absl::MutexLock lock(&mu_);
+  return AddToJobLocked(req, session, &session_quota);
+}
+
+absl::StatusOr<RegistryCore::JobEntry*> RegistryCore::FindOrCreateJobLocked(const JoinSpec& req, uid_t uid) {
+  const bool multi_node = !req.job_id.empty();
+  const JobId key{uid, req.job_key};
+  auto found = jobs_.find(key);
+  if (found == jobs_.end()) {
+    DMAG_ASSIGN_OR_RETURN(UidQuota::Reservation job_quota, quota_->ReserveJob(uid, req.job_key));
+    if (job_created_) job_created_();
+    JobEntry& entry = jobs_[key];
+    entry.job = std::make_shared<Job>(req.job_key, req.world_size, uid, multi_node);
+    entry.sessions.resize(req.world_size);
+    entry.quota = std::move(job_quota);
+    version_.fetch_add(1);
+    LOG(INFO) << "job '" << req.job_key << "' created: " << req.world_size << " ranks, uid " << uid;
+    return &entry;
+  }
+  const Job& job = *found->second.job;
+  if (job.world_size() != req.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("job '", req.job_key, "' has world size ", job.world_size(),
+                                                   ", rank ", req.rank, " asked for ", req.world_size));
+  }
+  if (job.multi_node() != multi_node) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job '", req.job_key, "': rank ", req.rank,
+        multi_node ? " gave a job id but earlier ranks did not" : " gave no job id but earlier ranks did"));
+  }
+  return &found->second;
+}
+
+absl::StatusOr<Joined> RegistryCore::AddToJobLocked(const JoinSpec& req, const std::shared_ptr<Session>& session,
+                                                    UidQuota::Reservation* quota) {
+  const bool multi_node = !req.job_id.empty();
+  DMAG_ASSIGN_OR_RETURN(JobEntry * entry, FindOrCreateJobLocked(req, session->uid()));
+  const std::shared_ptr<Job>& job = entry->job;
+  DMAG_RETURN_IF_ERROR(job->AddRank(session->rank()));
+  if (multi_node) {
+    const int timeout_ms = req.join_timeout_ms > 0 ? req.join_timeout_ms : 60000;
+    absl::Status peered = peers_->AddRank(job, req.job_id, timeout_ms);
+    if (!peered.ok()) {
+      job->RemoveRank(session->rank().get());
+      return peered;
+    }
+  }
+  entry->sessions[req.rank] = session;
+  sessions_[session->id()] = SessionEntry{session, std::move(*quota)};
+  // The ingress thread's snapshot gains the job (a multi-node job's feed is
+  // refreshed at each local join: it starts once its ring is up).
+  if (job->all_joined() || multi_node) version_.fetch_add(1);
+  LOG(INFO) << "job '" << req.job_key << "': rank " << req.rank << " (pid " << session->pid() << ") joined, "
+            << job->joined() << "/" << job->world_size();
+  return Joined{job, session};
+}
+
+void RegistryCore::EndSession(const Joined& j) {
+  Session& s = *j.session;
+  Rank& k = *s.rank();
+  const bool clean = k.state() == Rank::State::kLeft;
+  if (!j.job->all_joined()) {
+    j.job->RemoveRank(&k);
+    k.set_state(Rank::State::kLeft);
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(JobId{j.job->uid(), j.job->key()});
+    if (it != jobs_.end() && it->second.job == j.job && it->second.sessions[k.rank()] == j.session) {
+      it->second.sessions[k.rank()].reset();
+    }
+  } else if (clean) {
+    k.ReleaseReadyWaiters();
+    j.job->Fail(absl::AbortedError(absl::StrCat("rank ", k.rank(), " (pid ", k.pid(), ") left job '",
+                                                j.job->key(), "'")),
+                k.rank());
+  } else {
+    k.set_state(Rank::State::kGone);
+    k.ReleaseReadyWaiters();
+    LOG(WARNING) << "job '" << j.job->key() << "': rank " << k.rank() << " (pid " << k.pid()
+                 << ") went away without leaving; failing the job's pending operations";
+    j.job->Fail(absl::AbortedError(absl::StrCat("rank ", k.rank(), " (pid ", k.pid(), ") of job '",
+                                                j.job->key(), "' exited or was killed")),
+                k.rank());
+  }
+  SessionEntry ended;  // Its quota goes back once the lock is released.
+  absl::MutexLock lock(&mu_);
+  if (auto it = sessions_.find(s.id()); it != sessions_.end()) {
+    ended = std::move(it->second);
+    sessions_.erase(it);
+  }
+  s.ended.store(true, std::memory_order_release);
+  version_.fetch_add(1);
+}
+
+std::shared_ptr<Session> RegistryCore::FindSession(uint64_t id, const std::string& secret) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || !it->second.session->SecretMatches(secret)) return nullptr;
+  return it->second.session;
+}
+
+absl::Status RegistryCore::CheckSession(uint64_t session_id, const std::string& secret) const {
+  return FindSession(session_id, secret) != nullptr ? absl::OkStatus() : NoSession(session_id);
+}
+
+absl::Status RegistryCore::Leave(uint64_t session_id, const std::string& secret) {
+  auto s = FindSession(session_id, secret);
+  if (s == nullptr) return NoSession(session_id);
+  s->rank()->set_state(Rank::State::kLeft);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint32_t> RegistryCore::Register(const RegisterSpec& req) {
+  auto s = FindSession(req.session_id, req.session_secret);
+  if (s == nullptr) return NoSession(req.session_id);
+  DMAG_ASSIGN_OR_RETURN(RegionClaim claim, ClaimRegion(req, *s, tickets_, doorbell_));
+  // One registration of this session at a time: the same memfd and range
+  // registered again is the region already there (no second mapping).
+  absl::MutexLock reg_lock(&s->register_mu);
+  if (claim.what.host) {
+    auto same = s->by_inode.find(claim.what.key);
+    if (same != s->by_inode.end()) return same->second;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (s->ended.load(std::memory_order_acquire)) return NoSession(req.session_id);
+  }
+  // Charged against the uid's limits before anything is mapped; the charge
+  // then lives as long as the daemon holds the region (RegionLedger).
+  DMAG_ASSIGN_OR_RETURN(std::unique_ptr<RegionLedger::Charge> charge,
+                        ledger_->Reserve(s->uid(), claim.what.host_bytes));
+  auto region = engine_->Import(claim.spec);
+  if (!region.ok()) return region.status();  // The charge goes with it.
+  const uint32_t id = next_region_id_.fetch_add(1);
+  s->input()->regions.Add(id, RegionLedger::Attach(*std::move(region), std::move(charge)));
+  if (claim.what.host) s->by_inode[claim.what.key] = id;
+  s->registered[id] = claim.what;
+  return id;
+}
+
+absl::Status RegistryCore::Deregister(uint64_t session_id, const std::string& secret, uint32_t region_id) {
+  auto s = FindSession(session_id, secret);
+  if (s == nullptr) return NoSession(session_id);
+  absl::MutexLock reg_lock(&s->register_mu);
+  DMAG_RETURN_IF_ERROR(s->input()->regions.Remove(region_id, s->rank()->inflight));
+  auto it = s->registered.find(region_id);
+  if (it != s->registered.end()) {
+    // Un-charged when the last holder (a captured or running op) lets go.
+    if (it->second.host) s->by_inode.erase(it->second.key);
+    s->registered.erase(it);
+  }
+  return absl::OkStatus();
+}
+
+void RegistryCore::FailAll(const absl::Status& why) {
+  stopping_.store(true, std::memory_order_release);
+  absl::MutexLock lock(&mu_);
+  for (auto& [key, entry] : jobs_) {
+    entry.job->Fail(why, -1);
+    for (auto& s : entry.sessions) {
+      // Only live sessions: an ended one may be released by the reaper
+      // (outside this lock) at any moment, and its rank is gone anyway.
+      if (s != nullptr && !s->ended.load(std::memory_order_acquire)) {
+        abi::StoreRelease(&s->rank()->completion()->daemon_state, static_cast<uint32_t>(abi::kDaemonStopping));
+      }
+    }
+  }
+}
+
+int RegistryCore::total_ops_in_flight() const {
+  absl::MutexLock lock(&mu_);
+  int n = 0;
+  for (const auto& [key, entry] : jobs_) n += entry.job->ops_in_flight();
+  return n;
+}
+
+std::vector<ingress::JobFeed> RegistryCore::Snapshot() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<ingress::JobFeed> out;
+  out.reserve(jobs_.size());
+  for (const auto& [key, entry] : jobs_) {
+    if (!entry.job->all_joined() && !entry.job->multi_node()) continue;
+    ingress::JobFeed feed;
+    feed.job = entry.job;
+    for (const auto& s : entry.sessions) feed.inputs.push_back(s != nullptr ? s->input() : nullptr);
+    out.push_back(std::move(feed));
+  }
+  return out;
+}
+
+bool RegistryCore::SweepJobLocked(const JobEntry& entry, uint64_t epoch, DeferredFrees* frees) {
+  const Job& job = *entry.job;
+  bool any_live = false;
+  for (const auto& s : entry.sessions) {
+    if (s == nullptr) continue;
+    const Rank::State st = s->rank()->state();
+    if (st == Rank::State::kActive || st == Rank::State::kJoining || !s->ended.load()) {
+      any_live = true;
+    } else if (s->rank()->inflight.load() == 0 && job.ops_in_flight() == 0 && job.all_joined()) {
+      // No op can write its completion block any more: ops created from
+      // now on never include a rank that is gone.
+      frees->Retire(epoch, s);
+    }
+  }
+  if (any_live || job.ops_in_flight() != 0) return false;
+  // A job whose ranks never all joined ends once none is left joining.
+  return job.all_joined() || job.joined() == 0;
+}
+
+std::vector<JobView> RegistryCore::Sweep(uint64_t epoch, DeferredFrees* frees) {
+  std::vector<JobView> ended;
+  absl::MutexLock lock(&mu_);
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    auto cur = it++;
+    JobEntry& entry = cur->second;
+    if (!SweepJobLocked(entry, epoch, frees)) continue;
+    const Job& job = *entry.job;
+    if (job.all_joined()) {
+      for (const auto& s : entry.sessions) frees->Retire(epoch, s);
+      ++retired_.jobs_completed;
+      retired_.ops += job.counters.ops.load();
+      retired_.bytes += job.counters.bytes.load();
+      retired_.fallback_ops += job.counters.fallback_ops.load();
+      for (int c = 0; c < common::kNumApiStatus; ++c) retired_.errors[c] += job.counters.errors[c].load();
+      ended.push_back(JobView{entry.job, entry.sessions});
+    }
+    LOG(INFO) << "job '" << job.key() << "' ended (" << job.counters.ops.load() << " ops)";
+    jobs_.erase(cur);  // The job's quota goes back.
+    version_.fetch_add(1);
+  }
+  return ended;
+}
+
+RegistryCore::View RegistryCore::view() const {
+  absl::MutexLock lock(&mu_);
+  View v;
+  v.jobs.reserve(jobs_.size());
+  for (const auto& [key, entry] : jobs_) v.jobs.push_back(JobView{entry.job, entry.sessions});
+  v.retired = retired_;
+  return v;
+}
+
+int RegistryCore::num_jobs() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(jobs_.size());
+}
+
+int RegistryCore::num_sessions() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(sessions_.size());
+}
+
+}  // namespace dmagather::server::service

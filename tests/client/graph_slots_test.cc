@@ -1,0 +1,87 @@
+// GraphSlots: slots are taken until none is left, come back when released
+// or when the backend reports their graph destroyed, and captured ops are
+// remembered by handle (with their one stream wait).
+#include "client/graph_slots.h"
+
+#include <gtest/gtest.h>
+
+#include "abi/graph_v1.h"
+#include "abi/ring_v1.h"
+#include "common/memfd.h"
+
+namespace dmagather::client {
+namespace {
+
+TEST(GraphSlotsTest, SlotsRunOutAndComeBack) {
+  GraphSlots slots;
+  for (uint32_t s = 0; s < abi::kGraphSlotsV1; ++s) EXPECT_EQ(slots.Take(), static_cast<int>(s));
+  EXPECT_EQ(slots.used(), static_cast<int>(abi::kGraphSlotsV1));
+  EXPECT_EQ(slots.Take(), -1);
+  slots.Release(5);
+  EXPECT_EQ(slots.Take(), 5);
+  EXPECT_EQ(slots.Take(), -1);
+  {
+    // The backend's callback: graph of slot 9 destroyed (any thread).
+    absl::MutexLock lock(&slots.freed()->mu);
+    slots.freed()->freed.push_back(9);
+  }
+  EXPECT_EQ(slots.used(), static_cast<int>(abi::kGraphSlotsV1)) << "reclaimed at the next Take";
+  EXPECT_EQ(slots.Take(), 9);
+  absl::MutexLock lock(&slots.freed()->mu);
+  EXPECT_TRUE(slots.freed()->freed.empty());
+}
+
+TEST(GraphSlotsTest, CapturedOpsAreFoundByHandleAndTheOldestForgotten) {
+  GraphSlots slots;
+  EXPECT_EQ(slots.Find(1), nullptr);
+  slots.Captured(1, 3);
+  GraphSlots::CapturedOp* op = slots.Find(1);
+  ASSERT_NE(op, nullptr);
+  EXPECT_EQ(op->slot, 3u);
+  EXPECT_FALSE(op->waited);
+  op->waited = true;
+  EXPECT_TRUE(slots.Find(1)->waited);
+  for (uint64_t h = 2; h <= 4 * abi::kGraphSlotsV1 + 1; ++h) slots.Captured(h, h % abi::kGraphSlotsV1);
+  EXPECT_EQ(slots.Find(1), nullptr) << "beyond 4 records per slot the oldest goes";
+  EXPECT_NE(slots.Find(2), nullptr);
+}
+
+TEST(GraphSlotsTest, TheReadyWordsAreSharedWithTheCallback) {
+  GraphSlots slots;
+  uint32_t words[abi::kGraphSlotsV1] = {};
+  slots.SetReadyWords(words);
+  {
+    absl::MutexLock lock(&slots.freed()->mu);
+    EXPECT_EQ(slots.freed()->ready, words);
+  }
+  slots.SetReadyWords(nullptr);
+  absl::MutexLock lock(&slots.freed()->mu);
+  EXPECT_EQ(slots.freed()->ready, nullptr);
+}
+
+TEST(GraphSlotsTest, FlagsAreResetPerSlotAndReleasedForEveryOne) {
+  auto m = common::MemfdMapping::Create("graph-flags", abi::SegmentLayoutV1::kBytes);
+  ASSERT_TRUE(m.ok()) << m.status();
+  abi::CompletionV1* c = abi::SegmentViewV1::At(m->data()).completion;
+  abi::GraphFlagsV1* g = abi::GraphFlagsOf(c);
+  for (uint32_t s = 0; s < abi::kGraphSlotsV1; ++s) {
+    g->ready[s] = 1;
+    g->done[s].hi = 4;
+    g->done[s].lo = 5;
+    g->status[s] = 2;
+  }
+  GraphSlots::ResetFlags(c, 7);
+  EXPECT_EQ(g->stamp, abi::kGraphFlagsStampV1);
+  EXPECT_EQ(g->ready[7], 0u);
+  EXPECT_EQ(g->done[7].hi, 0u);
+  EXPECT_EQ(g->done[7].lo, 0u);
+  EXPECT_EQ(g->status[7], 0);
+  EXPECT_EQ(g->ready[6], 1u) << "other slots untouched";
+  EXPECT_EQ(g->done[8].lo, 5u);
+  GraphSlots::ReleaseForever(c);
+  for (uint32_t s = 0; s < abi::kGraphSlotsV1; ++s) EXPECT_EQ(g->done[s].hi, 1u) << s;
+  EXPECT_EQ(g->done[7].lo, 0u) << "only the high words";
+}
+
+}  // namespace
+}  // namespace dmagather::client
