@@ -37,8 +37,10 @@ grep -qx 'HAS_HIP=False' "$bin/build_config.txt" ||
   fail "the generated config does not say HAS_HIP=False: $(tr '\n' ' ' <"$bin/build_config.txt")"
 
 for f in server/dmagatherd client/libdmagather.so bench/allgather_perf; do
-  if nm -D --defined-only "$bin/$f" 2>/dev/null | grep -q ' cudaGetDeviceCount$' ||
-     nm --defined-only "$bin/$f" 2>/dev/null | grep -q ' cudaGetDeviceCount$'; then
+  # Read whole, then searched: `nm | grep -q` under pipefail turns a match into
+  # a failed pipe (grep leaves early, nm dies of SIGPIPE) and the check passes.
+  syms="$(nm -D --defined-only "$bin/$f" 2>/dev/null; nm --defined-only "$bin/$f" 2>/dev/null)"
+  if grep -q ' cudaGetDeviceCount$' <<<"$syms"; then
     fail "$f links the CUDA runtime"
   fi
 done
@@ -60,7 +62,7 @@ grep -qF "$want_hip" <<<"$out" || fail "dmagatherd --backend=hip said: $(tail -3
 normal=$(bazel info bazel-bin 2>/dev/null)
 for f in server/dmagatherd client/libdmagather.so; do
   [ -f "$normal/$f" ] || continue
-  if readelf -d "$normal/$f" 2>/dev/null | grep -q 'NEEDED.*libamdhip64'; then
+  if grep -q 'NEEDED.*libamdhip64' <<<"$(readelf -d "$normal/$f" 2>/dev/null)"; then
     fail "$f needs libamdhip64 at load time (it must be opened with dlopen)"
   fi
 done

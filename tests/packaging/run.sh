@@ -124,7 +124,7 @@ if ! root_apt "$root" install $debs_in_root >"$work/install.log" 2>&1; then
 fi
 why=""
 for p in dmagatherd libdmagather0 libdmagather-dev python3-dmagather; do
-  in_root dpkg-query -W -f='${Status}\n' "$p" | grep -q "install ok installed" || why+="$p not installed; "
+  grep -q "install ok installed" <<<"$(in_root dpkg-query -W -f='${Status}\n' "$p" 2>&1)" || why+="$p not installed; "
 done
 in_root getent group dmagather >/dev/null || why+="no group dmagather; "
 # Enabled: the link, or (with a systemctl present, as here) deb-systemd-helper's
@@ -179,10 +179,11 @@ echo "  pkg-config --cflags --libs dmagather: $flags"
 if [ "$modv" = "$upstream" ] &&
    in_root sh -c 'cc -O2 -Wall -o /tmp/allgather_check /tmp/allgather_check.c $(pkg-config --cflags --libs dmagather)' \
      >"$work/cc.log" 2>&1 &&
-   in_root ldd /tmp/allgather_check | grep -qE "libdmagather.so.0 => /(usr/)?lib/"; then
+   grep -qE "libdmagather.so.0 => /(usr/)?lib/" <<<"$(in_root ldd /tmp/allgather_check 2>&1)"; then
   ok pkg_config
 else
   cat "$work/cc.log"
+  in_root ldd /tmp/allgather_check 2>&1 | sed 's/^/  ldd: /'
   bad pkg_config "modversion '$modv' (want $upstream) or the compile failed"
 fi
 
