@@ -10,9 +10,9 @@
 
 #include "server/engines/copy_engine.h"
 
-namespace dmagather::testing {
+namespace dmagather::server::engines::testing {
 
-class FakeRegion : public server::engines::ImportedRegion {
+class FakeRegion : public ImportedRegion {
  public:
   explicit FakeRegion(uint64_t bytes) : mem_(bytes) {}
   char* base() const override { return const_cast<char*>(mem_.data()); }
@@ -22,22 +22,22 @@ class FakeRegion : public server::engines::ImportedRegion {
   std::vector<char> mem_;
 };
 
-class FakeCopyEngine : public server::engines::CopyEngine {
+class FakeCopyEngine : public CopyEngine {
  public:
   const char* name() const override { return "fake"; }
-  absl::StatusOr<std::shared_ptr<server::engines::ImportedRegion>> Import(
-      const server::engines::RegionSpec& spec) override {
+  absl::StatusOr<std::shared_ptr<ImportedRegion>> Import(
+      const RegionSpec& spec) override {
     return std::make_shared<FakeRegion>(spec.bytes);
   }
-  void Execute(server::engines::EngineOp* op) override { pending.push_back(op); }
+  void Execute(EngineOp* op) override { pending.push_back(op); }
   void Stop() override {}
-  server::engines::EngineStats stats() const override { return {}; }
+  EngineStats stats() const override { return {}; }
   int worker_threads() const override { return 0; }
   bool host_addressable() const override { return host_memory; }
 
   // Performs op i's copies (memcpy) and completes it with `status`.
   void Complete(size_t i, absl::Status status = absl::OkStatus()) {
-    server::engines::EngineOp* op = pending[i];
+    EngineOp* op = pending[i];
     pending.erase(pending.begin() + i);
     if (status.ok()) {
       for (const auto& c : op->plan.copies) std::memcpy(c.dst, c.src, c.bytes);
@@ -45,8 +45,8 @@ class FakeCopyEngine : public server::engines::CopyEngine {
     op->OnEngineDone(status);
   }
 
-  std::deque<server::engines::EngineOp*> pending;
+  std::deque<EngineOp*> pending;
   bool host_memory = false;  // true: behaves as the host backend (rank memory is the daemon's).
 };
 
-}  // namespace dmagather::testing
+}  // namespace dmagather::server::engines::testing

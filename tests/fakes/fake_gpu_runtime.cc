@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::testing {
 
 // An event: the number of records issued and the number the stream thread
 // has reached; the error carried by the last completed record.
@@ -449,4 +449,4 @@ absl::StatusOr<bool> FakeRuntime::QueryEvent(GpuEvent event) {
   return true;
 }
 
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::testing

@@ -40,7 +40,7 @@
 
 #include "server/engines/gpu/runtime.h"
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::testing {
 
 class FakeRuntime : public GpuRuntime {
  public:
@@ -196,4 +196,4 @@ class FakeRuntime : public GpuRuntime {
   std::atomic<int> ipc_opens_{0}, ipc_open_now_{0}, flags_registered_{0};
 };
 
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::testing

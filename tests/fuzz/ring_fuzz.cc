@@ -58,7 +58,7 @@ namespace dmagather::fuzz {
 int FuzzOne(const uint8_t* data, size_t size) {
   static Segment* segs = new Segment[kWorld];
   Input in(data, size);
-  testing::FakeCopyEngine engine;
+  server::engines::testing::FakeCopyEngine engine;
   abi::DoorbellV1 bell{};
   auto job = std::make_shared<Job>("fuzz", kWorld, 0);
   std::vector<std::shared_ptr<RankInput>> inputs;

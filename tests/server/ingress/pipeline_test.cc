@@ -21,6 +21,8 @@
 namespace dmagather::testing {
 namespace {
 
+using server::engines::testing::FakeCopyEngine;
+using server::engines::testing::FakeRegion;
 using server::ingress::Ingress;
 using server::ingress::JobFeed;
 using server::ingress::kPersistentIdlePollNs;

@@ -25,6 +25,8 @@
 namespace dmagather::testing {
 namespace {
 
+using server::engines::testing::FakeCopyEngine;
+using server::engines::testing::FakeRegion;
 using server::scheduler::Item;
 using server::scheduler::Job;
 using server::scheduler::Op;

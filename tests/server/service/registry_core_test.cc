@@ -26,7 +26,7 @@ constexpr uid_t kUid = 4242;
 constexpr pid_t kPid = 777;
 
 // The fake engine, with imports that fail when told.
-class Engine : public testing::FakeCopyEngine {
+class Engine : public engines::testing::FakeCopyEngine {
  public:
   absl::StatusOr<std::shared_ptr<engines::ImportedRegion>> Import(const engines::RegionSpec& spec) override {
     ++imports;

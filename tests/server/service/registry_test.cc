@@ -48,7 +48,7 @@ class RegistryTest : public ::testing::Test {
   common::FakeClock clock_;
   TicketTable tickets_;
   Handovers handovers_;
-  testing::FakeCopyEngine engine_;
+  engines::testing::FakeCopyEngine engine_;
   Registry registry_;
 };
 

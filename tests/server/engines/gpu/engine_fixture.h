@@ -22,6 +22,8 @@
 
 namespace dmagather::server::engines::gpu::enginetest {
 
+using testing::FakeRuntime;
+
 struct Flavor {
   const char* name;
   bool device_waits;

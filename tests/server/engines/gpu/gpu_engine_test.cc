@@ -23,6 +23,8 @@
 namespace dmagather::server::engines::gpu {
 namespace {
 
+using testing::FakeRuntime;
+
 using enginetest::Flavor;
 using enginetest::GpuEngineTest;
 using enginetest::Job;

@@ -28,6 +28,8 @@
 namespace dmagather::server::engines::gpu {
 namespace {
 
+using testing::FakeRuntime;
+
 using enginetest::GpuEngineTest;
 using enginetest::Job;
 using enginetest::kHipLike;

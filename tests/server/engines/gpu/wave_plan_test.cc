@@ -68,7 +68,7 @@ TEST(WavePlan, CoversEveryByteOnceWithinLimits) {
         std::vector<CopyCmd> chunks;
         std::vector<WaveBatch> batches;
         PlanWaves(copies, o, &chunks, &batches);
-        SCOPED_TRACE(testing::Message() << "world " << world << " bytes " << bytes << " in_place " << in_place);
+        SCOPED_TRACE(::testing::Message() << "world " << world << " bytes " << bytes << " in_place " << in_place);
         CheckCoverage(copies, chunks, o.chunk_bytes);
         // Batches tile the chunk array in order, each within limits.
         uint32_t next = 0;
