@@ -37,30 +37,17 @@ absl::StatusOr<UniqueFd> ConnectFdChannel(const std::string& path, int timeout_m
                             ? absl::StrCat(" (owner uid ", st.st_uid, ", gid ", st.st_gid, ", mode ",
                                            absl::StrFormat("%04o", st.st_mode & 07777), ")")
                             : "";
-      return absl::PermissionDeniedError(absl::StrCat("permission denied connecting to dmagatherd's fd channel ",
-                                                      path, who, ": this user may not use this daemon"));
+      return absl::PermissionDeniedError(absl::StrCat("permission denied connecting to dmagatherd's fd channel ", path,
+                                                      who, ": this user may not use this daemon"));
     }
-    return absl::UnavailableError(absl::StrCat("cannot connect to dmagatherd's fd channel ", path, ": ",
-                                               strerror(err), " (is dmagatherd 0.3 or newer running?)"));
+    return absl::UnavailableError(absl::StrCat("cannot connect to dmagatherd's fd channel ", path, ": ", strerror(err),
+                                               " (is dmagatherd 0.3 or newer running?)"));
   }
   return s;
 }
 
-}  // namespace
-
-std::string FdChannelPath(const std::string& socket_path) { return socket_path + ".fd"; }
-
-absl::StatusOr<FdExchangeResult> ExchangeFd(const std::string& path, uint32_t kind, int fd, uint64_t bytes,
-                                            int timeout_ms) {
-  std::vector<int> fds;
-  if (fd >= 0) fds.push_back(fd);
-  return ExchangeFds(path, kind, fds, bytes, timeout_ms);
-}
-
-absl::StatusOr<FdExchangeResult> ExchangeFds(const std::string& path, uint32_t kind, const std::vector<int>& fds,
-                                             uint64_t bytes, int timeout_ms) {
-  if (fds.size() > 253) return absl::InvalidArgumentError("more than 253 descriptors in one fd-channel message");
-  DMAG_ASSIGN_OR_RETURN(UniqueFd s, ConnectFdChannel(path, timeout_ms));
+// Sends the request and the descriptors to hand over (SCM_RIGHTS).
+absl::Status SendFdRequest(int sock, uint32_t kind, const std::vector<int>& fds, uint64_t bytes) {
   abi::FdRequestV1 req{};
   req.stamp = abi::kFdRequestStampV1;
   req.magic = abi::kMagic;
@@ -86,10 +73,15 @@ absl::StatusOr<FdExchangeResult> ExchangeFds(const std::string& path, uint32_t k
   }
   ssize_t n;
   do {
-    n = sendmsg(s.get(), &msg, MSG_NOSIGNAL);
+    n = sendmsg(sock, &msg, MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
   if (n != static_cast<ssize_t>(sizeof(req))) return ErrnoStatus("sendmsg to dmagatherd's fd channel");
+  return absl::OkStatus();
+}
 
+// Reads the reply: its status, its ticket and at most one descriptor (any
+// more are closed and make the reply malformed).
+absl::StatusOr<FdExchangeResult> ReceiveFdReply(int sock, const std::string& path, uint32_t kind, int timeout_ms) {
   abi::FdReplyV1 reply{};
   iovec riov{&reply, sizeof(reply)};
   alignas(cmsghdr) char rctl[CMSG_SPACE(sizeof(int) * 4)];
@@ -98,8 +90,9 @@ absl::StatusOr<FdExchangeResult> ExchangeFds(const std::string& path, uint32_t k
   rmsg.msg_iovlen = 1;
   rmsg.msg_control = rctl;
   rmsg.msg_controllen = sizeof(rctl);
+  ssize_t n;
   do {
-    n = recvmsg(s.get(), &rmsg, MSG_CMSG_CLOEXEC);
+    n = recvmsg(sock, &rmsg, MSG_CMSG_CLOEXEC);
   } while (n < 0 && errno == EINTR);
   if (n < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -124,7 +117,8 @@ absl::StatusOr<FdExchangeResult> ExchangeFds(const std::string& path, uint32_t k
       }
     }
   }
-  if (n == 0) return absl::UnavailableError(absl::StrCat("dmagatherd's fd channel ", path, " closed without an answer"));
+  if (n == 0)
+    return absl::UnavailableError(absl::StrCat("dmagatherd's fd channel ", path, " closed without an answer"));
   if (n != static_cast<ssize_t>(sizeof(reply)) || (rmsg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 ||
       reply.stamp != abi::kFdReplyStampV1 || reply.magic != abi::kMagic || extra != 0) {
     return absl::InternalError(absl::StrCat("dmagatherd's fd channel ", path, " sent a malformed reply"));
@@ -136,6 +130,25 @@ absl::StatusOr<FdExchangeResult> ExchangeFds(const std::string& path, uint32_t k
   }
   if (kind != abi::kFdPing) out.ticket.assign(reinterpret_cast<const char*>(reply.ticket), sizeof(reply.ticket));
   return out;
+}
+
+}  // namespace
+
+std::string FdChannelPath(const std::string& socket_path) { return socket_path + ".fd"; }
+
+absl::StatusOr<FdExchangeResult> ExchangeFd(const std::string& path, uint32_t kind, int fd, uint64_t bytes,
+                                            int timeout_ms) {
+  std::vector<int> fds;
+  if (fd >= 0) fds.push_back(fd);
+  return ExchangeFds(path, kind, fds, bytes, timeout_ms);
+}
+
+absl::StatusOr<FdExchangeResult> ExchangeFds(const std::string& path, uint32_t kind, const std::vector<int>& fds,
+                                             uint64_t bytes, int timeout_ms) {
+  if (fds.size() > 253) return absl::InvalidArgumentError("more than 253 descriptors in one fd-channel message");
+  DMAG_ASSIGN_OR_RETURN(UniqueFd s, ConnectFdChannel(path, timeout_ms));
+  DMAG_RETURN_IF_ERROR(SendFdRequest(s.get(), kind, fds, bytes));
+  return ReceiveFdReply(s.get(), path, kind, timeout_ms);
 }
 
 }  // namespace dmagather::common

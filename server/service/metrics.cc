@@ -25,83 +25,98 @@ class Writer {
   std::string out_;
 };
 
+// The daemon's node-wide families: liveness, totals, engines, memory.
+void WriteNodeFamilies(const v1::HealthReply& health, const v1::StatsReply& stats, Writer* w) {
+  w->Family("dmagather_up", "gauge", "1 while dmagatherd is serving.");
+  w->Sample("dmagather_up",
+            absl::StrCat("version=\"", Label(health.version()), "\",backend=\"", Label(health.backend()), "\""), 1);
+  w->Family("dmagather_uptime_seconds", "gauge", "Seconds since dmagatherd started.");
+  w->Sample("dmagather_uptime_seconds", "", health.uptime_s());
+  w->Family("dmagather_jobs", "gauge", "Jobs known to the daemon.");
+  w->Sample("dmagather_jobs", "", health.jobs());
+  w->Family("dmagather_sessions", "gauge", "Rank sessions attached to the daemon.");
+  w->Sample("dmagather_sessions", "", health.sessions());
+  w->Family("dmagather_ops_total", "counter", "AllGather operations completed successfully.");
+  w->Sample("dmagather_ops_total", "", stats.total_ops());
+  w->Family("dmagather_bytes_total", "counter", "Bytes written into AllGather outputs.");
+  w->Sample("dmagather_bytes_total", "", stats.total_bytes());
+  w->Family("dmagather_errors_total", "counter", "Failed rank-operations by status code.");
+  for (const auto& e : stats.errors())
+    w->Sample("dmagather_errors_total", absl::StrCat("code=\"", e.code(), "\""), e.count());
+  w->Family("dmagather_fallbacks_total", "counter", "Degraded modes taken, by reason.");
+  for (const auto& f : stats.fallbacks()) {
+    w->Sample("dmagather_fallbacks_total", absl::StrCat("reason=\"", Label(f.reason()), "\""), f.count());
+  }
+  if (stats.copy_engines_size() > 0) {  // GPU backends: per engine the daemon assigned, else per GPU.
+    w->Family("dmagather_copy_engine_bytes_total", "counter",
+              "Bytes copied per GPU and DMA engine the daemon assigned (engine=\"runtime\": the runtime's choice).");
+    for (const auto& c : stats.copy_engines()) {
+      w->Sample("dmagather_copy_engine_bytes_total",
+                absl::StrCat("device=\"", c.device(), "\",engine=\"",
+                             c.engine() < 0 ? std::string("runtime") : absl::StrCat(c.engine()), "\""),
+                c.bytes());
+    }
+  }
+  w->Family("dmagather_registered_bytes", "gauge", "Bytes of rank memory imported by the daemon.");
+  w->Sample("dmagather_registered_bytes", "", stats.registered_bytes());
+  w->Family("dmagather_jobs_completed_total", "counter", "Jobs that ended and were released.");
+  w->Sample("dmagather_jobs_completed_total", "", stats.jobs_completed());
+}
+
+// Per job and per rank: ops, bytes, latency quantiles, errors, memory.
+void WriteJobFamilies(const v1::StatsReply& stats, Writer* w) {
+  w->Family("dmagather_job_ops_total", "counter", "AllGather operations completed, per job.");
+  for (const auto& j : stats.jobs())
+    w->Sample("dmagather_job_ops_total", absl::StrCat("job=\"", Label(j.job_key()), "\""), j.ops());
+  w->Family("dmagather_job_bytes_total", "counter", "Bytes written into outputs, per job.");
+  for (const auto& j : stats.jobs())
+    w->Sample("dmagather_job_bytes_total", absl::StrCat("job=\"", Label(j.job_key()), "\""), j.bytes());
+  w->Family("dmagather_job_latency_microseconds", "gauge", "Op latency (first descriptor seen to last done flag).");
+  for (const auto& j : stats.jobs()) {
+    std::string job = absl::StrCat("job=\"", Label(j.job_key()), "\"");
+    w->Sample("dmagather_job_latency_microseconds", absl::StrCat(job, ",quantile=\"0.5\""), j.latency().p50_us());
+    w->Sample("dmagather_job_latency_microseconds", absl::StrCat(job, ",quantile=\"0.99\""), j.latency().p99_us());
+  }
+  w->Family("dmagather_job_hop_latency_microseconds", "gauge", "Daemon hop: last descriptor seen to copies enqueued.");
+  for (const auto& j : stats.jobs()) {
+    std::string job = absl::StrCat("job=\"", Label(j.job_key()), "\"");
+    w->Sample("dmagather_job_hop_latency_microseconds", absl::StrCat(job, ",quantile=\"0.5\""),
+              j.hop_latency().p50_us());
+    w->Sample("dmagather_job_hop_latency_microseconds", absl::StrCat(job, ",quantile=\"0.99\""),
+              j.hop_latency().p99_us());
+  }
+  w->Family("dmagather_rank_ops_total", "counter", "Operations completed, per rank.");
+  for (const auto& j : stats.jobs()) {
+    for (const auto& r : j.ranks()) {
+      w->Sample("dmagather_rank_ops_total", absl::StrCat("job=\"", Label(j.job_key()), "\",rank=\"", r.rank(), "\""),
+                r.ops());
+    }
+  }
+  w->Family("dmagather_rank_errors_total", "counter", "Failed operations, per rank and status code.");
+  for (const auto& j : stats.jobs()) {
+    for (const auto& r : j.ranks()) {
+      for (const auto& e : r.errors()) {
+        w->Sample("dmagather_rank_errors_total",
+                  absl::StrCat("job=\"", Label(j.job_key()), "\",rank=\"", r.rank(), "\",code=\"", e.code(), "\""),
+                  e.count());
+      }
+    }
+  }
+  w->Family("dmagather_rank_registered_bytes", "gauge", "Registered memory, per rank.");
+  for (const auto& j : stats.jobs()) {
+    for (const auto& r : j.ranks()) {
+      w->Sample("dmagather_rank_registered_bytes",
+                absl::StrCat("job=\"", Label(j.job_key()), "\",rank=\"", r.rank(), "\""), r.registered_bytes());
+    }
+  }
+}
+
 }  // namespace
 
 std::string RenderPrometheus(const v1::HealthReply& health, const v1::StatsReply& stats) {
   Writer w;
-  w.Family("dmagather_up", "gauge", "1 while dmagatherd is serving.");
-  w.Sample("dmagather_up", absl::StrCat("version=\"", Label(health.version()), "\",backend=\"",
-                                        Label(health.backend()), "\""),
-           1);
-  w.Family("dmagather_uptime_seconds", "gauge", "Seconds since dmagatherd started.");
-  w.Sample("dmagather_uptime_seconds", "", health.uptime_s());
-  w.Family("dmagather_jobs", "gauge", "Jobs known to the daemon.");
-  w.Sample("dmagather_jobs", "", health.jobs());
-  w.Family("dmagather_sessions", "gauge", "Rank sessions attached to the daemon.");
-  w.Sample("dmagather_sessions", "", health.sessions());
-  w.Family("dmagather_ops_total", "counter", "AllGather operations completed successfully.");
-  w.Sample("dmagather_ops_total", "", stats.total_ops());
-  w.Family("dmagather_bytes_total", "counter", "Bytes written into AllGather outputs.");
-  w.Sample("dmagather_bytes_total", "", stats.total_bytes());
-  w.Family("dmagather_errors_total", "counter", "Failed rank-operations by status code.");
-  for (const auto& e : stats.errors()) w.Sample("dmagather_errors_total", absl::StrCat("code=\"", e.code(), "\""), e.count());
-  w.Family("dmagather_fallbacks_total", "counter", "Degraded modes taken, by reason.");
-  for (const auto& f : stats.fallbacks()) {
-    w.Sample("dmagather_fallbacks_total", absl::StrCat("reason=\"", Label(f.reason()), "\""), f.count());
-  }
-  if (stats.copy_engines_size() > 0) {  // GPU backends: per engine the daemon assigned, else per GPU.
-    w.Family("dmagather_copy_engine_bytes_total", "counter",
-             "Bytes copied per GPU and DMA engine the daemon assigned (engine=\"runtime\": the runtime's choice).");
-    for (const auto& c : stats.copy_engines()) {
-      w.Sample("dmagather_copy_engine_bytes_total",
-               absl::StrCat("device=\"", c.device(), "\",engine=\"",
-                            c.engine() < 0 ? std::string("runtime") : absl::StrCat(c.engine()), "\""),
-               c.bytes());
-    }
-  }
-  w.Family("dmagather_registered_bytes", "gauge", "Bytes of rank memory imported by the daemon.");
-  w.Sample("dmagather_registered_bytes", "", stats.registered_bytes());
-  w.Family("dmagather_jobs_completed_total", "counter", "Jobs that ended and were released.");
-  w.Sample("dmagather_jobs_completed_total", "", stats.jobs_completed());
-
-  w.Family("dmagather_job_ops_total", "counter", "AllGather operations completed, per job.");
-  for (const auto& j : stats.jobs()) w.Sample("dmagather_job_ops_total", absl::StrCat("job=\"", Label(j.job_key()), "\""), j.ops());
-  w.Family("dmagather_job_bytes_total", "counter", "Bytes written into outputs, per job.");
-  for (const auto& j : stats.jobs()) w.Sample("dmagather_job_bytes_total", absl::StrCat("job=\"", Label(j.job_key()), "\""), j.bytes());
-  w.Family("dmagather_job_latency_microseconds", "gauge", "Op latency (first descriptor seen to last done flag).");
-  for (const auto& j : stats.jobs()) {
-    std::string job = absl::StrCat("job=\"", Label(j.job_key()), "\"");
-    w.Sample("dmagather_job_latency_microseconds", absl::StrCat(job, ",quantile=\"0.5\""), j.latency().p50_us());
-    w.Sample("dmagather_job_latency_microseconds", absl::StrCat(job, ",quantile=\"0.99\""), j.latency().p99_us());
-  }
-  w.Family("dmagather_job_hop_latency_microseconds", "gauge", "Daemon hop: last descriptor seen to copies enqueued.");
-  for (const auto& j : stats.jobs()) {
-    std::string job = absl::StrCat("job=\"", Label(j.job_key()), "\"");
-    w.Sample("dmagather_job_hop_latency_microseconds", absl::StrCat(job, ",quantile=\"0.5\""), j.hop_latency().p50_us());
-    w.Sample("dmagather_job_hop_latency_microseconds", absl::StrCat(job, ",quantile=\"0.99\""), j.hop_latency().p99_us());
-  }
-  w.Family("dmagather_rank_ops_total", "counter", "Operations completed, per rank.");
-  for (const auto& j : stats.jobs()) {
-    for (const auto& r : j.ranks()) {
-      w.Sample("dmagather_rank_ops_total", absl::StrCat("job=\"", Label(j.job_key()), "\",rank=\"", r.rank(), "\""), r.ops());
-    }
-  }
-  w.Family("dmagather_rank_errors_total", "counter", "Failed operations, per rank and status code.");
-  for (const auto& j : stats.jobs()) {
-    for (const auto& r : j.ranks()) {
-      for (const auto& e : r.errors()) {
-        w.Sample("dmagather_rank_errors_total",
-                 absl::StrCat("job=\"", Label(j.job_key()), "\",rank=\"", r.rank(), "\",code=\"", e.code(), "\""), e.count());
-      }
-    }
-  }
-  w.Family("dmagather_rank_registered_bytes", "gauge", "Registered memory, per rank.");
-  for (const auto& j : stats.jobs()) {
-    for (const auto& r : j.ranks()) {
-      w.Sample("dmagather_rank_registered_bytes", absl::StrCat("job=\"", Label(j.job_key()), "\",rank=\"", r.rank(), "\""),
-               r.registered_bytes());
-    }
-  }
+  WriteNodeFamilies(health, stats, &w);
+  WriteJobFamilies(stats, &w);
   return w.Take();
 }
 
