@@ -19,15 +19,25 @@ constexpr uint32_t kErrorMessageBytesV1 = 240;
 // Shared words are touched with the compiler's atomic builtins (the structs
 // stay plain PODs so their layout is fixed and checkable).
 template <typename T>
-inline T LoadAcquire(const T* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+inline T LoadAcquire(const T* p) {
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
 template <typename T>
-inline T LoadSeqCst(const T* p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
+inline T LoadSeqCst(const T* p) {
+  return __atomic_load_n(p, __ATOMIC_SEQ_CST);
+}
 template <typename T>
-inline void StoreRelease(T* p, T v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+inline void StoreRelease(T* p, T v) {
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
 template <typename T>
-inline void StoreSeqCst(T* p, T v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
+inline void StoreSeqCst(T* p, T v) {
+  __atomic_store_n(p, v, __ATOMIC_SEQ_CST);
+}
 template <typename T>
-inline T FetchAdd(T* p, T v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline T FetchAdd(T* p, T v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
 
 // Sequence numbers are 32-bit and wrap; a >= b in the cyclic sense (the same
 // rule as CU_STREAM_WAIT_VALUE_GEQ).

@@ -13,23 +13,23 @@
 namespace dmagather::abi {
 
 struct ErrorRecordV1 {
-  uint32_t stamp;        // Stamp(sizeof(ErrorRecordV1), 1)
-  uint32_t seq;          // Op that failed.
-  int32_t status;        // dmagather_status_t
-  int32_t failed_rank;   // Rank at fault, -1 when none in particular.
+  uint32_t stamp;                      // Stamp(sizeof(ErrorRecordV1), 1)
+  uint32_t seq;                        // Op that failed.
+  int32_t status;                      // dmagather_status_t
+  int32_t failed_rank;                 // Rank at fault, -1 when none in particular.
   char message[kErrorMessageBytesV1];  // NUL-terminated sentence.
 };
 
 struct CompletionV1 {
-  uint32_t stamp;               // Stamp(sizeof(CompletionV1), 1)
+  uint32_t stamp;  // Stamp(sizeof(CompletionV1), 1)
   uint32_t pad0[15];
-  uint32_t ready_seq;           // Client side: inputs of ops <= ready_seq are ready.
+  uint32_t ready_seq;  // Client side: inputs of ops <= ready_seq are ready.
   uint32_t pad1[15];
-  uint32_t done_seq;            // Daemon side: ops <= done_seq are finished.
-  uint32_t done_waiters;        // Client threads asleep on done_seq (futex).
+  uint32_t done_seq;      // Daemon side: ops <= done_seq are finished.
+  uint32_t done_waiters;  // Client threads asleep on done_seq (futex).
   uint32_t pad2[14];
-  uint32_t error_count;         // Error records written so far (slot = n % kErrorSlotsV1).
-  uint32_t daemon_state;        // DaemonStateV1
+  uint32_t error_count;   // Error records written so far (slot = n % kErrorSlotsV1).
+  uint32_t daemon_state;  // DaemonStateV1
   uint32_t pad3[14];
   ErrorRecordV1 errors[kErrorSlotsV1];
 };

@@ -29,7 +29,7 @@ struct DescriptorV1 {
   uint64_t count;      // Elements per rank.
   uint64_t submit_ns;  // CLOCK_MONOTONIC when the client wrote it.
   BufferRefV1 send;
-  uint32_t num_recv;   // 1 for kOpAllGather, world_size for kOpAllGatherList.
+  uint32_t num_recv;  // 1 for kOpAllGather, world_size for kOpAllGatherList.
   uint32_t reserved;
   BufferRefV1 recv[kMaxRanksV1];
 };

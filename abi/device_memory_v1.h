@@ -19,8 +19,8 @@
 
 namespace dmagather::abi {
 
-constexpr uint32_t kMaxFdsPerRequestV1 = 64;   // Descriptors in one kFdDeviceMemory hand-over.
-constexpr uint32_t kMaxVmmChunksV1 = 4096;     // Chunks of one region.
+constexpr uint32_t kMaxFdsPerRequestV1 = 64;  // Descriptors in one kFdDeviceMemory hand-over.
+constexpr uint32_t kMaxVmmChunksV1 = 4096;    // Chunks of one region.
 
 struct VmmChunkV1 {
   uint64_t offset;      // From the region's base; a multiple of the allocation granularity.
@@ -29,9 +29,9 @@ struct VmmChunkV1 {
 };
 
 struct VmmTableHeaderV1 {
-  uint32_t stamp;      // kVmmTableStampV1
-  uint32_t chunks;     // VmmChunkV1 entries that follow.
-  uint32_t device;     // The owning rank's device ordinal.
+  uint32_t stamp;   // kVmmTableStampV1
+  uint32_t chunks;  // VmmChunkV1 entries that follow.
+  uint32_t device;  // The owning rank's device ordinal.
   uint32_t reserved;
 };
 

@@ -21,9 +21,9 @@
 namespace dmagather::abi {
 
 enum FdKindV1 : uint32_t {
-  kFdSegment = 1,  // A rank segment (SegmentLayoutV1::kBytes); the reply brings the doorbell.
-  kFdBuffer = 2,   // A host buffer to register.
-  kFdPing = 3,     // No descriptor; health self-check.
+  kFdSegment = 1,    // A rank segment (SegmentLayoutV1::kBytes); the reply brings the doorbell.
+  kFdBuffer = 2,     // A host buffer to register.
+  kFdPing = 3,       // No descriptor; health self-check.
   kFdTelemetry = 4,  // No descriptor; a ticket that proves the caller's uid/groups to Telemetry.Stats/Metrics.
   // Added with the cuda_vmm memory kind: 1..kMaxFdsPerRequestV1 (abi/device_memory_v1.h) exported
   // device-memory handles (not memfds; the engine validates them by
@@ -44,12 +44,12 @@ constexpr uint32_t kFdTicketBytesV1 = 16;
 constexpr uint32_t kFdMessageBytesV1 = 240;
 
 struct FdReplyV1 {
-  uint32_t stamp;   // kFdReplyStampV1
-  uint32_t magic;   // kMagic
-  int32_t status;   // absl::StatusCode (0 = OK)
+  uint32_t stamp;  // kFdReplyStampV1
+  uint32_t magic;  // kMagic
+  int32_t status;  // absl::StatusCode (0 = OK)
   uint32_t reserved;
-  uint8_t ticket[kFdTicketBytesV1];    // When status == 0 (kFdPing: zero).
-  char message[kFdMessageBytesV1];     // NUL-terminated sentence when status != 0.
+  uint8_t ticket[kFdTicketBytesV1];  // When status == 0 (kFdPing: zero).
+  char message[kFdMessageBytesV1];   // NUL-terminated sentence when status != 0.
 };
 
 static_assert(sizeof(FdRequestV1) == 64, "FdRequestV1 layout");

@@ -37,7 +37,7 @@
 namespace dmagather::abi {
 
 constexpr uint32_t kGraphSlotsV1 = 32;
-constexpr uint32_t kOpPersistentBit = 0x100;   // In DescriptorV2::op, with the slot in bits 16..23.
+constexpr uint32_t kOpPersistentBit = 0x100;  // In DescriptorV2::op, with the slot in bits 16..23.
 constexpr uint32_t kOpPersistentSlotShift = 16;
 constexpr uint32_t kOpBaseMask = 0xff;
 // ready[slot] value the client writes (from the CPU) when the graph that held
@@ -52,11 +52,11 @@ struct alignas(8) DoneWordV1 {
 };
 
 struct GraphFlagsV1 {
-  uint32_t stamp;                   // Stamp(sizeof(GraphFlagsV1), 1), written by the client.
+  uint32_t stamp;  // Stamp(sizeof(GraphFlagsV1), 1), written by the client.
   uint32_t pad0[15];
-  uint32_t ready[kGraphSlotsV1];    // Client graph writes 1; daemon resets to 0.
+  uint32_t ready[kGraphSlotsV1];  // Client graph writes 1; daemon resets to 0.
   DoneWordV1 done[kGraphSlotsV1];
-  int32_t status[kGraphSlotsV1];    // Daemon: status of the slot's last replay.
+  int32_t status[kGraphSlotsV1];  // Daemon: status of the slot's last replay.
 };
 
 // Offset of the block from the start of the completion block.

@@ -33,14 +33,15 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "tests/support/verify.h"
 #include "dmagather/client.h"
 #include "dmagather/v1/telemetry.grpc.pb.h"
+#include "tests/support/verify.h"
 #if DMAGATHER_WITH_CUDA
 #include "kernels/verify.h"
 #endif
 
-ABSL_FLAG(std::string, socket, "", "dmagatherd socket (default: $DMAGATHER_SOCKET, then /run/dmagather/dmagatherd.sock).");
+ABSL_FLAG(std::string, socket, "",
+          "dmagatherd socket (default: $DMAGATHER_SOCKET, then /run/dmagather/dmagatherd.sock).");
 ABSL_FLAG(int, ranks, 4, "Rank processes to start (ignored with --rank).");
 ABSL_FLAG(int, rank, -1, "Run only this rank (external launcher); needs --world and --job.");
 ABSL_FLAG(int, world, 0, "World size with --rank.");
@@ -192,14 +193,14 @@ void Barrier(Shared* sh, int world) {
   }
 }
 
-#define CUDA_OR_RETURN(x)                                                                  \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::cerr << "rank " << rank << ": " #x ": " << cudaGetErrorName(e_) << "\n";        \
-      sh->rank_errors++;                                                                   \
-      return 5;                                                                            \
-    }                                                                                      \
+#define CUDA_OR_RETURN(x)                                                           \
+  do {                                                                              \
+    cudaError_t e_ = (x);                                                           \
+    if (e_ != cudaSuccess) {                                                        \
+      std::cerr << "rank " << rank << ": " #x ": " << cudaGetErrorName(e_) << "\n"; \
+      sh->rank_errors++;                                                            \
+      return 5;                                                                     \
+    }                                                                               \
   } while (0)
 
 struct GpuCheck {
@@ -236,7 +237,8 @@ bool CheckOneCuda(dmagather::Comm& comm, GpuCheck& ck, cudaStream_t s, char* sen
     st = comm.AllGather(send, recv, count, dt, s);
   }
   if (st == DMAGATHER_OK) {
-    for (int r = 0; r < world; ++r) dmagather::kernels::ComparePattern(recv + r * shard, shard, seed, r, ck.d, ck.d + 1, s);
+    for (int r = 0; r < world; ++r)
+      dmagather::kernels::ComparePattern(recv + r * shard, shard, seed, r, ck.d, ck.d + 1, s);
     st = comm.Wait();
   }
   if (st != DMAGATHER_OK) {
@@ -246,9 +248,9 @@ bool CheckOneCuda(dmagather::Comm& comm, GpuCheck& ck, cudaStream_t s, char* sen
   unsigned long long first = 0;
   const unsigned long long bad = ck.Read(s, &first);
   if (bad != 0) {
-    *why = absl::StrFormat("rank %d %s count=%u variant=%d: %u wrong words, first wrong byte at %u (shard of rank %u)",
-                           rank, dmagather_dtype_name(dt), count, variant, bad, first,
-                           first / std::max<size_t>(shard, 1));
+    *why =
+        absl::StrFormat("rank %d %s count=%u variant=%d: %u wrong words, first wrong byte at %u (shard of rank %u)",
+                        rank, dmagather_dtype_name(dt), count, variant, bad, first, first / std::max<size_t>(shard, 1));
     return false;
   }
   return true;
@@ -259,7 +261,8 @@ void FetchTelemetry(const std::string& job, Shared* sh) {
   std::string sock = absl::GetFlag(FLAGS_socket);
   if (sock.empty() && std::getenv("DMAGATHER_SOCKET") != nullptr) sock = std::getenv("DMAGATHER_SOCKET");
   if (sock.empty()) sock = DMAGATHER_DEFAULT_SOCKET;
-  auto stub = dmagather::v1::Telemetry::NewStub(grpc::CreateChannel("unix:" + sock, grpc::InsecureChannelCredentials()));
+  auto stub =
+      dmagather::v1::Telemetry::NewStub(grpc::CreateChannel("unix:" + sock, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   dmagather::v1::StatsRequest req;
@@ -273,13 +276,14 @@ void FetchTelemetry(const std::string& job, Shared* sh) {
   const auto& j = reply.jobs(0);
   std::string fallbacks;
   for (const auto& f : reply.fallbacks()) fallbacks += absl::StrFormat(" %s=%u", f.reason(), f.count());
-  snprintf(sh->telemetry, sizeof(sh->telemetry),
-           "daemon hop latency (last descriptor seen -> copies enqueued), %u ops: p50 %.1f us, p99 %.1f us, max %.1f us\n"
-           "daemon op latency (first descriptor seen -> done flags written): p50 %.1f us, p99 %.1f us\n"
-           "node same_device_copies: %u; fallbacks:%s",
-           (unsigned)j.hop_latency().count(), j.hop_latency().p50_us(), j.hop_latency().p99_us(), j.hop_latency().max_us(),
-           j.latency().p50_us(), j.latency().p99_us(), (unsigned)reply.same_device_copies(),
-           fallbacks.empty() ? " none" : fallbacks.c_str());
+  snprintf(
+      sh->telemetry, sizeof(sh->telemetry),
+      "daemon hop latency (last descriptor seen -> copies enqueued), %u ops: p50 %.1f us, p99 %.1f us, max %.1f us\n"
+      "daemon op latency (first descriptor seen -> done flags written): p50 %.1f us, p99 %.1f us\n"
+      "node same_device_copies: %u; fallbacks:%s",
+      (unsigned)j.hop_latency().count(), j.hop_latency().p50_us(), j.hop_latency().p99_us(), j.hop_latency().max_us(),
+      j.latency().p50_us(), j.latency().p99_us(), (unsigned)reply.same_device_copies(),
+      fallbacks.empty() ? " none" : fallbacks.c_str());
 }
 
 // cuBLAS through dlopen, so the benchmark links no cuBLAS and runs the
@@ -340,7 +344,8 @@ int RunRankCuda(dmagather::Comm& comm, const std::string& job, Shared* sh) {
         std::string why;
         ++seed;
         if (rank == 0) sh->check_ran[d]++;
-        if (!CheckOneCuda(comm, ck, s, sendbuf, recvbuf, static_cast<dmagather_dtype_t>(d), count, variant, seed, &why)) {
+        if (!CheckOneCuda(comm, ck, s, sendbuf, recvbuf, static_cast<dmagather_dtype_t>(d), count, variant, seed,
+                          &why)) {
           Fail(sh, d, why);
         }
       }
@@ -418,7 +423,7 @@ int RunRankCuda(dmagather::Comm& comm, const std::string& job, Shared* sh) {
   // --- GEMM in rank 0 while AllGathers run ---
   const double phase_s = absl::GetFlag(FLAGS_overlap_s);
   if (phase_s > 0) {
-    const size_t count = overlap_shard / 2;  // bfloat16
+    const size_t count = overlap_shard / 2;                 // bfloat16
     const double ag_bytes = double(overlap_shard) * world;  // algo bytes per op (output size)
     // Every rank must run the same number of ops (each op needs all of
     // them): rank 0 decides when time is up and names the last op.
@@ -427,7 +432,8 @@ int RunRankCuda(dmagather::Comm& comm, const std::string& job, Shared* sh) {
       auto t0 = std::chrono::steady_clock::now();
       double el = 0;
       for (;;) {
-        if (comm.AllGather(recvbuf + rank * overlap_shard, recvbuf, count, DMAGATHER_BFLOAT16, s) != DMAGATHER_OK) return false;
+        if (comm.AllGather(recvbuf + rank * overlap_shard, recvbuf, count, DMAGATHER_BFLOAT16, s) != DMAGATHER_OK)
+          return false;
         if (cudaStreamSynchronize(s) != cudaSuccess) return false;
         ++n;
         el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -564,11 +570,10 @@ int RunRank(int rank, int world, const std::string& job, Shared* sh) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 1) cudaSetDevice(rank % devices);
 #endif
-  dmagather::Comm comm(absl::GetFlag(FLAGS_socket).empty() ? nullptr : absl::GetFlag(FLAGS_socket).c_str(), job,
-                       world, rank);
+  dmagather::Comm comm(absl::GetFlag(FLAGS_socket).empty() ? nullptr : absl::GetFlag(FLAGS_socket).c_str(), job, world,
+                       rank);
   if (!comm.ok()) {
-    std::cerr << "rank " << rank << ": " << dmagather_status_string(comm.init_status()) << ": " << comm.error()
-              << "\n";
+    std::cerr << "rank " << rank << ": " << dmagather_status_string(comm.init_status()) << ": " << comm.error() << "\n";
     return 3;
   }
   if (rank == 0) {
@@ -630,8 +635,8 @@ int main(int argc, char** argv) {
   }
   std::string job = absl::GetFlag(FLAGS_job);
   if (job.empty()) job = absl::StrFormat("perf-%d", getpid());
-  auto* sh = static_cast<Shared*>(
-      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  auto* sh =
+      static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   if (sh == MAP_FAILED) {
     perror("mmap");
     return 1;
@@ -688,7 +693,8 @@ int main(int argc, char** argv) {
   }
   if (std::string(sh->backend) == "cuda" && bad == 0) {
     std::printf("--- End-to-end latency (submit -> stream synchronize) vs in-process cudaMemcpyAsync ---\n");
-    std::printf("%12s %14s %14s %12s %22s\n", "shard_KiB", "e2e_p50_us", "e2e_p99_us", "moved_MB", "memcpy_same_bytes_us");
+    std::printf("%12s %14s %14s %12s %22s\n", "shard_KiB", "e2e_p50_us", "e2e_p99_us", "moved_MB",
+                "memcpy_same_bytes_us");
     for (int i = 0; i < sh->latency_rows; ++i) {
       const double moved = sh->lat_shard_kib[i] * 1024 * world * (world - 1) / 1e6;
       std::printf("%12.0f %14.1f %14.1f %12.3f %22.1f\n", sh->lat_shard_kib[i], sh->lat_p50_us[i], sh->lat_p99_us[i],
@@ -700,7 +706,8 @@ int main(int argc, char** argv) {
   if (all_ok) {
     std::printf("Result: All correctness tests PASSED\n");
   } else {
-    std::printf("Result: correctness FAILED: %s\n", sh->first_failure[0] ? sh->first_failure : "a rank exited with an error");
+    std::printf("Result: correctness FAILED: %s\n",
+                sh->first_failure[0] ? sh->first_failure : "a rank exited with an error");
   }
   const std::string path = absl::GetFlag(FLAGS_csv);
   if (!path.empty() && bad == 0) {

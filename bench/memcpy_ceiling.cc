@@ -3,6 +3,7 @@
 //   g++ -O2 -pthread bench/memcpy_ceiling.cc -o /tmp/memcpy_ceiling && /tmp/memcpy_ceiling
 #include <sys/mman.h>
 #include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -19,7 +20,10 @@ int main() {
   const size_t n = 256u << 20;
   for (int threads : {1, 2}) {
     std::vector<char*> src, dst;
-    for (int t = 0; t < threads; ++t) { src.push_back(ShmBuf(n)); dst.push_back(ShmBuf(n)); }
+    for (int t = 0; t < threads; ++t) {
+      src.push_back(ShmBuf(n));
+      dst.push_back(ShmBuf(n));
+    }
     double best = 1e9;
     for (int it = 0; it < 5; ++it) {
       auto t0 = std::chrono::steady_clock::now();

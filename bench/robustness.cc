@@ -71,11 +71,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "tests/support/verify.h"
 #include "common/clock.h"
 #include "common/futex.h"
 #include "dmagather/client.h"
 #include "tests/integration/daemon_process.h"
+#include "tests/support/verify.h"
 
 ABSL_FLAG(std::string, dmagatherd, "bazel-bin/server/dmagatherd", "The daemon binary.");
 ABSL_FLAG(std::string, dmagatherctl, "bazel-bin/tools/dmagatherctl", "The CLI (health).");
@@ -98,9 +98,9 @@ ABSL_FLAG(int, soak_max_kib, 4096, "soak: largest shard (KiB).");
 namespace {
 
 using dmagather::Comm;
+using dmagather::common::MonotonicNs;
 using dmagather::support::FillPattern;
 using dmagather::support::SplitMix64;
-using dmagather::common::MonotonicNs;
 namespace abi = dmagather::abi;
 
 // ---------------------------------------------------------------- helpers.
@@ -291,8 +291,8 @@ struct GoodJob {
 // Random ops (flat out-of-place, flat in place, list) of random dtype and
 // shard size in [min_bytes, max_bytes] (log-uniform), every output checked
 // byte by byte against the pattern. Returns the exit code.
-int GoodRank(const std::string& socket, const std::string& job, int world, int rank, size_t min_bytes,
-             size_t max_bytes, uint64_t seed, GoodJob* g) {
+int GoodRank(const std::string& socket, const std::string& job, int world, int rank, size_t min_bytes, size_t max_bytes,
+             uint64_t seed, GoodJob* g) {
   Comm comm(socket.c_str(), job, world, rank);
   if (!comm.ok()) {
     g->Say(absl::StrCat("good job ", job, " rank ", rank, " init: ", comm.error()));
@@ -363,8 +363,8 @@ int GoodRank(const std::string& socket, const std::string& job, int world, int r
 // ------------------------------------------------------------ run: mutate.
 
 struct MutateShared {
-  std::atomic<int> ready{0};           // Ranks past the template op.
-  std::atomic<uint64_t> progress[2];   // Ops finished per rank (watchdog).
+  std::atomic<int> ready{0};             // Ranks past the template op.
+  std::atomic<uint64_t> progress[2];     // Ops finished per rank (watchdog).
   std::atomic<uint64_t> descriptors{0};  // Ring slots rank 0 wrote (incl. announced extra items).
   std::atomic<uint64_t> hangs{0};
   std::atomic<uint64_t> records_lost{0};
@@ -397,26 +397,65 @@ char* FindMapping(const char* name, size_t* bytes) {
 }
 
 enum Field {
-  kStamp, kOp, kSeq, kDtype, kCount, kItems, kSendRegion, kSendOffset, kRecvRegion, kRecvOffset, kNumRecv,
-  kSubmitNs, kReserved, kRefusal, kByteFlip, kNumFields
+  kStamp,
+  kOp,
+  kSeq,
+  kDtype,
+  kCount,
+  kItems,
+  kSendRegion,
+  kSendOffset,
+  kRecvRegion,
+  kRecvOffset,
+  kNumRecv,
+  kSubmitNs,
+  kReserved,
+  kRefusal,
+  kByteFlip,
+  kNumFields
 };
-const char* kFieldNames[kNumFields] = {"stamp",       "op",          "seq",        "dtype",      "count",
-                                       "items_following", "send.region", "send.offset", "recv.region",
-                                       "recv.offset", "num_recv",    "submit_ns",  "reserved",   "refusal",
-                                       "byte flip"};
+const char* kFieldNames[kNumFields] = {"stamp",           "op",          "seq",         "dtype",       "count",
+                                       "items_following", "send.region", "send.offset", "recv.region", "recv.offset",
+                                       "num_recv",        "submit_ns",   "reserved",    "refusal",     "byte flip"};
 
 uint64_t Interesting64(uint64_t& rng, uint64_t base) {
-  static constexpr uint64_t kVals[] = {0, 1, 2, 3, 63, 64, 65, 255, 256, 1023, 1024, 4095, 4096, 65535, 65536,
-                                       (1ull << 31), (1ull << 32), (1ull << 44), (1ull << 44) + 1, (1ull << 62),
-                                       ~0ull, ~0ull - 10, 0x8000000000000000ull};
+  static constexpr uint64_t kVals[] = {0,
+                                       1,
+                                       2,
+                                       3,
+                                       63,
+                                       64,
+                                       65,
+                                       255,
+                                       256,
+                                       1023,
+                                       1024,
+                                       4095,
+                                       4096,
+                                       65535,
+                                       65536,
+                                       (1ull << 31),
+                                       (1ull << 32),
+                                       (1ull << 44),
+                                       (1ull << 44) + 1,
+                                       (1ull << 62),
+                                       ~0ull,
+                                       ~0ull - 10,
+                                       0x8000000000000000ull};
   const uint64_t r = SplitMix64(rng);
   switch (r % 6) {
-    case 0: return kVals[(r >> 8) % (sizeof(kVals) / sizeof(kVals[0]))];
-    case 1: return base ^ (1ull << ((r >> 8) % 64));  // Bit flip.
-    case 2: return SplitMix64(rng);                   // Random.
-    case 3: return base + ((r >> 8) % 17) - 8;        // Nearby.
-    case 4: return base * ((r >> 8) % 4);             // Multiple.
-    default: return (r >> 8) % 80;                    // Small.
+    case 0:
+      return kVals[(r >> 8) % (sizeof(kVals) / sizeof(kVals[0]))];
+    case 1:
+      return base ^ (1ull << ((r >> 8) % 64));  // Bit flip.
+    case 2:
+      return SplitMix64(rng);  // Random.
+    case 3:
+      return base + ((r >> 8) % 17) - 8;  // Nearby.
+    case 4:
+      return base * ((r >> 8) % 4);  // Multiple.
+    default:
+      return (r >> 8) % 80;  // Small.
   }
 }
 uint32_t Interesting32(uint64_t& rng, uint32_t base) { return uint32_t(Interesting64(rng, base)); }
@@ -437,27 +476,52 @@ void Mutate(uint64_t& rng, abi::DescriptorV2* d, MutateShared* sh) {
         d->stamp = r % 2 ? kStamps[(r >> 8) % 4] : Interesting32(rng, d->stamp);
         break;
       }
-      case kOp: d->op = Interesting32(rng, d->op) % (SplitMix64(rng) % 2 ? 5 : 0xffffffffu); break;
-      case kSeq: d->seq = Interesting32(rng, d->seq); break;
-      case kDtype: d->dtype = Interesting32(rng, d->dtype) % (SplitMix64(rng) % 2 ? 10 : 0xffffffffu); break;
-      case kCount: d->count = Interesting64(rng, d->count); break;
-      case kItems: d->items_following = Interesting32(rng, 0) % (SplitMix64(rng) % 2 ? 70 : 0xffffffffu); break;
-      case kSendRegion: d->send.region_id = Interesting32(rng, d->send.region_id); break;
-      case kSendOffset: d->send.offset = Interesting64(rng, d->send.offset); break;
-      case kRecvRegion: d->recv[i].region_id = Interesting32(rng, d->recv[0].region_id); break;
-      case kRecvOffset: d->recv[i].offset = Interesting64(rng, d->recv[0].offset); break;
-      case kNumRecv: d->num_recv = Interesting32(rng, d->num_recv); break;
-      case kSubmitNs: d->submit_ns = Interesting64(rng, d->submit_ns); break;
+      case kOp:
+        d->op = Interesting32(rng, d->op) % (SplitMix64(rng) % 2 ? 5 : 0xffffffffu);
+        break;
+      case kSeq:
+        d->seq = Interesting32(rng, d->seq);
+        break;
+      case kDtype:
+        d->dtype = Interesting32(rng, d->dtype) % (SplitMix64(rng) % 2 ? 10 : 0xffffffffu);
+        break;
+      case kCount:
+        d->count = Interesting64(rng, d->count);
+        break;
+      case kItems:
+        d->items_following = Interesting32(rng, 0) % (SplitMix64(rng) % 2 ? 70 : 0xffffffffu);
+        break;
+      case kSendRegion:
+        d->send.region_id = Interesting32(rng, d->send.region_id);
+        break;
+      case kSendOffset:
+        d->send.offset = Interesting64(rng, d->send.offset);
+        break;
+      case kRecvRegion:
+        d->recv[i].region_id = Interesting32(rng, d->recv[0].region_id);
+        break;
+      case kRecvOffset:
+        d->recv[i].offset = Interesting64(rng, d->recv[0].offset);
+        break;
+      case kNumRecv:
+        d->num_recv = Interesting32(rng, d->num_recv);
+        break;
+      case kSubmitNs:
+        d->submit_ns = Interesting64(rng, d->submit_ns);
+        break;
       case kReserved:
-        if (SplitMix64(rng) % 2) d->send.reserved = Interesting32(rng, 0);
-        else d->recv[i].reserved = Interesting32(rng, 0);
+        if (SplitMix64(rng) % 2)
+          d->send.reserved = Interesting32(rng, 0);
+        else
+          d->recv[i].reserved = Interesting32(rng, 0);
         break;
       case kRefusal: {
         d->op = abi::kOpRefuse;
         d->refusal.status = int32_t(Interesting32(rng, 1));
         const uint64_t r = SplitMix64(rng);
         if (r % 2) memset(d->refusal.reason, 'x', sizeof(d->refusal.reason));  // No NUL at all.
-        for (int b = 0; b < 8; ++b) d->refusal.reason[SplitMix64(rng) % sizeof(d->refusal.reason)] = char(SplitMix64(rng));
+        for (int b = 0; b < 8; ++b)
+          d->refusal.reason[SplitMix64(rng) % sizeof(d->refusal.reason)] = char(SplitMix64(rng));
         break;
       }
       case kByteFlip: {
@@ -471,14 +535,15 @@ void Mutate(uint64_t& rng, abi::DescriptorV2* d, MutateShared* sh) {
         }
         break;
       }
-      default: break;
+      default:
+        break;
     }
   }
 }
 
 // Rank 0 of the mutated job: takes over its ring after one valid op.
-int MutatorRank(const std::string& socket, const std::string& job, int n, int window, uint64_t seed,
-                MutateShared* sh, int8_t* status) {
+int MutatorRank(const std::string& socket, const std::string& job, int n, int window, uint64_t seed, MutateShared* sh,
+                int8_t* status) {
   Comm comm(socket.c_str(), job, 2, 0);
   if (!comm.ok()) return sh->Say("mutator init: " + comm.error()), 2;
   char* buf = static_cast<char*>(comm.Alloc(kMutBufBytes));
@@ -496,8 +561,7 @@ int MutatorRank(const std::string& socket, const std::string& job, int n, int wi
   }
   abi::SegmentViewV1 view = abi::SegmentViewV1::At(seg);
   auto* bell = reinterpret_cast<abi::DoorbellV1*>(bellp);
-  if (view.header->magic != abi::kMagic || view.header->stamp != abi::kSegmentStampV1 ||
-      bell->magic != abi::kMagic) {
+  if (view.header->magic != abi::kMagic || view.header->stamp != abi::kSegmentStampV1 || bell->magic != abi::kMagic) {
     return sh->Say("mutator: mappings found are not a segment and a doorbell"), 1;
   }
   abi::RingV1* ring = view.ring;
@@ -528,7 +592,7 @@ int MutatorRank(const std::string& socket, const std::string& job, int n, int wi
       rec[r.seq % abi::kRingSlotsV1] = int8_t(r.status);
       rec_seq[r.seq % abi::kRingSlotsV1] = r.seq;
     }
-    for (; abi::SeqGeq(done, last_done + 1) && last_done != done; ) {
+    for (; abi::SeqGeq(done, last_done + 1) && last_done != done;) {
       ++last_done;
       const uint32_t k = last_done % abi::kRingSlotsV1;
       const int idx = int(last_done - first);
@@ -584,9 +648,8 @@ int MutatorRank(const std::string& socket, const std::string& job, int n, int wi
     publish(d);
     // The daemon reads the items a valid v2 stamp announces as part of this
     // op (64 or more: the op fails and the next descriptor is the next op).
-    const uint32_t extra = d.stamp == abi::kDescriptorStampV2 && d.items_following < abi::kMaxItemsPerOpV2
-                               ? d.items_following
-                               : 0;
+    const uint32_t extra =
+        d.stamp == abi::kDescriptorStampV2 && d.items_following < abi::kMaxItemsPerOpV2 ? d.items_following : 0;
     for (uint32_t k = 0; k < extra; ++k) {
       abi::DescriptorV2 e = tmpl;
       e.seq = seq;
@@ -732,12 +795,14 @@ void RunMutate(Daemon& daemon) {
     }
     hist[std::clamp<int>(st[i], 0, 7)]++;
   }
-  printf("\n== mutate: %d mutated descriptors (ops) + %" PRIu64 " extra items they announced, window %d, daemon --op_timeout_s=%d\n",
+  printf("\n== mutate: %d mutated descriptors (ops) + %" PRIu64
+         " extra items they announced, window %d, daemon --op_timeout_s=%d\n",
          n, sh->descriptors.load() - n - 1, window, absl::GetFlag(FLAGS_op_timeout_s));
   printf("   fields mutated (1-3 per descriptor, 1/4 also turned into v1):");
   for (int f = 0; f < kNumFields; ++f) printf(" %s %" PRIu64 ",", kFieldNames[f], sh->field_hits[f].load());
   printf("\n   verdicts (rank 0 = rank 1):");
-  for (int s = 0; s < 7; ++s) if (hist[s]) printf(" %s %" PRIu64, dmagather_status_string(dmagather_status_t(s)), hist[s]);
+  for (int s = 0; s < 7; ++s)
+    if (hist[s]) printf(" %s %" PRIu64, dmagather_status_string(dmagather_status_t(s)), hist[s]);
   printf("\n   cross-rank disagreements %" PRIu64 " (first at op %d), ops without a status %" PRIu64
          ", error records lost %" PRIu64 ", hangs %" PRIu64 "%s\n",
          disagree, first_disagree, missing, sh->records_lost.load(), sh->hangs.load(),
@@ -745,7 +810,8 @@ void RunMutate(Daemon& daemon) {
   if (first_disagree >= 0) {
     printf("   op %d: rank 0 %d, rank 1 %d\n", first_disagree, st[first_disagree], st[n + first_disagree]);
   }
-  printf("   valid op after the mutations: rank 0 %s, rank 1 %s; bytes changed in rank 1's unused buffer: %" PRIu64 "\n",
+  printf("   valid op after the mutations: rank 0 %s, rank 1 %s; bytes changed in rank 1's unused buffer: %" PRIu64
+         "\n",
          sh->final_ok[0] ? "bit-exact" : "FAILED", sh->final_ok[1] ? "bit-exact" : "FAILED", sh->sentinel_bad.load());
   printf("   good job (%d ranks, 4 KiB-256 KiB shards): %" PRIu64 " ops, %.1f MiB checked, %" PRIu64
          " bad bytes, %" PRIu64 " failed ops\n",
@@ -765,10 +831,11 @@ void RunMutate(Daemon& daemon) {
   row.bad_inputs = absl::StrFormat("verdicts OK %u, INVALID_ARGUMENT %u, FALLBACK %u, other %u", hist[0], hist[2],
                                    hist[1], hist[3] + hist[4] + hist[5] + hist[6] + hist[7]);
   row.ok = alive && serving && sh->hangs == 0 && disagree == 0 && missing == 0 && sh->records_lost == 0 &&
-           good->bad_bytes == 0 && good->failed_ops == 0 && good_bad_exit == 0 && sh->final_ok[0] &&
-           sh->final_ok[1] && sh->sentinel_bad == 0 && rc0 == 0 && rc1 == 0;
+           good->bad_bytes == 0 && good->failed_ops == 0 && good_bad_exit == 0 && sh->final_ok[0] && sh->final_ok[1] &&
+           sh->sentinel_bad == 0 && rc0 == 0 && rc1 == 0;
   row.lost = absl::StrFormat("%sdaemon crashes %d, hangs %u, cross-rank disagreements %u, good-job bad bytes %u/%u ops",
-                             serving || !alive ? "" : "daemon NOT SERVING; ", alive ? 0 : 1, sh->hangs.load(), disagree, good->bad_bytes.load(), good->ops.load());
+                             serving || !alive ? "" : "daemon NOT SERVING; ", alive ? 0 : 1, sh->hangs.load(), disagree,
+                             good->bad_bytes.load(), good->ops.load());
   row.seconds = Seconds(t0, MonotonicNs());
   g_rows.push_back(row);
 }
@@ -833,7 +900,8 @@ void RunKill(Daemon& daemon) {
     const int victim = int(SplitMix64(rng) % world);
     const std::string job = absl::StrCat("kill-", getpid(), "-", it);
     std::vector<pid_t> pids;
-    for (int r = 0; r < world; ++r) pids.push_back(Spawn([&, r] { return KillRank(socket, job, world, r, victim, sh); }));
+    for (int r = 0; r < world; ++r)
+      pids.push_back(Spawn([&, r] { return KillRank(socket, job, world, r, victim, sh); }));
     const uint64_t deadline = MonotonicNs() + 60'000'000'000ull;
     while (sh->ready.load() < world && MonotonicNs() < deadline) usleep(1000);
     if (sh->ready.load() < world) {
@@ -872,30 +940,35 @@ void RunKill(Daemon& daemon) {
     munmap(sh, sizeof(KillShared));
   }
   std::sort(lat_ms.begin(), lat_ms.end());
-  auto pct = [&](double q) { return lat_ms.empty() ? 0.0 : lat_ms[std::min(lat_ms.size() - 1, size_t(q * lat_ms.size()))]; };
+  auto pct = [&](double q) {
+    return lat_ms.empty() ? 0.0 : lat_ms[std::min(lat_ms.size() - 1, size_t(q * lat_ms.size()))];
+  };
   usleep(200000);  // The reaper retires the last sessions.
   const bool alive = daemon.Alive();
   const bool serving = alive && daemon.Healthy();
   const ProcStats after = alive ? ReadProc(daemon.pid()) : ProcStats{};
-  printf("\n== kill: %d jobs of %d ranks, one rank SIGKILLed at a random moment (0-20 ms after all ran 3 ops)\n",
-         kills, world);
+  printf("\n== kill: %d jobs of %d ranks, one rank SIGKILLed at a random moment (0-20 ms after all ran 3 ops)\n", kills,
+         world);
   printf("   survivors %d: PEER_FAILED %d (naming the killed rank %d), other %d, hangs %d; setup failures %d\n",
          survivors, peer_failed, named, other, hangs, setup_failures);
   printf("   kill -> PEER_FAILED: p50 %.1f ms, p99 %.1f ms, max %.1f ms\n", pct(0.5), pct(0.99),
          lat_ms.empty() ? 0 : lat_ms.back());
   printf("   ops before the kills, checked bit-exact: %" PRIu64 ", bad results %" PRIu64 "\n", ops, bad);
-  printf("   daemon %s, health %s; before %s; after %s\n", alive ? "alive" : "DEAD", serving ? "SERVING" : "NOT SERVING",
-         before.Str().c_str(), after.Str().c_str());
+  printf("   daemon %s, health %s; before %s; after %s\n", alive ? "alive" : "DEAD",
+         serving ? "SERVING" : "NOT SERVING", before.Str().c_str(), after.Str().c_str());
   if (!first_problem.empty()) printf("   first problem: %s\n", first_problem.c_str());
   Row row;
   row.run = "2. rank SIGKILLs";
   row.load = absl::StrFormat("%d jobs x %d ranks, %u ops checked before the kills", kills, world, ops);
   row.faults = absl::StrFormat("%d rank SIGKILLs mid-run", kills - setup_failures);
   row.bad_inputs = "-";
-  row.ok = alive && serving && peer_failed == survivors && survivors == kills * (world - 1) && hangs == 0 &&
-           bad == 0 && setup_failures == 0;
-  row.lost = absl::StrFormat("%sdaemon crashes %d; %d/%d survivors got PEER_FAILED (p50 %.1f ms, p99 %.1f ms, max %.1f ms), hangs %d, bad results %u",
-                             serving || !alive ? "" : "daemon NOT SERVING; ", alive ? 0 : 1, peer_failed, survivors, pct(0.5), pct(0.99), lat_ms.empty() ? 0 : lat_ms.back(), hangs, bad);
+  row.ok = alive && serving && peer_failed == survivors && survivors == kills * (world - 1) && hangs == 0 && bad == 0 &&
+           setup_failures == 0;
+  row.lost = absl::StrFormat(
+      "%sdaemon crashes %d; %d/%d survivors got PEER_FAILED (p50 %.1f ms, p99 %.1f ms, max %.1f ms), hangs %d, bad "
+      "results %u",
+      serving || !alive ? "" : "daemon NOT SERVING; ", alive ? 0 : 1, peer_failed, survivors, pct(0.5), pct(0.99),
+      lat_ms.empty() ? 0 : lat_ms.back(), hangs, bad);
   row.seconds = Seconds(t0, MonotonicNs());
   g_rows.push_back(row);
 }
@@ -980,7 +1053,8 @@ void RunRestart(const std::string& base) {
   const bool serving = daemon.Alive() && daemon.Healthy();
   const int term = daemon.Stop(SIGTERM);
   const std::vector<std::string> left = DirEntries(dir);
-  const bool clean_end = WIFEXITED(term) && WEXITSTATUS(term) == 0 && left == std::vector<std::string>{"dmagatherd.log"};
+  const bool clean_end =
+      WIFEXITED(term) && WEXITSTATUS(term) == 0 && left == std::vector<std::string>{"dmagatherd.log"};
   const std::vector<std::string> shm_after = DirEntries("/dev/shm", "dmagather");
   std::sort(lat_ms.begin(), lat_ms.end());
   const double p50 = lat_ms.empty() ? 0 : lat_ms[lat_ms.size() / 2], mx = lat_ms.empty() ? 0 : lat_ms.back();
@@ -988,11 +1062,15 @@ void RunRestart(const std::string& base) {
          cycles);
   printf("   old ranks: UNAVAILABLE %d/%d (kill -> error p50 %.1f ms, max %.1f ms), other %d, hangs %d\n", unavailable,
          2 * cycles, p50, mx, other, hangs);
-  printf("   restarts failed %d, cycles with stale files in the socket dir %d, with new /dev/shm entries %d, new jobs not bit-exact %d\n",
-         restart_failed, stale, shm_left, new_job_bad);
-  printf("   after SIGTERM: exit %d, socket dir holds %s; /dev/shm dmagather entries: before %s, after %s; health before stop %s\n",
-         WIFEXITED(term) ? WEXITSTATUS(term) : -1, Join(left).c_str(), Join(shm_before).c_str(),
-         Join(shm_after).c_str(), serving ? "SERVING" : "NOT SERVING");
+  printf(
+      "   restarts failed %d, cycles with stale files in the socket dir %d, with new /dev/shm entries %d, new jobs not "
+      "bit-exact %d\n",
+      restart_failed, stale, shm_left, new_job_bad);
+  printf(
+      "   after SIGTERM: exit %d, socket dir holds %s; /dev/shm dmagather entries: before %s, after %s; health before "
+      "stop %s\n",
+      WIFEXITED(term) ? WEXITSTATUS(term) : -1, Join(left).c_str(), Join(shm_before).c_str(), Join(shm_after).c_str(),
+      serving ? "SERVING" : "NOT SERVING");
   if (!first_problem.empty()) printf("   first problem: %s\n", first_problem.c_str());
   Row row;
   row.run = "3. daemon SIGKILL + restart";
@@ -1002,7 +1080,8 @@ void RunRestart(const std::string& base) {
   row.ok = unavailable == 2 * cycles && hangs == 0 && other == 0 && restart_failed == 0 && stale == 0 &&
            shm_left == 0 && new_job_bad == 0 && clean_end && serving && shm_after == shm_before;
   row.lost = absl::StrFormat(
-      "%d/%d old ranks got UNAVAILABLE (max %.0f ms), hangs %d, failed restarts %d, stale files %d, new jobs not bit-exact %d/%d",
+      "%d/%d old ranks got UNAVAILABLE (max %.0f ms), hangs %d, failed restarts %d, stale files %d, new jobs not "
+      "bit-exact %d/%d",
       unavailable, 2 * cycles, mx, hangs, restart_failed, stale + shm_left + (clean_end ? 0 : 1), new_job_bad, cycles);
   row.seconds = Seconds(t0, MonotonicNs());
   g_rows.push_back(row);
@@ -1014,7 +1093,8 @@ void RunSoak(Daemon& daemon) {
   const uint64_t t0 = MonotonicNs();
   const int jobs = absl::GetFlag(FLAGS_soak_jobs), ranks = absl::GetFlag(FLAGS_soak_ranks);
   const int secs = absl::GetFlag(FLAGS_soak_s);
-  const size_t min_b = size_t(absl::GetFlag(FLAGS_soak_min_kib)) << 10, max_b = size_t(absl::GetFlag(FLAGS_soak_max_kib)) << 10;
+  const size_t min_b = size_t(absl::GetFlag(FLAGS_soak_min_kib)) << 10,
+               max_b = size_t(absl::GetFlag(FLAGS_soak_max_kib)) << 10;
   const ProcStats before = ReadProc(daemon.pid());
   const std::string socket = daemon.socket();
   auto* g = SharedArray<GoodJob>(jobs);
@@ -1055,14 +1135,16 @@ void RunSoak(Daemon& daemon) {
     if (g[j].why_set && why.empty()) why = g[j].why;
   }
   const double wall = Seconds(t0, MonotonicNs());
-  printf("\n== soak: %d jobs x %d ranks for %d s, shards %zu KiB-%zu KiB (log-uniform; 5 dtypes; flat, in place, list)\n",
-         jobs, ranks, secs, min_b >> 10, max_b >> 10);
+  printf(
+      "\n== soak: %d jobs x %d ranks for %d s, shards %zu KiB-%zu KiB (log-uniform; 5 dtypes; flat, in place, list)\n",
+      jobs, ranks, secs, min_b >> 10, max_b >> 10);
   printf("   ops %" PRIu64 ", output bytes checked %.2f GiB, corrupt bytes %" PRIu64 ", failed ops %" PRIu64
          ", ranks exiting non-zero %d\n",
          ops, bytes / double(1ull << 30), bad, failed, bad_exit);
-  printf("   daemon %s, health %s\n   daemon at start: %s\n   daemon peak:     %s\n   daemon at end:   %s (jobs gone)\n",
-         alive ? "alive" : "DEAD", serving ? "SERVING" : "NOT SERVING", before.Str().c_str(), peak.Str().c_str(),
-         after.Str().c_str());
+  printf(
+      "   daemon %s, health %s\n   daemon at start: %s\n   daemon peak:     %s\n   daemon at end:   %s (jobs gone)\n",
+      alive ? "alive" : "DEAD", serving ? "SERVING" : "NOT SERVING", before.Str().c_str(), peak.Str().c_str(),
+      after.Str().c_str());
   if (!why.empty()) printf("   first problem: %s\n", why.c_str());
   Row row;
   row.run = "4. soak";
@@ -1071,9 +1153,10 @@ void RunSoak(Daemon& daemon) {
   row.faults = "-";
   row.bad_inputs = "-";
   row.ok = alive && serving && bad == 0 && failed == 0 && bad_exit == 0 && ops > 0;
-  row.lost = absl::StrFormat("%sdaemon crashes %d, corrupt bytes %u, failed ops %u; daemon RSS %.0f->%.0f MiB, threads %d->%d",
-                             serving || !alive ? "" : "daemon NOT SERVING; ", alive ? 0 : 1, bad, failed,
-                             before.rss_kib / 1024.0, after.rss_kib / 1024.0, int(before.threads), int(after.threads));
+  row.lost =
+      absl::StrFormat("%sdaemon crashes %d, corrupt bytes %u, failed ops %u; daemon RSS %.0f->%.0f MiB, threads %d->%d",
+                      serving || !alive ? "" : "daemon NOT SERVING; ", alive ? 0 : 1, bad, failed,
+                      before.rss_kib / 1024.0, after.rss_kib / 1024.0, int(before.threads), int(after.threads));
   row.seconds = wall;
   g_rows.push_back(row);
 }

@@ -24,8 +24,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "tests/support/verify.h"
 #include "dmagather/client.h"
+#include "tests/support/verify.h"
 
 ABSL_FLAG(std::string, socket, "", "dmagatherd socket (default: $DMAGATHER_SOCKET).");
 ABSL_FLAG(int, ranks, 4, "Rank processes.");
@@ -100,10 +100,12 @@ int main(int argc, char** argv) {
     std::cerr << "small_ops: ranks 1.." << kMaxRanks << ", 1.." << kMaxSizes << " sizes, iters >= 1\n";
     return 2;
   }
-  auto* sh = static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  auto* sh =
+      static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   if (sh == MAP_FAILED) return 1;
   const std::string job = absl::StrFormat("small-%d", getpid());
-  const int bad = dmagather::support::ForkRanks(world, [&](int r) { return RunRank(r, world, job, kib, iters, warmup, sh); });
+  const int bad =
+      dmagather::support::ForkRanks(world, [&](int r) { return RunRank(r, world, job, kib, iters, warmup, sh); });
   if (bad != 0 || sh->failures.load() != 0) {
     std::cerr << "small_ops: FAILED: " << sh->why << "\n";
     return 1;
@@ -118,8 +120,8 @@ int main(int argc, char** argv) {
     double sum = 0;
     for (double x : t) sum += x;
     std::sort(t.begin(), t.end());
-    std::printf("dmagather,%d,%zu,%.1f,%.1f,%.1f,%d\n", world, kib[s], t[iters / 2], t[std::min(iters - 1, iters * 99 / 100)],
-                sum / iters, iters);
+    std::printf("dmagather,%d,%zu,%.1f,%.1f,%.1f,%d\n", world, kib[s], t[iters / 2],
+                t[std::min(iters - 1, iters * 99 / 100)], sum / iters, iters);
   }
   return 0;
 }

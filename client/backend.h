@@ -27,9 +27,9 @@ namespace dmagather::client {
 
 // How the daemon can import a buffer (the RegisterRequest's fields).
 struct MemoryExport {
-  uintptr_t base = 0;      // Allocation base in this process.
-  uint64_t bytes = 0;      // Allocation size.
-  uint64_t buffer_id = 0;  // Changes when the address range is freed and reused (0: not tracked).
+  uintptr_t base = 0;       // Allocation base in this process.
+  uint64_t bytes = 0;       // Allocation size.
+  uint64_t buffer_id = 0;   // Changes when the address range is freed and reused (0: not tracked).
   std::string memory_kind;  // "host_memfd", "cuda_ipc", ...
   int fd = -1;              // "host_memfd": the sealed memfd, handed over on the fd channel (owned by the buffer).
   std::string handle;

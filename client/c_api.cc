@@ -39,8 +39,7 @@ int EnvInt(const char* name, int fallback) {
   if ((comm) == nullptr) return Report(nullptr, absl::InvalidArgumentError("comm is NULL"))
 
 // The fields of a caller's config that its version has (size says which).
-#define DMAG_CONFIG_HAS(cfg, field) \
-  ((cfg)->size >= offsetof(dmagather_config_t, field) + sizeof((cfg)->field))
+#define DMAG_CONFIG_HAS(cfg, field) ((cfg)->size >= offsetof(dmagather_config_t, field) + sizeof((cfg)->field))
 
 }  // namespace
 
@@ -92,8 +91,8 @@ dmagather_status_t dmagather_job_id_create(const char* socket_path, char* job_id
   auto id = dmagather::client::CreateJobId(socket_path != nullptr ? socket_path : "");
   if (!id.ok()) return Report(nullptr, id.status());
   if (id->size() + 1 > job_id_size) {
-    return Report(nullptr, absl::InvalidArgumentError(absl::StrCat("job_id needs ", id->size() + 1,
-                                                                   " bytes (DMAGATHER_JOB_ID_MAX)")));
+    return Report(nullptr, absl::InvalidArgumentError(
+                               absl::StrCat("job_id needs ", id->size() + 1, " bytes (DMAGATHER_JOB_ID_MAX)")));
   }
   memcpy(job_id, id->c_str(), id->size() + 1);
   return DMAGATHER_OK;
@@ -146,8 +145,8 @@ dmagather_status_t dmagather_allgather(dmagather_comm_t comm, const void* send, 
   return Report(comm, comm->impl->AllGather(send, recv, count, dtype, stream));
 }
 
-dmagather_status_t dmagather_allgather_list(dmagather_comm_t comm, const void* send, void* const* recvs,
-                                            size_t count, dmagather_dtype_t dtype, void* stream) {
+dmagather_status_t dmagather_allgather_list(dmagather_comm_t comm, const void* send, void* const* recvs, size_t count,
+                                            dmagather_dtype_t dtype, void* stream) {
   DMAG_CHECK_COMM(comm);
   return Report(comm, comm->impl->AllGatherList(send, recvs, count, dtype, stream));
 }
@@ -171,8 +170,7 @@ dmagather_status_t dmagather_allgather_coalesced(dmagather_comm_t comm, const dm
     gi[i] = dmagather::client::GatherItem{false, items[i].send, &items[i].recv, items[i].count, items[i].dtype};
   }
   uint64_t handle = 0;
-  dmagather_status_t st =
-      Report(comm, comm->impl->Submit(items == nullptr ? nullptr : gi, n, stream, &handle));
+  dmagather_status_t st = Report(comm, comm->impl->Submit(items == nullptr ? nullptr : gi, n, stream, &handle));
   if (op != nullptr) *op = handle;
   return st;
 }

@@ -21,7 +21,9 @@ namespace {
 
 // FALLBACK stays FALLBACK; anything else a rank finds wrong before submit
 // is INVALID_ARGUMENT for the op.
-int RefusalCode(const absl::Status& s) { return common::IsFallback(s) ? DMAGATHER_FALLBACK : DMAGATHER_INVALID_ARGUMENT; }
+int RefusalCode(const absl::Status& s) {
+  return common::IsFallback(s) ? DMAGATHER_FALLBACK : DMAGATHER_INVALID_ARGUMENT;
+}
 
 }  // namespace
 
@@ -125,7 +127,7 @@ absl::Status CommImpl::Close() {
     for (int i = 0; i < 100 && !done_.gone(); ++i) usleep(2000);
     control_->EndStream();
   }
-  regions_.Clear();  // Frees what dmagather_alloc made.
+  regions_.Clear();                // Frees what dmagather_alloc made.
   graphs_.SetReadyWords(nullptr);  // Graphs destroyed from now on have nobody to tell (the segment goes).
   backend_.reset();
   return st;
@@ -185,8 +187,8 @@ absl::Status CommImpl::Deregister(void* ptr) {
   if (closed_) return absl::InvalidArgumentError("the communicator was destroyed");
   const RegistrationCache::Region* r = regions_.Find(ptr);
   if (r == nullptr) {
-    return absl::InvalidArgumentError(absl::StrFormat("rank %d: %p is not the start of a registered buffer",
-                                                      options_.rank, ptr));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("rank %d: %p is not the start of a registered buffer", options_.rank, ptr));
   }
   DMAG_RETURN_IF_ERROR(Wait());  // Outstanding ops may still use it.
   absl::Status st = control_->Deregister(r->id);
@@ -197,8 +199,8 @@ absl::Status CommImpl::Deregister(void* ptr) {
 absl::Status CommImpl::Free(void* ptr) {
   const RegistrationCache::Region* r = regions_.Find(ptr);
   if (r == nullptr || r->owned == nullptr) {
-    return absl::InvalidArgumentError(absl::StrFormat("rank %d: %p was not returned by dmagather_alloc",
-                                                      options_.rank, ptr));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("rank %d: %p was not returned by dmagather_alloc", options_.rank, ptr));
   }
   return Deregister(ptr);
 }
@@ -252,16 +254,17 @@ absl::Status CommImpl::PrepareItem(const GatherItem& item, void* stream, abi::De
     // The daemon never copies a rank's own shard (that would be a
     // same-device copy on SMs): out of place, the caller's stream copies
     // it, and the descriptor names the output slot as the (in-place) send.
-    char* own = item.list ? static_cast<char*>(item.recvs[rank])
-                          : static_cast<char*>(item.recvs[0]) + uint64_t(rank) * bytes;
+    char* own =
+        item.list ? static_cast<char*>(item.recvs[rank]) : static_cast<char*>(item.recvs[0]) + uint64_t(rank) * bytes;
     if (send == nullptr) return absl::InvalidArgumentError(absl::StrCat(Rank(), "send is NULL"));
     if (!item.list) {
       const char* s = static_cast<const char*>(send);
       const char* r0 = static_cast<const char*>(item.recvs[0]);
       if (s != own && s < r0 + out_bytes && r0 < s + bytes) {
         return absl::InvalidArgumentError(absl::StrCat(
-            Rank(), "send buffer overlaps the output but is not this rank's own slot of it (in place means send == "
-                    "recv + rank*count)"));
+            Rank(),
+            "send buffer overlaps the output but is not this rank's own slot of it (in place means send == "
+            "recv + rank*count)"));
       }
     }
     if (send != own) {
@@ -280,8 +283,8 @@ absl::Status CommImpl::PrepareItem(const GatherItem& item, void* stream, abi::De
 absl::Status CommImpl::CheckOp(const GatherItem* items, size_t n, void* stream, int* slot) {
   *slot = -1;
   if (n == 0 || n > DMAGATHER_MAX_COALESCED) {
-    return absl::InvalidArgumentError(absl::StrCat(Rank(), "an op has 1..", DMAGATHER_MAX_COALESCED,
-                                                   " items, not ", n));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Rank(), "an op has 1..", DMAGATHER_MAX_COALESCED, " items, not ", n));
   }
   if (items == nullptr) return absl::InvalidArgumentError(absl::StrCat(Rank(), "items is NULL"));
   DMAG_RETURN_IF_ERROR(common::Annotate(backend_->CheckStream(stream), Rank()));
@@ -291,10 +294,10 @@ absl::Status CommImpl::CheckOp(const GatherItem* items, size_t n, void* stream, 
   if (!*capturing) return absl::OkStatus();
   *slot = graphs_.Take();
   if (*slot < 0) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        Rank(), "all ", abi::kGraphSlotsV1,
-        " graph slots of this communicator hold captured AllGathers of live CUDA graphs; destroy graphs "
-        "(and their executable instances) first"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(Rank(), "all ", abi::kGraphSlotsV1,
+                     " graph slots of this communicator hold captured AllGathers of live CUDA graphs; destroy graphs "
+                     "(and their executable instances) first"));
   }
   return absl::OkStatus();
 }
@@ -443,9 +446,10 @@ absl::Status CommImpl::OpWaitStream(uint64_t op, void* stream) {
   if (GraphSlots::CapturedOp* captured = graphs_.Find(op); captured != nullptr) {
     // A captured op: its wait is part of the same graph, once.
     if (captured->waited) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          Rank(), "op ", op, " was captured into a CUDA graph and already waited on a stream; a captured op is "
-                  "waited exactly once, in the same capture"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(Rank(), "op ", op,
+                       " was captured into a CUDA graph and already waited on a stream; a captured op is "
+                       "waited exactly once, in the same capture"));
     }
     DMAG_ASSIGN_OR_RETURN(bool capturing, backend_->Capturing(stream));
     if (!capturing) {

@@ -81,8 +81,7 @@ class CommImpl {
   absl::Status SubmitFallback(const std::string& reason, uint64_t* op);
   // The classic calls: submit, and on stream backends make `stream` wait.
   absl::Status AllGather(const void* send, void* recv, size_t count, dmagather_dtype_t dtype, void* stream);
-  absl::Status AllGatherList(const void* send, void* const* recvs, size_t count, dmagather_dtype_t dtype,
-                             void* stream);
+  absl::Status AllGatherList(const void* send, void* const* recvs, size_t count, dmagather_dtype_t dtype, void* stream);
 
   absl::Status OpWait(uint64_t op);
   absl::StatusOr<bool> OpTest(uint64_t op, absl::Status* op_status);
@@ -145,7 +144,7 @@ class CommImpl {
 
   uint32_t spin_ = 256;
   bool spin_set_ = false;  // By the options or $DMAGATHER_SPIN (else the daemon advises).
-  uint32_t yields_ = 0;  // sched_yield()s after the spins, before sleeping ($DMAGATHER_YIELDS).
+  uint32_t yields_ = 0;    // sched_yield()s after the spins, before sleeping ($DMAGATHER_YIELDS).
   OpTable ops_;
   bool closed_ = false;
   RegistrationCache regions_;

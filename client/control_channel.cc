@@ -210,8 +210,8 @@ absl::Status ControlChannel::HandOverExport(const MemoryExport& e, int rank, v1:
     // Host memory goes to the daemon as a descriptor; Register names its ticket.
     auto handed = common::ExchangeFd(common::FdChannelPath(socket_path_), abi::kFdBuffer, e.fd, e.bytes);
     if (!handed.ok()) {
-      return common::Annotate(handed.status(), absl::StrCat("rank ", rank, ": handing a buffer of ", e.bytes,
-                                                            " bytes to dmagatherd: "));
+      return common::Annotate(handed.status(),
+                              absl::StrCat("rank ", rank, ": handing a buffer of ", e.bytes, " bytes to dmagatherd: "));
     }
     req->set_ticket(handed->ticket);
   }
@@ -226,8 +226,7 @@ absl::Status ControlChannel::HandOverExport(const MemoryExport& e, int rank, v1:
       batch.push_back(fds[j].get());
       batch_bytes += e.chunks[j].bytes;
     }
-    auto handed =
-        common::ExchangeFds(common::FdChannelPath(socket_path_), abi::kFdDeviceMemory, batch, batch_bytes);
+    auto handed = common::ExchangeFds(common::FdChannelPath(socket_path_), abi::kFdDeviceMemory, batch, batch_bytes);
     if (!handed.ok()) {
       return common::Annotate(handed.status(), absl::StrCat("rank ", rank, ": handing ", fds.size(),
                                                             " device allocations to dmagatherd: "));
@@ -251,8 +250,8 @@ absl::StatusOr<uint32_t> ControlChannel::Register(const MemoryExport& e, int ran
   v1::RegisterReply reply;
   grpc::Status st = stub_->Register(&ctx, req, &reply);
   if (owned != nullptr) owned->Registered();
-  DMAG_RETURN_IF_ERROR(FromGrpc(st, absl::StrCat("rank ", rank, ": registering ", e.memory_kind, " memory of ", e.bytes,
-                                             " bytes")));
+  DMAG_RETURN_IF_ERROR(
+      FromGrpc(st, absl::StrCat("rank ", rank, ": registering ", e.memory_kind, " memory of ", e.bytes, " bytes")));
   return reply.region_id();
 }
 

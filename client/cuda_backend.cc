@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_format.h"
 #include "abi/device_memory_v1.h"
 #include "abi/graph_v1.h"
+#include "absl/strings/str_format.h"
 #include "client/backend.h"
 #include "client/device_memory.h"
 #include "client/vmm_walk.h"
@@ -212,8 +212,7 @@ class CudaBackend : public ClientBackend {
   const char* name() const override { return "cuda"; }
 
   absl::StatusOr<std::unique_ptr<OwnedBuffer>> Allocate(uint64_t bytes) override {
-    return AllocateDeviceBuffer(memory_, device_, bytes,
-                                [this](const void* p, uint64_t n) { return Describe(p, n); });
+    return AllocateDeviceBuffer(memory_, device_, bytes, [this](const void* p, uint64_t n) { return Describe(p, n); });
   }
 
   absl::StatusOr<MemoryExport> Describe(const void* ptr, uint64_t bytes) const override {
@@ -229,8 +228,7 @@ class CudaBackend : public ClientBackend {
   absl::StatusOr<MemoryExport> DescribeNonLegacy(const void* ptr, uint64_t bytes) const {
     const CUdeviceptr p = reinterpret_cast<CUdeviceptr>(ptr);
     void* pool = nullptr;
-    if (api_->cuPointerGetAttribute(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p) == CUDA_SUCCESS &&
-        pool != nullptr) {
+    if (api_->cuPointerGetAttribute(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p) == CUDA_SUCCESS && pool != nullptr) {
       return common::FallbackError(absl::StrFormat(
           "%p is stream-ordered pool memory (cudaMallocAsync); dmagather cannot share pool memory with "
           "dmagatherd (the default pool is not exportable, and importing exportable pools is not built yet)",
@@ -274,8 +272,7 @@ class CudaBackend : public ClientBackend {
   absl::Status CheckStream(void*) const override { return absl::OkStatus(); }
   bool copies_own_shard() const override { return true; }
   absl::Status CopyAsync(void* dst, const void* src, uint64_t bytes, void* stream) override {
-    DMAG_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
+    DMAG_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
     return absl::OkStatus();
   }
   absl::Status WriteReady(void* stream, uint32_t seq) override {
@@ -336,13 +333,12 @@ class CudaBackend : public ClientBackend {
   }
   absl::Status WaitDoneOnStream(void* stream, uint32_t seq) override {
     return CuStatus("cuStreamWaitValue32(done flag)",
-                    api_->cuStreamWaitValue32(static_cast<CUstream>(stream), done_dev_, seq,
-                                              CU_STREAM_WAIT_VALUE_GEQ));
+                    api_->cuStreamWaitValue32(static_cast<CUstream>(stream), done_dev_, seq, CU_STREAM_WAIT_VALUE_GEQ));
   }
 
  private:
-  CudaBackend(const ::dmagather::common::cuda::DriverApi* api, int device, abi::CompletionV1* block,
-              uint64_t ready_dev, uint64_t done_dev, uint64_t graph_dev)
+  CudaBackend(const ::dmagather::common::cuda::DriverApi* api, int device, abi::CompletionV1* block, uint64_t ready_dev,
+              uint64_t done_dev, uint64_t graph_dev)
       : api_(api),
         memory_(std::make_shared<CudaMemory>(api)),
         vmm_(api),
@@ -378,8 +374,8 @@ void IdentifyDevice(int device, std::string* uuid, std::string* pci_bus_id) {
   }
 }
 
-const bool kRegistered = RegisterClientBackend(ClientBackendEntry{
-    "cuda", 100, CurrentDevice, "cuda", CudaBackend::Create, IdentifyDevice});
+const bool kRegistered =
+    RegisterClientBackend(ClientBackendEntry{"cuda", 100, CurrentDevice, "cuda", CudaBackend::Create, IdentifyDevice});
 
 }  // namespace
 }  // namespace dmagather::client

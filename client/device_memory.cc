@@ -36,8 +36,8 @@ absl::Status CheckDeviceBuffer(const DeviceMemoryApi& m, const void* ptr, int de
   absl::StatusOr<int> ordinal = m.DeviceOrdinal(ptr);
   if (!ordinal.ok()) return ordinal.status();
   if (*ordinal != device) {
-    return absl::InvalidArgumentError(absl::StrFormat("buffer %p is on %s device %d, but the rank uses device %d",
-                                                      ptr, m.label(), *ordinal, device));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("buffer %p is on %s device %d, but the rank uses device %d", ptr, m.label(), *ordinal, device));
   }
   return absl::OkStatus();
 }
@@ -49,15 +49,15 @@ absl::StatusOr<MemoryExport> ExportIpcBuffer(const DeviceMemoryApi& m, const voi
   const uintptr_t at = reinterpret_cast<uintptr_t>(ptr);
   if (at - e.base > e.bytes || bytes > e.bytes - (at - e.base)) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("buffer %p + %u bytes runs past the end of its %s allocation (%u bytes at 0x%x)", ptr,
-                        bytes, m.label(), e.bytes, e.base));
+        absl::StrFormat("buffer %p + %u bytes runs past the end of its %s allocation (%u bytes at 0x%x)", ptr, bytes,
+                        m.label(), e.bytes, e.base));
   }
   absl::StatusOr<std::string> handle = m.IpcHandle(e.base);
   if (!handle.ok()) {
-    return common::FallbackError(absl::StrCat(
-        handle.status().message(), ": this allocation cannot be shared with dmagatherd through ", m.label(),
-        " IPC (memory from ", m.malloc_name(),
-        " can; stream-ordered pools and VMM allocations such as expandable segments cannot)"));
+    return common::FallbackError(
+        absl::StrCat(handle.status().message(), ": this allocation cannot be shared with dmagatherd through ",
+                     m.label(), " IPC (memory from ", m.malloc_name(),
+                     " can; stream-ordered pools and VMM allocations such as expandable segments cannot)"));
   }
   e.memory_kind = m.ipc_memory_kind();
   e.handle = *std::move(handle);

@@ -69,7 +69,8 @@ class HipMemory final : public DeviceMemoryApi {
   }
   absl::StatusOr<int> DeviceOrdinal(const void* ptr) const override {
     int ordinal = -1;
-    hipError_t err = api_->hipPointerGetAttribute(&ordinal, HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL, const_cast<void*>(ptr));
+    hipError_t err =
+        api_->hipPointerGetAttribute(&ordinal, HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL, const_cast<void*>(ptr));
     if (err != hipSuccess) return HipStatus("hipPointerGetAttribute(DEVICE_ORDINAL)", err);
     return ordinal;
   }
@@ -128,7 +129,8 @@ class HipBackend : public ClientBackend {
     DMAG_ASSIGN_OR_RETURN(const HipApi* api, ::dmagather::common::hip::Hip());
     DMAG_HIP_RETURN_IF_ERROR(api, hipSetDevice(ctx.device));
     abi::CompletionV1* block = ctx.completion;
-    DMAG_HIP_RETURN_IF_ERROR(api, hipHostRegister(block, ctx.flag_bytes, hipHostRegisterMapped | hipHostRegisterPortable));
+    DMAG_HIP_RETURN_IF_ERROR(api,
+                             hipHostRegister(block, ctx.flag_bytes, hipHostRegisterMapped | hipHostRegisterPortable));
     void* ready = nullptr;
     void* done = nullptr;
     hipError_t err = api->hipHostGetDevicePointer(&ready, &block->ready_seq, 0);
@@ -152,8 +154,7 @@ class HipBackend : public ClientBackend {
   const char* name() const override { return "hip"; }
 
   absl::StatusOr<std::unique_ptr<OwnedBuffer>> Allocate(uint64_t bytes) override {
-    return AllocateDeviceBuffer(memory_, device_, bytes,
-                                [this](const void* p, uint64_t n) { return Describe(p, n); });
+    return AllocateDeviceBuffer(memory_, device_, bytes, [this](const void* p, uint64_t n) { return Describe(p, n); });
   }
 
   absl::StatusOr<MemoryExport> Describe(const void* ptr, uint64_t bytes) const override {
@@ -192,8 +193,8 @@ class HipBackend : public ClientBackend {
     }
     if (err == hipSuccess) return absl::OkStatus();
     (void)api_->hipGetLastError();
-    return absl::InvalidArgumentError(absl::StrFormat("stream %p is not a live HIP stream of this process (%s)",
-                                                      stream, HipStatus(call, err).message()));
+    return absl::InvalidArgumentError(absl::StrFormat("stream %p is not a live HIP stream of this process (%s)", stream,
+                                                      HipStatus(call, err).message()));
   }
   bool copies_own_shard() const override { return true; }
   absl::Status CopyAsync(void* dst, const void* src, uint64_t bytes, void* stream) override {
@@ -258,8 +259,8 @@ void IdentifyDevice(int device, std::string* uuid, std::string* pci_bus_id) {
   }
 }
 
-const bool kRegistered = RegisterClientBackend(ClientBackendEntry{
-    "hip", 150, CurrentDevice, "hip", HipBackend::Create, IdentifyDevice});
+const bool kRegistered =
+    RegisterClientBackend(ClientBackendEntry{"hip", 150, CurrentDevice, "hip", HipBackend::Create, IdentifyDevice});
 
 }  // namespace
 }  // namespace dmagather::client

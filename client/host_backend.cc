@@ -7,8 +7,8 @@
 #include "abi/abi_v1.h"
 #include "absl/strings/str_format.h"
 #include "client/backend.h"
-#include "common/memory_kinds.h"
 #include "common/memfd.h"
+#include "common/memory_kinds.h"
 #include "common/status.h"
 
 namespace dmagather::client {
@@ -45,8 +45,8 @@ class HostBackend : public ClientBackend {
   }
   absl::StatusOr<MemoryExport> Describe(const void* ptr, uint64_t bytes) const override {
     return common::FallbackError(absl::StrFormat(
-        "the host backend reaches only memory from dmagather_alloc; %p (%u bytes) is private to this process",
-        ptr, bytes));
+        "the host backend reaches only memory from dmagather_alloc; %p (%u bytes) is private to this process", ptr,
+        bytes));
   }
   uint64_t BufferId(const void*) const override { return 0; }
   bool registers_on_submit() const override { return false; }
@@ -72,8 +72,7 @@ class HostBackend : public ClientBackend {
 };
 
 const bool kRegistered = RegisterClientBackend(ClientBackendEntry{
-    "host", 0, nullptr, "cpu",
-    [](const ClientBackendContext& ctx) -> absl::StatusOr<std::unique_ptr<ClientBackend>> {
+    "host", 0, nullptr, "cpu", [](const ClientBackendContext& ctx) -> absl::StatusOr<std::unique_ptr<ClientBackend>> {
       return std::unique_ptr<ClientBackend>(new HostBackend(ctx.completion));
     }});
 

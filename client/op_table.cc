@@ -11,8 +11,8 @@
 namespace dmagather::client {
 namespace {
 
-constexpr uint32_t kFatalMask = (1u << DMAGATHER_UNAVAILABLE) | (1u << DMAGATHER_PEER_FAILED) |
-                                (1u << DMAGATHER_TIMEOUT);
+constexpr uint32_t kFatalMask =
+    (1u << DMAGATHER_UNAVAILABLE) | (1u << DMAGATHER_PEER_FAILED) | (1u << DMAGATHER_TIMEOUT);
 
 }  // namespace
 
@@ -22,8 +22,8 @@ std::string OpTable::Prefix() const { return absl::StrCat("rank ", rank_, ": ");
 
 absl::StatusOr<uint32_t> OpTable::Seq(uint64_t op) const {
   if (op == 0 || op > submitted_) {
-    return absl::InvalidArgumentError(absl::StrCat(Prefix(), "op ", op, " was not submitted on this communicator (",
-                                                   submitted_, " ops so far)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Prefix(), "op ", op, " was not submitted on this communicator (", submitted_, " ops so far)"));
   }
   if (submitted_ - op >= (uint64_t{1} << 31)) {
     return absl::InvalidArgumentError(absl::StrCat(Prefix(), "op ", op, " is too old to be waited for"));
@@ -65,8 +65,8 @@ absl::Status OpTable::Status(uint32_t seq) {
     return common::FromApiStatus(o.status, o.message);
   }
   if (lost_upto_ != lost_from_ && abi::SeqGeq(lost_upto_, seq) && !abi::SeqGeq(lost_from_, seq)) {
-    return absl::InternalError(absl::StrCat(Prefix(), "the status of op ", seq,
-                                            " was lost (more than 16 ops failed before it was read)"));
+    return absl::InternalError(
+        absl::StrCat(Prefix(), "the status of op ", seq, " was lost (more than 16 ops failed before it was read)"));
   }
   return absl::OkStatus();
 }

@@ -4,8 +4,7 @@
 
 namespace dmagather::client {
 
-absl::StatusOr<abi::BufferRefV1> RegistrationCache::Lookup(const void* ptr, uint64_t bytes,
-                                                           const char* what) const {
+absl::StatusOr<abi::BufferRefV1> RegistrationCache::Lookup(const void* ptr, uint64_t bytes, const char* what) const {
   const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
   auto it = regions_.upper_bound(p);
   if (it != regions_.begin()) {
@@ -18,9 +17,9 @@ absl::StatusOr<abi::BufferRefV1> RegistrationCache::Lookup(const void* ptr, uint
       return ref;
     }
     if (off < it->second.bytes) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "rank %d: %s buffer %p + %u bytes runs past the end of its allocation (%u bytes at %p)", rank_, what, ptr,
-          bytes, it->second.bytes, reinterpret_cast<void*>(it->first)));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("rank %d: %s buffer %p + %u bytes runs past the end of its allocation (%u bytes at %p)",
+                          rank_, what, ptr, bytes, it->second.bytes, reinterpret_cast<void*>(it->first)));
     }
   }
   return absl::InvalidArgumentError(absl::StrFormat(
@@ -45,8 +44,7 @@ bool RegistrationCache::Current(const void* ptr, uint64_t bytes, const ClientBac
 
 bool RegistrationCache::Held(const void* ptr, uint64_t bytes, const ClientBackend& backend) const {
   auto it = Containing(ptr, bytes);
-  return it != regions_.end() &&
-         (it->second.owned != nullptr || CurrentAt(it->first, it->second, ptr, bytes, backend));
+  return it != regions_.end() && (it->second.owned != nullptr || CurrentAt(it->first, it->second, ptr, bytes, backend));
 }
 
 bool RegistrationCache::Hit(const MemoryExport& e) const {
@@ -78,8 +76,7 @@ bool RegistrationCache::Overlaps(uintptr_t base, const Region& r, const MemoryEx
   return false;
 }
 
-bool RegistrationCache::Stale(uintptr_t base, const Region& r, const MemoryExport& e,
-                              const ClientBackend& backend) {
+bool RegistrationCache::Stale(uintptr_t base, const Region& r, const MemoryExport& e, const ClientBackend& backend) {
   if (Overlaps(base, r, e)) return true;
   // VMM registrations whose chunks the allocator has unmapped (or remapped)
   // since: the daemon's import still maps the old physical memory, which

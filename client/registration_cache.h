@@ -64,8 +64,7 @@ class RegistrationCache {
   using Map = std::map<uintptr_t, Region>;
   // The registration holding [ptr, ptr+bytes), or end().
   Map::const_iterator Containing(const void* ptr, uint64_t bytes) const;
-  static bool CurrentAt(uintptr_t base, const Region& r, const void* ptr, uint64_t bytes,
-                        const ClientBackend& backend);
+  static bool CurrentAt(uintptr_t base, const Region& r, const void* ptr, uint64_t bytes, const ClientBackend& backend);
   // Whether the registration at `base` must go before `e` is registered: it
   // overlaps `e` and is not the very same mappings (VMM regions may overlap).
   static bool Overlaps(uintptr_t base, const Region& r, const MemoryExport& e);

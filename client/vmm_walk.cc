@@ -16,8 +16,8 @@ absl::StatusOr<VmmWalk> WalkVmm(const VmmDriver& driver, uintptr_t ptr, uint64_t
     if (!st.ok() || size == 0 || base > at || at - base >= size) {
       if (at == ptr) return st.ok() ? absl::InvalidArgumentError(absl::StrFormat("no mapping at %#x", at)) : st;
       return absl::InvalidArgumentError(absl::StrFormat(
-          "buffer %#x + %u bytes runs past the end of its mapped CUDA memory (nothing mapped at %#x, %u bytes in)",
-          ptr, bytes, at, at - ptr));
+          "buffer %#x + %u bytes runs past the end of its mapped CUDA memory (nothing mapped at %#x, %u bytes in)", ptr,
+          bytes, at, at - ptr));
     }
     if (w.chunks.empty()) {
       w.base = base;
@@ -25,8 +25,8 @@ absl::StatusOr<VmmWalk> WalkVmm(const VmmDriver& driver, uintptr_t ptr, uint64_t
       return absl::InvalidArgumentError(absl::StrFormat("mapping at %#x does not follow the previous one", base));
     }
     if (w.chunks.size() == kMaxWalkChunks) {
-      return absl::InvalidArgumentError(absl::StrFormat("buffer %#x + %u bytes spans more than %u mapped chunks", ptr,
-                                                        bytes, kMaxWalkChunks));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("buffer %#x + %u bytes spans more than %u mapped chunks", ptr, bytes, kMaxWalkChunks));
     }
     w.chunks.push_back(VmmChunk{base - w.base, size, id});
     w.bytes += size;

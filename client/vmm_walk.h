@@ -38,7 +38,7 @@ class VmmDriver {
 struct VmmChunk {
   uint64_t offset = 0;  // From the region's base.
   uint64_t bytes = 0;
-  uint64_t id = 0;      // Mapping identity when walked.
+  uint64_t id = 0;  // Mapping identity when walked.
 };
 
 struct VmmWalk {

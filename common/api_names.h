@@ -14,8 +14,8 @@ namespace dmagather::common {
 constexpr int kNumApiStatus = 7;
 
 inline const char* ApiStatusName(int code) {
-  static constexpr const char* kNames[kNumApiStatus] = {
-      "OK", "FALLBACK", "INVALID_ARGUMENT", "UNAVAILABLE", "PEER_FAILED", "TIMEOUT", "INTERNAL"};
+  static constexpr const char* kNames[kNumApiStatus] = {"OK",          "FALLBACK", "INVALID_ARGUMENT", "UNAVAILABLE",
+                                                        "PEER_FAILED", "TIMEOUT",  "INTERNAL"};
   return code >= 0 && code < kNumApiStatus ? kNames[code] : "UNKNOWN";
 }
 

@@ -15,8 +15,8 @@ inline size_t DtypeSize(uint32_t dtype) {
 }
 
 inline const char* DtypeName(uint32_t dtype) {
-  static constexpr const char* kNames[kNumDtypes] = {
-      "uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64"};
+  static constexpr const char* kNames[kNumDtypes] = {"uint8",   "int8",     "int32",   "int64",
+                                                     "float16", "bfloat16", "float32", "float64"};
   return dtype < kNumDtypes ? kNames[dtype] : "unknown";
 }
 

@@ -26,10 +26,10 @@ struct FdExchangeResult {
 
 // `fd` < 0 sends no descriptor. A refusal comes back as the daemon's status
 // and sentence.
-absl::StatusOr<FdExchangeResult> ExchangeFd(const std::string& channel_path, uint32_t kind, int fd,
-                                            uint64_t bytes, int timeout_ms = 5000);
+absl::StatusOr<FdExchangeResult> ExchangeFd(const std::string& channel_path, uint32_t kind, int fd, uint64_t bytes,
+                                            int timeout_ms = 5000);
 // The same with several descriptors in one request (kFdDeviceMemory).
-absl::StatusOr<FdExchangeResult> ExchangeFds(const std::string& channel_path, uint32_t kind, const std::vector<int>& fds,
-                                             uint64_t bytes, int timeout_ms = 5000);
+absl::StatusOr<FdExchangeResult> ExchangeFds(const std::string& channel_path, uint32_t kind,
+                                             const std::vector<int>& fds, uint64_t bytes, int timeout_ms = 5000);
 
 }  // namespace dmagather::common

@@ -17,14 +17,11 @@ namespace dmagather::common {
 // Sleeps while *word == expected, at most timeout_ns. Spurious wake-ups are
 // fine: callers re-check their condition.
 inline void FutexWait(uint32_t* word, uint32_t expected, uint64_t timeout_ns) {
-  timespec ts{static_cast<time_t>(timeout_ns / 1000000000ull),
-              static_cast<long>(timeout_ns % 1000000000ull)};
+  timespec ts{static_cast<time_t>(timeout_ns / 1000000000ull), static_cast<long>(timeout_ns % 1000000000ull)};
   syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
 }
 
-inline void FutexWakeAll(uint32_t* word) {
-  syscall(SYS_futex, word, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
-}
+inline void FutexWakeAll(uint32_t* word) { syscall(SYS_futex, word, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0); }
 
 // Exponential back-off for polling loops: spin, then yield, then short sleeps.
 class Backoff {

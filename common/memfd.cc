@@ -49,8 +49,8 @@ absl::Status CheckSealedMemfd(int fd, uint64_t bytes) {
     return absl::InvalidArgumentError("the handed-over memfd is sealed against writes");
   }
   if (static_cast<uint64_t>(st.st_size) < bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("the handed-over memfd has ", st.st_size,
-                                                   " bytes, fewer than the ", bytes, " registered"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the handed-over memfd has ", st.st_size, " bytes, fewer than the ", bytes, " registered"));
   }
   return absl::OkStatus();
 }

@@ -28,8 +28,7 @@
     if (!dmag_status_.ok()) return dmag_status_; \
   } while (0)
 
-#define DMAG_ASSIGN_OR_RETURN(lhs, expr) \
-  DMAG_ASSIGN_OR_RETURN_IMPL(DMAG_CONCAT(dmag_statusor_, __LINE__), lhs, expr)
+#define DMAG_ASSIGN_OR_RETURN(lhs, expr) DMAG_ASSIGN_OR_RETURN_IMPL(DMAG_CONCAT(dmag_statusor_, __LINE__), lhs, expr)
 
 #define DMAG_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                               \

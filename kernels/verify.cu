@@ -1,6 +1,6 @@
-#include "kernels/verify.h"
-
 #include <cuda_runtime.h>
+
+#include "kernels/verify.h"
 
 namespace dmagather::kernels {
 namespace {
@@ -118,7 +118,7 @@ int ComparePattern(const void* src, size_t bytes, uint64_t seed, int rank, unsig
 int FillRandomBf16(void* dst, size_t n, uint64_t seed, void* stream) {
   if (n == 0) return 0;
   Bf16Kernel<<<Blocks(n * 8), 256, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<unsigned short*>(dst), n,
-                                                                        Seed0(seed, 0));
+                                                                           Seed0(seed, 0));
   return int(cudaGetLastError());
 }
 

@@ -11,21 +11,21 @@
 
 #include <functional>
 
-#include "absl/strings/str_cat.h"
-#include "abi/ring_v1.h"
-#include "dmagather/dmagather.h"
 #include "abi/fd_channel_v1.h"
+#include "abi/ring_v1.h"
+#include "absl/strings/str_cat.h"
 #include "common/fd_exchange.h"
 #include "common/status.h"
+#include "dmagather/dmagather.h"
 #include "server/ingress/ingress.h"
 #include "server/service/control_listener.h"
 #include "server/service/control_service.h"
 #include "server/service/fd_channel.h"
-#include "server/service/ticket_table.h"
-#include "server/service/registry.h"
 #include "server/service/metrics.h"
 #include "server/service/metrics_http.h"
+#include "server/service/registry.h"
 #include "server/service/telemetry_service.h"
+#include "server/service/ticket_table.h"
 
 namespace dmagather::server {
 namespace {
@@ -61,8 +61,7 @@ const char* Daemon::backend() const { return engine_->name(); }
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& options) {
   const size_t fd_suffix = common::FdChannelPath("").size();
   if (options.socket_path.empty() || options.socket_path.size() + fd_suffix >= sizeof(sockaddr_un{}.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("socket path '", options.socket_path,
-                                                   "' is empty or longer than ",
+    return absl::InvalidArgumentError(absl::StrCat("socket path '", options.socket_path, "' is empty or longer than ",
                                                    sizeof(sockaddr_un{}.sun_path) - 1 - fd_suffix,
                                                    " bytes (the fd channel adds '", common::FdChannelPath(""), "')"));
   }
@@ -184,7 +183,7 @@ absl::Status Daemon::Start() {
                                                        [lis](const std::string& peer) { return lis->PeerOf(peer); });
   started_ = absl::Now();
   telemetry_ = std::make_unique<service::TelemetryService>(reg, tickets_.get(), operator_gid_,
-                                                          [this](v1::HealthReply* h) { FillHealth(h); });
+                                                           [this](v1::HealthReply* h) { FillHealth(h); });
 
   // No listening port of gRPC's own: the listener accepts (and knows who
   // connected), then hands each connection to the server.
@@ -201,8 +200,7 @@ absl::Status Daemon::Start() {
   ingress_->Start();
   StartMetricsHttp();
   LOG(INFO) << "dmagatherd " << Version() << " serving on " << path << " (fd channel " << fd_path << "), backend "
-            << engine_->name() << " ("
-            << engine_reason_ << "), " << engine_->worker_threads() << " worker threads";
+            << engine_->name() << " (" << engine_reason_ << "), " << engine_->worker_threads() << " worker threads";
   return absl::OkStatus();
 }
 
@@ -212,7 +210,7 @@ void Daemon::Stop(const std::string& reason) {
   LOG(INFO) << "stopping: " << reason;
   if (metrics_http_ != nullptr) metrics_http_->Stop();
   registry_->FailAll(absl::UnavailableError(absl::StrCat("dmagatherd is shutting down (", reason, ")")));
-  control_->Wake();  // Open Joins get their Shutdown event now.
+  control_->Wake();                       // Open Joins get their Shutdown event now.
   if (peers_ != nullptr) peers_->Stop();  // Bootstraps end; running rings were failed above.
   absl::Time deadline = absl::Now() + options_.drain_timeout;
   while (registry_->total_ops_in_flight() != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
@@ -225,7 +223,7 @@ void Daemon::Stop(const std::string& reason) {
   ingress_->Stop();
   engine_->Stop();
   server_->Wait();
-  control_->Stop();  // Every Join has finished (Wait returned): the watcher can go.
+  control_->Stop();     // Every Join has finished (Wait returned): the watcher can go.
   fd_channel_->Stop();  // Removes <socket>.fd.
   unlink(options_.socket_path.c_str());
   LOG(INFO) << "stopped";

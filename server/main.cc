@@ -59,7 +59,8 @@ ABSL_FLAG(int, max_connections_per_uid, 64,
 ABSL_FLAG(int, fd_ticket_ttl_ms, 5000,
           "A descriptor handed over on the fd channel must be claimed by its Join/Register within this many ms.");
 ABSL_FLAG(int, max_jobs_per_uid, 64, "Per-user limit: jobs one uid may have at once (0: no limit).");
-ABSL_FLAG(int, max_sessions_per_uid, 1024, "Per-user limit: ranks (Join sessions) one uid may have open (0: no limit).");
+ABSL_FLAG(int, max_sessions_per_uid, 1024,
+          "Per-user limit: ranks (Join sessions) one uid may have open (0: no limit).");
 ABSL_FLAG(int, max_regions_per_uid, 16384,
           "Per-user limit: registered buffers one uid may hold, over all its ranks (0: no limit).");
 ABSL_FLAG(int64_t, max_mapped_bytes_per_uid, -1,

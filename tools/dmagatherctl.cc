@@ -11,26 +11,26 @@
 // --json prints the reply as JSON instead of a table.
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
-
-#include <cstdio>
-#include <cstdlib>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 
+#include "abi/fd_channel_v1.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "abi/fd_channel_v1.h"
 #include "common/fd_exchange.h"
 #include "dmagather/v1/control.grpc.pb.h"
 #include "dmagather/v1/telemetry.grpc.pb.h"
 
-ABSL_FLAG(std::string, socket, "", "dmagatherd socket (default: $DMAGATHER_SOCKET, then /run/dmagather/dmagatherd.sock).");
+ABSL_FLAG(std::string, socket, "",
+          "dmagatherd socket (default: $DMAGATHER_SOCKET, then /run/dmagather/dmagatherd.sock).");
 ABSL_FLAG(bool, json, false, "Print JSON instead of a table.");
 ABSL_FLAG(std::string, job, "", "stats: only this job.");
 ABSL_FLAG(double, timeout_s, 3.0, "RPC deadline in seconds.");
@@ -79,8 +79,8 @@ int PrintJson(const Msg& m) {
 // (which reads our uid and groups from the kernel). Without one the daemon
 // shows only node totals.
 std::string TelemetryTicket(const std::string& socket) {
-  auto t = dmagather::common::ExchangeFd(dmagather::common::FdChannelPath(socket), dmagather::abi::kFdTelemetry, -1,
-                                         0, 1000);
+  auto t = dmagather::common::ExchangeFd(dmagather::common::FdChannelPath(socket), dmagather::abi::kFdTelemetry, -1, 0,
+                                         1000);
   if (!t.ok()) {
     std::cerr << "dmagatherctl: no telemetry ticket (" << t.status().message() << "): showing node totals only\n";
     return "";
@@ -95,9 +95,8 @@ int Fail(const grpc::Status& st, const std::string& socket) {
     if (access(socket.c_str(), R_OK | W_OK) != 0 && (errno == EACCES || errno == EPERM) &&
         stat(socket.c_str(), &sb) == 0) {
       std::cerr << "permission denied: this user (uid " << getuid() << ") may not connect to " << socket
-                << " (owner uid " << sb.st_uid << ", gid " << sb.st_gid << ", mode " << std::oct
-                << (sb.st_mode & 07777) << std::dec
-                << "); the operator sets who may with dmagatherd --socket_mode and the socket's group\n";
+                << " (owner uid " << sb.st_uid << ", gid " << sb.st_gid << ", mode " << std::oct << (sb.st_mode & 07777)
+                << std::dec << "); the operator sets who may with dmagatherd --socket_mode and the socket's group\n";
       return 4;
     }
     std::cerr << "is dmagatherd running? (systemctl status dmagatherd)\n";
@@ -178,12 +177,13 @@ int main(int argc, char** argv) {
       if (cmd != "stats") continue;
       if (j.has_ring()) {
         const auto& g = j.ring();
-        std::printf("  ring: node %d of %d, %s x%d (%s); next %s, prev %s; sent %s, received %s, %.2f Gbit/s in "
-                    "ring, chunk p50 %.0f us p99 %.0f us\n",
-                    g.node(), g.nodes(), g.transport().c_str(), g.links(), g.transport_reason().c_str(),
-                    g.next().c_str(), g.prev().c_str(), HumanBytes(double(g.bytes_sent())).c_str(),
-                    HumanBytes(double(g.bytes_received())).c_str(), g.throughput_gbps(), g.chunk_latency().p50_us(),
-                    g.chunk_latency().p99_us());
+        std::printf(
+            "  ring: node %d of %d, %s x%d (%s); next %s, prev %s; sent %s, received %s, %.2f Gbit/s in "
+            "ring, chunk p50 %.0f us p99 %.0f us\n",
+            g.node(), g.nodes(), g.transport().c_str(), g.links(), g.transport_reason().c_str(), g.next().c_str(),
+            g.prev().c_str(), HumanBytes(double(g.bytes_sent())).c_str(),
+            HumanBytes(double(g.bytes_received())).c_str(), g.throughput_gbps(), g.chunk_latency().p50_us(),
+            g.chunk_latency().p99_us());
       }
       std::printf("  %4s %8s %-8s %10s %11s %10s %10s %11s  %s\n", "RANK", "PID", "STATE", "OPS", "BYTES", "p50_us",
                   "p99_us", "REGISTERED", "ERRORS");
@@ -200,7 +200,8 @@ int main(int argc, char** argv) {
                   HumanBytes(double(s.registered_bytes())).c_str(), (unsigned long long)s.jobs_completed(),
                   ErrorsText(s.errors()).c_str());
       std::string fb;
-      for (const auto& f : s.fallbacks()) fb += absl::StrFormat("%s%s=%u", fb.empty() ? "" : ",", f.reason(), f.count());
+      for (const auto& f : s.fallbacks())
+        fb += absl::StrFormat("%s%s=%u", fb.empty() ? "" : ",", f.reason(), f.count());
       std::printf("%s\n", fb.empty() ? "-" : fb.c_str());
       if (s.copy_engines_size() > 0) {
         // GPU backends: bytes per device and engine dmagatherd assigned, or

@@ -16,6 +16,7 @@ PKGS=(
   libcpp-httplib-dev                                 # dmagatherd --metrics_listen (GET /metrics)
   libamdhip64-dev libhsa-runtime-dev                 # the hip backend (HIP 5.2.3 headers; libamdhip64 is dlopened)
   clang-14 libclang-rt-14-dev                        # tools/fuzz.sh: libFuzzer + ASan/UBSan runtimes
+  clang-format-14                                    # tools/check_format.sh: the tree as .clang-format lays it out
   systemd                                            # tools/check_unit.sh: systemd-analyze verify
   dpkg-dev debootstrap umoci zstd                    # tools/build_debs.sh, tools/build_image.sh, tests/packaging
   python3 python3-numpy python3-grpcio python3-protobuf

@@ -6,6 +6,8 @@
 # unit: one case), tools/check_thread_safety.sh (every CPU target built with
 # clang's -Wthread-safety -Werror: one case), tools/check_sizes.sh (product
 # files and functions within their size limits: one case),
+# tools/check_format.sh (the C/C++ sources as .clang-format lays them out:
+# one case),
 # tools/test_tsan.sh (the CPU unit tests under
 # ThreadSanitizer: its cases counted), tools/test_asan.sh (every CPU test
 # under ASan+UBSan: its cases counted) and tools/fuzz.sh (each libFuzzer
@@ -73,11 +75,13 @@ run_counted() {
   echo "== $name: $((SECONDS - t0)) s"
 }
 # Clang's thread-safety analysis over every CPU target (one case; skipped
-# where clang-14 is missing), the product files' sizes (one case), the CPU
+# where clang-14 is missing), the product files' sizes and the sources'
+# layout (one case each), the CPU
 # unit tests under ThreadSanitizer, every CPU test under ASan+UBSan, and the
 # fuzz targets for a bounded time each.
 run_counted check_thread_safety tools/check_thread_safety.sh
 run_counted check_sizes tools/check_sizes.sh
+run_counted check_format tools/check_format.sh
 run_counted test_tsan tools/test_tsan.sh
 run_counted test_asan tools/test_asan.sh
 run_counted fuzz tools/fuzz.sh -t "${DMAGATHER_FUZZ_SECONDS:-15}"

@@ -44,21 +44,21 @@ namespace {
 
 using dmagather::common::cuda::DriverApi;
 
-#define CHECK_CUDA(call)                                                                    \
-  do {                                                                                      \
-    cudaError_t e_ = (call);                                                                \
-    if (e_ != cudaSuccess) {                                                                \
+#define CHECK_CUDA(call)                                                                         \
+  do {                                                                                           \
+    cudaError_t e_ = (call);                                                                     \
+    if (e_ != cudaSuccess) {                                                                     \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                         \
-    }                                                                                       \
+      std::exit(1);                                                                              \
+    }                                                                                            \
   } while (0)
-#define CHECK_CU(call)                                                       \
-  do {                                                                       \
-    CUresult r_ = (call);                                                    \
-    if (r_ != CUDA_SUCCESS) {                                                \
+#define CHECK_CU(call)                                                                                  \
+  do {                                                                                                  \
+    CUresult r_ = (call);                                                                               \
+    if (r_ != CUDA_SUCCESS) {                                                                           \
       std::fprintf(stderr, "%s:%d %s: CUresult %d\n", __FILE__, __LINE__, #call, static_cast<int>(r_)); \
-      std::exit(1);                                                          \
-    }                                                                        \
+      std::exit(1);                                                                                     \
+    }                                                                                                   \
   } while (0)
 
 constexpr size_t kArena = size_t{256} << 20;
@@ -99,8 +99,8 @@ cudaMemcpyAttributes BatchAttr() {
 void IssueBatch(const Op& op, cudaStream_t s) {
   cudaMemcpyAttributes attr = BatchAttr();
   size_t idx = 0;
-  CHECK_CUDA(cudaMemcpyBatchAsync(const_cast<void**>(op.dst.data()), const_cast<void**>(op.src.data()),
-                                  op.bytes.data(), op.dst.size(), &attr, &idx, 1, s));
+  CHECK_CUDA(cudaMemcpyBatchAsync(const_cast<void**>(op.dst.data()), const_cast<void**>(op.src.data()), op.bytes.data(),
+                                  op.dst.size(), &attr, &idx, 1, s));
 }
 
 // A graph of memcpy nodes, one per copy: independent, or each after the
@@ -112,8 +112,8 @@ cudaGraphExec_t BuildGraph(const Op& op, bool chain, cudaGraph_t* graph, std::ve
   for (size_t i = 0; i < op.dst.size(); ++i) {
     cudaGraphNode_t n;
     const bool dep = chain && !nodes->empty();
-    CHECK_CUDA(cudaGraphAddMemcpyNode1D(&n, *graph, dep ? &nodes->back() : nullptr, dep ? 1 : 0, op.dst[i],
-                                        op.src[i], op.bytes[i], cudaMemcpyDeviceToDevice));
+    CHECK_CUDA(cudaGraphAddMemcpyNode1D(&n, *graph, dep ? &nodes->back() : nullptr, dep ? 1 : 0, op.dst[i], op.src[i],
+                                        op.bytes[i], cudaMemcpyDeviceToDevice));
     nodes->push_back(n);
   }
   cudaGraphExec_t exec;
@@ -123,7 +123,8 @@ cudaGraphExec_t BuildGraph(const Op& op, bool chain, cudaGraph_t* graph, std::ve
 
 // The same op captured from the calls the engine makes: the ready waits
 // (constant value) and the batch copy.
-cudaGraphExec_t CaptureGraph(const DriverApi* api, const Op& op, cudaStream_t s, const std::vector<CUstreamBatchMemOpParams>& waits) {
+cudaGraphExec_t CaptureGraph(const DriverApi* api, const Op& op, cudaStream_t s,
+                             const std::vector<CUstreamBatchMemOpParams>& waits) {
   CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
   CHECK_CU(api->cuStreamBatchMemOp(reinterpret_cast<CUstream>(s), waits.size(),
                                    const_cast<CUstreamBatchMemOpParams*>(waits.data()), 0));
@@ -347,9 +348,10 @@ int main(int argc, char** argv) {
     std::vector<Variant> variants = {
         {"memcpy_loop", nc + " x cudaMemcpyAsync", [&](int) { memcpy_loop(op); }, false},
         {"batch", "1 x cudaMemcpyBatchAsync", [&](int) { IssueBatch(op, s); }, false},
-        {"batch_local_memory", "1 x cudaMemcpyBatchAsync (cudaMalloc, not IPC)", [&](int) { IssueBatch(lop, s); }, false},
-        {"graph", "1 x cudaGraphLaunch (" + nc + " memcpy nodes)",
-         [&](int) { CHECK_CUDA(cudaGraphLaunch(graph, s)); }, false},
+        {"batch_local_memory", "1 x cudaMemcpyBatchAsync (cudaMalloc, not IPC)", [&](int) { IssueBatch(lop, s); },
+         false},
+        {"graph", "1 x cudaGraphLaunch (" + nc + " memcpy nodes)", [&](int) { CHECK_CUDA(cudaGraphLaunch(graph, s)); },
+         false},
         {"graph_chain", "1 x cudaGraphLaunch (" + nc + " memcpy nodes in a chain)",
          [&](int) { CHECK_CUDA(cudaGraphLaunch(chain, s)); }, false},
         {"graph_update", nc + " x cudaGraphExecMemcpyNodeSetParams1D + launch (chain)",
@@ -395,12 +397,13 @@ int main(int argc, char** argv) {
         char* cbase = v.name == "batch_local_memory" ? static_cast<char*>(local) : base;
         const Op& cop = v.name == "batch_local_memory" ? lop : op;
         const Op calt = v.name == "batch_local_memory" ? lop : alt;
-        check = Check(cbase, cop, calt, ranks, shard, s, [&] { v.issue(v.alt_last ? 1 : 0); }, v.alt_last);
+        check = Check(
+            cbase, cop, calt, ranks, shard, s, [&] { v.issue(v.alt_last ? 1 : 0); }, v.alt_last);
       }
       const double gpu = GpuTime(s, v.issue);
       rows.push_back({ranks, v.name, v.calls, p50, p99, p50 / n, gpu, check});
-      std::fprintf(stderr, "ranks=%d %-20s p50 %8.2f us  p99 %8.2f us  gpu %8.2f us  check %s\n", ranks,
-                   v.name.c_str(), p50, p99, gpu, check.c_str());
+      std::fprintf(stderr, "ranks=%d %-20s p50 %8.2f us  p99 %8.2f us  gpu %8.2f us  check %s\n", ranks, v.name.c_str(),
+                   p50, p99, gpu, check.c_str());
     }
     CHECK_CUDA(cudaGraphExecDestroy(graph));
     CHECK_CUDA(cudaGraphExecDestroy(chain));

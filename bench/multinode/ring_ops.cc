@@ -37,8 +37,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "tests/support/verify.h"
 #include "dmagather/dmagather.h"
+#include "tests/support/verify.h"
 
 ABSL_FLAG(std::string, sockets, "", "Comma-separated dmagatherd sockets, one per node (node order).");
 ABSL_FLAG(std::string, netns, "", "Comma-separated network namespaces, one per node (empty: stay here).");
@@ -153,8 +153,8 @@ int main(int argc, char** argv) {
               << " sizes, one namespace per socket (or none)\n";
     return 2;
   }
-  auto* sh = static_cast<Shared*>(
-      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  auto* sh =
+      static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   if (sh == MAP_FAILED) return 1;
   // Rank 0's daemon coordinates every job. The ids come from a child of
   // their own: gRPC (which the library speaks) must not have run in a
@@ -173,7 +173,8 @@ int main(int argc, char** argv) {
     waitpid(pid, &st, 0);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) return 1;
   }
-  const int bad = dmagather::support::ForkRanks(world, [&](int r) { return RunRank(r, world, rpn, sockets, netns, kib, sh); });
+  const int bad =
+      dmagather::support::ForkRanks(world, [&](int r) { return RunRank(r, world, rpn, sockets, netns, kib, sh); });
   if (bad != 0 || sh->failures.load() != 0) {
     std::cerr << "ring_ops: FAILED: " << sh->why << "\n";
     return 1;
@@ -190,8 +191,8 @@ int main(int argc, char** argv) {
     for (double x : t) sum += x;
     std::sort(t.begin(), t.end());
     std::printf("dmagather,%d,%d,%zu,%.1f,%.1f,%.1f,%.1f,%d,%s-%zu\n", nodes, world, kib[s], t[iters / 2],
-                t[std::min(iters - 1, iters * 99 / 100)], sum / iters, t[0], iters,
-                absl::GetFlag(FLAGS_key).c_str(), kib[s]);
+                t[std::min(iters - 1, iters * 99 / 100)], sum / iters, t[0], iters, absl::GetFlag(FLAGS_key).c_str(),
+                kib[s]);
   }
   return 0;
 }

@@ -38,7 +38,8 @@ absl::Status Resolve(const char* symbol, Fn* fn) {
   void* p = nullptr;
   cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
   cudaError_t err = cudaGetDriverEntryPointByVersion(symbol, &p, 12000, cudaEnableDefault, &q);
-  if (err != cudaSuccess) return CudaStatus(absl::StrCat("cudaGetDriverEntryPointByVersion(", symbol, ")").c_str(), err);
+  if (err != cudaSuccess)
+    return CudaStatus(absl::StrCat("cudaGetDriverEntryPointByVersion(", symbol, ")").c_str(), err);
   if (q != cudaDriverEntryPointSuccess || p == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("the CUDA driver has no ", symbol, " (entry point query result ", int(q), ")"));
@@ -93,8 +94,7 @@ const State& Get() {
 
 absl::Status CudaStatus(const char* call, cudaError_t err) {
   if (err == cudaSuccess) return absl::OkStatus();
-  return absl::Status(CodeOf(err), absl::StrCat(call, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err),
-                                                ")"));
+  return absl::Status(CodeOf(err), absl::StrCat(call, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
 }
 
 absl::Status CuStatus(const char* call, CUresult res) {

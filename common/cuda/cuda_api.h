@@ -23,12 +23,12 @@ namespace dmagather::common::cuda {
 absl::Status CudaStatus(const char* call, cudaError_t err);
 absl::Status CuStatus(const char* call, CUresult res);
 
-#define DMAG_CUDA_RETURN_IF_ERROR(call)                                      \
-  do {                                                                       \
-    cudaError_t dmag_cuda_err_ = (call);                                     \
-    if (dmag_cuda_err_ != cudaSuccess) {                                     \
-      return ::dmagather::common::cuda::CudaStatus(#call, dmag_cuda_err_);           \
-    }                                                                        \
+#define DMAG_CUDA_RETURN_IF_ERROR(call)                                    \
+  do {                                                                     \
+    cudaError_t dmag_cuda_err_ = (call);                                   \
+    if (dmag_cuda_err_ != cudaSuccess) {                                   \
+      return ::dmagather::common::cuda::CudaStatus(#call, dmag_cuda_err_); \
+    }                                                                      \
   } while (0)
 
 // Driver functions, by entry point (versions as of CUDA 12/13).
@@ -47,18 +47,17 @@ struct DriverApi {
   CUresult (*cuMemGetAllocationPropertiesFromHandle)(CUmemAllocationProp*, CUmemGenericAllocationHandle) = nullptr;
   CUresult (*cuMemExportToShareableHandle)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
                                            unsigned long long) = nullptr;
-  CUresult (*cuMemImportFromShareableHandle)(CUmemGenericAllocationHandle*, void*, CUmemAllocationHandleType) =
-      nullptr;
+  CUresult (*cuMemImportFromShareableHandle)(CUmemGenericAllocationHandle*, void*, CUmemAllocationHandleType) = nullptr;
   CUresult (*cuMemRelease)(CUmemGenericAllocationHandle) = nullptr;
   CUresult (*cuMemAddressReserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
   CUresult (*cuMemAddressFree)(CUdeviceptr, size_t) = nullptr;
   CUresult (*cuMemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
   CUresult (*cuMemUnmap)(CUdeviceptr, size_t) = nullptr;
   CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
-  CUresult (*cuMemGetAllocationGranularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) =
-      nullptr;
-  CUresult (*cuMemCreate)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long) =
-      nullptr;
+  CUresult (*cuMemGetAllocationGranularity)(size_t*, const CUmemAllocationProp*,
+                                            CUmemAllocationGranularity_flags) = nullptr;
+  CUresult (*cuMemCreate)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
+                          unsigned long long) = nullptr;
 };
 
 // OK with the number of devices (>= 1), or why CUDA cannot be used here

@@ -64,9 +64,8 @@ static_assert(hipMemcpyDeviceToDeviceNoCU == 1024, "hipMemcpyDeviceToDeviceNoCU 
 // HipApi's function types are the prototypes of the headers this file is
 // built against: a call resolved by dlsym is made through HipApi's type, so
 // a prototype that changed in some ROCm would go unnoticed at run time.
-#define DMAG_HIP_SAME_PROTOTYPE(fn, type)                                 \
-  static_assert(std::is_same_v<decltype(&::fn), type>,                  \
-                #fn ": the HIP headers' prototype differs from HipApi's")
+#define DMAG_HIP_SAME_PROTOTYPE(fn, type) \
+  static_assert(std::is_same_v<decltype(&::fn), type>, #fn ": the HIP headers' prototype differs from HipApi's")
 #define DMAG_HIP_CHECK_PROTOTYPE(fn) DMAG_HIP_SAME_PROTOTYPE(fn, decltype(HipApi::fn))
 DMAG_HIP_CHECK_PROTOTYPE(hipGetDeviceCount);
 DMAG_HIP_CHECK_PROTOTYPE(hipGetDevice);
@@ -153,9 +152,10 @@ const State& Get() {
       s->available = MakeStatus(a, "hipGetDeviceCount", err);
       (void)a.hipGetLastError();  // Keep later calls clean.
       if (err == hipErrorNoDevice) {
-        s->available = absl::UnavailableError(absl::StrCat(
-            s->available.message(), ": no AMD GPU is visible (no amdgpu/kfd driver, or HIP_VISIBLE_DEVICES / "
-            "ROCR_VISIBLE_DEVICES hide them)"));
+        s->available = absl::UnavailableError(
+            absl::StrCat(s->available.message(),
+                         ": no AMD GPU is visible (no amdgpu/kfd driver, or HIP_VISIBLE_DEVICES / "
+                         "ROCR_VISIBLE_DEVICES hide them)"));
       }
     } else if (n == 0) {
       s->available = absl::UnavailableError("hipGetDeviceCount: no AMD GPU is visible");
@@ -199,8 +199,8 @@ absl::StatusOr<HipAbi> HipAbiFor(int runtime_version) {
   abi.minor = (runtime_version % kMajorScale) / kMinorScale;
   if (runtime_version <= 0 || abi.major < kHipOldestMajor || abi.major > kHipNewestMajor) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "HIP runtime version ", runtime_version, " (ROCm ", abi.major, ".", abi.minor, ") is not one this build knows (ROCm ",
-        kHipOldestMajor, ".x to ", kHipNewestMajor,
+        "HIP runtime version ", runtime_version, " (ROCm ", abi.major, ".", abi.minor,
+        ") is not one this build knows (ROCm ", kHipOldestMajor, ".x to ", kHipNewestMajor,
         ".x): values that differ between ROCm majors (hipMemoryType, the IPC open flag, copy kinds) would be guessed; "
         "set DMAGATHER_HIP_LIB to a libamdhip64 of a known major, or use a dmagather that knows this one"));
   }
@@ -314,8 +314,7 @@ absl::StatusOr<std::unique_ptr<HipLibrary>> LoadHip(const std::vector<std::strin
     return absl::UnavailableError(absl::StrCat(name, " (HIP runtime ", version, ") lacks ", missing,
                                                ", which checks streams on ROCm ", a.abi.major, ".", a.abi.minor));
   }
-  out->description =
-      absl::StrCat(name, " (HIP runtime ", version, ", ROCm ", a.abi.major, ".", a.abi.minor, ")");
+  out->description = absl::StrCat(name, " (HIP runtime ", version, ", ROCm ", a.abi.major, ".", a.abi.minor, ")");
   return out;
 }
 

@@ -124,12 +124,12 @@ struct HipApi {
 // "hipIpcOpenMemHandle: hipErrorInvalidValue (invalid argument)".
 absl::Status HipStatus(const char* call, hipError_t err);
 
-#define DMAG_HIP_RETURN_IF_ERROR(api, call)                                   \
-  do {                                                                        \
-    hipError_t dmag_hip_err_ = (api)->call;                                   \
-    if (dmag_hip_err_ != hipSuccess) {                                        \
-      return ::dmagather::common::hip::HipStatus(#call, dmag_hip_err_);       \
-    }                                                                         \
+#define DMAG_HIP_RETURN_IF_ERROR(api, call)                             \
+  do {                                                                  \
+    hipError_t dmag_hip_err_ = (api)->call;                             \
+    if (dmag_hip_err_ != hipSuccess) {                                  \
+      return ::dmagather::common::hip::HipStatus(#call, dmag_hip_err_); \
+    }                                                                   \
   } while (0)
 
 // The library and its functions; an error (UNAVAILABLE) when no

@@ -11,10 +11,10 @@ inline constexpr uint32_t kRingMagic = 0x474e5244;  // "DRNG"
 inline constexpr uint16_t kRingVersion = 1;
 
 enum RingFrameType : uint16_t {
-  kFrameHeader = 1,  // A node's verdict and shape for one op (one per node per op).
-  kFrameData = 2,    // One chunk of one rank's shard of one item.
-  kFrameSkip = 3,    // A chunk that could not be landed (the op is failing): counted, no payload.
-  kFrameAbort = 4,   // The job failed on the origin node; text says why. Both directions.
+  kFrameHeader = 1,     // A node's verdict and shape for one op (one per node per op).
+  kFrameData = 2,       // One chunk of one rank's shard of one item.
+  kFrameSkip = 3,       // A chunk that could not be landed (the op is failing): counted, no payload.
+  kFrameAbort = 4,      // The job failed on the origin node; text says why. Both directions.
   kFrameHeartbeat = 5,  // Backwards only (receiver to sender): this node is alive.
 };
 

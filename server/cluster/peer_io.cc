@@ -40,8 +40,7 @@ absl::Status ReadMessage(transport::Connection& conn, google::protobuf::MessageL
   return absl::OkStatus();
 }
 
-absl::Status ClientHandshake(transport::Connection& conn, const std::string& secret, v1::PeerHello hello,
-                             bool* retry) {
+absl::Status ClientHandshake(transport::Connection& conn, const std::string& secret, v1::PeerHello hello, bool* retry) {
   *retry = false;
   std::string server_nonce(kNonceBytes, '\0');
   DMAG_RETURN_IF_ERROR(conn.Recv(server_nonce.data(), kNonceBytes));
@@ -69,8 +68,8 @@ absl::StatusOr<v1::PeerHello> ReadHello(transport::Connection& conn, std::string
   v1::PeerHello hello;
   DMAG_RETURN_IF_ERROR(ReadMessage(conn, &hello));
   if (hello.protocol() != kPeerProtocol) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("peer ", conn.peer(), " speaks peer protocol ", hello.protocol(), ", this daemon ", kPeerProtocol));
+    return absl::InvalidArgumentError(absl::StrCat("peer ", conn.peer(), " speaks peer protocol ", hello.protocol(),
+                                                   ", this daemon ", kPeerProtocol));
   }
   return hello;
 }

@@ -26,15 +26,14 @@ absl::Status ReadMessage(transport::Connection& conn, google::protobuf::MessageL
 // caller; nonce and proof filled here) and checks the acceptor's proof.
 // FAILED_PRECONDITION + retry=true in *retry when the acceptor does not know
 // the job yet.
-absl::Status ClientHandshake(transport::Connection& conn, const std::string& secret, v1::PeerHello hello,
-                             bool* retry);
+absl::Status ClientHandshake(transport::Connection& conn, const std::string& secret, v1::PeerHello hello, bool* retry);
 
 // Accepting side: sends the nonce, reads the hello; the caller looks up the
 // job's secret by hello.job_tag and calls FinishServerHandshake.
 absl::StatusOr<v1::PeerHello> ReadHello(transport::Connection& conn, std::string* nonce);
 // Checks the client's proof against `secret` ("" = job unknown: answers
 // retry) and answers. OK only when the client proved the secret.
-absl::Status FinishServerHandshake(transport::Connection& conn, const v1::PeerHello& hello,
-                                   const std::string& nonce, const std::string& secret);
+absl::Status FinishServerHandshake(transport::Connection& conn, const v1::PeerHello& hello, const std::string& nonce,
+                                   const std::string& secret);
 
 }  // namespace dmagather::server::cluster

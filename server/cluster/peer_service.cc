@@ -170,7 +170,6 @@ void PeerService::AcceptLoop() {
   }
 }
 
-
 void PeerService::Handle(std::unique_ptr<transport::Connection> conn) {
   SetRecvTimeout(*conn, options_.handshake_timeout);
   std::string nonce;
@@ -242,8 +241,8 @@ void PeerService::MaybeBuildTableLocked(Pending& p) {
     for (int r : node.update.ranks()) {
       auto [it, fresh] = placed.emplace(r, int(n));
       if (!fresh && it->second != int(n)) {
-        error = absl::StrCat("rank ", r, " joined on two nodes (", p.nodes[it->second]->update.peer_address(),
-                             " and ", node.update.peer_address(), ")");
+        error = absl::StrCat("rank ", r, " joined on two nodes (", p.nodes[it->second]->update.peer_address(), " and ",
+                             node.update.peer_address(), ")");
       }
     }
   }
@@ -393,16 +392,17 @@ absl::StatusOr<v1::NodeTable> PeerService::AwaitTable(Pending& p, const std::sha
       if (absl::Status got = ReadMessage(*coord, &table); !got.ok()) {
         return absl::AbortedError(absl::StrCat("job '", job->key(), "': node ", p.id.address,
                                                " (the job's coordinator) failed: its daemon went away while the "
-                                               "job was being set up (", got.message(), ")"));
+                                               "job was being set up (",
+                                               got.message(), ")"));
       }
       return table;
     }
     if (job->failed()) return job->failure();
     if (absl::Now() > p.deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "job '", job->key(), "': not every rank of the world (", job->world_size(),
-          ") joined some node's daemon before the join timeout (the coordinator at ", p.id.address,
-          " still waits for the others)"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("job '", job->key(), "': not every rank of the world (", job->world_size(),
+                       ") joined some node's daemon before the join timeout (the coordinator at ", p.id.address,
+                       " still waits for the others)"));
     }
     if (stopping()) return absl::UnavailableError("dmagatherd is shutting down");
   }
@@ -412,7 +412,8 @@ absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<schedul
   // 1. Report this node's ranks to the coordinator until the table comes.
   DMAG_ASSIGN_OR_RETURN(v1::NodeTable table, AwaitTable(p, job));
   if (!table.failed_node().empty()) return absl::AbortedError(absl::StrCat("job '", job->key(), "': ", table.error()));
-  if (!table.error().empty()) return absl::FailedPreconditionError(absl::StrCat("job '", job->key(), "': ", table.error()));
+  if (!table.error().empty())
+    return absl::FailedPreconditionError(absl::StrCat("job '", job->key(), "': ", table.error()));
 
   // 2. The topology.
   std::shared_ptr<scheduler::Topology> topo = TopologyOf(table, job->world_size());
@@ -448,8 +449,8 @@ absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<schedul
     }
     for (int l = 0; l < int(table.links()); ++l) {
       if (p.prev_from[l] != prev) {
-        return absl::FailedPreconditionError(absl::StrCat("ring link ", l, " came from node ", p.prev_from[l],
-                                                          ", expected node ", prev));
+        return absl::FailedPreconditionError(
+            absl::StrCat("ring link ", l, " came from node ", p.prev_from[l], ", expected node ", prev));
       }
     }
     from_prev = std::move(p.prev_links);
@@ -463,8 +464,8 @@ absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<schedul
   ro.heartbeat_interval = std::max(absl::Milliseconds(10), options_.peer_timeout / 5);
   if (options_.peer_timeout <= absl::ZeroDuration()) ro.heartbeat_interval = absl::ZeroDuration();
   ro.transport = data->name();
-  ro.transport_reason = data.get() == transport_.get() ? transport_reason_
-                                                       : absl::StrCat("not every node offers ", transport_->name());
+  ro.transport_reason =
+      data.get() == transport_.get() ? transport_reason_ : absl::StrCat("not every node offers ", transport_->name());
   auto ring = std::make_shared<Ring>(job.get(), topo, std::move(to_next), std::move(from_prev), ro);
   ring->Run();
   absl::Status set = job->SetTopology(topo, ring);

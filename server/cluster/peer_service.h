@@ -51,10 +51,10 @@ struct PeerOptions {
   std::string listen;     // host:port to accept peer daemons on (port 0: any).
   std::string advertise;  // What other daemons connect to (default: the bound listen address).
   std::string transport = "auto";
-  int links = 4;                  // Connections to the next node, per job.
-  uint64_t chunk_bytes = 1 << 20; // Ring chunk.
+  int links = 4;                               // Connections to the next node, per job.
+  uint64_t chunk_bytes = 1 << 20;              // Ring chunk.
   uint64_t transit_bytes = uint64_t{4} << 30;  // Host staging per job (GPU backends).
-  bool force_staging = false;                   // --ring_staging=always.
+  bool force_staging = false;                  // --ring_staging=always.
   absl::Duration handshake_timeout = absl::Seconds(5);
   // --peer_timeout_ms: a next node silent this long is failed; heartbeats go
   // back every fifth of it (zero: none).
@@ -70,8 +70,7 @@ class PeerService {
  public:
   // `engine`: the node's copy engine (rings stage through it where rank
   // memory is not host memory).
-  static absl::StatusOr<std::unique_ptr<PeerService>> Create(const PeerOptions& options,
-                                                             engines::CopyEngine* engine);
+  static absl::StatusOr<std::unique_ptr<PeerService>> Create(const PeerOptions& options, engines::CopyEngine* engine);
   ~PeerService();
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -97,7 +96,7 @@ class PeerService {
     absl::Time deadline;
     bool coordinator = false;
     absl::Mutex mu;
-    absl::CondVar cv;  // Ranks changed / a link arrived / the table is ready / stopping.
+    absl::CondVar cv;                         // Ranks changed / a link arrived / the table is ready / stopping.
     bool changed ABSL_GUARDED_BY(mu) = true;  // Local ranks changed since the last NodeUpdate.
     // Links from the previous node (by link index), handshaken and upgraded.
     std::vector<std::unique_ptr<transport::Connection>> prev_links ABSL_GUARDED_BY(mu);
@@ -140,7 +139,7 @@ class PeerService {
   std::thread accept_thread_;
 
   mutable absl::Mutex mu_;
-  absl::CondVar threads_cv_;  // threads_ reached 0.
+  absl::CondVar threads_cv_;                                                      // threads_ reached 0.
   std::map<std::string, std::shared_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);  // By job tag.
   int threads_ ABSL_GUARDED_BY(mu_) = 0;  // Handler and bootstrap threads alive.
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "abi/ring_v1.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "abi/ring_v1.h"
 #include "common/api_names.h"
 #include "common/clock.h"
 #include "common/dtype.h"
@@ -125,7 +125,8 @@ void Ring::ApplyLocked(RingState::Effects& fx, Outcome* out, const char* payload
     for (const Send& own : d.own) QueueLocked(own.link, own);
     d.own.clear();
   }
-  for (auto& [link, frame] : fx.forward) QueueLocked(link, Send{frame, frame.type == kFrameData ? payload : nullptr, link});
+  for (auto& [link, frame] : fx.forward)
+    QueueLocked(link, Send{frame, frame.type == kFrameData ? payload : nullptr, link});
   if (fx.drop_queued) {
     // Frames not yet written belong to ops that now fail.
     for (SendQueue& q : send_queues_) q.frames.clear();

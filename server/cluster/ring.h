@@ -52,8 +52,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "common/latency_histogram.h"
 #include "common/clock.h"
+#include "common/latency_histogram.h"
 #include "server/cluster/frame.h"
 #include "server/cluster/ring_state.h"
 #include "server/engines/copy_engine.h"
@@ -77,7 +77,6 @@ struct RingOptions {
   absl::Duration peer_timeout = absl::Seconds(5);
   const common::Clock* clock = &common::RealClock();
 };
-
 
 class Ring : public scheduler::RemotePart {
  public:
@@ -187,8 +186,8 @@ class Ring : public scheduler::RemotePart {
   // Per slot. A chunk lands through a SlotData* taken under mu_ and used
   // unlocked: the slot cannot end (nor be reused) while the chunk is uncounted.
   std::vector<SlotData> data_ ABSL_GUARDED_BY(mu_);
-  absl::CondVar slot_cv_;  // A slot was started / the ring aborted.
-  absl::CondVar tick_cv_;  // The ticker has an abort to send back / the ring closes.
+  absl::CondVar slot_cv_;                              // A slot was started / the ring aborted.
+  absl::CondVar tick_cv_;                              // The ticker has an abort to send back / the ring closes.
   bool send_abort_prev_ ABSL_GUARDED_BY(mu_) = false;  // The ticker still has to send the abort frame back.
   // After an abort: gives the links a moment to carry the abort frames,
   // then shuts every connection (a cut link would hold a thread for long).
@@ -197,8 +196,7 @@ class Ring : public scheduler::RemotePart {
   std::atomic<bool> closed_{false};
   std::atomic<bool> stop_waits_{false};  // Ends staging's waits for ranks' ready flags.
 
-  std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, frames_sent_{0}, frames_received_{0}, ops_{0},
-      busy_ns_{0};
+  std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, frames_sent_{0}, frames_received_{0}, ops_{0}, busy_ns_{0};
   common::LatencyHistogram chunk_ns_;
 };
 

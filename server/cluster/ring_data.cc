@@ -2,8 +2,6 @@
 // the links, where a received chunk lands in the local ranks' outputs, and
 // the host staging of backends whose rank memory the daemon cannot address.
 // The threads and the state machine's effects are in ring.cc.
-#include "server/cluster/ring.h"
-
 #include <algorithm>
 #include <cstring>
 
@@ -13,6 +11,7 @@
 #include "common/dtype.h"
 #include "common/status.h"
 #include "glog/logging.h"
+#include "server/cluster/ring.h"
 
 namespace dmagather::server::cluster {
 
@@ -57,10 +56,10 @@ absl::Status Ring::EnsureStagingLocked(SlotData& s, uint32_t seq, uint64_t bytes
     return absl::OkStatus();
   }
   if (staging_total_ + bytes > options_.transit_bytes) {
-    return common::FallbackError(absl::StrCat(
-        "allgather #", seq, " needs ", bytes >> 20, " MiB of ring transit on this node, over the ",
-        (options_.transit_bytes - std::min(options_.transit_bytes, staging_total_)) >> 20,
-        " MiB left of dmagatherd --ring_transit_mib"));
+    return common::FallbackError(
+        absl::StrCat("allgather #", seq, " needs ", bytes >> 20, " MiB of ring transit on this node, over the ",
+                     (options_.transit_bytes - std::min(options_.transit_bytes, staging_total_)) >> 20,
+                     " MiB left of dmagatherd --ring_transit_mib"));
   }
   DMAG_ASSIGN_OR_RETURN(void* p, options_.engine->AllocStaging(bytes));
   s.staging = static_cast<char*>(p);
@@ -91,8 +90,8 @@ void Ring::BuildOwnFrames(Op* op, uint32_t idx, RingFrameV1* h) {
   // own link, so forwarded blocks spread over the links too.
   for (size_t i = 0; i < ref.items.size(); ++i) {
     const uint64_t bytes = d.item_bytes[i];
-    const uint64_t step = std::min<uint64_t>(
-        options_.chunk_bytes, std::max<uint64_t>(kMinChunk, (bytes + links - 1) / uint64_t(links)));
+    const uint64_t step =
+        std::min<uint64_t>(options_.chunk_bytes, std::max<uint64_t>(kMinChunk, (bytes + links - 1) / uint64_t(links)));
     for (int r : local) {
       const char* src = op->parts[r].items[i].send;
       for (uint64_t off = 0; off < bytes; off += step, ++c) {

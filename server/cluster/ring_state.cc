@@ -194,7 +194,8 @@ absl::Status RingState::Verdict(const Slot& s, int* failed_rank) const {
     std::string detail;
     for (int j = 0; j < n; ++j) {
       absl::StrAppend(&detail, j == 0 ? "" : ", ", "node ", j);
-      if (j < int(o_.node_ranks.size())) absl::StrAppend(&detail, " (ranks ", absl::StrJoin(o_.node_ranks[j], ","), ")");
+      if (j < int(o_.node_ranks.size()))
+        absl::StrAppend(&detail, " (ranks ", absl::StrJoin(o_.node_ranks[j], ","), ")");
       absl::StrAppend(&detail, " asked for ", s.headers[j].text);
     }
     return absl::InvalidArgumentError(absl::StrCat("allgather #", s.seq, ": nodes disagree: ", detail));
@@ -289,9 +290,8 @@ void RingState::Abort(const absl::Status& why, Effects* fx) {
   const int origin = pending_ ? abort_origin_ : me;
   abort_frame_ = NewRingFrame(kFrameAbort, pending_ ? spare_ : last_ended_, origin);
   abort_frame_.failed_rank = dead_node_;
-  SetFrameText(&abort_frame_, origin != me || dead_node_ >= 0
-                                  ? std::string(why.message())
-                                  : absl::StrCat(NodeName(me), ": ", why.message()));
+  SetFrameText(&abort_frame_, origin != me || dead_node_ >= 0 ? std::string(why.message())
+                                                              : absl::StrCat(NodeName(me), ": ", why.message()));
   // Both ways round the ring, except back where it came from or to its
   // origin. (Also towards a node blamed: only one of its links may be dead.)
   fx->send_abort_next = next_node() != origin && !(pending_ && abort_from_ == Side::kNext);
@@ -345,8 +345,8 @@ std::string RingState::Pending(uint32_t seq) const {
     if (!s.have[i]) what.push_back(NodeName(i));
   }
   if (s.have_count == o_.num_nodes && s.chunks_got != s.chunks_expected) {
-    what.push_back(absl::StrCat("chunks from ", NodeName(prev_node()), ": ", s.chunks_got, " of ",
-                                s.chunks_expected, " received"));
+    what.push_back(absl::StrCat("chunks from ", NodeName(prev_node()), ": ", s.chunks_got, " of ", s.chunks_expected,
+                                " received"));
   }
   if (s.sends_pending != 0) {
     what.push_back(absl::StrCat(s.sends_pending, " frame(s) to ", NodeName(next_node())));

@@ -41,9 +41,9 @@ struct RingStateOptions {
   int my_node = 0;
   int links = 1;
   int slots = 16;
-  std::vector<std::string> node_names;  // "host address", for messages.
+  std::vector<std::string> node_names;       // "host address", for messages.
   std::vector<std::vector<int>> node_ranks;  // Per node, for messages.
-  uint64_t chunk_bytes = 1 << 20;       // Largest data frame accepted.
+  uint64_t chunk_bytes = 1 << 20;            // Largest data frame accepted.
   // Heartbeats back to the previous node; a next node silent this long is
   // failed (zero: no heartbeats, no silence detection).
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
@@ -61,16 +61,16 @@ class RingState {
     int failed_rank;
   };
   struct Effects {
-    std::vector<uint32_t> release;                      // Ops whose own frames go out now, in order.
-    std::vector<std::pair<int, RingFrameV1>> forward;   // (link, frame) to queue to the next node.
-    std::vector<Ended> ended;                           // Ops whose ring part ended.
-    bool fail = false;                                  // Fail the job with fail_status ...
+    std::vector<uint32_t> release;                     // Ops whose own frames go out now, in order.
+    std::vector<std::pair<int, RingFrameV1>> forward;  // (link, frame) to queue to the next node.
+    std::vector<Ended> ended;                          // Ops whose ring part ended.
+    bool fail = false;                                 // Fail the job with fail_status ...
     absl::Status fail_status;
-    bool fail_after = false;                            // ... sparing ops up to fail_spare.
+    bool fail_after = false;  // ... sparing ops up to fail_spare.
     uint32_t fail_spare = 0;
-    bool drop_queued = false;                           // Abort: frames not yet written are dropped.
+    bool drop_queued = false;                               // Abort: frames not yet written are dropped.
     bool send_abort_next = false, send_abort_prev = false;  // abort_frame() goes out that side.
-    std::vector<int> heartbeats;                        // Previous-side links a heartbeat goes back on.
+    std::vector<int> heartbeats;                            // Previous-side links a heartbeat goes back on.
   };
 
   // What Ring does with a frame read from the previous node.
@@ -174,7 +174,7 @@ class RingState {
   uint32_t spare_ = 0;
   int abort_origin_ = -1;
   Side abort_from_ = Side::kPrev;
-  bool failing_ = false;  // Effects already asked to fail the job.
+  bool failing_ = false;           // Effects already asked to fail the job.
   std::vector<char> prev_closed_;  // Previous-side links that ended (after an abort frame).
   // Heartbeats: when each next-side link was last heard from, when each
   // previous-side link last carried one back.

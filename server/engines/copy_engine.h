@@ -67,12 +67,12 @@ struct RankAttach {
 
 // What a client asks the daemon to import.
 struct RegionSpec {
-  std::string kind;     // kMemoryHostMemfd, kMemoryCudaIpc, ...
+  std::string kind;  // kMemoryHostMemfd, kMemoryCudaIpc, ...
   uint64_t bytes = 0;
-  int fd = -1;          // kMemoryHostMemfd: the sealed memfd the client handed over (borrowed for the call).
+  int fd = -1;           // kMemoryHostMemfd: the sealed memfd the client handed over (borrowed for the call).
   std::vector<int> fds;  // kMemoryCudaVmm: the exported allocations, in chunk order (borrowed for the call).
   pid_t owner_pid = 0;   // The registering process (kernel identity), for import caches.
-  std::string handle;   // Opaque export handle (kMemoryCudaIpc: 64 bytes).
+  std::string handle;    // Opaque export handle (kMemoryCudaIpc: 64 bytes).
   const EngineRank* rank = nullptr;  // The owning rank (its device).
 };
 

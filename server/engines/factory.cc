@@ -41,8 +41,8 @@ absl::StatusOr<CreatedEngine> CreateEngine(const EngineOptions& options) {
       if (!engine.ok()) {
         // "--backend=cuda: cannot use CUDA: cudaGetDeviceCount: ..."
         return absl::Status(engine.status().code(),
-                            absl::StrCat("--backend=", b, ": cannot use ", backend.label.empty() ? b : backend.label, ": ",
-                                         engine.status().message()));
+                            absl::StrCat("--backend=", b, ": cannot use ", backend.label.empty() ? b : backend.label,
+                                         ": ", engine.status().message()));
       }
       CreatedEngine out;
       const std::string what = Describe(backend, **engine);
@@ -51,9 +51,8 @@ absl::StatusOr<CreatedEngine> CreateEngine(const EngineOptions& options) {
       return out;
     }
     if (const KnownBackend* k = FindKnown(b)) {
-      return absl::UnimplementedError(absl::StrCat("the ", b, " backend is not part of this build (",
-                                                   k->absent_because, "); this dmagatherd has: ",
-                                                   RegisteredEngineNames()));
+      return absl::UnimplementedError(absl::StrCat("the ", b, " backend is not part of this build (", k->absent_because,
+                                                   "); this dmagatherd has: ", RegisteredEngineNames()));
     }
     std::vector<std::string> known;
     for (const KnownBackend& k : kKnownBackends) known.push_back(k.name);
@@ -68,9 +67,9 @@ absl::StatusOr<CreatedEngine> CreateEngine(const EngineOptions& options) {
     auto engine = backend.create(options);
     if (!engine.ok()) {
       // "no usable CUDA GPU (cudaGetDeviceCount: cudaErrorNoDevice ...)"
-      why_not.push_back(absl::StrCat(backend.unusable.empty() ? "no usable " + backend.name + " backend"
-                                                              : backend.unusable,
-                                     " (", engine.status().message(), ")"));
+      why_not.push_back(
+          absl::StrCat(backend.unusable.empty() ? "no usable " + backend.name + " backend" : backend.unusable, " (",
+                       engine.status().message(), ")"));
       last = engine.status();
       continue;
     }

@@ -83,9 +83,9 @@ void DecodeDescriptor(const abi::DescriptorV1& slot, Request* out) {
   out->seq = __atomic_load_n(&slot.seq, __ATOMIC_RELAXED);
   out->items_following = 0;
   out->num_recv = 0;
-  out->refusal = absl::InvalidArgumentError(absl::StrFormat(
-      "descriptor stamp 0x%08x is not v2 (0x%08x) or v1 (0x%08x): client and daemon versions differ", stamp,
-      abi::kDescriptorStampV2, abi::kDescriptorStampV1));
+  out->refusal = absl::InvalidArgumentError(
+      absl::StrFormat("descriptor stamp 0x%08x is not v2 (0x%08x) or v1 (0x%08x): client and daemon versions differ",
+                      stamp, abi::kDescriptorStampV2, abi::kDescriptorStampV1));
 }
 
 }  // namespace dmagather::server::ingress

@@ -31,7 +31,9 @@ Ingress::Ingress(const Options& options, engines::CopyEngine* engine, abi::Doorb
 
 Ingress::~Ingress() { Stop(); }
 
-void Ingress::Start() { thread_ = std::thread([this] { Loop(); }); }
+void Ingress::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
 
 void Ingress::Stop() {
   stop_.store(true);
@@ -46,8 +48,8 @@ bool Overlaps(const char* a, uint64_t an, const char* b, uint64_t bn) { return a
 
 }  // namespace
 
-void Ingress::Validate(const Request& d, uint32_t expected_seq, int rank, const RegionTable& regions,
-                       int world_size, RankPart* part) {
+void Ingress::Validate(const Request& d, uint32_t expected_seq, int rank, const RegionTable& regions, int world_size,
+                       RankPart* part) {
   if (part->items.empty()) part->submit_ns = d.submit_ns;
   if (!part->status.ok()) return;  // An earlier item of this op already failed.
   auto invalid = [&](std::string msg) {
@@ -141,8 +143,8 @@ int Ingress::PollJob(const JobFeed& feed, uint64_t now_ns) {
     const uint64_t tail = abi::LoadAcquire(&in.ring->tail);
     if (tail - head > abi::kRingSlotsV1) {
       // A client cannot publish more than the ring holds: its segment is corrupt.
-      job->Fail(absl::InvalidArgumentError(absl::StrCat("rank ", r, " corrupted its request ring (tail ", tail,
-                                                        ", head ", head, ")")),
+      job->Fail(absl::InvalidArgumentError(
+                    absl::StrCat("rank ", r, " corrupted its request ring (tail ", tail, ", head ", head, ")")),
                 r);
       rank.set_state(Rank::State::kGone);
       continue;
@@ -169,8 +171,8 @@ int Ingress::PollJob(const JobFeed& feed, uint64_t now_ns) {
         part.started = true;
         const uint32_t following = req.items_following;
         if (following >= abi::kMaxItemsPerOpV2 && req.refusal.ok()) {
-          part.status = absl::InvalidArgumentError(absl::StrCat(
-              "rank ", r, ": coalesced op of ", following + 1, " items (at most ", abi::kMaxItemsPerOpV2, ")"));
+          part.status = absl::InvalidArgumentError(absl::StrCat("rank ", r, ": coalesced op of ", following + 1,
+                                                                " items (at most ", abi::kMaxItemsPerOpV2, ")"));
         }
         // An impossible item count fails this op alone; the descriptors
         // after it are read as the ops they claim to be.
@@ -178,9 +180,9 @@ int Ingress::PollJob(const JobFeed& feed, uint64_t now_ns) {
         part.items_expected = in.items_left;
         in.current = op;
       } else if (req.items_following + 1 != in.items_left && part.status.ok()) {
-        part.status = absl::InvalidArgumentError(absl::StrCat("rank ", r, ": coalesced op #", seq, " expected ",
-                                                              in.items_left, " more item(s), descriptor says ",
-                                                              req.items_following + 1));
+        part.status =
+            absl::InvalidArgumentError(absl::StrCat("rank ", r, ": coalesced op #", seq, " expected ", in.items_left,
+                                                    " more item(s), descriptor says ", req.items_following + 1));
       }
       if (live) Validate(req, seq, r, in.regions, world, &part);
       if (--in.items_left != 0) continue;
@@ -254,9 +256,9 @@ void Ingress::Loop() {
     if (!AnyPending() && !stop_.load()) {
       // With no job at all there is nothing to sweep: sleep until a rank (or
       // the reaper, Kick) rings; else wake every 10 ms for timeouts.
-      const uint64_t timeout_ns = persistent ? PersistentPollNs(options_.clock->NowNs() - last_work)
-                                  : jobs_.empty()   ? kIdlePollNs
-                                                    : 10'000'000;
+      const uint64_t timeout_ns = persistent      ? PersistentPollNs(options_.clock->NowNs() - last_work)
+                                  : jobs_.empty() ? kIdlePollNs
+                                                  : 10'000'000;
       common::FutexWait(&doorbell_->seq, bell, timeout_ns);
     }
     epoch_.fetch_add(1, std::memory_order_acq_rel);  // Asleep: no snapshot was being read.

@@ -17,9 +17,9 @@
 #include <thread>
 #include <vector>
 
-#include "common/clock.h"
 #include "abi/ring_v1.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "server/engines/copy_engine.h"
 #include "server/ingress/rank_input.h"
 #include "server/scheduler/job.h"

@@ -32,10 +32,10 @@ struct RankInput {
   // Ingress thread only.
   abi::RingV1* const ring;
   const abi::DescriptorV1* const slots;  // Ring slots (every version fills one).
-  uint64_t ring_head = 0;  // The daemon's consumer index (mirrored to ring->head, never read back).
-  uint32_t next_seq = 1;   // Sequence number of the op being read.
-  uint32_t items_left = 0;              // Items of a coalesced op still to come.
-  scheduler::Op* current = nullptr;     // The op those items belong to.
+  uint64_t ring_head = 0;                // The daemon's consumer index (mirrored to ring->head, never read back).
+  uint32_t next_seq = 1;                 // Sequence number of the op being read.
+  uint32_t items_left = 0;               // Items of a coalesced op still to come.
+  scheduler::Op* current = nullptr;      // The op those items belong to.
 };
 
 }  // namespace dmagather::server::ingress

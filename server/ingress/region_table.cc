@@ -18,9 +18,9 @@ absl::Status RegionTable::Remove(uint32_t region_id, const std::atomic<uint32_t>
   }
   uint32_t n = inflight.load(std::memory_order_acquire);
   if (n != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "region ", region_id, " of rank ", rank_, " may be in use by ", n,
-        " outstanding operation(s); wait for them before freeing or deregistering it"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("region ", region_id, " of rank ", rank_, " may be in use by ", n,
+                     " outstanding operation(s); wait for them before freeing or deregistering it"));
   }
   registered_bytes_ -= it->second->bytes();
   regions_.erase(it);
@@ -38,14 +38,14 @@ absl::StatusOr<char*> RegionTable::Resolve(uint32_t region_id, uint64_t offset, 
   absl::MutexLock lock(&mu_);
   auto it = regions_.find(region_id);
   if (it == regions_.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " buffer names region ", region_id,
-                                                   ", which rank ", rank_, " has not registered"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " buffer names region ", region_id, ", which rank ", rank_, " has not registered"));
   }
   const engines::ImportedRegion& r = *it->second;
   if (offset > r.bytes() || bytes > r.bytes() - offset) {
     return absl::InvalidArgumentError(absl::StrCat(what, " buffer [", offset, ", +", bytes,
-                                                   ") runs past the end of region ", region_id, " (",
-                                                   r.bytes(), " bytes) of rank ", rank_));
+                                                   ") runs past the end of region ", region_id, " (", r.bytes(),
+                                                   " bytes) of rank ", rank_));
   }
   return r.base() + offset;
 }

@@ -8,10 +8,10 @@
 #pragma once
 
 #include <cstdint>
-#include "absl/strings/string_view.h"
 
-#include "absl/status/status.h"
 #include "abi/completion_v1.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace dmagather::server::scheduler {
 

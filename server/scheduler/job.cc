@@ -66,8 +66,8 @@ absl::Status Job::AddRank(std::shared_ptr<Rank> rank) {
                                                  " ranks joined); rank ", r, " cannot join it again"));
   }
   if (ranks_[r] != nullptr) {
-    return absl::AlreadyExistsError(absl::StrCat("rank ", r, " of job '", key_, "' has already joined (pid ",
-                                                 ranks_[r]->pid(), ")"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("rank ", r, " of job '", key_, "' has already joined (pid ", ranks_[r]->pid(), ")"));
   }
   ranks_[r] = std::move(rank);
   if (++joined_ == world_size_ && !multi_node_) ActivateLocked();
@@ -248,18 +248,20 @@ void Job::Dispatch(Op* op, engines::CopyEngine* engine) {
       for (int r = 0; r < world_size_; ++r) {
         if (op->parts[r].graph_slot >= 0) which.push_back(r);
       }
-      FinishOp(op, absl::InvalidArgumentError(absl::StrCat(
-                       "allgather #", op->seq, ": ranks disagree: rank(s) ", absl::StrJoin(which, ","),
-                       " captured it into a CUDA graph, the others submitted it directly")),
+      FinishOp(op,
+               absl::InvalidArgumentError(
+                   absl::StrCat("allgather #", op->seq, ": ranks disagree: rank(s) ", absl::StrJoin(which, ","),
+                                " captured it into a CUDA graph, the others submitted it directly")),
                -1);
       return;
     }
     if (engine->host_addressable()) {
       // Nothing on host memory can start a replay but a rank writing the
       // flag itself, and polling for that would keep the daemon awake.
-      FinishOp(op, absl::InvalidArgumentError(absl::StrCat(
-                       "allgather #", op->seq, ": captured (graph) ops need a GPU backend; this dmagatherd runs '",
-                       engine->name(), "' on host memory")),
+      FinishOp(op,
+               absl::InvalidArgumentError(absl::StrCat(
+                   "allgather #", op->seq, ": captured (graph) ops need a GPU backend; this dmagatherd runs '",
+                   engine->name(), "' on host memory")),
                -1);
       return;
     }
@@ -279,8 +281,8 @@ void Job::Dispatch(Op* op, engines::CopyEngine* engine) {
 
 absl::Status Job::DefinePersistent(Op* op) {
   if (persistent_.size() >= size_t{abi::kGraphSlotsV1} * 64) {
-    return absl::ResourceExhaustedError(absl::StrCat("allgather #", op->seq, ": job '", key_, "' already has ",
-                                                     persistent_.size(), " captured ops"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("allgather #", op->seq, ": job '", key_, "' already has ", persistent_.size(), " captured ops"));
   }
   BuildPlan(op);
   std::vector<Rank*> ranks;
@@ -371,11 +373,10 @@ void Job::Sweep(uint64_t now_ns, absl::Duration op_timeout) {
         if (ranks_[r] == nullptr) continue;  // On another node.
         (op.parts[r].arrived ? present : missing).push_back(r);
       }
-      Fail(absl::DeadlineExceededError(absl::StrCat(
-               "allgather #", op.seq, " of job '", key_, "' timed out after ",
-               absl::FormatDuration(op_timeout), ": rank(s) ", absl::StrJoin(missing, ","),
-               " never submitted it (rank(s) ", absl::StrJoin(present, ","),
-               " did); the job is stopped")),
+      Fail(absl::DeadlineExceededError(absl::StrCat("allgather #", op.seq, " of job '", key_, "' timed out after ",
+                                                    absl::FormatDuration(op_timeout), ": rank(s) ",
+                                                    absl::StrJoin(missing, ","), " never submitted it (rank(s) ",
+                                                    absl::StrJoin(present, ","), " did); the job is stopped")),
            missing.empty() ? -1 : missing[0]);
       break;
     }

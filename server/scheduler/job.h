@@ -40,8 +40,8 @@ struct JobCounters {
   std::atomic<uint64_t> ops{0};
   std::atomic<uint64_t> bytes{0};  // Payload bytes written into outputs.
   std::array<std::atomic<uint64_t>, common::kNumApiStatus> errors{};
-  common::LatencyHistogram latency;      // First descriptor seen -> all done flags written.
-  common::LatencyHistogram hop_latency;  // Last descriptor seen -> copies enqueued on the engine.
+  common::LatencyHistogram latency;       // First descriptor seen -> all done flags written.
+  common::LatencyHistogram hop_latency;   // Last descriptor seen -> copies enqueued on the engine.
   std::atomic<uint64_t> fallback_ops{0};  // Ops the ranks' refusals turned into FALLBACK.
 };
 

@@ -64,7 +64,7 @@ class PersistentOp : public engines::EngineOp {
   abi::GraphFlagsV1* Flags(size_t r) const;
 
   const std::vector<Rank*> ranks_;
-  const std::vector<int> slots_;                  // Per rank.
+  const std::vector<int> slots_;  // Per rank.
   std::atomic<int> state_{kArmed};
   std::atomic<uint64_t> replays_{0};
   std::atomic<bool> retired_{false};

@@ -58,8 +58,8 @@ absl::Status CheckAgreement(const Op& op) {
     absl::StrAppend(&detail, ", rank ", differ[k], " for ", ShapeAt(op.parts[differ[k]], where[k], coalesced));
   }
   return absl::InvalidArgumentError(absl::StrCat("allgather #", op.seq, ": ranks disagree (ranks ",
-                                                 absl::StrJoin(differ, ","), " differ from rank ", ref_rank, "): ",
-                                                 detail));
+                                                 absl::StrJoin(differ, ","), " differ from rank ", ref_rank,
+                                                 "): ", detail));
 }
 
 void BuildPlan(Op* op) {

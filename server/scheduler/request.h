@@ -64,11 +64,11 @@ struct Item {
 
 // What one rank asked for in one op.
 struct RankPart {
-  bool started = false;   // The first item has been read (the op counts in the rank's inflight).
-  bool arrived = false;   // Every item of the op has been read.
-  absl::Status status;    // First problem with this rank's part (refusal or validation).
+  bool started = false;  // The first item has been read (the op counts in the rank's inflight).
+  bool arrived = false;  // Every item of the op has been read.
+  absl::Status status;   // First problem with this rank's part (refusal or validation).
   uint64_t submit_ns = 0;
-  uint32_t items_expected = 0;   // From the first descriptor's items_following + 1.
+  uint32_t items_expected = 0;  // From the first descriptor's items_following + 1.
   std::vector<Item> items;
   std::vector<char*> recv;  // Daemon-side output pointers of all items.
   int graph_slot = -1;      // Persistent op: the rank's graph slot (every item names the same).

@@ -68,7 +68,8 @@ class ControlListener {
     dev_t dev = 0;
     ino_t ino = 0;
   };
-  explicit ControlListener(const Options& options) : options_(options), share_(options.max_connections, options.max_connections_per_uid) {}
+  explicit ControlListener(const Options& options)
+      : options_(options), share_(options.max_connections, options.max_connections_per_uid) {}
   void Loop();
   void AcceptAll();
   // Forgets connections whose descriptor gRPC has closed.

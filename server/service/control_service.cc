@@ -1,7 +1,5 @@
 #include "server/service/control_service.h"
 
-#include "server/cluster/peer_service.h"
-
 #include <glog/logging.h>
 
 #include <algorithm>
@@ -11,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "server/cluster/peer_service.h"
 #include "server/service/wait_spin.h"
 
 namespace dmagather::server::service {
@@ -56,7 +55,11 @@ class JoinReactor final : public grpc::ServerWriteReactor<v1::JoinEvent> {
 
 ControlService::ControlService(Registry* registry, std::string version, std::string backend, WhoIsCalling who,
                                common::Clock* clock)
-    : registry_(registry), who_(std::move(who)), clock_(clock), version_(std::move(version)), backend_(std::move(backend)) {
+    : registry_(registry),
+      who_(std::move(who)),
+      clock_(clock),
+      version_(std::move(version)),
+      backend_(std::move(backend)) {
   watcher_ = std::thread([this] { WatcherLoop(); });
 }
 
@@ -131,11 +134,10 @@ void ControlService::WatcherLoop() {
     }
     mu_.Lock();
     if (!done.empty()) {
-      reactors_.erase(std::remove_if(reactors_.begin(), reactors_.end(),
-                                     [&](JoinReactor* r) {
-                                       return std::find(done.begin(), done.end(), r) != done.end();
-                                     }),
-                      reactors_.end());
+      reactors_.erase(
+          std::remove_if(reactors_.begin(), reactors_.end(),
+                         [&](JoinReactor* r) { return std::find(done.begin(), done.end(), r) != done.end(); }),
+          reactors_.end());
     }
   }
 }
@@ -237,16 +239,14 @@ grpc::Status ControlService::Leave(grpc::ServerContext*, const v1::LeaveRequest*
   return ToGrpc(s);
 }
 
-grpc::Status ControlService::Register(grpc::ServerContext*, const v1::RegisterRequest* req,
-                                      v1::RegisterReply* reply) {
+grpc::Status ControlService::Register(grpc::ServerContext*, const v1::RegisterRequest* req, v1::RegisterReply* reply) {
   auto id = registry_->Register(*req);
   if (!id.ok()) return ToGrpc(id.status());
   reply->set_region_id(*id);
   return grpc::Status::OK;
 }
 
-grpc::Status ControlService::Deregister(grpc::ServerContext*, const v1::DeregisterRequest* req,
-                                        v1::DeregisterReply*) {
+grpc::Status ControlService::Deregister(grpc::ServerContext*, const v1::DeregisterRequest* req, v1::DeregisterReply*) {
   return ToGrpc(registry_->Deregister(req->session_id(), req->session_secret(), req->region_id()));
 }
 

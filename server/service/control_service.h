@@ -23,8 +23,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "dmagather/v1/control.grpc.pb.h"
 #include "common/clock.h"
+#include "dmagather/v1/control.grpc.pb.h"
 #include "server/service/registry.h"
 
 namespace dmagather::server::service {
@@ -40,13 +40,11 @@ class ControlService final : public v1::Control::WithCallbackMethod_Join<v1::Con
                  common::Clock* clock = &common::RealClock());
   ~ControlService() override;
 
-  grpc::ServerWriteReactor<v1::JoinEvent>* Join(grpc::CallbackServerContext* ctx,
-                                                const v1::JoinRequest* req) override;
+  grpc::ServerWriteReactor<v1::JoinEvent>* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req) override;
   grpc::Status Leave(grpc::ServerContext* ctx, const v1::LeaveRequest* req, v1::LeaveReply* reply) override;
   grpc::Status CreateJobId(grpc::ServerContext* ctx, const v1::CreateJobIdRequest* req,
                            v1::CreateJobIdReply* reply) override;
-  grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
-                        v1::RegisterReply* reply) override;
+  grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req, v1::RegisterReply* reply) override;
   grpc::Status Deregister(grpc::ServerContext* ctx, const v1::DeregisterRequest* req,
                           v1::DeregisterReply* reply) override;
 

@@ -30,8 +30,7 @@ FairShare::Decision FairShare::Decide(uid_t uid) const {
     d.evict_uid = top;
     return d;
   }
-  d.why = absl::StrCat("all ", total_, " connection slots are taken and no user holds more than uid ", uid,
-                       " would");
+  d.why = absl::StrCat("all ", total_, " connection slots are taken and no user holds more than uid ", uid, " would");
   return d;
 }
 

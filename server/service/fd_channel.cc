@@ -61,7 +61,9 @@ absl::StatusOr<std::unique_ptr<FdChannel>> FdChannel::Listen(const Options& opti
 
 FdChannel::~FdChannel() { Stop(); }
 
-void FdChannel::Start() { thread_ = std::thread([this] { Loop(); }); }
+void FdChannel::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
 
 void FdChannel::Stop() {
   if (stop_.exchange(true)) return;
@@ -238,7 +240,8 @@ void FdChannel::Loop() {
     pfds.push_back({listen_.get(), POLLIN, 0});
     for (const Conn& c : conns_) pfds.push_back({c.fd.get(), POLLIN, 0});
     // Never more than a sweep: a FakeClock's time moves without waking poll.
-    const int timeout_ms = static_cast<int>(std::min<uint64_t>(wake_at > now ? wake_at - now : 0, kSweepNs) / 1'000'000) + 1;
+    const int timeout_ms =
+        static_cast<int>(std::min<uint64_t>(wake_at > now ? wake_at - now : 0, kSweepNs) / 1'000'000) + 1;
     int r = poll(pfds.data(), pfds.size(), timeout_ms);
     if (r < 0 && errno != EINTR) {
       LOG(ERROR) << "fd channel poll: " << strerror(errno);

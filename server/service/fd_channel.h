@@ -93,7 +93,7 @@ class FdChannel {
   TicketTable* const tickets_;
   const int doorbell_fd_;
   common::UniqueFd listen_;
-  common::UniqueFd wake_;  // eventfd: Stop() wakes the thread.
+  common::UniqueFd wake_;    // eventfd: Stop() wakes the thread.
   std::vector<Conn> conns_;  // Oldest first.
   FairShare share_;
   std::thread thread_;

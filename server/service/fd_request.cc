@@ -23,8 +23,8 @@ absl::StatusOr<abi::FdRequestV1> ParseFdRequest(const void* data, size_t n, int 
   std::memcpy(&req, data, sizeof(req));
   if (req.stamp != abi::kFdRequestStampV1 || req.magic != abi::kMagic) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "fd channel: not an FdRequestV1 (stamp 0x%08x, expected 0x%08x): client and daemon versions differ",
-        req.stamp, abi::kFdRequestStampV1));
+        "fd channel: not an FdRequestV1 (stamp 0x%08x, expected 0x%08x): client and daemon versions differ", req.stamp,
+        abi::kFdRequestStampV1));
   }
   if (req.kind == abi::kFdPing) {
     if (num_fds != 0) return absl::InvalidArgumentError("fd channel: a ping carries no descriptor");
@@ -37,8 +37,7 @@ absl::StatusOr<abi::FdRequestV1> ParseFdRequest(const void* data, size_t n, int 
   if (req.kind == abi::kFdDeviceMemory) {
     if (num_fds < 1 || num_fds > abi::kMaxFdsPerRequestV1) {
       return absl::InvalidArgumentError(absl::StrCat("fd channel: a device-memory hand-over carries 1..",
-                                                     abi::kMaxFdsPerRequestV1, " descriptors, this one had ",
-                                                     num_fds));
+                                                     abi::kMaxFdsPerRequestV1, " descriptors, this one had ", num_fds));
     }
     if (req.bytes == 0) return absl::InvalidArgumentError("fd channel: a device-memory hand-over of 0 bytes");
     return req;
@@ -51,8 +50,8 @@ absl::StatusOr<abi::FdRequestV1> ParseFdRequest(const void* data, size_t n, int 
         absl::StrCat("fd channel: a hand-over carries exactly one descriptor, this one had ", num_fds));
   }
   if (req.kind == abi::kFdSegment && req.bytes != abi::SegmentLayoutV1::kBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("fd channel: a rank segment is ", abi::SegmentLayoutV1::kBytes,
-                                                   " bytes, not ", req.bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("fd channel: a rank segment is ", abi::SegmentLayoutV1::kBytes, " bytes, not ", req.bytes));
   }
   return req;
 }

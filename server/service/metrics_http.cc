@@ -31,7 +31,7 @@ bool SplitHostPort(const std::string& listen, std::string* host, int* port) {
 }
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(const std::string& listen,
-                                                                          std::function<std::string()> render) {
+                                                                            std::function<std::string()> render) {
   std::string host;
   int port;
   if (!SplitHostPort(listen, &host, &port)) {
@@ -69,7 +69,8 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(cons
   Impl* impl = m->impl_.get();
   impl->thread = std::thread([impl] { impl->server.listen_after_bind(); });
   // stop() before the loop runs would be lost: wait until it does.
-  for (int i = 0; i < 2000 && !impl->server.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (int i = 0; i < 2000 && !impl->server.is_running(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return m;
 }
 

@@ -45,7 +45,9 @@ bool HeapTrimmer::AfterPass(int freed) {
   return true;
 }
 
-void ReaperThread::Start() { thread_ = std::thread([this] { Loop(); }); }
+void ReaperThread::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
 
 void ReaperThread::Wake() {
   absl::MutexLock lock(&mu_);

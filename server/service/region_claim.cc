@@ -10,9 +10,9 @@ namespace dmagather::server::service {
 namespace {
 
 absl::Status FromOtherProcess(const Session& s, const char* what) {
-  return absl::PermissionDeniedError(absl::StrCat(
-      "register: ", what, " handed over by another process than rank ", s.rank_index(),
-      "'s (a ticket works only for the process, and uid, that handed the memory over)"));
+  return absl::PermissionDeniedError(
+      absl::StrCat("register: ", what, " handed over by another process than rank ", s.rank_index(),
+                   "'s (a ticket works only for the process, and uid, that handed the memory over)"));
 }
 
 absl::Status BytesDiffer(uint64_t asked, uint64_t handed) {
@@ -47,13 +47,14 @@ absl::Status ClaimHostBuffer(const RegisterSpec& req, const Session& s, TicketTa
   if (fstat(c->buffer.fd.get(), &st) != 0) return common::ErrnoStatus("register: fstat of the handed-over buffer");
   if (st.st_dev == s.segment_dev() && st.st_ino == s.segment_ino()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "register: rank ", s.rank_index(), " handed over its own rank segment as a data buffer; the segment "
+        "register: rank ", s.rank_index(),
+        " handed over its own rank segment as a data buffer; the segment "
         "(request ring and completion block) can never be a buffer: allocate buffers with dmagather_alloc"));
   }
   if (doorbell.ino != 0 && st.st_dev == doorbell.dev && st.st_ino == doorbell.ino) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "register: rank ", s.rank_index(), " handed over dmagatherd's doorbell page as a data buffer; it can "
-        "never be a buffer: allocate buffers with dmagather_alloc"));
+    return absl::InvalidArgumentError(absl::StrCat("register: rank ", s.rank_index(),
+                                                   " handed over dmagatherd's doorbell page as a data buffer; it can "
+                                                   "never be a buffer: allocate buffers with dmagather_alloc"));
   }
   c->spec.fd = c->buffer.fd.get();
   c->what.host = true;

@@ -26,7 +26,7 @@ namespace dmagather::server::service {
 class RegionLedger : public std::enable_shared_from_this<RegionLedger> {
  public:
   struct Limits {
-    int max_regions_per_uid = 0;          // 0: no limit.
+    int max_regions_per_uid = 0;            // 0: no limit.
     uint64_t max_mapped_bytes_per_uid = 0;  // Host bytes; 0: no limit.
   };
   struct Held {

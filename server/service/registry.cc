@@ -13,8 +13,7 @@ class Registry::PeerServiceJoiner final : public PeerJoiner {
  public:
   explicit PeerServiceJoiner(cluster::PeerService* peers) : peers_(peers) {}
   absl::Status CheckJobId(const std::string& job_id) override { return cluster::ParseJobId(job_id).status(); }
-  absl::Status AddRank(const std::shared_ptr<scheduler::Job>& job, const std::string& job_id,
-                       int timeout_ms) override {
+  absl::Status AddRank(const std::shared_ptr<scheduler::Job>& job, const std::string& job_id, int timeout_ms) override {
     return peers_->AddRank(job, job_id, absl::Now() + absl::Milliseconds(timeout_ms));
   }
 

@@ -43,10 +43,10 @@ absl::StatusOr<Handover> RegistryCore::ClaimSegment(const JoinSpec& req, const P
   DMAG_ASSIGN_OR_RETURN(Handover segment, tickets_->Take(req.segment_ticket, abi::kFdSegment));
   if (caller.uid != segment.uid || caller.pid != segment.pid) {
     // The ticket is spent either way: whoever leaked it must hand over again.
-    return absl::PermissionDeniedError(absl::StrCat(
-        "join: the segment ticket was handed over by pid ", segment.pid, " (uid ", segment.uid,
-        "), but this Join comes from pid ", caller.pid, " (uid ", caller.uid,
-        "); a ticket is good only for the process that handed the memory over"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("join: the segment ticket was handed over by pid ", segment.pid, " (uid ", segment.uid,
+                     "), but this Join comes from pid ", caller.pid, " (uid ", caller.uid,
+                     "); a ticket is good only for the process that handed the memory over"));
   }
   return segment;
 }
@@ -132,16 +132,16 @@ void RegistryCore::EndSession(const Joined& j) {
     }
   } else if (clean) {
     k.ReleaseReadyWaiters();
-    j.job->Fail(absl::AbortedError(absl::StrCat("rank ", k.rank(), " (pid ", k.pid(), ") left job '",
-                                                j.job->key(), "'")),
-                k.rank());
+    j.job->Fail(
+        absl::AbortedError(absl::StrCat("rank ", k.rank(), " (pid ", k.pid(), ") left job '", j.job->key(), "'")),
+        k.rank());
   } else {
     k.set_state(Rank::State::kGone);
     k.ReleaseReadyWaiters();
     LOG(WARNING) << "job '" << j.job->key() << "': rank " << k.rank() << " (pid " << k.pid()
                  << ") went away without leaving; failing the job's pending operations";
-    j.job->Fail(absl::AbortedError(absl::StrCat("rank ", k.rank(), " (pid ", k.pid(), ") of job '",
-                                                j.job->key(), "' exited or was killed")),
+    j.job->Fail(absl::AbortedError(absl::StrCat("rank ", k.rank(), " (pid ", k.pid(), ") of job '", j.job->key(),
+                                                "' exited or was killed")),
                 k.rank());
   }
   SessionEntry ended;  // Its quota goes back once the lock is released.

@@ -121,8 +121,7 @@ class RegistryCore {
   absl::Status Leave(uint64_t session_id, const std::string& secret) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckSession(uint64_t session_id, const std::string& secret) const ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<uint32_t> Register(const RegisterSpec& req) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status Deregister(uint64_t session_id, const std::string& secret, uint32_t region_id)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Deregister(uint64_t session_id, const std::string& secret, uint32_t region_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Shutdown: every running job fails its pending and later ops with `why`.
   void FailAll(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
@@ -166,14 +165,12 @@ class RegistryCore {
   // Join's steps: the request's routing and segment hand-over; then, under
   // mu_, the job (found or created) and the rank's place in it.
   absl::StatusOr<Handover> ClaimSegment(const JoinSpec& req, const PeerCred& caller) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<JobEntry*> FindOrCreateJobLocked(const JoinSpec& req, uid_t uid)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<JobEntry*> FindOrCreateJobLocked(const JoinSpec& req, uid_t uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Joined> AddToJobLocked(const JoinSpec& req, const std::shared_ptr<Session>& session,
                                         UidQuota::Reservation* quota) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<Session> FindSession(uint64_t id, const std::string& secret) const ABSL_LOCKS_EXCLUDED(mu_);
   // Sweeps one job; true when it ended (and may be dropped).
-  bool SweepJobLocked(const JobEntry& entry, uint64_t epoch, DeferredFrees* frees)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool SweepJobLocked(const JobEntry& entry, uint64_t epoch, DeferredFrees* frees) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   engines::CopyEngine* const engine_;
   TicketTable* const tickets_;

@@ -116,8 +116,7 @@ v1::JobStats EndedJobStats(const JobView& ended) {
   return js;
 }
 
-void FillNodeStats(const NodeStatsInput& in, const std::string& job_key, const Viewer& viewer,
-                   v1::StatsReply* out) {
+void FillNodeStats(const NodeStatsInput& in, const std::string& job_key, const Viewer& viewer, v1::StatsReply* out) {
   uint64_t ops = in.retired.ops, bytes = in.retired.bytes, fallback_ops = in.retired.fallback_ops, registered = 0;
   std::array<uint64_t, common::kNumApiStatus> errors = in.retired.errors;
   for (const JobView& view : in.live) {

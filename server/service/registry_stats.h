@@ -48,7 +48,6 @@ struct NodeStatsInput {
 
 // Node totals always; per-job entries (of `job_key`, or all when empty)
 // only for jobs `viewer` may see.
-void FillNodeStats(const NodeStatsInput& in, const std::string& job_key, const Viewer& viewer,
-                   v1::StatsReply* out);
+void FillNodeStats(const NodeStatsInput& in, const std::string& job_key, const Viewer& viewer, v1::StatsReply* out);
 
 }  // namespace dmagather::server::service

@@ -18,8 +18,7 @@ absl::Status CheckJoinRequest(const v1::JoinRequest& req) {
         absl::StrCat("world_size ", req.world_size(), " is outside 1..", abi::kMaxRanksV1));
   }
   if (req.rank() < 0 || req.rank() >= req.world_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", req.rank(), " is outside 0..", req.world_size() - 1));
+    return absl::InvalidArgumentError(absl::StrCat("rank ", req.rank(), " is outside 0..", req.world_size() - 1));
   }
   return absl::OkStatus();
 }
@@ -33,7 +32,8 @@ absl::Status CheckRegisterRequest(const v1::RegisterRequest& req) {
     return absl::PermissionDeniedError("register: VMM device memory needs the tickets of its fd-channel hand-overs");
   }
   if (!req.tickets().empty() && !req.ticket().empty()) {
-    return absl::InvalidArgumentError("register: a buffer is handed over as one memfd ticket or device tickets, not both");
+    return absl::InvalidArgumentError(
+        "register: a buffer is handed over as one memfd ticket or device tickets, not both");
   }
   return absl::OkStatus();
 }

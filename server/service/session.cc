@@ -18,10 +18,10 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(uint64_t id, const JoinSp
   abi::SegmentViewV1 v = abi::SegmentViewV1::At(m.data());
   const abi::SegmentHeaderV1& h = *v.header;
   if (h.magic != abi::kMagic || h.stamp != abi::kSegmentStampV1) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "the rank segment is not a v1 dmagather segment (stamp 0x%08x, expected 0x%08x): client and "
-        "daemon versions differ",
-        h.stamp, abi::kSegmentStampV1));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the rank segment is not a v1 dmagather segment (stamp 0x%08x, expected 0x%08x): client and "
+                        "daemon versions differ",
+                        h.stamp, abi::kSegmentStampV1));
   }
   if (h.token != req.segment_token) {
     return absl::PermissionDeniedError("the rank segment's token does not match the join request");
@@ -57,8 +57,7 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(uint64_t id, const JoinSp
   if (!engine_rank.ok()) {
     return common::Annotate(engine_rank.status(), absl::StrCat("rank ", req.rank, ": "));
   }
-  s->rank_ = std::make_shared<scheduler::Rank>(req.rank, s->pid_, s->uid_, v.completion,
-                                                *std::move(engine_rank));
+  s->rank_ = std::make_shared<scheduler::Rank>(req.rank, s->pid_, s->uid_, v.completion, *std::move(engine_rank));
   s->input_ = std::make_shared<ingress::RankInput>(s->rank_, v);
   return s;
 }

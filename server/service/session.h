@@ -69,9 +69,7 @@ class Session final : public Retirable {
     dev_t dev;
     ino_t ino;
     uint64_t bytes;
-    bool operator<(const HostKey& o) const {
-      return std::tie(dev, ino, bytes) < std::tie(o.dev, o.ino, o.bytes);
-    }
+    bool operator<(const HostKey& o) const { return std::tie(dev, ino, bytes) < std::tie(o.dev, o.ino, o.bytes); }
   };
   struct Registered {
     bool host = false;

@@ -1,6 +1,5 @@
 #include "server/service/ticket_table.h"
 
-
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -37,9 +36,10 @@ absl::StatusOr<std::string> TicketTable::Issue(Handover h) {
       }
     }
     if (held >= options_.max_per_uid) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "uid ", h.uid, " already holds ", held, " unclaimed descriptor hand-overs (the limit); claim them "
-          "with Join/Register or wait ", absl::FormatDuration(options_.ttl), " for them to expire"));
+      return absl::ResourceExhaustedError(absl::StrCat("uid ", h.uid, " already holds ", held,
+                                                       " unclaimed descriptor hand-overs (the limit); claim them "
+                                                       "with Join/Register or wait ",
+                                                       absl::FormatDuration(options_.ttl), " for them to expire"));
     }
   }
   ++held;

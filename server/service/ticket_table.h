@@ -35,7 +35,7 @@ struct Handover {
   uint64_t bytes = 0;
   common::UniqueFd fd;
   std::vector<common::UniqueFd> fds;  // kFdDeviceMemory: the exported allocations, in order.
-  std::vector<gid_t> groups;  // Supplementary groups (SO_PEERGROUPS), for the operator check.
+  std::vector<gid_t> groups;          // Supplementary groups (SO_PEERGROUPS), for the operator check.
 };
 
 class TicketTable {

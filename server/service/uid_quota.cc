@@ -26,9 +26,9 @@ absl::StatusOr<UidQuota::Reservation> UidQuota::ReserveSession(uid_t uid) {
   auto it = per_uid_.find(uid);
   const int held = it == per_uid_.end() ? 0 : it->second.sessions;
   if (limits_.max_sessions_per_uid > 0 && held >= limits_.max_sessions_per_uid) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "join: uid ", uid, " already has ", limits_.max_sessions_per_uid,
-        " open sessions, the per-user limit (dmagatherd --max_sessions_per_uid); end some ranks first"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("join: uid ", uid, " already has ", limits_.max_sessions_per_uid,
+                     " open sessions, the per-user limit (dmagatherd --max_sessions_per_uid); end some ranks first"));
   }
   ++per_uid_[uid].sessions;
   return Reservation(shared_from_this(), uid, Kind::kSession);
@@ -39,9 +39,9 @@ absl::StatusOr<UidQuota::Reservation> UidQuota::ReserveJob(uid_t uid, const std:
   auto it = per_uid_.find(uid);
   const int held = it == per_uid_.end() ? 0 : it->second.jobs;
   if (limits_.max_jobs_per_uid > 0 && held >= limits_.max_jobs_per_uid) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "join: uid ", uid, " already has ", limits_.max_jobs_per_uid,
-        " jobs, the per-user limit (dmagatherd --max_jobs_per_uid); job '", job_key, "' was not created"));
+    return absl::ResourceExhaustedError(absl::StrCat("join: uid ", uid, " already has ", limits_.max_jobs_per_uid,
+                                                     " jobs, the per-user limit (dmagatherd --max_jobs_per_uid); job '",
+                                                     job_key, "' was not created"));
   }
   ++per_uid_[uid].jobs;
   return Reservation(shared_from_this(), uid, Kind::kJob);

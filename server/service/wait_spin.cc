@@ -49,8 +49,6 @@ int UsableCpus() {
   return n > 0 ? n : 1;
 }
 
-uint32_t AdvisedWaitSpin(int cpus, int sessions) {
-  return cpus >= sessions + 2 ? kWaitSpinSpareCores : 0;
-}
+uint32_t AdvisedWaitSpin(int cpus, int sessions) { return cpus >= sessions + 2 ? kWaitSpinSpareCores : 0; }
 
 }  // namespace dmagather::server::service

@@ -60,8 +60,8 @@ constexpr auto kDrainTimeout = std::chrono::seconds(1);
 
 absl::Status IbverbsConnection::Modify(ibv_qp_attr* attr, int mask, const char* to) {
   if (int rc = api_->ModifyQp(qp_, attr, mask); rc != 0) {
-    return absl::UnavailableError(absl::StrCat("ibv_modify_qp to ", to, " (", dev_->where(), ", link to ", peer_,
-                                               "): ", strerror(rc)));
+    return absl::UnavailableError(
+        absl::StrCat("ibv_modify_qp to ", to, " (", dev_->where(), ", link to ", peer_, "): ", strerror(rc)));
   }
   return absl::OkStatus();
 }
@@ -107,14 +107,16 @@ absl::Status IbverbsConnection::SetupLocal() {
 absl::Status IbverbsConnection::SetupRemote(const WireInfo& t) {
   if (t.link_layer != dev_->port_attr.link_layer) {
     return absl::UnavailableError(absl::StrCat("link layers differ: ", dev_->where(), " is ",
-                                               dev_->ethernet() ? "Ethernet (RoCE)" : "InfiniBand", ", the peer's is not"));
+                                               dev_->ethernet() ? "Ethernet (RoCE)" : "InfiniBand",
+                                               ", the peer's is not"));
   }
   if (t.slots == 0 || t.slots > kIbverbsMaxSlots || t.slot_bytes == 0 || t.slot_bytes > kIbverbsMaxSlotBytes) {
-    return absl::UnavailableError(absl::StrCat("peer's ring of ", t.slots, " x ", t.slot_bytes, " bytes is out of range"));
+    return absl::UnavailableError(
+        absl::StrCat("peer's ring of ", t.slots, " x ", t.slot_bytes, " bytes is out of range"));
   }
   if (static_cast<int>(slots_ + t.slots) > rq_depth_) {
-    return absl::UnavailableError(absl::StrCat("receive queue of ", rq_depth_, " cannot hold ", slots_, " + ", t.slots,
-                                               " receives"));
+    return absl::UnavailableError(
+        absl::StrCat("receive queue of ", rq_depth_, " cannot hold ", slots_, " + ", t.slots, " receives"));
   }
   remote_addr_ = t.ring_addr;
   remote_rkey_ = t.ring_rkey;
@@ -163,10 +165,9 @@ absl::Status IbverbsConnection::SetupRemote(const WireInfo& t) {
   a.rnr_retry = 7;  // Forever; the credits keep receives posted anyway.
   a.sq_psn = psn_;
   a.max_rd_atomic = 1;
-  DMAG_RETURN_IF_ERROR(Modify(&a,
-                              IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                                  IBV_QP_MAX_QP_RD_ATOMIC,
-                              "RTS"));
+  DMAG_RETURN_IF_ERROR(Modify(
+      &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC,
+      "RTS"));
   return absl::OkStatus();
 }
 
@@ -284,8 +285,8 @@ void IbverbsConnection::HandleRecv(const ibv_wc& wc) {
       return;
     }
   } else {
-    Fail(absl::UnavailableError(absl::StrCat("ibverbs link to ", peer_, ": unexpected completion opcode ",
-                                             static_cast<int>(wc.opcode))));
+    Fail(absl::UnavailableError(
+        absl::StrCat("ibverbs link to ", peer_, ": unexpected completion opcode ", static_cast<int>(wc.opcode))));
     return;
   }
   PostRecv();
@@ -380,9 +381,9 @@ absl::Status IbverbsConnection::Send(const void* header, size_t header_len, cons
     const size_t chunk = std::min(remaining, remote_slot_bytes_);
     {
       absl::MutexLock lk(&mu_);
-      DMAG_RETURN_IF_ERROR(Wait([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return tx_credits_ > 0 && sq_outstanding_ < sq_depth_;
-      }, [] {}, /*data_first=*/false));
+      DMAG_RETURN_IF_ERROR(
+          Wait([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return tx_credits_ > 0 && sq_outstanding_ < sq_depth_; },
+               [] {}, /*data_first=*/false));
     }
     // The slot is free: its credit came back, so the peer has read it and
     // this side's adapter is done with the staging copy.
@@ -417,8 +418,8 @@ absl::Status IbverbsConnection::Send(const void* header, size_t header_len, cons
       if (shut_.load()) return ShutError();
       if (!error_.ok()) return error_;
       if (int rc = api_->PostSend(qp_, &wr, &bad); rc != 0) {
-        Fail(absl::UnavailableError(absl::StrCat("ibv_post_send (RDMA write) on the link to ", peer_, ": ",
-                                                 strerror(rc))));
+        Fail(absl::UnavailableError(
+            absl::StrCat("ibv_post_send (RDMA write) on the link to ", peer_, ": ", strerror(rc))));
         return error_;
       }
       --tx_credits_;

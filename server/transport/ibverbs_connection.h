@@ -126,7 +126,7 @@ class IbverbsConnection : public Connection {
   std::deque<uint32_t> arrived_ ABSL_GUARDED_BY(mu_);  // Lengths of the chunks landed in rx slots, in order.
   uint32_t tx_credits_ ABSL_GUARDED_BY(mu_) = 0;       // Free slots of the peer's ring.
   uint32_t credits_to_return_ ABSL_GUARDED_BY(mu_) = 0;
-  int sq_outstanding_ ABSL_GUARDED_BY(mu_) = 0;        // Posted sends whose completion is not polled yet.
+  int sq_outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // Posted sends whose completion is not polled yet.
 
   // Receiver thread only.
   uint64_t rx_head_ = 0;  // Chunks consumed.

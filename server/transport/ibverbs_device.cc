@@ -15,12 +15,18 @@ namespace {
 
 const char* PortStateName(ibv_port_state s) {
   switch (s) {
-    case IBV_PORT_NOP: return "NOP";
-    case IBV_PORT_DOWN: return "DOWN";
-    case IBV_PORT_INIT: return "INIT";
-    case IBV_PORT_ARMED: return "ARMED";
-    case IBV_PORT_ACTIVE: return "ACTIVE";
-    case IBV_PORT_ACTIVE_DEFER: return "ACTIVE_DEFER";
+    case IBV_PORT_NOP:
+      return "NOP";
+    case IBV_PORT_DOWN:
+      return "DOWN";
+    case IBV_PORT_INIT:
+      return "INIT";
+    case IBV_PORT_ARMED:
+      return "ARMED";
+    case IBV_PORT_ACTIVE:
+      return "ACTIVE";
+    case IBV_PORT_ACTIVE_DEFER:
+      return "ACTIVE_DEFER";
   }
   return "unknown";
 }
@@ -35,8 +41,6 @@ bool GidIsIpv4Mapped(const ibv_gid& g) {
   static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
   return std::memcmp(g.raw, prefix, sizeof(prefix)) == 0;
 }
-
-
 
 absl::Status PickGid(VerbsDevice* d, const IbverbsOptions& o) {
   const int table = d->port_attr.gid_tbl_len;

@@ -77,13 +77,12 @@ absl::StatusOr<IbverbsOptions> IbverbsOptionsFromEnv() {
 
 absl::StatusOr<std::unique_ptr<Transport>> MakeIbverbsTransport(VerbsApi* api, const IbverbsOptions& o) {
   if (o.slots < 1 || o.slots > kIbverbsMaxSlots) {
-    return absl::InvalidArgumentError(absl::StrCat("ibverbs: ", o.slots, " slots (DMAGATHER_IB_SLOTS) is not in [1, ",
-                                                   kIbverbsMaxSlots, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ibverbs: ", o.slots, " slots (DMAGATHER_IB_SLOTS) is not in [1, ", kIbverbsMaxSlots, "]"));
   }
   if (o.slot_bytes < 1 || o.slot_bytes > kIbverbsMaxSlotBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("ibverbs: slot size ", o.slot_bytes,
-                                                   " (DMAGATHER_IB_SLOT_BYTES) is not in [1, ", kIbverbsMaxSlotBytes,
-                                                   "]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ibverbs: slot size ", o.slot_bytes, " (DMAGATHER_IB_SLOT_BYTES) is not in [1, ", kIbverbsMaxSlotBytes, "]"));
   }
   DMAG_ASSIGN_OR_RETURN(std::shared_ptr<VerbsDevice> dev, OpenVerbsDevice(api, o));
   return std::unique_ptr<Transport>(new IbverbsTransport(std::move(dev), o));
@@ -95,4 +94,3 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeIbverbsTransport() {
 }
 
 }  // namespace dmagather::server::transport
-

@@ -24,8 +24,8 @@ using common::ErrnoStatus;
 
 std::string AddressOf(const sockaddr* sa) {
   char host[NI_MAXHOST], port[NI_MAXSERV];
-  if (getnameinfo(sa, sa->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in), host, sizeof(host),
-                  port, sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+  if (getnameinfo(sa, sa->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in), host, sizeof(host), port,
+                  sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
     return "?";
   }
   return sa->sa_family == AF_INET6 ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
@@ -192,8 +192,7 @@ class TcpTransport : public Transport {
       socklen_t sl = sizeof(ss);
       getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &sl);
       freeaddrinfo(res);
-      return std::unique_ptr<Listener>(
-          new TcpListener(fd, AddressOf(reinterpret_cast<sockaddr*>(&ss)), options_));
+      return std::unique_ptr<Listener>(new TcpListener(fd, AddressOf(reinterpret_cast<sockaddr*>(&ss)), options_));
     }
     freeaddrinfo(res);
     return last;

@@ -25,8 +25,7 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(const std::string& na
     *reason = absl::StrCat("auto: ibverbs unavailable (", t.status().message(), "); using tcp");
     return MakeTcpTransport();
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown transport '", name, "' (expected tcp, ibverbs or auto)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown transport '", name, "' (expected tcp, ibverbs or auto)"));
 }
 
 }  // namespace dmagather::server::transport

@@ -62,8 +62,7 @@ class Transport {
   virtual const char* name() const = 0;
   // Bootstrap (TCP for every transport).
   virtual absl::StatusOr<std::unique_ptr<Listener>> Listen(const std::string& address) = 0;
-  virtual absl::StatusOr<std::unique_ptr<Connection>> Connect(const std::string& address,
-                                                              absl::Duration timeout) = 0;
+  virtual absl::StatusOr<std::unique_ptr<Connection>> Connect(const std::string& address, absl::Duration timeout) = 0;
   // Turns an authenticated bootstrap connection into a data link. Both ends
   // call it (`initiator`: the end that connected), in the same order for
   // each link. tcp: returns `bootstrap` itself.

@@ -13,8 +13,8 @@ namespace {
 
 TEST(ControlChannelTest, GrpcStatusesKeepTheirCodeAndTheFallbackMark) {
   EXPECT_TRUE(FromGrpc(grpc::Status::OK, "join").ok());
-  absl::Status fallback = FromGrpc(
-      grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "backend differs", "dmagather.fallback"), "join");
+  absl::Status fallback =
+      FromGrpc(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "backend differs", "dmagather.fallback"), "join");
   EXPECT_TRUE(common::IsFallback(fallback)) << fallback;
   EXPECT_EQ(fallback.message(), "join: backend differs");
   absl::Status plain = FromGrpc(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no peers"), "join");

@@ -73,8 +73,7 @@ TEST(DeviceMemoryTest, HostMemoryIsAFallbackNamingTheBackend) {
   char host[16];
   absl::Status st = CheckDeviceBuffer(m, host, 0);
   EXPECT_TRUE(common::IsFallback(st)) << st;
-  EXPECT_NE(st.message().find("is not FAKE device memory (the fake backend moves device buffers"),
-            std::string::npos)
+  EXPECT_NE(st.message().find("is not FAKE device memory (the fake backend moves device buffers"), std::string::npos)
       << st;
 }
 
@@ -134,9 +133,8 @@ TEST(DeviceMemoryTest, AllocatedBuffersAreFreedAlsoWhenTheirDescriptionFails) {
   }
   ASSERT_EQ(m->freed.size(), 1u);
   EXPECT_EQ(m->freed[0], uintptr_t(m->arena));
-  auto refused = AllocateDeviceBuffer(m, 3, 4096, [](const void*, uint64_t) -> absl::StatusOr<MemoryExport> {
-    return absl::InternalError("no");
-  });
+  auto refused = AllocateDeviceBuffer(
+      m, 3, 4096, [](const void*, uint64_t) -> absl::StatusOr<MemoryExport> { return absl::InternalError("no"); });
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInternal);
   ASSERT_EQ(m->freed.size(), 2u);
   EXPECT_EQ(m->freed[1], uintptr_t(m->arena) + 4096);

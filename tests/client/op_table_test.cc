@@ -52,8 +52,7 @@ TEST_F(OpTableTest, HandlesNameSubmittedOpsOnly) {
   auto zero = table_.Seq(0);
   EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
   auto future = table_.Seq(4);
-  EXPECT_NE(future.status().message().find("rank 2: op 4 was not submitted"), std::string::npos)
-      << future.status();
+  EXPECT_NE(future.status().message().find("rank 2: op 4 was not submitted"), std::string::npos) << future.status();
   EXPECT_NE(future.status().message().find("3 ops so far"), std::string::npos) << future.status();
 }
 

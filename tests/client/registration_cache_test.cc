@@ -6,8 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 
 namespace dmagather::client {

@@ -33,8 +33,8 @@ TEST(LatencyHistogramTest, QuantilesWithinBucketErrorOfExact) {
   for (double q : {0.5, 0.9, 0.99}) {
     double exact = double(v[size_t(q * (v.size() - 1))]);
     double got = h.Quantile(q);
-    EXPECT_GE(got, exact) << q;          // Upper edge of the bucket...
-    EXPECT_LE(got, exact * 1.13) << q;   // ...at most one 1/8-octave bucket above.
+    EXPECT_GE(got, exact) << q;         // Upper edge of the bucket...
+    EXPECT_LE(got, exact * 1.13) << q;  // ...at most one 1/8-octave bucket above.
   }
   common::LatencySummaryNs s = h.Summary();
   EXPECT_EQ(s.count, 100000u);

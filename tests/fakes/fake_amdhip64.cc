@@ -20,8 +20,8 @@
 // Threads: any; a mutex guards the state.
 #include <hip/hip_runtime_api.h>
 
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -92,11 +92,16 @@ hipError_t hipGetLastError() {
 }
 const char* hipGetErrorName(hipError_t e) {
   switch (e) {
-    case hipSuccess: return "hipSuccess";
-    case hipErrorInvalidValue: return "hipErrorInvalidValue";
-    case hipErrorInvalidResourceHandle: return "hipErrorInvalidResourceHandle";
-    case hipErrorContextIsDestroyed: return "hipErrorContextIsDestroyed";
-    default: return "hipErrorUnknown";
+    case hipSuccess:
+      return "hipSuccess";
+    case hipErrorInvalidValue:
+      return "hipErrorInvalidValue";
+    case hipErrorInvalidResourceHandle:
+      return "hipErrorInvalidResourceHandle";
+    case hipErrorContextIsDestroyed:
+      return "hipErrorContextIsDestroyed";
+    default:
+      return "hipErrorUnknown";
   }
 }
 const char* hipGetErrorString(hipError_t) { return "fake"; }

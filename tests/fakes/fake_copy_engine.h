@@ -25,8 +25,7 @@ class FakeRegion : public ImportedRegion {
 class FakeCopyEngine : public CopyEngine {
  public:
   const char* name() const override { return "fake"; }
-  absl::StatusOr<std::shared_ptr<ImportedRegion>> Import(
-      const RegionSpec& spec) override {
+  absl::StatusOr<std::shared_ptr<ImportedRegion>> Import(const RegionSpec& spec) override {
     return std::make_shared<FakeRegion>(spec.bytes);
   }
   void Execute(EngineOp* op) override { pending.push_back(op); }

@@ -386,8 +386,8 @@ absl::Status FakeRuntime::Copy(int device, GpuStream stream, const CopyCmd* chun
   }
   for (size_t i = 0; i < n; ++i) {
     if (chunks[i].bytes > options_.max_transfer_bytes) {
-      return absl::InternalError(absl::StrCat("fake copy of ", chunks[i].bytes, " bytes exceeds the cap of ",
-                                              options_.max_transfer_bytes));
+      return absl::InternalError(
+          absl::StrCat("fake copy of ", chunks[i].bytes, " bytes exceeds the cap of ", options_.max_transfer_bytes));
     }
   }
   CallRecord rec{device, stream, std::this_thread::get_id(), {}};

@@ -25,18 +25,17 @@
 // destructor for any stream left.
 #pragma once
 
-#include <cstring>
-
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <map>
-#include <thread>
-#include <vector>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "server/engines/gpu/runtime.h"
 

@@ -61,9 +61,7 @@ class FakeConnection : public transport::Connection {
 
   absl::Status Recv(void* dst, size_t len) override {
     std::unique_lock<std::mutex> lock(in_->mu);
-    in_->cv.wait(lock, [&] {
-      return in_->shut || (!in_->stalled && (in_->bytes.size() >= len || in_->writer_gone));
-    });
+    in_->cv.wait(lock, [&] { return in_->shut || (!in_->stalled && (in_->bytes.size() >= len || in_->writer_gone)); });
     if (in_->shut) return absl::UnavailableError("connection to " + peer_ + " was shut down");
     if (in_->bytes.size() < len) return absl::UnavailableError("connection to " + peer_ + " closed by the peer");
     char* d = static_cast<char*>(dst);
@@ -117,8 +115,10 @@ struct FakeLink {
   FakeConnection* a_end = nullptr;  // Owned by the rings.
   FakeConnection* b_end = nullptr;
 
-  std::pair<std::unique_ptr<transport::Connection>, std::unique_ptr<transport::Connection>> Make(
-      const std::string& a, const std::string& b, OwnerDead a_dead, OwnerDead b_dead) {
+  std::pair<std::unique_ptr<transport::Connection>, std::unique_ptr<transport::Connection>> Make(const std::string& a,
+                                                                                                 const std::string& b,
+                                                                                                 OwnerDead a_dead,
+                                                                                                 OwnerDead b_dead) {
     auto ca = std::make_unique<FakeConnection>(backward, forward, b, std::move(a_dead));
     auto cb = std::make_unique<FakeConnection>(forward, backward, a, std::move(b_dead));
     a_end = ca.get();

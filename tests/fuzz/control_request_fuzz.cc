@@ -8,9 +8,9 @@
 // Input: [which: 0 = Join, 1 = Register] then the serialized message.
 #include <cstdint>
 
-#include "dmagather/v1/control.pb.h"
 #include "abi/abi_v1.h"
 #include "common/memory_kinds.h"
+#include "dmagather/v1/control.pb.h"
 #include "server/service/request_checks.h"
 
 namespace dmagather::fuzz {
@@ -44,6 +44,4 @@ int FuzzOne(const uint8_t* data, size_t size) {
 
 }  // namespace dmagather::fuzz
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  return dmagather::fuzz::FuzzOne(data, size);
-}
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) { return dmagather::fuzz::FuzzOne(data, size); }

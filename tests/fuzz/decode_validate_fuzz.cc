@@ -23,8 +23,8 @@ namespace {
 
 using server::ingress::Ingress;
 using server::ingress::RegionTable;
-using server::scheduler::Request;
 using server::scheduler::RankPart;
+using server::scheduler::Request;
 
 constexpr int kMaxWorld = 4;
 
@@ -101,6 +101,4 @@ int FuzzOne(const uint8_t* data, size_t size) {
 
 }  // namespace dmagather::fuzz
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  return dmagather::fuzz::FuzzOne(data, size);
-}
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) { return dmagather::fuzz::FuzzOne(data, size); }

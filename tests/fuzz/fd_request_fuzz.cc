@@ -55,6 +55,4 @@ int FuzzOne(const uint8_t* data, size_t size) {
 
 }  // namespace dmagather::fuzz
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  return dmagather::fuzz::FuzzOne(data, size);
-}
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) { return dmagather::fuzz::FuzzOne(data, size); }

@@ -45,8 +45,7 @@ class Input {
 // any byte a validated plan would read or write outside it.
 class ExactRegion : public server::engines::ImportedRegion {
  public:
-  explicit ExactRegion(uint64_t bytes)
-      : bytes_(bytes), mem_(static_cast<char*>(std::malloc(bytes == 0 ? 1 : bytes))) {}
+  explicit ExactRegion(uint64_t bytes) : bytes_(bytes), mem_(static_cast<char*>(std::malloc(bytes == 0 ? 1 : bytes))) {}
   ~ExactRegion() override { std::free(mem_); }
   char* base() const override { return mem_; }
   uint64_t bytes() const override { return bytes_; }

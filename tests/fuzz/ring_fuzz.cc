@@ -32,14 +32,14 @@ using server::scheduler::Rank;
 constexpr int kWorld = 2;
 
 enum Action : uint8_t {
-  kSubmit = 0,     // rank(u8) count(u8) region(u8) out(u8) kind(u8) items_following(u8) seq_delta(u8)
-  kRawSlot = 1,    // rank(u8) slot(u8) offset(u16) 16 bytes: written over a slot at any offset
-  kSetTail = 2,    // rank(u8) tail(u64)
-  kBumpTail = 3,   // rank(u8) delta(u8)
-  kPoll = 4,       // sweep(u8)
-  kComplete = 5,   // index(u8) fail(u8)
-  kAdvance = 6,    // ms(u16): the clock moves on (timeouts)
-  kRefuse = 7,     // rank(u8) status(u8)
+  kSubmit = 0,    // rank(u8) count(u8) region(u8) out(u8) kind(u8) items_following(u8) seq_delta(u8)
+  kRawSlot = 1,   // rank(u8) slot(u8) offset(u16) 16 bytes: written over a slot at any offset
+  kSetTail = 2,   // rank(u8) tail(u64)
+  kBumpTail = 3,  // rank(u8) delta(u8)
+  kPoll = 4,      // sweep(u8)
+  kComplete = 5,  // index(u8) fail(u8)
+  kAdvance = 6,   // ms(u16): the clock moves on (timeouts)
+  kRefuse = 7,    // rank(u8) status(u8)
   kNumActions = 8,
 };
 
@@ -78,7 +78,10 @@ int FuzzOne(const uint8_t* data, size_t size) {
     if (!job->AddRank(rank).ok()) __builtin_trap();
   }
   Ingress ingress(Ingress::Options{absl::Milliseconds(100), 0}, &engine, &bell,
-                  Ingress::Hooks{[] { return uint64_t{1}; }, [&] { return std::vector<JobFeed>{{job, inputs}}; }});
+                  Ingress::Hooks{[] { return uint64_t{1}; },
+                                 [&] {
+                                   return std::vector<JobFeed>{{job, inputs}};
+                                 }});
   uint64_t now = 1'000'000'000;
   uint32_t last_done[kWorld] = {0, 0};
   auto check_done = [&] {
@@ -169,6 +172,4 @@ int FuzzOne(const uint8_t* data, size_t size) {
 
 }  // namespace dmagather::fuzz
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  return dmagather::fuzz::FuzzOne(data, size);
-}
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) { return dmagather::fuzz::FuzzOne(data, size); }

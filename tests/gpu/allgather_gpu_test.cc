@@ -82,13 +82,13 @@ void Fail(const std::string& why) {
   fprintf(stderr, "  check failed: %s\n", why.c_str());
 }
 
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      Fail(std::string(#x) + " -> " + cudaGetErrorName(e_));                                    \
-      return 1;                                                                                 \
-    }                                                                                           \
+#define CK(x)                                                \
+  do {                                                       \
+    cudaError_t e_ = (x);                                    \
+    if (e_ != cudaSuccess) {                                 \
+      Fail(std::string(#x) + " -> " + cudaGetErrorName(e_)); \
+      return 1;                                              \
+    }                                                        \
   } while (0)
 
 std::string Job(const char* mode) { return std::string("gputest-") + mode + "-" + std::to_string(getppid()); }
@@ -152,7 +152,10 @@ struct Checker {
   }
   int Reset(cudaStream_t s) {
     unsigned long long h[2] = {0, ~0ull};
-    return cudaMemcpyAsync(d, h, 16, cudaMemcpyHostToDevice, s) == cudaSuccess && cudaStreamSynchronize(s) == cudaSuccess ? 0 : 1;
+    return cudaMemcpyAsync(d, h, 16, cudaMemcpyHostToDevice, s) == cudaSuccess &&
+                   cudaStreamSynchronize(s) == cudaSuccess
+               ? 0
+               : 1;
   }
   int Compare(const void* p, size_t bytes, uint64_t seed, int rank, cudaStream_t s) {
     return dmagather::kernels::ComparePattern(p, bytes, seed, rank, d, d + 1, s);
@@ -160,7 +163,8 @@ struct Checker {
   // Syncs the stream and returns the mismatch count (first offset in *first).
   unsigned long long Read(cudaStream_t s, unsigned long long* first) {
     unsigned long long h[2] = {~0ull, ~0ull};
-    if (cudaStreamSynchronize(s) != cudaSuccess || cudaMemcpy(h, d, 16, cudaMemcpyDeviceToHost) != cudaSuccess) return ~0ull;
+    if (cudaStreamSynchronize(s) != cudaSuccess || cudaMemcpy(h, d, 16, cudaMemcpyDeviceToHost) != cudaSuccess)
+      return ~0ull;
     if (first) *first = h[1];
     return h[0];
   }
@@ -181,7 +185,10 @@ int CheckOne(dmagather::Comm& c, Checker& ck, cudaStream_t s, char* send, char* 
   char* own = recv + rank * shard;
   char* in = variant == 1 ? own : send;
   CK(cudaMemsetAsync(recv, 0xA5, shard * world, s));  // Poison.
-  if (dmagather::kernels::FillPattern(in, shard, seed, rank, s) != 0) { Fail("fill"); return 1; }
+  if (dmagather::kernels::FillPattern(in, shard, seed, rank, s) != 0) {
+    Fail("fill");
+    return 1;
+  }
   dmagather_status_t st;
   if (variant == 2) {
     std::vector<void*> outs(world);
@@ -206,16 +213,28 @@ int CheckOne(dmagather::Comm& c, Checker& ck, cudaStream_t s, char* send, char* 
 
 int ModeDtypes(int rank, int world) {
   dmagather::Comm c(nullptr, Job("dtypes"), world, rank);
-  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
-  if (c.backend() != "cuda") { Fail("backend is " + c.backend()); return 1; }
+  if (!c.ok()) {
+    Fail("init: " + c.error());
+    return 1;
+  }
+  if (c.backend() != "cuda") {
+    Fail("backend is " + c.backend());
+    return 1;
+  }
   const size_t max_shard = size_t(256) << 20;
   char* send = static_cast<char*>(c.Alloc(max_shard));
   char* recv = static_cast<char*>(c.Alloc(max_shard * world));
-  if (!send || !recv) { Fail("alloc: " + c.error()); return 1; }
+  if (!send || !recv) {
+    Fail("alloc: " + c.error());
+    return 1;
+  }
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   Checker ck;
-  if (ck.Init()) { Fail("checker"); return 1; }
+  if (ck.Init()) {
+    Fail("checker");
+    return 1;
+  }
   int bad = 0;
   uint64_t seed = 1000;
   for (int d = 0; d < DMAGATHER_NUM_DTYPES; ++d) {
@@ -224,7 +243,9 @@ int ModeDtypes(int rank, int world) {
     for (size_t count : {size_t(1), size_t(3), size_t(4095), size_t((1 << 20) + 7), max_shard / es}) {
       for (int v = 0; v < 3; ++v) {
         std::string label = std::string(dmagather_dtype_name(dt)) + " count=" + std::to_string(count) +
-                            (v == 0 ? " out-of-place" : v == 1 ? " in-place" : " list");
+                            (v == 0   ? " out-of-place"
+                             : v == 1 ? " in-place"
+                                      : " list");
         bad += CheckOne(c, ck, s, send, recv, dt, count, v, ++seed, label);
       }
     }
@@ -235,7 +256,10 @@ int ModeDtypes(int rank, int world) {
 
 int ModeSuballoc(int rank, int world) {
   dmagather::Comm c(nullptr, Job("suballoc"), world, rank);
-  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  if (!c.ok()) {
+    Fail("init: " + c.error());
+    return 1;
+  }
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   Checker ck;
@@ -250,7 +274,8 @@ int ModeSuballoc(int rank, int world) {
     // opens at the allocation base, so offsets must be applied.
     char* send = arena + 1000003 + 2 * round;
     char* recv = arena + 5000011 + round;
-    if (!Ok(c, c.Register(send, count), "register send") || !Ok(c, c.Register(recv, count * world), "register recv")) return 1;
+    if (!Ok(c, c.Register(send, count), "register send") || !Ok(c, c.Register(recv, count * world), "register recv"))
+      return 1;
     for (int v = 0; v < 3; ++v) {
       bad += CheckOne(c, ck, s, send, recv, DMAGATHER_INT8, count, v, 7000 + round * 10 + v,
                       "suballoc round " + std::to_string(round) + " variant " + std::to_string(v));
@@ -264,12 +289,18 @@ int ModeSuballoc(int rank, int world) {
 
 int ModeStream(int rank, int world) {
   dmagather::Comm c(nullptr, Job("stream"), world, rank);
-  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  if (!c.ok()) {
+    Fail("init: " + c.error());
+    return 1;
+  }
   const size_t count = (4 << 20) / 4 + 5;  // float32
   const size_t shard = count * 4;
   char* send = static_cast<char*>(c.Alloc(shard));
   char* recv = static_cast<char*>(c.Alloc(shard * world));
-  if (!send || !recv) { Fail("alloc: " + c.error()); return 1; }
+  if (!send || !recv) {
+    Fail("alloc: " + c.error());
+    return 1;
+  }
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   Checker ck;
@@ -299,11 +330,17 @@ int ModeStream(int rank, int world) {
 
 int ModeEight(int rank, int world) {
   dmagather::Comm c(nullptr, Job("eight"), world, rank);
-  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  if (!c.ok()) {
+    Fail("init: " + c.error());
+    return 1;
+  }
   const size_t count = (1 << 20) + 7;
   char* send = static_cast<char*>(c.Alloc(count * 4));
   char* recv = static_cast<char*>(c.Alloc(count * 4 * world));
-  if (!send || !recv) { Fail("alloc: " + c.error()); return 1; }
+  if (!send || !recv) {
+    Fail("alloc: " + c.error());
+    return 1;
+  }
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   Checker ck;
@@ -317,10 +354,16 @@ int ModeEight(int rank, int world) {
 
 int ModeKill(int rank, int world) {
   dmagather::Comm c(nullptr, Job("kill"), world, rank);
-  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  if (!c.ok()) {
+    Fail("init: " + c.error());
+    return 1;
+  }
   const size_t count = 1 << 20;
   char* recv = static_cast<char*>(c.Alloc(count * world));
-  if (!recv) { Fail("alloc: " + c.error()); return 1; }
+  if (!recv) {
+    Fail("alloc: " + c.error());
+    return 1;
+  }
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   for (int i = 0; i < 2; ++i) {
@@ -350,7 +393,8 @@ int ModeKill(int rank, int world) {
   cudaError_t q;
   while ((q = cudaStreamQuery(s)) == cudaErrorNotReady && Clock::now() - t0 < std::chrono::seconds(10)) usleep(1000);
   if (q != cudaSuccess) {
-    Fail("rank " + std::to_string(rank) + ": stream still blocked 10 s after the peer died (" + cudaGetErrorName(q) + ")");
+    Fail("rank " + std::to_string(rank) + ": stream still blocked 10 s after the peer died (" + cudaGetErrorName(q) +
+         ")");
     return 1;
   }
   if (st != DMAGATHER_PEER_FAILED) {
@@ -358,10 +402,11 @@ int ModeKill(int rank, int world) {
          "), expected DMAGATHER_PEER_FAILED");
     return 1;
   }
-  printf("  kill: rank %d got %s %.0f ms after the kill: %s\n", rank, dmagather_status_string(st), sh->kill_to_error_ms[rank],
-         c.error().c_str());
+  printf("  kill: rank %d got %s %.0f ms after the kill: %s\n", rank, dmagather_status_string(st),
+         sh->kill_to_error_ms[rank], c.error().c_str());
   if (sh->kill_to_error_ms[rank] > 1000) {
-    Fail("rank " + std::to_string(rank) + ": peer failure reported after " + std::to_string(sh->kill_to_error_ms[rank]) + " ms (> 1 s)");
+    Fail("rank " + std::to_string(rank) + ": peer failure reported after " +
+         std::to_string(sh->kill_to_error_ms[rank]) + " ms (> 1 s)");
     return 1;
   }
   return 0;
@@ -369,7 +414,10 @@ int ModeKill(int rank, int world) {
 
 int ModeMismatch(int rank, int world) {
   dmagather::Comm c(nullptr, Job("mismatch"), world, rank);
-  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  if (!c.ok()) {
+    Fail("init: " + c.error());
+    return 1;
+  }
   char* recv = static_cast<char*>(c.Alloc(4096 * world));
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -378,10 +426,14 @@ int ModeMismatch(int rank, int world) {
   auto t0 = Clock::now();
   cudaError_t q;
   while ((q = cudaStreamQuery(s)) == cudaErrorNotReady && Clock::now() - t0 < std::chrono::seconds(10)) usleep(1000);
-  if (q != cudaSuccess) { Fail("stream blocked after a failed op"); return 1; }
+  if (q != cudaSuccess) {
+    Fail("stream blocked after a failed op");
+    return 1;
+  }
   dmagather_status_t st = c.Wait();
   if (st != DMAGATHER_INVALID_ARGUMENT) {
-    Fail("rank " + std::to_string(rank) + ": wait returned " + dmagather_status_string(st) + ", expected INVALID_ARGUMENT");
+    Fail("rank " + std::to_string(rank) + ": wait returned " + dmagather_status_string(st) +
+         ", expected INVALID_ARGUMENT");
     return 1;
   }
   if (rank == 0) printf("  mismatch: %s: %s\n", dmagather_status_string(st), c.error().c_str());
@@ -390,12 +442,18 @@ int ModeMismatch(int rank, int world) {
 
 int ModeOpHandles(int rank, int world) {
   dmagather::Comm c(nullptr, Job("ophandles"), world, rank);
-  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  if (!c.ok()) {
+    Fail("init: " + c.error());
+    return 1;
+  }
   const size_t count = (2 << 20) + 3;  // bfloat16
   const size_t shard = count * 2;
   char* send = static_cast<char*>(c.Alloc(shard));
   char* recv = static_cast<char*>(c.Alloc(shard * world));
-  if (!send || !recv) { Fail("alloc: " + c.error()); return 1; }
+  if (!send || !recv) {
+    Fail("alloc: " + c.error());
+    return 1;
+  }
   cudaStream_t producer, consumer;
   CK(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
   CK(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking));
@@ -413,7 +471,8 @@ int ModeOpHandles(int rank, int world) {
     if (i % 9 == 0) dmagather::kernels::Delay(30'000 * (rank + 1), producer);
     dmagather::kernels::FillPattern(in, shard, 31000 + i, rank, producer);
     dmagather_op_t op = 0;
-    if (!Ok(c, dmagather_allgather_async(c.get(), in, recv, count, DMAGATHER_BFLOAT16, producer, &op), "async")) return 1;
+    if (!Ok(c, dmagather_allgather_async(c.get(), in, recv, count, DMAGATHER_BFLOAT16, producer, &op), "async"))
+      return 1;
     if (!Ok(c, dmagather_op_wait_stream(c.get(), op, consumer), "op_wait_stream")) return 1;
     for (int r = 0; r < world; ++r) ck.Compare(recv + r * shard, shard, 31000 + i, r, consumer);
     // The next fill overwrites inputs and outputs: it waits for this check
@@ -433,7 +492,8 @@ int ModeOpHandles(int rank, int world) {
     }
   }
   if (!Ok(c, dmagather_op_wait(c.get(), ops.back()), "op_wait")) return 1;
-  if (rank == 0) printf("  ophandles: %d ops, consumer stream != producer stream, %llu wrong words (rank 0)\n", iters, bad);
+  if (rank == 0)
+    printf("  ophandles: %d ops, consumer stream != producer stream, %llu wrong words (rank 0)\n", iters, bad);
   if (bad != 0) {
     Fail("rank " + std::to_string(rank) + ": " + std::to_string(bad) + " wrong words with op handles, first at " +
          std::to_string(first));
@@ -444,7 +504,10 @@ int ModeOpHandles(int rank, int world) {
 
 int ModeCoalesced(int rank, int world) {
   dmagather::Comm c(nullptr, Job("coalesced"), world, rank);
-  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  if (!c.ok()) {
+    Fail("init: " + c.error());
+    return 1;
+  }
   struct T {
     dmagather_dtype_t dt;
     size_t count;
@@ -460,7 +523,10 @@ int ModeCoalesced(int rank, int world) {
     const size_t shard = ts[k].count * dmagather_dtype_size(ts[k].dt);
     send[k] = static_cast<char*>(c.Alloc(shard));
     recv[k] = static_cast<char*>(c.Alloc(shard * world));
-    if (!send[k] || !recv[k]) { Fail("alloc: " + c.error()); return 1; }
+    if (!send[k] || !recv[k]) {
+      Fail("alloc: " + c.error());
+      return 1;
+    }
   }
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -496,11 +562,17 @@ int ModeCoalesced(int rank, int world) {
 
 int ModeFallback(int rank, int world) {
   dmagather::Comm c(nullptr, Job("fallback"), world, rank);
-  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  if (!c.ok()) {
+    Fail("init: " + c.error());
+    return 1;
+  }
   const size_t count = 1 << 16;
   char* send = static_cast<char*>(c.Alloc(count));
   char* recv = static_cast<char*>(c.Alloc(count * world));
-  if (!send || !recv) { Fail("alloc: " + c.error()); return 1; }
+  if (!send || !recv) {
+    Fail("alloc: " + c.error());
+    return 1;
+  }
   std::vector<char> host(count * world, 7);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -516,7 +588,10 @@ int ModeFallback(int rank, int world) {
     Fail(std::string("rank 1 (host output) submit returned ") + dmagather_status_string(st) + ": " + c.error());
     return 1;
   }
-  if (op == 0) { Fail("rank " + std::to_string(rank) + ": no op handle"); return 1; }
+  if (op == 0) {
+    Fail("rank " + std::to_string(rank) + ": no op handle");
+    return 1;
+  }
   dmagather_op_wait_stream(c.get(), op, s);
   st = dmagather_op_wait(c.get(), op);
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -525,7 +600,10 @@ int ModeFallback(int rank, int world) {
          "), expected FALLBACK naming rank 1");
     return 1;
   }
-  if (ms > 1000) { Fail("fallback verdict took " + std::to_string(ms) + " ms"); return 1; }
+  if (ms > 1000) {
+    Fail("fallback verdict took " + std::to_string(ms) + " ms");
+    return 1;
+  }
   // Nothing was copied: every other rank's shard of the output is still
   // the 0x33 sentinel (the daemon never ran the op).
   std::vector<unsigned char> got(count * world);
@@ -562,12 +640,18 @@ struct VmmArena {
   std::vector<CUmemGenericAllocationHandle> handles;  // 0 = not mapped.
   int Create(size_t max_chunks, size_t chunk_bytes, size_t mapped, bool share) {
     const auto* d = Drv();
-    if (d == nullptr) { Fail("no driver"); return 1; }
+    if (d == nullptr) {
+      Fail("no driver");
+      return 1;
+    }
     CK(cudaGetDevice(&device));
     chunk = chunk_bytes;
     shareable = share;
     reserved = max_chunks * chunk;
-    if (d->cuMemAddressReserve(&va, reserved, chunk, 0, 0) != CUDA_SUCCESS) { Fail("cuMemAddressReserve"); return 1; }
+    if (d->cuMemAddressReserve(&va, reserved, chunk, 0, 0) != CUDA_SUCCESS) {
+      Fail("cuMemAddressReserve");
+      return 1;
+    }
     handles.assign(max_chunks, 0);
     for (size_t i = 0; i < mapped; ++i) {
       if (Map(i)) return 1;
@@ -583,20 +667,32 @@ struct VmmArena {
     prop.location.id = device;
     prop.requestedHandleTypes = shareable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
     CUmemGenericAllocationHandle h = 0;
-    if (d->cuMemCreate(&h, chunk, &prop, 0) != CUDA_SUCCESS) { Fail("cuMemCreate"); return 1; }
-    if (d->cuMemMap(va + i * chunk, chunk, 0, h, 0) != CUDA_SUCCESS) { Fail("cuMemMap"); return 1; }
+    if (d->cuMemCreate(&h, chunk, &prop, 0) != CUDA_SUCCESS) {
+      Fail("cuMemCreate");
+      return 1;
+    }
+    if (d->cuMemMap(va + i * chunk, chunk, 0, h, 0) != CUDA_SUCCESS) {
+      Fail("cuMemMap");
+      return 1;
+    }
     CUmemAccessDesc a;
     memset(&a, 0, sizeof(a));
     a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     a.location.id = device;
     a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if (d->cuMemSetAccess(va + i * chunk, chunk, &a, 1) != CUDA_SUCCESS) { Fail("cuMemSetAccess"); return 1; }
+    if (d->cuMemSetAccess(va + i * chunk, chunk, &a, 1) != CUDA_SUCCESS) {
+      Fail("cuMemSetAccess");
+      return 1;
+    }
     handles[i] = h;
     return 0;
   }
   int Unmap(size_t i) {
     const auto* d = Drv();
-    if (d->cuMemUnmap(va + i * chunk, chunk) != CUDA_SUCCESS) { Fail("cuMemUnmap"); return 1; }
+    if (d->cuMemUnmap(va + i * chunk, chunk) != CUDA_SUCCESS) {
+      Fail("cuMemUnmap");
+      return 1;
+    }
     d->cuMemRelease(handles[i]);
     handles[i] = 0;
     return 0;
@@ -605,8 +701,8 @@ struct VmmArena {
 };
 
 // One flat AllGather between arbitrary device pointers, checked bit-exact.
-int GatherChecked(dmagather::Comm& c, Checker& ck, cudaStream_t s, char* in, char* recv, size_t shard,
-                  uint64_t seed, const std::string& label) {
+int GatherChecked(dmagather::Comm& c, Checker& ck, cudaStream_t s, char* in, char* recv, size_t shard, uint64_t seed,
+                  const std::string& label) {
   const int world = c.size(), rank = c.rank();
   CK(cudaMemsetAsync(recv, 0xA5, shard * world, s));
   if (in != recv + rank * shard) CK(cudaMemsetAsync(recv + rank * shard, 0x5A, shard, s));
@@ -627,7 +723,10 @@ int GatherChecked(dmagather::Comm& c, Checker& ck, cudaStream_t s, char* in, cha
 
 int ModeVmm(int rank, int world) {
   dmagather::Comm c(nullptr, Job("vmm"), world, rank);
-  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  if (!c.ok()) {
+    Fail("init: " + c.error());
+    return 1;
+  }
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   Checker ck;
@@ -636,10 +735,13 @@ int ModeVmm(int rank, int world) {
   VmmArena in, out;
   // Inputs: 4 chunks; outputs: up to 12 chunks, 8 mapped at first.
   if (in.Create(4, chunk, 4, true) || out.Create(12, chunk, 8, true)) return 1;
-  const size_t shard = (3 << 20) + 12345;        // Spans 2-3 chunks wherever it starts.
-  const size_t in_off = (1 << 20) + 333;          // Inside chunk 0, runs into chunk 2.
-  const size_t out_off = (1 << 20) + 4097;        // Output: world * shard from here.
-  if (out_off + world * shard > 8 * chunk) { Fail("layout"); return 1; }
+  const size_t shard = (3 << 20) + 12345;   // Spans 2-3 chunks wherever it starts.
+  const size_t in_off = (1 << 20) + 333;    // Inside chunk 0, runs into chunk 2.
+  const size_t out_off = (1 << 20) + 4097;  // Output: world * shard from here.
+  if (out_off + world * shard > 8 * chunk) {
+    Fail("layout");
+    return 1;
+  }
   int bad = 0;
   for (int i = 0; i < 20; ++i) {  // Out of place, then in place, alternating.
     char* recv = out.at(out_off);
@@ -650,7 +752,10 @@ int ModeVmm(int rank, int world) {
   // pointer attribute per chunk under the range): dmagather_register of
   // already registered VMM memory vs cudaMalloc memory.
   char* plain = static_cast<char*>(c.Alloc(world * shard));
-  if (plain == nullptr) { Fail("alloc: " + c.error()); return 1; }
+  if (plain == nullptr) {
+    Fail("alloc: " + c.error());
+    return 1;
+  }
   auto time_register = [&](char* p) {
     const auto t0 = Clock::now();
     for (int k = 0; k < 2000; ++k) c.Register(p, world * shard);
@@ -661,7 +766,8 @@ int ModeVmm(int rank, int world) {
   // the same address (what an allocator does after empty_cache and regrowth).
   cudaStreamSynchronize(s);
   sh->step[rank].store(1);
-  for (int r = 0; r < world; ++r) while (sh->step[r].load() < 1) usleep(100);
+  for (int r = 0; r < world; ++r)
+    while (sh->step[r].load() < 1) usleep(100);
   const size_t remap_chunk = (out_off + 1 * shard) / chunk;
   if (out.Unmap(remap_chunk) || out.Map(remap_chunk)) return 1;
   for (int i = 0; i < 4; ++i) {
@@ -678,16 +784,20 @@ int ModeVmm(int rank, int world) {
   bad += GatherChecked(c, ck, s, big_in.at(3), out.at(grown_off), grown_shard, 7000, "grown range");
   bad += GatherChecked(c, ck, s, big_in.at(3), out.at(grown_off), grown_shard, 7001, "grown range again");
   if (rank == 0) {
-    printf("  vmm: 2 MiB chunks, shard %zu B spanning chunks; 20 steps + 4 after a remap + 2 over grown range, %d "
-           "failed on rank 0; per-submit registration check: %.2f us (VMM, %zu chunks) vs %.2f us (cudaMalloc)\n",
-           shard, bad, us_vmm, (out_off % chunk + world * shard + chunk - 1) / chunk, us_plain);
+    printf(
+        "  vmm: 2 MiB chunks, shard %zu B spanning chunks; 20 steps + 4 after a remap + 2 over grown range, %d "
+        "failed on rank 0; per-submit registration check: %.2f us (VMM, %zu chunks) vs %.2f us (cudaMalloc)\n",
+        shard, bad, us_vmm, (out_off % chunk + world * shard + chunk - 1) / chunk, us_plain);
   }
   return bad != 0;
 }
 
 int ModeVmmUnshareable(int rank, int world) {
   dmagather::Comm c(nullptr, Job("vmm_unshareable"), world, rank);
-  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  if (!c.ok()) {
+    Fail("init: " + c.error());
+    return 1;
+  }
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   Checker ck;
@@ -696,7 +806,10 @@ int ModeVmmUnshareable(int rank, int world) {
   VmmArena out;
   if (out.Create(4, chunk, 4, /*share=*/rank != 1)) return 1;
   char* send = static_cast<char*>(c.Alloc(shard));
-  if (send == nullptr) { Fail("alloc: " + c.error()); return 1; }
+  if (send == nullptr) {
+    Fail("alloc: " + c.error());
+    return 1;
+  }
   CK(cudaMemsetAsync(out.at(0), 0x33, shard * world, s));
   dmagather::kernels::FillPattern(send, shard, 31, rank, s);
   dmagather_op_t op = 0;
@@ -706,7 +819,10 @@ int ModeVmmUnshareable(int rank, int world) {
          c.error());
     return 1;
   }
-  if (op == 0) { Fail("rank " + std::to_string(rank) + ": no op handle"); return 1; }
+  if (op == 0) {
+    Fail("rank " + std::to_string(rank) + ": no op handle");
+    return 1;
+  }
   dmagather_op_wait_stream(c.get(), op, s);
   st = dmagather_op_wait(c.get(), op);
   const std::string why = c.error();
@@ -719,7 +835,10 @@ int ModeVmmUnshareable(int rank, int world) {
   CK(cudaStreamSynchronize(s));
   if (rank == 0) printf("  vmm_unshareable: every rank got FALLBACK: %s\n", why.c_str());
   char* recv = static_cast<char*>(c.Alloc(shard * world));
-  if (recv == nullptr) { Fail("alloc: " + c.error()); return 1; }
+  if (recv == nullptr) {
+    Fail("alloc: " + c.error());
+    return 1;
+  }
   return GatherChecked(c, ck, s, send, recv, shard, 32, "after fallback");
 }
 
@@ -727,12 +846,18 @@ int ModeVmmUnshareable(int rank, int world) {
 
 int ModeGraph(int rank, int world) {
   dmagather::Comm c(nullptr, Job("graph"), world, rank);
-  if (!c.ok()) { Fail("init: " + c.error()); return 1; }
+  if (!c.ok()) {
+    Fail("init: " + c.error());
+    return 1;
+  }
   const size_t shard_a = (2 << 20) + 4104, shard_b = 65536 + 40;  // Bytes (uint8 / float32 counts below).
   char* send = static_cast<char*>(c.Alloc(shard_a));
   char* recv_a = static_cast<char*>(c.Alloc(shard_a * world));
   char* recv_b = static_cast<char*>(c.Alloc(shard_b * world));
-  if (!send || !recv_a || !recv_b) { Fail("alloc: " + c.error()); return 1; }
+  if (!send || !recv_a || !recv_b) {
+    Fail("alloc: " + c.error());
+    return 1;
+  }
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   unsigned long long* d = nullptr;  // [0] step, [1] mismatches, [2] first bad
@@ -764,7 +889,8 @@ int ModeGraph(int rank, int world) {
   // Every rank holds off until all have instantiated (no host sync of the
   // stream below, only this start line).
   sh->step[rank].store(1);
-  for (int r = 0; r < world; ++r) while (sh->step[r].load() < 1) usleep(100);
+  for (int r = 0; r < world; ++r)
+    while (sh->step[r].load() < 1) usleep(100);
   const int replays = 100;
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
@@ -781,15 +907,16 @@ int ModeGraph(int rank, int world) {
   unsigned long long h[3];
   CK(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost));
   if (h[0] != 1000 + replays || h[1] != 0) {
-    Fail("rank " + std::to_string(rank) + ": after " + std::to_string(replays) + " replays step=" +
-         std::to_string(h[0]) + ", " + std::to_string(h[1]) + " wrong words (first at byte " + std::to_string(h[2]) +
-         ")");
+    Fail("rank " + std::to_string(rank) + ": after " + std::to_string(replays) +
+         " replays step=" + std::to_string(h[0]) + ", " + std::to_string(h[1]) + " wrong words (first at byte " +
+         std::to_string(h[2]) + ")");
     return 1;
   }
   if (rank == 0) {
-    printf("  graph: %d replays x 2 captured allgathers (%zu B and %zu B shards, %d ranks), 0 wrong words; %.1f us "
-           "per replay (incl. fill/check kernels and injected delays)\n",
-           replays, shard_a, shard_b, world, ms * 1000 / replays);
+    printf(
+        "  graph: %d replays x 2 captured allgathers (%zu B and %zu B shards, %d ranks), 0 wrong words; %.1f us "
+        "per replay (incl. fill/check kernels and injected delays)\n",
+        replays, shard_a, shard_b, world, ms * 1000 / replays);
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
@@ -878,7 +1005,9 @@ int main(int argc, char** argv) {
   } else if (mode == "graph") {
     bad = Launch(3, ModeGraph);
   } else {
-    fprintf(stderr, "usage: allgather_gpu_test dtypes|suballoc|stream|eight|kill|mismatch|ophandles|coalesced|fallback|vmm|vmm_unshareable|graph\n");
+    fprintf(stderr,
+            "usage: allgather_gpu_test "
+            "dtypes|suballoc|stream|eight|kill|mismatch|ophandles|coalesced|fallback|vmm|vmm_unshareable|graph\n");
     return 2;
   }
   if (bad != 0 || sh->failures.load() != 0) {

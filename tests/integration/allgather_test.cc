@@ -7,9 +7,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "tests/support/verify.h"
 #include "dmagather/client.h"
 #include "tests/integration/harness.h"
+#include "tests/support/verify.h"
 
 namespace dmagather::testing {
 namespace {

@@ -33,8 +33,7 @@ class DaemonProcess {
   // does not listen within listen_timeout_s (a directory the caller gave
   // is then left as it is, with the daemon's log).
   static std::unique_ptr<DaemonProcess> StartWith(const DaemonStart& start);
-  static std::unique_ptr<DaemonProcess> Start(const std::vector<std::string>& flags = {},
-                                              const std::string& dir = "");
+  static std::unique_ptr<DaemonProcess> Start(const std::vector<std::string>& flags = {}, const std::string& dir = "");
   // Stops a running daemon (SIGTERM); removes the directory unless KeepDir.
   // With DMAGATHER_SANITIZER set, a non-zero exit at SIGTERM (an ASan/LSan
   // report) aborts with the daemon's log.

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "abi/fd_channel_v1.h"
 #include "abi/descriptor_v2.h"
+#include "abi/fd_channel_v1.h"
 #include "abi/ring_v1.h"
 #include "absl/strings/str_cat.h"
 #include "common/fd_exchange.h"
@@ -33,9 +33,7 @@ namespace {
 
 namespace v1 = ::dmagather::v1;
 
-bool BecomeNobody() {
-  return geteuid() == 0 && setgroups(0, nullptr) == 0 && setgid(65534) == 0 && setuid(65534) == 0;
-}
+bool BecomeNobody() { return geteuid() == 0 && setgroups(0, nullptr) == 0 && setgid(65534) == 0 && setuid(65534) == 0; }
 
 int ConnectUnix(const std::string& path, int type) {
   int s = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
@@ -223,8 +221,7 @@ TEST(DosTest, AnOversizedRequestIsRefusedAndTheSessionLives) {
   auto reports = RunRanks(1, [&](int, const Reporter& rep) {
     auto stub = v1::Control::NewStub(grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
     common::MemfdMapping seg = MakeSegment(31);
-    auto t = common::ExchangeFd(common::FdChannelPath(socket), abi::kFdSegment, seg.fd(),
-                                abi::SegmentLayoutV1::kBytes);
+    auto t = common::ExchangeFd(common::FdChannelPath(socket), abi::kFdSegment, seg.fd(), abi::SegmentLayoutV1::kBytes);
     REQUIRE(t.ok(), std::string(t.status().message()));
     grpc::ClientContext jctx;
     auto join = stub->Join(&jctx, JoinReq(UniqueJob("big"), 1, 0, t->ticket, 31, getpid()));
@@ -289,7 +286,8 @@ TEST(DosTest, DmagatherctlWithoutPermissionSaysSo) {
   auto reports = RunRanks(1, [&](int, const Reporter& rep) {
     REQUIRE(BecomeNobody(), "setuid 65534 failed");
     int rc = -1;
-    const std::string out = RunProgram({"/bin/sh", "-c", "exec '" + ctl + "' --socket='" + socket + "' health 2>&1"}, &rc);
+    const std::string out =
+        RunProgram({"/bin/sh", "-c", "exec '" + ctl + "' --socket='" + socket + "' health 2>&1"}, &rc);
     REQUIRE(rc == 4, absl::StrCat("exit ", rc, ": ", out));
     REQUIRE(Contains(out, "permission denied") && Contains(out, "mode 660") && !Contains(out, "is dmagatherd running"),
             out);

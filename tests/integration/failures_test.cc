@@ -13,11 +13,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "tests/support/verify.h"
-#include "dmagather/client.h"
 #include "common/clock.h"
+#include "dmagather/client.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/rank_checks.h"
+#include "tests/support/verify.h"
 
 namespace dmagather::testing {
 namespace {
@@ -166,8 +166,8 @@ TEST(FailuresTest, OpTimeoutNamesTheMissingRank) {
     auto t0 = std::chrono::steady_clock::now();
     dmagather_status_t st = comm.AllGather(s, r, 10, DMAGATHER_UINT8);
     if (st == DMAGATHER_OK) st = comm.Wait();
-    const int rc = Report(rep, st, comm.error(),
-                          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    const int rc =
+        Report(rep, st, comm.error(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     sh->answered.store(1);
     return rc;
   });

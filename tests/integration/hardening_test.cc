@@ -32,11 +32,10 @@
 #include <thread>
 #include <vector>
 
-#include "abi/fd_channel_v1.h"
 #include "abi/descriptor_v2.h"
+#include "abi/fd_channel_v1.h"
 #include "abi/ring_v1.h"
 #include "absl/strings/str_cat.h"
-#include "tests/support/verify.h"
 #include "common/fd_exchange.h"
 #include "common/memfd.h"
 #include "dmagather/client.h"
@@ -47,6 +46,7 @@
 #include "tests/integration/harness.h"
 #include "tests/integration/rank_checks.h"
 #include "tests/integration/raw_control.h"
+#include "tests/support/verify.h"
 
 namespace dmagather::testing {
 namespace {
@@ -171,8 +171,8 @@ TEST(HardeningTest, HandedOverMemoryCannotShrinkAndUnsealedMemoryIsRefused) {
       // (the daemon has them mapped) to 0. The seals say no.
       std::vector<int> segs = FdsNamed("memfd:dmagather-seg");
       std::vector<int> bufs = FdsNamed("memfd:dmagather-buf");
-      REQUIRE(segs.size() == 1 && bufs.size() == 2, absl::StrCat(segs.size(), " segment fds, ", bufs.size(),
-                                                                 " buffer fds"));
+      REQUIRE(segs.size() == 1 && bufs.size() == 2,
+              absl::StrCat(segs.size(), " segment fds, ", bufs.size(), " buffer fds"));
       for (int fd : {segs[0], bufs[0], bufs[1]}) {
         errno = 0;
         int r = ftruncate(fd, 0);
@@ -414,8 +414,7 @@ TEST(HardeningTest, JoinIdentityIsTheKernelsPid) {
     auto channel = grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
     auto stub = v1::Control::NewStub(channel);
     common::MemfdMapping seg = MakeSegment(11);
-    auto t = common::ExchangeFd(common::FdChannelPath(socket), abi::kFdSegment, seg.fd(),
-                                abi::SegmentLayoutV1::kBytes);
+    auto t = common::ExchangeFd(common::FdChannelPath(socket), abi::kFdSegment, seg.fd(), abi::SegmentLayoutV1::kBytes);
     REQUIRE(t.ok(), std::string(t.status().message()));
     RawJoin j;
     j.Start(stub.get(), JoinReq(job, 1, 0, t->ticket, 11, -1));  // The request says pid -1.
@@ -547,8 +546,8 @@ TEST(HardeningTest, FdChannelUnderAbuseClosesEverythingAndKeepsServing) {
   int closed = 0, answered = 0;
   for (int s : conns) {
     pollfd p{s, POLLIN, 0};
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        start + std::chrono::seconds(60) - std::chrono::steady_clock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(start + std::chrono::seconds(60) -
+                                                                            std::chrono::steady_clock::now());
     while (poll(&p, 1, std::max<int>(0, left.count())) < 0 && errno == EINTR) {
     }
     abi::FdReplyV1 r{};
@@ -568,8 +567,8 @@ TEST(HardeningTest, FdChannelUnderAbuseClosesEverythingAndKeepsServing) {
   }
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::cerr << conns.size() << " connections, " << answered << " answered with a refusal, " << closed
-            << " closed by the daemon, " << took << " s; daemon threads " << base_threads << " -> max "
-            << max_threads << "\n";
+            << " closed by the daemon, " << took << " s; daemon threads " << base_threads << " -> max " << max_threads
+            << "\n";
   EXPECT_EQ(closed, static_cast<int>(conns.size()));
   EXPECT_GE(answered, 300);  // Garbage, oversized, too many fds and short ones get a sentence.
   EXPECT_LT(max_threads, base_threads + 16) << "a thread per connection?";
@@ -582,12 +581,10 @@ TEST(HardeningTest, FdChannelUnderAbuseClosesEverythingAndKeepsServing) {
   // shrink on their own schedule: up to 4 more of those (seen: 1).
   constexpr int kGrpcPoolSlack = 4;
   const bool back = WaitFor(
-      [&] {
-        return ProcThreads(daemon->pid()) <= base_threads + kGrpcPoolSlack && ProcFds(daemon->pid()) <= base_fds;
-      },
+      [&] { return ProcThreads(daemon->pid()) <= base_threads + kGrpcPoolSlack && ProcFds(daemon->pid()) <= base_fds; },
       60);  // A hang guard: gRPC's pools shrink on their own schedule.
-  EXPECT_TRUE(back) << ThreadNames(daemon->pid()) << " threads " << ProcThreads(daemon->pid()) << " (baseline " << base_threads << "), fds "
-                    << ProcFds(daemon->pid()) << " (baseline " << base_fds << ")";
+  EXPECT_TRUE(back) << ThreadNames(daemon->pid()) << " threads " << ProcThreads(daemon->pid()) << " (baseline "
+                    << base_threads << "), fds " << ProcFds(daemon->pid()) << " (baseline " << base_fds << ")";
   ASSERT_EQ(kill(daemon->pid(), 0), 0);
   ExpectJobBitExact(daemon->socket(), UniqueJob("abuse-after"));
 }
@@ -630,8 +627,7 @@ TEST(HardeningTest, DoorbellHasNoNameHealthChecksJoinAndRestartAfterSigkillIsCle
   const std::vector<std::string> left = DirEntries(dir);
   EXPECT_EQ(left, (std::vector<std::string>{"dmagatherd.log", "dmagatherd.sock", "dmagatherd.sock.fd"}));
   // And what a daemon before 0.3 left in /dev/shm under this socket is removed too.
-  const std::string legacy =
-      absl::StrCat("/dmagather-doorbell-", absl::Hex(std::hash<std::string>()(socket)));
+  const std::string legacy = absl::StrCat("/dmagather-doorbell-", absl::Hex(std::hash<std::string>()(socket)));
   int lfd = shm_open(legacy.c_str(), O_CREAT | O_RDWR, 0600);
   ASSERT_GE(lfd, 0);
   close(lfd);

@@ -28,11 +28,10 @@
 #include <thread>
 #include <vector>
 
-#include "abi/fd_channel_v1.h"
 #include "abi/descriptor_v2.h"
+#include "abi/fd_channel_v1.h"
 #include "abi/ring_v1.h"
 #include "absl/strings/str_cat.h"
-#include "tests/support/verify.h"
 #include "common/fd_exchange.h"
 #include "common/memfd.h"
 #include "dmagather/client.h"
@@ -42,6 +41,7 @@
 #include "tests/integration/harness.h"
 #include "tests/integration/rank_checks.h"
 #include "tests/integration/raw_control.h"
+#include "tests/support/verify.h"
 
 namespace dmagather::testing {
 namespace {
@@ -79,8 +79,7 @@ struct RawSession {
   bool Join(v1::Control::Stub* stub, const std::string& socket, const std::string& job, int world, int rank) {
     static uint64_t token = 1000;
     seg = MakeSegment(++token);
-    auto t = common::ExchangeFd(common::FdChannelPath(socket), abi::kFdSegment, seg.fd(),
-                                abi::SegmentLayoutV1::kBytes);
+    auto t = common::ExchangeFd(common::FdChannelPath(socket), abi::kFdSegment, seg.fd(), abi::SegmentLayoutV1::kBytes);
     if (!t.ok()) {
       status = grpc::Status(grpc::StatusCode::UNKNOWN, std::string(t.status().message()));
       return false;
@@ -337,10 +336,12 @@ TEST_F(LimitsTest, PerUidLimitsAreResourceExhaustedAndOtherUsersRunOn) {
     RawSession a0;
     std::thread ta([&] { a0.Join(stub.get(), socket, base + "-a", 2, 0); });
     // Job A exists (its rank 0 reached the daemon) before job B is made.
-    REQUIRE(WaitFor([&] {
-              v1::StatsReply mine;
-              return Stats(socket, true, &mine).ok() && mine.jobs_size() == 1;
-            }, 60),
+    REQUIRE(WaitFor(
+                [&] {
+                  v1::StatsReply mine;
+                  return Stats(socket, true, &mine).ok() && mine.jobs_size() == 1;
+                },
+                60),
             "job A never appeared in this uid's stats");
     // Job B: 1 rank (2 jobs, 2 sessions).
     RawSession b;
@@ -378,9 +379,9 @@ TEST_F(LimitsTest, PerUidLimitsAreResourceExhaustedAndOtherUsersRunOn) {
     REQUIRE(s.ok() && again == ids[0], absl::StrCat("dedup: ", s.error_message(), " id ", again, " vs ", ids[0]));
     common::MemfdMapping fifth = *common::MemfdMapping::Create("test-lim-buf", 65536);
     s = RegisterFd(stub.get(), socket, rb, fifth.fd(), 65536, nullptr);
-    REQUIRE(s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
-                Contains(s.error_message(), "--max_regions_per_uid"),
-            s.error_message());
+    REQUIRE(
+        s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && Contains(s.error_message(), "--max_regions_per_uid"),
+        s.error_message());
     // Mapped bytes: free one region, then 1 MiB more would pass 1 MiB.
     s = Deregister(stub.get(), rb, ids[3]);
     REQUIRE(s.ok(), s.error_message());
@@ -409,7 +410,8 @@ TEST_F(LimitsTest, PerUidLimitsAreResourceExhaustedAndOtherUsersRunOn) {
   munmap(sh, sizeof(Shared));
 }
 
-// ------------------------------------------------------------ finding 4: dedup, map only what is registered; finding 7.
+// ------------------------------------------------------------ finding 4: dedup, map only what is registered;
+// finding 7.
 
 TEST_F(LimitsTest, RegistrationsAreDedupedMapOnlyTheirBytesAndSegmentOrDoorbellAreRefused) {
   auto daemon = DaemonProcess::Start();
@@ -551,10 +553,12 @@ TEST_F(LimitsTest, FiveHundredOpenSessionsCostNoThreadEachAndStillDetectAKilledP
   EXPECT_LT(threads_open, 64) << "an open Join must not cost a thread";
   // Memory returns once the sessions are gone.
   long rss_after = -1;
-  WaitFor([&] {
-    rss_after = ProcRssKib(dpid);
-    return rss_after <= rss_before + 32 * 1024;
-  }, 10);
+  WaitFor(
+      [&] {
+        rss_after = ProcRssKib(dpid);
+        return rss_after <= rss_before + 32 * 1024;
+      },
+      10);
   std::cerr << "RSS " << rss_after << " KiB after the sessions ended\n";
 #if defined(__SANITIZE_ADDRESS__)
   // Under ASan the daemon's freed memory sits in the allocator's quarantine
@@ -579,8 +583,7 @@ TEST_F(LimitsTest, NoPermissionOnTheSocketSaysSoWithOwnerAndMode) {
     Comm comm(socket.c_str(), UniqueJob("denied"), 1, 0);
     REQUIRE(!comm.ok(), "joined without permission");
     const std::string e = comm.error();
-    REQUIRE(Contains(e, "permission denied on " + socket) && Contains(e, "owner uid 0") && Contains(e, "mode 0660"),
-            e);
+    REQUIRE(Contains(e, "permission denied on " + socket) && Contains(e, "owner uid 0") && Contains(e, "mode 0660"), e);
     REQUIRE(!Contains(e, "stale"), e);
     return 0;
   });

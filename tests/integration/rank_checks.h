@@ -4,36 +4,35 @@
 // must run bit-exact.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <new>
-#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "absl/strings/str_cat.h"
-#include "tests/support/verify.h"
 #include "dmagather/client.h"
 #include "tests/integration/harness.h"
+#include "tests/support/verify.h"
 
 namespace dmagather::testing {
 
 // In a rank function (with `rep` a Reporter): fails the rank with a
 // message naming the line.
-#define REQUIRE(cond, msg)                                                 \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
+#define REQUIRE(cond, msg)                                                \
+  do {                                                                    \
+    if (!(cond)) {                                                        \
       rep.Say(absl::StrCat("line ", __LINE__, ": ", #cond, ": ", (msg))); \
-      return 1;                                                            \
-    }                                                                      \
+      return 1;                                                           \
+    }                                                                     \
   } while (0)
 
 // A T in memory shared with the processes forked after this call.
@@ -108,8 +107,7 @@ inline std::function<int(int, const Reporter&)> BitExactRank(const std::string& 
 
 // Checks the ranks' reports of a bit-exact job; where the harness had to kill
 // a rank, prints where the job stood in the daemon.
-inline void ExpectReportsOk(const std::string& socket, const std::string& job,
-                            const std::vector<RankReport>& reports) {
+inline void ExpectReportsOk(const std::string& socket, const std::string& job, const std::vector<RankReport>& reports) {
   bool killed = false;
   for (size_t r = 0; r < reports.size(); ++r) {
     EXPECT_EQ(reports[r].exit_code, 0) << job << " rank " << r << ": " << reports[r].message;

@@ -28,8 +28,8 @@ inline common::MemfdMapping MakeSegment(uint64_t token, int seals = -1) {
 
 // A Join for a cpu rank (the daemon takes uid and pid from the kernel; `pid`
 // is only what the request says).
-inline v1::JoinRequest JoinReq(const std::string& job, int world, int rank, const std::string& ticket,
-                               uint64_t token, int pid = -1) {
+inline v1::JoinRequest JoinReq(const std::string& job, int world, int rank, const std::string& ticket, uint64_t token,
+                               int pid = -1) {
   v1::JoinRequest req;
   req.set_job_key(job);
   req.set_world_size(world);

@@ -22,7 +22,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "tests/support/verify.h"
 #include "client/comm.h"
 #include "common/api_names.h"
 #include "common/clock.h"
@@ -32,6 +31,7 @@
 #include "dmagather/v1/control.grpc.pb.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/rank_checks.h"
+#include "tests/support/verify.h"
 
 namespace dmagather::testing {
 namespace {
@@ -302,7 +302,8 @@ TEST(SeamsTest, CollectiveFallbackAndRefusalGiveEveryRankOneVerdict) {
         FillPattern(send, shard, seed, rank);
         dmagather_op_t op = 0;
         dmagather_status_t st = dmagather_allgather_async(c, send, recv, count, DMAGATHER_FLOAT16, nullptr, &op);
-        if (st != DMAGATHER_OK || op != want) return absl::StrCat("submit: ", Status(st), " op ", op, " ", comm.error());
+        if (st != DMAGATHER_OK || op != want)
+          return absl::StrCat("submit: ", Status(st), " op ", op, " ", comm.error());
         st = dmagather_op_wait(c, op);
         if (st != DMAGATHER_OK) return absl::StrCat("wait: ", Status(st), " ", comm.error());
         long bad = FirstMismatch(recv, shard, world, seed);
@@ -379,8 +380,8 @@ TEST(SeamsTest, CollectiveFallbackAndRefusalGiveEveryRankOneVerdict) {
   EXPECT_EQ(JsonNumber(json, "fallback_ops"), 1u) << json;
   EXPECT_EQ(JsonNumber(json, "ops"), 2u) << json;  // Ops 2 and 4.
   std::smatch m;
-  EXPECT_TRUE(std::regex_search(json, m,
-                                std::regex("\"reason\": \"op_refused_by_rank\",\\s*\"count\": \"?([0-9]+)\"?")))
+  EXPECT_TRUE(
+      std::regex_search(json, m, std::regex("\"reason\": \"op_refused_by_rank\",\\s*\"count\": \"?([0-9]+)\"?")))
       << json;
   if (!m.empty()) EXPECT_EQ(m[1], "1") << json;
   EXPECT_TRUE(std::regex_search(json, std::regex("\"code\": \"FALLBACK\",\\s*\"count\": \"?3\"?"))) << json;

@@ -162,7 +162,8 @@ TEST(TelemetryTest, CtlShowsWhatTheRanksRan) {
   EXPECT_EQ(JsonNumber(json, "ops"), uint64_t(ops)) << json;
   EXPECT_EQ(JsonNumber(json, "bytes"), uint64_t(ops) * count * 4 * world * world) << json;
   EXPECT_NE(json.find("\"code\": \"INVALID_ARGUMENT\""), std::string::npos) << json;
-  EXPECT_NE(json.find(absl::StrCat("\"registered_bytes\": \"", uint64_t(world) << 20, "\"")), std::string::npos) << json;
+  EXPECT_NE(json.find(absl::StrCat("\"registered_bytes\": \"", uint64_t(world) << 20, "\"")), std::string::npos)
+      << json;
   EXPECT_NE(json.find("\"registered_bytes\": \"1048576\""), std::string::npos) << json;  // Per rank.
 
   std::string table = RunProgram({"tools/dmagatherctl", sock, "stats"}, &rc);

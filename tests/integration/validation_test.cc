@@ -6,9 +6,9 @@
 
 #include <cstring>
 
-#include "tests/support/verify.h"
 #include "client/comm.h"
 #include "tests/integration/harness.h"
+#include "tests/support/verify.h"
 
 namespace dmagather::testing {
 namespace {

@@ -9,7 +9,6 @@
  *   allgather_check [WORLD (default 4)] [EXPECTED_VERSION]
  */
 #include <dmagather/dmagather.h>
-
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,8 +65,8 @@ static int run_rank(const char* job, int world, int rank) {
       }
     }
   }
-  printf("rank %d: backend %s, %d ops, %zu bytes compared, %zu differ\n", rank, dmagather_backend(comm), op,
-         compared, bad);
+  printf("rank %d: backend %s, %d ops, %zu bytes compared, %zu differ\n", rank, dmagather_backend(comm), op, compared,
+         bad);
   fflush(stdout);
   dmagather_comm_destroy(comm);
   return bad == 0 ? 0 : 1;

@@ -41,7 +41,6 @@ int ForkRanks(int world, const std::function<int(int)>& rank) {
   return bad;
 }
 
-
 int FirstWrongShard(const char* out, size_t shard, int world, uint64_t seed, char* scratch) {
   for (int r = 0; r < world; ++r) {
     FillPattern(scratch, shard, seed, r);
@@ -107,8 +106,7 @@ bool CheckAllGather(Comm& comm, char* sendbuf, char* recvbuf, dmagather_dtype_t 
     size_t i = 0;
     while (recv[i] == expect[i]) ++i;
     *why = absl::StrFormat("rank %d %s count=%u %s: first wrong byte at %u (shard of rank %u)", rank,
-                           dmagather_dtype_name(dtype), count, VariantName(variant), i,
-                           i / std::max<size_t>(shard, 1));
+                           dmagather_dtype_name(dtype), count, VariantName(variant), i, i / std::max<size_t>(shard, 1));
     return false;
   }
   return true;

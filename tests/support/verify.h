@@ -56,8 +56,7 @@ enum class Variant {
   kList,        // one output pointer per rank.
   kOffsets,     // send and recv at odd offsets inside their allocations.
 };
-inline constexpr Variant kAllVariants[] = {Variant::kOutOfPlace, Variant::kInPlace, Variant::kList,
-                                           Variant::kOffsets};
+inline constexpr Variant kAllVariants[] = {Variant::kOutOfPlace, Variant::kInPlace, Variant::kList, Variant::kOffsets};
 const char* VariantName(Variant v);
 
 // Runs one AllGather of `count` elements per rank (send from `sendbuf`,

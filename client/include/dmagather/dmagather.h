@@ -27,9 +27,9 @@ extern "C" {
   (DMAGATHER_VERSION_MAJOR * 10000 + DMAGATHER_VERSION_MINOR * 100 + DMAGATHER_VERSION_PATCH)
 #define DMAGATHER_STR_INNER_(x) #x
 #define DMAGATHER_STR_(x) DMAGATHER_STR_INNER_(x)
-#define DMAGATHER_VERSION_STRING                                              \
-  DMAGATHER_STR_(DMAGATHER_VERSION_MAJOR) "." DMAGATHER_STR_(DMAGATHER_VERSION_MINOR) "." \
-  DMAGATHER_STR_(DMAGATHER_VERSION_PATCH)
+#define DMAGATHER_VERSION_STRING          \
+  DMAGATHER_STR_(DMAGATHER_VERSION_MAJOR) \
+  "." DMAGATHER_STR_(DMAGATHER_VERSION_MINOR) "." DMAGATHER_STR_(DMAGATHER_VERSION_PATCH)
 
 /* Default control socket of the node's daemon; overridden by the
  * DMAGATHER_SOCKET environment variable or an explicit socket_path. */
@@ -65,16 +65,16 @@ typedef struct dmagather_comm* dmagather_comm_t;
  * (at the end) never break callers built against this header. */
 #define DMAGATHER_CONFIG_MAGIC 0x444d4147u /* "DMAG" */
 typedef struct {
-  size_t size;              /* sizeof(dmagather_config_t) */
-  unsigned int magic;       /* DMAGATHER_CONFIG_MAGIC */
-  unsigned int version;     /* DMAGATHER_VERSION_CODE the caller was built with */
-  const char* socket_path;  /* NULL: $DMAGATHER_SOCKET, then DMAGATHER_DEFAULT_SOCKET */
-  int join_timeout_ms;      /* <= 0: $DMAGATHER_JOIN_TIMEOUT_MS, then 60000 */
-  int spin;                 /* Pause iterations before a waiting rank sleeps; < 0: $DMAGATHER_SPIN, then the
-                               daemon's advice (4096 when every rank and the daemon have a core, else 0), then 256 */
-  int local_rank;           /* Topology hint: rank among the job's ranks on this node (-1: unknown) */
-  int local_world_size;     /* Topology hint: the job's ranks on this node (-1: unknown) */
-  const char* job_id;       /* Multi-node job: the id from dmagather_job_id_create (NULL: $DMAGATHER_JOB_ID, else one node) */
+  size_t size;             /* sizeof(dmagather_config_t) */
+  unsigned int magic;      /* DMAGATHER_CONFIG_MAGIC */
+  unsigned int version;    /* DMAGATHER_VERSION_CODE the caller was built with */
+  const char* socket_path; /* NULL: $DMAGATHER_SOCKET, then DMAGATHER_DEFAULT_SOCKET */
+  int join_timeout_ms;     /* <= 0: $DMAGATHER_JOIN_TIMEOUT_MS, then 60000 */
+  int spin;                /* Pause iterations before a waiting rank sleeps; < 0: $DMAGATHER_SPIN, then the
+                              daemon's advice (4096 when every rank and the daemon have a core, else 0), then 256 */
+  int local_rank;          /* Topology hint: rank among the job's ranks on this node (-1: unknown) */
+  int local_world_size;    /* Topology hint: the job's ranks on this node (-1: unknown) */
+  const char* job_id; /* Multi-node job: the id from dmagather_job_id_create (NULL: $DMAGATHER_JOB_ID, else one node) */
 } dmagather_config_t;
 
 #define DMAGATHER_CONFIG_INITIALIZER \
@@ -84,8 +84,7 @@ typedef struct {
  * as `rank`. Blocks until all ranks have joined or the join timeout passes.
  * config may be NULL (all defaults). */
 dmagather_status_t dmagather_comm_init_config(const char* job_key, int world_size, int rank,
-                                              const dmagather_config_t* config,
-                                              dmagather_comm_t* comm);
+                                              const dmagather_config_t* config, dmagather_comm_t* comm);
 
 /* ---- Jobs that span nodes ----
  * One rank (say rank 0) asks its node's daemon for a job id, the job's own
@@ -100,8 +99,8 @@ dmagather_status_t dmagather_comm_init_config(const char* job_key, int world_siz
 dmagather_status_t dmagather_job_id_create(const char* socket_path, char* job_id, size_t job_id_size);
 
 /* dmagather_comm_init_config with only a socket path (may be NULL). */
-dmagather_status_t dmagather_comm_init(const char* socket_path, const char* job_key,
-                                       int world_size, int rank, dmagather_comm_t* comm);
+dmagather_status_t dmagather_comm_init(const char* socket_path, const char* job_key, int world_size, int rank,
+                                       dmagather_comm_t* comm);
 
 /* Leaves the job and frees everything the comm holds. Outstanding operations
  * are waited for first. */
@@ -125,13 +124,12 @@ dmagather_status_t dmagather_deregister(dmagather_comm_t comm, void* ptr);
  * `send` lands at recv + r*count. send may alias recv + rank*count (in place).
  * Asynchronous. `stream` is a cudaStream_t on the CUDA backend (which then
  * waits for completion on the GPU), NULL on CPU (call dmagather_wait). */
-dmagather_status_t dmagather_allgather(dmagather_comm_t comm, const void* send, void* recv,
-                                       size_t count, dmagather_dtype_t dtype, void* stream);
+dmagather_status_t dmagather_allgather(dmagather_comm_t comm, const void* send, void* recv, size_t count,
+                                       dmagather_dtype_t dtype, void* stream);
 
 /* List output: recvs[r] (world_size pointers, each `count` elements)
  * receives rank r's shard. */
-dmagather_status_t dmagather_allgather_list(dmagather_comm_t comm, const void* send,
-                                            void* const* recvs, size_t count,
+dmagather_status_t dmagather_allgather_list(dmagather_comm_t comm, const void* send, void* const* recvs, size_t count,
                                             dmagather_dtype_t dtype, void* stream);
 
 /* Waits for all outstanding operations of this rank; returns the first error
@@ -162,14 +160,13 @@ typedef struct {
  * completion until dmagather_op_wait_stream / dmagather_op_wait. When this
  * rank cannot take part, the op is still submitted (so the other ranks learn
  * it), *op is set, and the status says why (FALLBACK / INVALID_ARGUMENT). */
-dmagather_status_t dmagather_allgather_async(dmagather_comm_t comm, const void* send, void* recv,
-                                             size_t count, dmagather_dtype_t dtype, void* stream,
-                                             dmagather_op_t* op);
+dmagather_status_t dmagather_allgather_async(dmagather_comm_t comm, const void* send, void* recv, size_t count,
+                                             dmagather_dtype_t dtype, void* stream, dmagather_op_t* op);
 
 /* n (1..DMAGATHER_MAX_COALESCED) flat AllGathers as one op: one matching and
  * one completion for the group; items may differ in count and dtype. */
-dmagather_status_t dmagather_allgather_coalesced(dmagather_comm_t comm, const dmagather_gather_t* items,
-                                                 size_t n, void* stream, dmagather_op_t* op);
+dmagather_status_t dmagather_allgather_coalesced(dmagather_comm_t comm, const dmagather_gather_t* items, size_t n,
+                                                 void* stream, dmagather_op_t* op);
 
 /* Tells the job that this rank will not take part in its next operation
  * (e.g. its framework decided the tensors are unsuitable): that op completes

@@ -103,9 +103,8 @@ void CopyGraphCache::DropReleased() {
 }
 
 void CopyGraphCache::EvictLeastRecent() {
-  auto oldest = std::min_element(graphs_.begin(), graphs_.end(), [](const auto& a, const auto& b) {
-    return a.second.last_use < b.second.last_use;
-  });
+  auto oldest = std::min_element(graphs_.begin(), graphs_.end(),
+                                 [](const auto& a, const auto& b) { return a.second.last_use < b.second.last_use; });
   ops_.destroy(oldest->second.graph);
   graphs_.erase(oldest);
 }

@@ -75,7 +75,7 @@ class CopyGraphCache {
   };
   struct Options {
     uint64_t max_chunk_bytes = uint64_t{1} << 20;  // Calls of chunks up to this: one chain.
-    size_t lanes = 0;                               // Calls with larger chunks: this many chains; 0: not replayed.
+    size_t lanes = 0;                              // Calls with larger chunks: this many chains; 0: not replayed.
     size_t max_graphs = 1024;
     size_t max_seen = 16384;
     int max_build_failures = 16;
@@ -118,7 +118,7 @@ class CopyGraphCache {
   const std::shared_ptr<ReleaseLog> releases_ = std::make_shared<ReleaseLog>();
   absl::flat_hash_map<std::string, Entry> graphs_;
   absl::flat_hash_map<std::string, uint8_t> seen_;  // Keys seen once.
-  absl::flat_hash_set<std::string> failed_;          // Keys that did not build.
+  absl::flat_hash_set<std::string> failed_;         // Keys that did not build.
   std::vector<std::pair<uint64_t, uint64_t>> released_;
   std::string key_;
   uint64_t clock_ = 0;

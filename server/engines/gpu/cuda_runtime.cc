@@ -36,8 +36,8 @@
 #include <cuda_runtime_api.h>
 #include <glog/logging.h>
 
-#include <atomic>
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -97,8 +97,8 @@ class CudaRuntime : public GpuRuntime {
                                                            " devices, cudaMemcpyAsync on the others");
     if (!device_waits_) absl::StrAppend(&d, "; ", no_device_waits_why_);
     if (graphs_on == 0) return absl::StrCat(d, "; copy graphs off");
-    const std::string larger =
-        lanes == 0 ? "larger chunks issued as a batch" : absl::StrCat("larger chunks as ", lanes, " chains side by side");
+    const std::string larger = lanes == 0 ? "larger chunks issued as a batch"
+                                          : absl::StrCat("larger chunks as ", lanes, " chains side by side");
     return absl::StrCat(d, "; copy graphs (a copy call seen twice is replayed as a CUDA graph, one cache per device: ",
                         "chunks <= ", max_chunk >> 10, " KiB as one chain, ", larger, "): ", replays, " replays, ",
                         built, " built, ", dropped, " dropped by import releases");
@@ -195,8 +195,8 @@ class CudaRuntime : public GpuRuntime {
           call("cudaStreamSynchronize(peer probe)", cudaStreamSynchronize(s)) &&
           call("cudaMemcpy(probe result out)", cudaMemcpy(h + kBytes, dst, kBytes, cudaMemcpyDeviceToHost));
       if (st.ok() && std::memcmp(h, h + kBytes, kBytes) != 0) {
-        st = absl::DataLossError(absl::StrCat("the probe copy from device ", to, " to device ", from,
-                                              " (issued on ", from, ") brought back different bytes"));
+        st = absl::DataLossError(absl::StrCat("the probe copy from device ", to, " to device ", from, " (issued on ",
+                                              from, ") brought back different bytes"));
       }
     }
     if (s != nullptr) cudaStreamDestroy(s);
@@ -227,8 +227,7 @@ class CudaRuntime : public GpuRuntime {
     cudaEventDestroy(static_cast<cudaEvent_t>(e));
   }
 
-  absl::StatusOr<uint64_t> RegisterFlags(int device, void* pages, uint64_t bytes,
-                                         const uint32_t* ready_word) override {
+  absl::StatusOr<uint64_t> RegisterFlags(int device, void* pages, uint64_t bytes, const uint32_t* ready_word) override {
     DMAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     cudaError_t err = cudaHostRegister(pages, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
     if (err == cudaErrorHostMemoryAlreadyRegistered) {
@@ -402,7 +401,8 @@ class CudaRuntime : public GpuRuntime {
       }
       if (!host_ptr && device_waits_) {
         device_waits_ = false;
-        no_device_waits_why_ = absl::StrCat("device ", d, " cannot use host pointers for registered memory, so the "
+        no_device_waits_why_ = absl::StrCat("device ", d,
+                                            " cannot use host pointers for registered memory, so the "
                                             "ready flags are read on the CPU");
         LOG(WARNING) << no_device_waits_why_;
       }
@@ -431,13 +431,13 @@ class CudaRuntime : public GpuRuntime {
     std::vector<cudaMemcpyAttributes> attrs;
     std::vector<size_t> attr_idx;
     bool batch_memops_ok = true;
-    bool batch_copies_ok = true;  // Off for good on this device after a refused batch.
+    bool batch_copies_ok = true;             // Off for good on this device after a refused batch.
     std::unique_ptr<CopyGraphCache> graphs;  // Null with DMAGATHER_CUDA_GRAPHS=0.
   };
 
   const DriverApi* const api_;
   const int num_devices_;
-  std::unique_ptr<VmmImporter> vmm_;  // "cuda_vmm" memory (vmm_import.h).
+  std::unique_ptr<VmmImporter> vmm_;               // "cuda_vmm" memory (vmm_import.h).
   std::vector<std::unique_ptr<Issuing>> issuing_;  // Per device.
   // Where import releases are reported: every device's graph cache.
   std::vector<std::shared_ptr<ReleaseLog>> releases_;

@@ -41,15 +41,14 @@ class IpcRegion : public ImportedRegion {
   const int device_;
 };
 
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Create(std::unique_ptr<GpuRuntime> runtime,
                                                              const Options& options) {
   if (runtime == nullptr) return absl::InvalidArgumentError("no GPU runtime");
   if (options.streams_per_device < 0 || options.streams_per_device > 64) {
-    return absl::InvalidArgumentError(absl::StrCat("streams per device must be 1..64 (0: automatic), got ",
-                                                   options.streams_per_device));
+    return absl::InvalidArgumentError(
+        absl::StrCat("streams per device must be 1..64 (0: automatic), got ", options.streams_per_device));
   }
   if (options.chunk_bytes != 0 && options.chunk_bytes < 4096) {
     return absl::InvalidArgumentError(absl::StrCat("chunk bytes must be >= 4096, got ", options.chunk_bytes));
@@ -109,9 +108,8 @@ absl::Status GpuEngine::Init() {
   }
   LOG(INFO) << name() << " engine: " << num_devices_ << " device(s), " << ns << " streams each, chunks of "
             << chunk_bytes_ << " bytes (cap " << rt.max_transfer_bytes() << "), " << options_.max_batch
-            << " chunks per copy call, ready flags waited on " << (rt.device_waits() ? "the device" : "the CPU")
-            << ", " << (parallel_issue_ ? "one issuing thread per device" : "one issuing thread") << "; "
-            << rt.Describe();
+            << " chunks per copy call, ready flags waited on " << (rt.device_waits() ? "the device" : "the CPU") << ", "
+            << (parallel_issue_ ? "one issuing thread per device" : "one issuing thread") << "; " << rt.Describe();
   for (int d = 0; d < num_devices_; ++d) {
     completions_.push_back(std::make_unique<Completion>());
     absl::MutexLock lock(&completions_.back()->mu);
@@ -147,8 +145,8 @@ absl::Status GpuEngine::MapDevices() {
       continue;
     }
     identities_[d] = *std::move(id);
-    LOG(INFO) << "device " << d << ": " << identities_[d].name << " " << FormatDeviceUuid(identities_[d].uuid)
-              << " at " << (identities_[d].pci_bus_id.empty() ? "an unknown bus id" : identities_[d].pci_bus_id);
+    LOG(INFO) << "device " << d << ": " << identities_[d].name << " " << FormatDeviceUuid(identities_[d].uuid) << " at "
+              << (identities_[d].pci_bus_id.empty() ? "an unknown bus id" : identities_[d].pci_bus_id);
   }
   // Peer access and a probe copy per ordered pair. An error is the pair's
   // alone: it is marked unreachable, and copies between the two take the
@@ -212,12 +210,12 @@ absl::StatusOr<int> GpuEngine::DaemonDevice(const DeviceRef& ref) const {
     }
     if (matches == 1) return found;
     if (matches > 1) {
-      return common::FallbackError(absl::StrCat("the rank's ", runtime_->label(), " device ", what,
-                                                " matches ", matches, " devices of dmagatherd (", list(), ")"));
+      return common::FallbackError(absl::StrCat("the rank's ", runtime_->label(), " device ", what, " matches ",
+                                                matches, " devices of dmagatherd (", list(), ")"));
     }
-    return common::FallbackError(absl::StrCat(
-        "the rank's ", runtime_->label(), " device ", ref.ordinal, " (", what, ") is not one of the ", num_devices_,
-        " device(s) dmagatherd sees (", list(), "): give dmagatherd every GPU of the node"));
+    return common::FallbackError(absl::StrCat("the rank's ", runtime_->label(), " device ", ref.ordinal, " (", what,
+                                              ") is not one of the ", num_devices_, " device(s) dmagatherd sees (",
+                                              list(), "): give dmagatherd every GPU of the node"));
   };
   bool known = false;
   for (const DeviceIdentity& id : identities_) known |= !id.uuid.empty() || !id.pci_bus_id.empty();
@@ -296,8 +294,10 @@ absl::StatusOr<std::shared_ptr<ImportedRegion>> GpuEngine::Import(const RegionSp
 absl::StatusOr<std::unique_ptr<EngineRank>> GpuEngine::AttachRank(const RankAttach& a) {
   if (a.device.kind != runtime_->device_kind() || a.device.ordinal < 0) {
     return common::FallbackError(absl::StrCat("this dmagatherd runs the ", name(), " backend but the rank has no ",
-                                              runtime_->label(), " device (no GPU visible to it, or its libdmagather "
-                                              "has no ", runtime_->label(), " support)"));
+                                              runtime_->label(),
+                                              " device (no GPU visible to it, or its libdmagather "
+                                              "has no ",
+                                              runtime_->label(), " support)"));
   }
   DMAG_ASSIGN_OR_RETURN(const int device, DaemonDevice(a.device));
   if (device != a.device.ordinal || !a.device.uuid.empty()) {
@@ -305,8 +305,7 @@ absl::StatusOr<std::unique_ptr<EngineRank>> GpuEngine::AttachRank(const RankAtta
               << FormatDeviceUuid(a.device.uuid) << ") is dmagatherd's device " << device;
   }
   DMAG_ASSIGN_OR_RETURN(uint64_t flag, runtime_->RegisterFlags(device, a.flag_pages, a.flag_bytes, a.ready_word));
-  return std::unique_ptr<EngineRank>(
-      new GpuRank(runtime_, device, a.device.ordinal, a.flag_pages, flag, a.ready_word));
+  return std::unique_ptr<EngineRank>(new GpuRank(runtime_, device, a.device.ordinal, a.flag_pages, flag, a.ready_word));
 }
 
 void GpuEngine::Stop() {
@@ -320,11 +319,10 @@ void GpuEngine::Stop() {
     // each device its share; the issuing itself is in the per-device figures.
     LOG(INFO) << name() << " engine: " << execute_ns_.Summary().count << " ops; "
               << (parallel_issue_ ? "route and hand-off " : "issue ") << us(execute_ns_)
-              << "; ready waits (per device) " << us(memops_ns_) << " ("
-              << ready_seen_.load(std::memory_order_relaxed) << " skipped: flags already seen)"
-              << "; copy calls (per device) " << us(copies_ns_)
-              << "; completion: last share seen -> OnEngineDone done " << us(complete_ns_) << "; copy path "
-              << runtime_->Describe();
+              << "; ready waits (per device) " << us(memops_ns_) << " (" << ready_seen_.load(std::memory_order_relaxed)
+              << " skipped: flags already seen)"
+              << "; copy calls (per device) " << us(copies_ns_) << "; completion: last share seen -> OnEngineDone done "
+              << us(complete_ns_) << "; copy path " << runtime_->Describe();
   }
   // Give gated and queued work stop_drain_ms to finish; after that, report
   // it failed.
@@ -360,24 +358,18 @@ void GpuEngine::Stop() {
   }
   stopping_.store(true);
   if (gate_thread_.joinable()) {
-    {
-      absl::MutexLock lock(&issue_mu_);
-    }
+    { absl::MutexLock lock(&issue_mu_); }
     gate_cv_.SignalAll();
     gate_thread_.join();
   }
   for (Device& dev : devices_) {
     if (dev.issuer == nullptr) continue;
-    {
-      absl::MutexLock lock(&dev.issuer->mu);
-    }
+    { absl::MutexLock lock(&dev.issuer->mu); }
     dev.issuer->cv.SignalAll();
     if (dev.issuer->thread.joinable()) dev.issuer->thread.join();
   }
   for (auto& c : completions_) {
-    {
-      absl::MutexLock lock(&c->mu);
-    }
+    { absl::MutexLock lock(&c->mu); }
     c->cv.SignalAll();
     if (c->thread.joinable()) c->thread.join();
   }

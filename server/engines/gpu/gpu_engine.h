@@ -77,15 +77,14 @@ class GpuEngine : public CopyEngine {
     // 0: max(4, devices - 1), so that a device can pull from every peer at
     // once. A value to tune on the machine (--streams).
     int streams_per_device = 0;
-    uint64_t chunk_bytes = 0;    // 0: the runtime's default. Capped at its max_transfer_bytes().
-    int max_batch = 16;          // Chunks per runtime Copy call.
+    uint64_t chunk_bytes = 0;       // 0: the runtime's default. Capped at its max_transfer_bytes().
+    int max_batch = 16;             // Chunks per runtime Copy call.
     uint64_t stop_drain_ms = 5000;  // Stop waits this long for queued work, then fails it.
     // One issuing thread per device (engines with several devices). Off:
     // the ingress thread issues every device's share in turn.
     bool parallel_issue = true;
   };
-  static absl::StatusOr<std::unique_ptr<GpuEngine>> Create(std::unique_ptr<GpuRuntime> runtime,
-                                                           const Options& options);
+  static absl::StatusOr<std::unique_ptr<GpuEngine>> Create(std::unique_ptr<GpuRuntime> runtime, const Options& options);
   ~GpuEngine() override;
 
   const char* name() const override { return runtime_->name(); }
@@ -137,16 +136,16 @@ class GpuEngine : public CopyEngine {
   struct Device {
     int ordinal = 0;
     std::vector<GpuStream> streams;
-    GpuEvent gate = nullptr;            // Recorded on streams[0] after the ready waits.
-    std::vector<GpuEvent> joins;        // Per stream: its copies, joined into streams[0].
+    GpuEvent gate = nullptr;      // Recorded on streams[0] after the ready waits.
+    std::vector<GpuEvent> joins;  // Per stream: its copies, joined into streams[0].
     // Issuing scratch, used only by whoever issues this device's shares
     // (its issuer thread, or the one thread that issues every device).
-    std::vector<CopyCmd> copies;        // This device's copies of the op.
+    std::vector<CopyCmd> copies;  // This device's copies of the op.
     std::vector<CopyCmd> chunks;
     std::vector<WaveBatch> batches;
     std::vector<uint64_t> flags;
     std::vector<char> stream_used;
-    std::unique_ptr<Issuer> issuer;     // Null without parallel issue.
+    std::unique_ptr<Issuer> issuer;  // Null without parallel issue.
   };
   // One device's share of an op: done when `end` has completed.
   struct Share {

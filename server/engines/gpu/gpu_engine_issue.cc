@@ -103,8 +103,8 @@ absl::Status GpuEngine::EnqueueDevice(Device& dev, const EngineOp& op, GpuEvent*
     if (peer != dev.ordinal && peer >= 0) peer_mask |= uint64_t{1} << std::min(peer, 63);
   }
   const int links = __builtin_popcountll(peer_mask);
-  wo.streams = static_cast<int>(std::min<uint64_t>(
-      streams_per_device_, std::max<uint64_t>({1, dev_bytes / wo.chunk_bytes, uint64_t(links)})));
+  wo.streams = static_cast<int>(
+      std::min<uint64_t>(streams_per_device_, std::max<uint64_t>({1, dev_bytes / wo.chunk_bytes, uint64_t(links)})));
   wo.stream_per_link = links > 1;
   wo.device = dev.ordinal;
   wo.max_batch = options_.max_batch;
@@ -198,8 +198,7 @@ void GpuEngine::GateLoop() {
       ++gate_head_;
       gate_cv_.SignalAll();
       issue_mu_.Unlock();
-      op->OnEngineDone(absl::UnavailableError(
-          "dmagatherd stopped while the op waited for its ranks' ready flags"));
+      op->OnEngineDone(absl::UnavailableError("dmagatherd stopped while the op waited for its ranks' ready flags"));
       issue_mu_.Lock();
       continue;
     }
@@ -228,18 +227,19 @@ void GpuEngine::Issue(EngineOp* op) {
     const int dd = c.dst_rank < n && op->ranks[c.dst_rank] != nullptr ? AsGpu(op->ranks[c.dst_rank])->device() : -1;
     const int sd = c.src_rank < n && op->ranks[c.src_rank] != nullptr ? AsGpu(op->ranks[c.src_rank])->device() : -1;
     if (dd < 0 || dd >= num_devices_) {
-      st = absl::InternalError(absl::StrCat("rank ", c.dst_rank, " has no ", runtime_->label(),
-                                            " device known to the engine"));
+      st = absl::InternalError(
+          absl::StrCat("rank ", c.dst_rank, " has no ", runtime_->label(), " device known to the engine"));
       break;
     }
     c.src_device = sd;
     c.dst_device = dd;
     const int on = IssuingDevice(sd, dd);
     if (on < 0) {
-      st = common::FallbackError(absl::StrCat(
-          "rank ", c.src_rank, " (device ", sd, ") and rank ", c.dst_rank, " (device ", dd,
-          ") are on GPUs that reach each other neither way (", peers_.why(dd, sd), "), so no copy engine can move "
-          "bytes between them"));
+      st = common::FallbackError(absl::StrCat("rank ", c.src_rank, " (device ", sd, ") and rank ", c.dst_rank,
+                                              " (device ", dd, ") are on GPUs that reach each other neither way (",
+                                              peers_.why(dd, sd),
+                                              "), so no copy engine can move "
+                                              "bytes between them"));
       break;
     }
     involved_[on] = 1;

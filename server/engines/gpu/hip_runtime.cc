@@ -149,9 +149,10 @@ class HipRuntime : public GpuRuntime {
     }
     // clr copies up to GPU_FORCE_BLIT_COPY_SIZE KiB with blit kernels, whatever the memory.
     if (const char* blit = std::getenv("GPU_FORCE_BLIT_COPY_SIZE"); blit != nullptr && std::atoll(blit) > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "GPU_FORCE_BLIT_COPY_SIZE=", blit, ": ROCm would do copies up to that many KiB with blit kernels, and "
-          "dmagatherd launches no kernel; unset it for dmagatherd"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("GPU_FORCE_BLIT_COPY_SIZE=", blit,
+                       ": ROCm would do copies up to that many KiB with blit kernels, and "
+                       "dmagatherd launches no kernel; unset it for dmagatherd"));
     }
     EngineChoice engines = ChooseEngines(api, n);
     if (engines.streams != nullptr) {
@@ -245,8 +246,7 @@ class HipRuntime : public GpuRuntime {
 
   // The engine gates on the CPU (it reads the ready word in the daemon's
   // own mapping), so the device never reads the flags: nothing to register.
-  absl::StatusOr<uint64_t> RegisterFlags(int device, void* pages, uint64_t bytes,
-                                         const uint32_t* ready_word) override {
+  absl::StatusOr<uint64_t> RegisterFlags(int device, void* pages, uint64_t bytes, const uint32_t* ready_word) override {
     (void)device;
     (void)pages;
     (void)bytes;

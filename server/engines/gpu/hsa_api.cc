@@ -100,8 +100,8 @@ absl::StatusOr<uint32_t> ParseEngineMask(const std::string& text) {
 }
 
 absl::StatusOr<std::unique_ptr<HsaStreams>> OwnSdmaEngines(const HsaApi* api,
-                                                            const std::vector<std::string>& pci_bus_ids,
-                                                            uint32_t skip_mask) {
+                                                           const std::vector<std::string>& pci_bus_ids,
+                                                           uint32_t skip_mask) {
   if (api->copy.copy_on_engine == nullptr || api->copy_engine_status == nullptr) {
     return absl::FailedPreconditionError("the HSA runtime cannot copy on a chosen engine (ROCm < 5.7)");
   }

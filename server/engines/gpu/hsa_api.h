@@ -69,7 +69,7 @@ absl::StatusOr<uint32_t> ParseEngineMask(const std::string& text);
 // leaves the copies to ROCr. `api.copy.copy_on_engine` and
 // `api.copy_engine_status` must be set.
 absl::StatusOr<std::unique_ptr<HsaStreams>> OwnSdmaEngines(const HsaApi* api,
-                                                            const std::vector<std::string>& pci_bus_ids,
-                                                            uint32_t skip_mask);
+                                                           const std::vector<std::string>& pci_bus_ids,
+                                                           uint32_t skip_mask);
 
 }  // namespace dmagather::server::engines::gpu

@@ -27,22 +27,21 @@ absl::StatusOr<hsa_signal_t> HsaCopyQueue::TakeSignal() {
   return s;
 }
 
-absl::Status HsaCopyQueue::Copy(void* dst, hsa_agent_t dst_agent, const void* src, hsa_agent_t src_agent,
-                                size_t bytes, uint32_t engine_bit, bool force_sdma) {
+absl::Status HsaCopyQueue::Copy(void* dst, hsa_agent_t dst_agent, const void* src, hsa_agent_t src_agent, size_t bytes,
+                                uint32_t engine_bit, bool force_sdma) {
   auto signal = TakeSignal();
   if (!signal.ok()) return signal.status();
   const uint32_t deps = has_last_ ? 1 : 0;
   const bool on_engine = engine_bit != 0 && api_->copy_on_engine != nullptr;
-  const hsa_status_t st =
-      on_engine ? api_->copy_on_engine(dst, dst_agent, src, src_agent, bytes, deps, &last_, *signal, engine_bit, force_sdma)
-                : api_->async_copy(dst, dst_agent, src, src_agent, bytes, deps, &last_, *signal);
+  const hsa_status_t st = on_engine ? api_->copy_on_engine(dst, dst_agent, src, src_agent, bytes, deps, &last_, *signal,
+                                                           engine_bit, force_sdma)
+                                    : api_->async_copy(dst, dst_agent, src, src_agent, bytes, deps, &last_, *signal);
   if (st != HSA_STATUS_SUCCESS) {
     absl::MutexLock l(&mu_);
     free_.push_back(*signal);
-    return absl::InternalError(absl::StrCat(on_engine ? "hsa_amd_memory_async_copy_on_engine(engine bit 0x"
-                                                      : "hsa_amd_memory_async_copy(",
-                                            on_engine ? absl::StrCat(absl::Hex(engine_bit), ")") : ")", ": ",
-                                            int(st)));
+    return absl::InternalError(
+        absl::StrCat(on_engine ? "hsa_amd_memory_async_copy_on_engine(engine bit 0x" : "hsa_amd_memory_async_copy(",
+                     on_engine ? absl::StrCat(absl::Hex(engine_bit), ")") : ")", ": ", int(st)));
   }
   if (on_engine) {
     bytes_[__builtin_ctz(engine_bit) % kEngines].fetch_add(bytes, std::memory_order_relaxed);

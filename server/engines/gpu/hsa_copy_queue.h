@@ -45,9 +45,8 @@ struct HsaCopyApi {
   hsa_signal_value_t (*signal_load_scacquire)(hsa_signal_t) = nullptr;
   hsa_status_t (*async_copy)(void*, hsa_agent_t, const void*, hsa_agent_t, size_t, uint32_t, const hsa_signal_t*,
                              hsa_signal_t) = nullptr;
-  hsa_status_t (*copy_on_engine)(void*, hsa_agent_t, const void*, hsa_agent_t, size_t, uint32_t,
-                                 const hsa_signal_t*, hsa_signal_t, uint32_t engine, bool force_copy_on_sdma) =
-      nullptr;
+  hsa_status_t (*copy_on_engine)(void*, hsa_agent_t, const void*, hsa_agent_t, size_t, uint32_t, const hsa_signal_t*,
+                                 hsa_signal_t, uint32_t engine, bool force_copy_on_sdma) = nullptr;
 };
 
 class HsaCopyQueue {
@@ -86,13 +85,13 @@ class HsaCopyQueue {
   absl::StatusOr<hsa_signal_t> TakeSignal() ABSL_LOCKS_EXCLUDED(mu_);
 
   const HsaCopyApi* const api_;
-  absl::Mutex mu_;  // Issuing vs completion thread.
+  absl::Mutex mu_;                                    // Issuing vs completion thread.
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);  // Issue order.
   std::vector<hsa_signal_t> free_ ABSL_GUARDED_BY(mu_);
-  uint64_t issued_ = 0;           // Written by the issuing thread under mu_.
-  size_t created_ = 0;            // Issuing thread.
-  bool has_last_ = false;         // Issuing thread (written under mu_).
-  hsa_signal_t last_{};           // The newest copy's signal: the next copy's dependency.
+  uint64_t issued_ = 0;    // Written by the issuing thread under mu_.
+  size_t created_ = 0;     // Issuing thread.
+  bool has_last_ = false;  // Issuing thread (written under mu_).
+  hsa_signal_t last_{};    // The newest copy's signal: the next copy's dependency.
   std::array<std::atomic<uint64_t>, kEngines> bytes_{};
   std::atomic<uint64_t> bytes_rocr_{0};
 };

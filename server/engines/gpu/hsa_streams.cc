@@ -70,7 +70,8 @@ absl::Status HsaStreams::Copy(Stream* s, const CopyCmd* chunks, size_t n) {
     absl::Status st = s->queue.Copy(c.dst, agents_[dst], c.src, agents_[src], c.bytes, engine, local && engine != 0);
     if (!st.ok()) return st;
     // The queue takes ROCr's choice when the runtime has no copy_on_engine.
-    const int index = engine != 0 && api_->copy_on_engine != nullptr ? __builtin_ctz(engine) % HsaCopyQueue::kEngines : -1;
+    const int index =
+        engine != 0 && api_->copy_on_engine != nullptr ? __builtin_ctz(engine) % HsaCopyQueue::kEngines : -1;
     bytes_[src * (HsaCopyQueue::kEngines + 1) + index + 1].fetch_add(c.bytes, std::memory_order_relaxed);
   }
   return absl::OkStatus();

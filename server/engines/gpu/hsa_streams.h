@@ -38,8 +38,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "server/engines/copy_engine.h"
 #include "server/engines/gpu/hsa_copy_queue.h"
 #include "server/engines/gpu/sdma_engines.h"

@@ -17,7 +17,7 @@ std::string FormatDeviceUuid(const std::string& uuid) {
 }
 
 absl::StatusOr<std::shared_ptr<ImportedRegion>> GpuRuntime::ImportOther(const RegionSpec& spec, int device,
-                                                                         int rank_ordinal) {
+                                                                        int rank_ordinal) {
   (void)device, (void)rank_ordinal;
   return common::FallbackError(absl::StrCat("this dmagatherd runs the ", name(), " backend, which imports ", label(),
                                             " IPC handles of device memory ('", ipc_memory_kind(),

@@ -17,8 +17,8 @@ int BitIndex(uint32_t bit) { return __builtin_ctz(bit); }
 absl::StatusOr<PciAddress> ParsePciBusId(const std::string& text) {
   unsigned domain = 0, bus = 0, dev = 0, fn = 0;
   char tail = 0;
-  if (std::sscanf(text.c_str(), "%x:%x:%x.%x%c", &domain, &bus, &dev, &fn, &tail) != 4 || bus > 0xff ||
-      dev > 0x1f || fn > 0x7) {
+  if (std::sscanf(text.c_str(), "%x:%x:%x.%x%c", &domain, &bus, &dev, &fn, &tail) != 4 || bus > 0xff || dev > 0x1f ||
+      fn > 0x7) {
     return absl::InvalidArgumentError(absl::StrCat("not a PCI bus id (dddd:bb:dd.f): \"", text, "\""));
   }
   return PciAddress{domain, (bus << 8) | (dev << 3) | fn};

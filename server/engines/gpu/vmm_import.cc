@@ -65,14 +65,15 @@ absl::StatusOr<VmmTable> ParseVmmTable(const std::string& handle, uint64_t bytes
   }
   std::memcpy(&h, handle.data(), sizeof(h));
   if (h.stamp != abi::kVmmTableStampV1) {
-    return absl::InvalidArgumentError("cuda_vmm: the chunk table is not a VmmTableHeaderV1 (client and daemon versions differ)");
+    return absl::InvalidArgumentError(
+        "cuda_vmm: the chunk table is not a VmmTableHeaderV1 (client and daemon versions differ)");
   }
   if (h.chunks == 0 || h.chunks > abi::kMaxVmmChunksV1) {
     return absl::InvalidArgumentError(absl::StrCat("cuda_vmm: ", h.chunks, " chunks (1..", abi::kMaxVmmChunksV1, ")"));
   }
   if (handle.size() != sizeof(h) + uint64_t(h.chunks) * sizeof(abi::VmmChunkV1)) {
-    return absl::InvalidArgumentError(absl::StrCat("cuda_vmm: the chunk table has ", handle.size(), " bytes for ",
-                                                   h.chunks, " chunks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda_vmm: the chunk table has ", handle.size(), " bytes for ", h.chunks, " chunks"));
   }
   if (h.chunks != num_fds) {
     return absl::InvalidArgumentError(absl::StrCat("cuda_vmm: the chunk table names ", h.chunks, " chunks but ",
@@ -114,7 +115,7 @@ size_t VmmImporter::live_imports() {
 }
 
 absl::StatusOr<std::shared_ptr<ImportedRegion>> VmmImporter::Import(const RegionSpec& spec, int device,
-                                                                     int rank_ordinal) {
+                                                                    int rank_ordinal) {
   DMAG_ASSIGN_OR_RETURN(VmmTable table, ParseVmmTable(spec.handle, spec.bytes, spec.fds.size()));
   if (table.device != rank_ordinal) {
     return absl::InvalidArgumentError(absl::StrCat("cuda_vmm: the memory is on the rank's device ", table.device,
@@ -147,8 +148,8 @@ absl::StatusOr<std::shared_ptr<ImportedRegion>> VmmImporter::MapRegion(const Vmm
   for (const abi::VmmChunkV1& c : table.chunks) {
     if (c.offset % granularity != 0 || c.bytes % granularity != 0) {
       return absl::InvalidArgumentError(absl::StrCat("cuda_vmm: chunk of ", c.bytes, " bytes at offset ", c.offset,
-                                                     " is not a multiple of the allocation granularity (",
-                                                     granularity, ")"));
+                                                     " is not a multiple of the allocation granularity (", granularity,
+                                                     ")"));
     }
   }
   CUdeviceptr va = 0;
@@ -167,13 +168,14 @@ absl::StatusOr<std::shared_ptr<ImportedRegion>> VmmImporter::MapRegion(const Vmm
     r = api_->cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(fds[i])),
                                              CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     if (r != CUDA_SUCCESS) {
-      return undo(common::Annotate(CuStatus("cuMemImportFromShareableHandle", r),
-                                   absl::StrCat("cuda_vmm chunk ", i, ": ")));
+      return undo(
+          common::Annotate(CuStatus("cuMemImportFromShareableHandle", r), absl::StrCat("cuda_vmm chunk ", i, ": ")));
     }
     r = api_->cuMemMap(va + c.offset, c.bytes, 0, h, 0);
     // The mapping holds the allocation from here on; the handle is not needed.
     api_->cuMemRelease(h);
-    if (r != CUDA_SUCCESS) return undo(common::Annotate(CuStatus("cuMemMap", r), absl::StrCat("cuda_vmm chunk ", i, ": ")));
+    if (r != CUDA_SUCCESS)
+      return undo(common::Annotate(CuStatus("cuMemMap", r), absl::StrCat("cuda_vmm chunk ", i, ": ")));
     ++mapped;
   }
   // Its own device, then one grant per device that reaches it (each alone,
@@ -192,12 +194,13 @@ absl::StatusOr<std::shared_ptr<ImportedRegion>> VmmImporter::MapRegion(const Vmm
     if (d == device || !peers_.ok(d, device)) continue;
     r = grant(d);
     if (r != CUDA_SUCCESS) {
-      return undo(common::FallbackError(absl::StrCat(
-          "cuda_vmm: ", CuStatus("cuMemSetAccess", r).message(), " granting device ", d, " access to memory of device ",
-          device, ", which it reaches as a peer; a copy issued there would fault")));
+      return undo(common::FallbackError(absl::StrCat("cuda_vmm: ", CuStatus("cuMemSetAccess", r).message(),
+                                                     " granting device ", d, " access to memory of device ", device,
+                                                     ", which it reaches as a peer; a copy issued there would fault")));
     }
   }
-  return std::shared_ptr<ImportedRegion>(std::make_shared<VmmRegion>(api_, va, bytes, bytes, table.chunks, on_release_));
+  return std::shared_ptr<ImportedRegion>(
+      std::make_shared<VmmRegion>(api_, va, bytes, bytes, table.chunks, on_release_));
 }
 
 }  // namespace dmagather::server::engines::gpu

@@ -14,8 +14,8 @@ int StepOf(const CopyCmd& c, int world) {
 
 // 2'. Deal by link: lane = the link's index in order of first appearance,
 //     stream = lane % streams; then batches in rounds.
-void DealByLink(const std::vector<CopyCmd>& ordered, const WavePlanOptions& options, int streams,
-                uint32_t max_batch, std::vector<CopyCmd>* chunks, std::vector<WaveBatch>* batches) {
+void DealByLink(const std::vector<CopyCmd>& ordered, const WavePlanOptions& options, int streams, uint32_t max_batch,
+                std::vector<CopyCmd>* chunks, std::vector<WaveBatch>* batches) {
   thread_local std::vector<int> lanes;  // Peer device of each lane.
   thread_local std::vector<std::vector<CopyCmd>> per_stream;
   lanes.clear();

@@ -40,8 +40,8 @@ HostEngine::~HostEngine() { Stop(); }
 
 absl::StatusOr<std::shared_ptr<ImportedRegion>> HostEngine::Import(const RegionSpec& spec) {
   if (spec.kind != kMemoryHostMemfd) {
-    return common::FallbackError(absl::StrCat("the host backend imports only sealed memfd buffers, not '",
-                                              spec.kind, "' memory"));
+    return common::FallbackError(
+        absl::StrCat("the host backend imports only sealed memfd buffers, not '", spec.kind, "' memory"));
   }
   if (spec.fd < 0) return absl::InvalidArgumentError("host memory without a descriptor");
   // Maps only the registered bytes of what the client handed over (sealed

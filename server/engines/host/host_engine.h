@@ -7,7 +7,6 @@
 #pragma once
 
 #include <cstring>
-
 #include <deque>
 #include <thread>
 #include <vector>
@@ -56,7 +55,7 @@ class HostEngine : public CopyEngine {
 
   const Options options_;
   absl::Mutex mu_;
-  absl::CondVar cv_;  // An op was queued / stopping.
+  absl::CondVar cv_;                                  // An op was queued / stopping.
   std::deque<EngineOp*> queue_ ABSL_GUARDED_BY(mu_);  // Ops with unclaimed chunks.
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;  // Started by Create, joined by Stop (one thread).

@@ -122,7 +122,9 @@ TEST_P(KillSweepTest, EveryNodeLearnsAtOnceAndBlamesTheDeadOne) {
 
 INSTANTIATE_TEST_SUITE_P(Rings, KillSweepTest,
                          ::testing::Values(KillCase{2, 1}, KillCase{3, 2}, KillCase{4, 2}, KillCase{5, 1}),
-                         [](const auto& info) { return absl::StrCat(info.param.nodes, "nodes_", info.param.links, "links"); });
+                         [](const auto& info) {
+                           return absl::StrCat(info.param.nodes, "nodes_", info.param.links, "links");
+                         });
 
 TEST(RingStateTest, KilledRightAfterTheRingCameUp) {
   // Bootstrap's last step: the ring is up, no op has started anywhere.

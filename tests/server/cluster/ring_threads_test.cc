@@ -193,8 +193,8 @@ TEST(RingThreadsTest, AKilledDaemonIsNamedOnEverySurvivingRank) {
     const abi::ErrorRecordV1* e = c.Error(i, 2);
     ASSERT_NE(e, nullptr) << "node " << i;
     EXPECT_EQ(e->status, 4) << "node " << i << ": " << e->message;  // PEER_FAILED
-    EXPECT_TRUE(absl::StartsWith(e->message, "node 2 (host2 10.0.0.3:7411) failed")) << "node " << i << ": "
-                                                                                       << e->message;
+    EXPECT_TRUE(absl::StartsWith(e->message, "node 2 (host2 10.0.0.3:7411) failed"))
+        << "node " << i << ": " << e->message;
   }
 }
 

@@ -32,8 +32,8 @@
 
 namespace dmagather::server::cluster::testing {
 
-struct SimConn {  // Link k from node a to node a+1.
-  std::deque<RingFrameV1> fwd, bwd;  // Written, not yet read.
+struct SimConn {                          // Link k from node a to node a+1.
+  std::deque<RingFrameV1> fwd, bwd;       // Written, not yet read.
   bool fwd_fin = false, bwd_fin = false;  // The writer closed that direction: EOF after the frames in it.
   bool a_gone = false, b_gone = false;    // That end closed: writes to it fail (RST).
   bool reset = false;
@@ -61,8 +61,8 @@ struct SimNode {
 
 class SimRing {
  public:
-  SimRing(int nodes, int links, common::FakeClock& clock,
-          absl::Duration peer_timeout = absl::Seconds(5), absl::Duration heartbeat = absl::Seconds(1))
+  SimRing(int nodes, int links, common::FakeClock& clock, absl::Duration peer_timeout = absl::Seconds(5),
+          absl::Duration heartbeat = absl::Seconds(1))
       : n_(nodes), links_(links), clock_(clock), nodes_(nodes), conns_(nodes * links) {
     for (int i = 0; i < nodes; ++i) {
       RingStateOptions o;
@@ -164,7 +164,7 @@ class SimRing {
       out.fwd_fin = true;
       out.a_gone = true;
       if (!out.bwd.empty()) out.reset = true;  // Unread data at close: RST.
-      SimConn& in = conn(prev(node), k);  // prev -> node: it read fwd, wrote bwd.
+      SimConn& in = conn(prev(node), k);       // prev -> node: it read fwd, wrote bwd.
       in.bwd_fin = true;
       in.b_gone = true;
       if (!in.fwd.empty()) in.reset = true;

@@ -1,11 +1,12 @@
 // CreateEngine over the backend registry, in any build (with or without the
 // CUDA toolkit): --backend=NAME for a backend this binary lacks says so and
 // lists what it has; auto tries backends by priority and gives the reasons.
+#include "server/engines/engine_registry.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "server/engines/engine_registry.h"
 #include "server/engines/factory.h"
 
 namespace dmagather::server::engines {
@@ -48,9 +49,10 @@ TEST(EngineRegistry, CudaWithoutTheToolkit) {
   o.backend = "cuda";
   auto e = CreateEngine(o);
   ASSERT_FALSE(e.ok());
-  EXPECT_EQ(std::string(e.status().message()).find(
-                "the cuda backend is not part of this build (built without the CUDA toolkit); this dmagatherd has: "),
-            0u)
+  EXPECT_EQ(
+      std::string(e.status().message())
+          .find("the cuda backend is not part of this build (built without the CUDA toolkit); this dmagatherd has: "),
+      0u)
       << e.status();
 }
 

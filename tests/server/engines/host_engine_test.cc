@@ -2,9 +2,6 @@
 // must land exactly once, whatever the sizes and chunking.
 #include "server/engines/host/host_engine.h"
 
-#include "common/memfd.h"
-#include "server/engines/host/stream_copy.h"
-
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -13,6 +10,8 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "common/memfd.h"
+#include "server/engines/host/stream_copy.h"
 
 namespace dmagather::server::engines::host {
 namespace {

@@ -134,13 +134,16 @@ class PipelineTest : public ::testing::Test {
     Ingress::Options o;
     o.op_timeout = op_timeout;
     ingress_ = std::make_unique<Ingress>(o, &engine_, &bell_,
-                                         Ingress::Hooks{[] { return uint64_t{1}; }, [this] {
+                                         Ingress::Hooks{[] { return uint64_t{1}; },
+                                                        [this] {
                                                           JobFeed feed{job_, {}};
                                                           for (auto& r : ranks_) feed.inputs.push_back(r->input);
                                                           return std::vector<JobFeed>{feed};
                                                         }});
   }
-  int Poll(bool sweep = false, uint64_t now = 0) { return ingress_->PollOnce(now ? now : common::MonotonicNs(), sweep); }
+  int Poll(bool sweep = false, uint64_t now = 0) {
+    return ingress_->PollOnce(now ? now : common::MonotonicNs(), sweep);
+  }
   std::string Message(FakeRank& r, uint32_t i) { return r.error(i).message; }
 
   FakeCopyEngine engine_;
@@ -181,7 +184,7 @@ TEST_F(PipelineTest, DoneFlagsArePublishedInOrder) {
   }
   Poll();
   ASSERT_EQ(engine_.pending.size(), 2u);
-  engine_.Complete(1);  // Op 2 finishes first...
+  engine_.Complete(1);               // Op 2 finishes first...
   EXPECT_EQ(ranks_[0]->done(), 0u);  // ...but is not published before op 1.
   EXPECT_EQ(ranks_[1]->done(), 0u);
   engine_.Complete(0);
@@ -215,8 +218,7 @@ TEST_F(PipelineTest, InvalidPartFailsTheOpOnEveryRank) {
     ASSERT_EQ(r->errors(), 1u);
     EXPECT_EQ(r->error(0).status, 2);  // INVALID_ARGUMENT
     EXPECT_EQ(r->error(0).failed_rank, 1);
-    EXPECT_NE(Message(*r, 0).find("region 100, which rank 1 has not registered"), std::string::npos)
-        << Message(*r, 0);
+    EXPECT_NE(Message(*r, 0).find("region 100, which rank 1 has not registered"), std::string::npos) << Message(*r, 0);
   }
 }
 
@@ -302,8 +304,8 @@ TEST_F(PipelineTest, CoalescedItemsAreOneOpAndLandBitExact) {
     for (int i = 0; i < 300; ++i) ranks_[r]->region->base()[1000 + r * 300 + i] = char(r * 3 + i);
   }
   ranks_[0]->SubmitCoalesced({7, 300}, {0, 1000});
-  EXPECT_EQ(Poll(), 2);                   // Both of rank 0's items read...
-  EXPECT_TRUE(engine_.pending.empty());   // ...but one op: it waits for rank 1.
+  EXPECT_EQ(Poll(), 2);                  // Both of rank 0's items read...
+  EXPECT_TRUE(engine_.pending.empty());  // ...but one op: it waits for rank 1.
   ranks_[1]->SubmitCoalesced({7, 300}, {0, 1000});
   EXPECT_EQ(Poll(), 2);
   ASSERT_EQ(engine_.pending.size(), 1u);

@@ -4,6 +4,8 @@
 // graph ready flag is 1, resets them, and publishes the done words (low
 // word) after the engine's copies; failure releases every slot for good
 // (high word). Data is checked bit-exact after every replay.
+#include "server/scheduler/persistent_op.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -18,7 +20,6 @@
 #include "common/clock.h"
 #include "server/scheduler/job.h"
 #include "server/scheduler/op.h"
-#include "server/scheduler/persistent_op.h"
 #include "server/scheduler/rank.h"
 #include "tests/fakes/fake_copy_engine.h"
 
@@ -47,8 +48,8 @@ struct Fixture {
   Fixture() {
     for (int r = 0; r < kWorld; ++r) {
       pages.emplace_back(new char[8192]());
-      ranks.push_back(std::make_shared<Rank>(r, 100 + r, 0, completion(r),
-                                             std::make_unique<server::engines::EngineRank>()));
+      ranks.push_back(
+          std::make_shared<Rank>(r, 100 + r, 0, completion(r), std::make_unique<server::engines::EngineRank>()));
       EXPECT_TRUE(job.AddRank(ranks.back()).ok());
       send.emplace_back(kShard);
       recv.emplace_back(kShard * kWorld);
@@ -110,7 +111,7 @@ TEST(PersistentOpTest, DefineThenReplayBitExact) {
     for (int r = 0; r < kWorld; ++r) EXPECT_EQ(f.flags(r)->ready[slots[r]], 0u);
     EXPECT_TRUE(f.engine.pending[0]->ready_observed);
     EXPECT_EQ(f.job.PollPersistent(&f.engine), 0);  // Running: not started twice.
-    EXPECT_EQ(f.job.ops_in_flight(), 1);             // Holds the ranks' segments.
+    EXPECT_EQ(f.job.ops_in_flight(), 1);            // Holds the ranks' segments.
     for (int r = 0; r < kWorld; ++r) EXPECT_EQ(f.done_lo(r, slots[r]), 0u);
     f.engine.Complete(0);
     EXPECT_EQ(f.job.ops_in_flight(), 0);
@@ -175,7 +176,7 @@ TEST(PersistentOpTest, RedefiningASlotRetiresTheOldOp) {
   Fixture f;
   f.job.Dispatch(f.Submit(1, {4, 4, 4}), &f.engine);
   f.job.Dispatch(f.Submit(2, {4, 5, 6}), &f.engine);  // Rank 0 reuses slot 4 (its graph was destroyed).
-  f.job.PollPersistent(&f.engine);                      // Drops the retired op.
+  f.job.PollPersistent(&f.engine);                    // Drops the retired op.
   EXPECT_EQ(f.job.persistent_ops(), 1u);
   for (int r = 0; r < kWorld; ++r) f.flags(r)->ready[4 + r] = 1;
   EXPECT_EQ(f.job.PollPersistent(&f.engine), 1);
@@ -194,7 +195,7 @@ TEST(PersistentOpTest, ARanksDestroyedGraphRetiresTheOp) {
   Fixture f;
   f.job.Dispatch(f.Submit(1, {2, 3, 4}), &f.engine);
   ASSERT_TRUE(f.job.has_persistent());
-  f.flags(0)->ready[2] = 1;  // Rank 0 replayed ...
+  f.flags(0)->ready[2] = 1;                          // Rank 0 replayed ...
   f.flags(1)->ready[3] = abi::kGraphSlotReleasedV1;  // ... rank 1's graph is gone.
   EXPECT_EQ(f.job.PollPersistent(&f.engine), 0);
   EXPECT_TRUE(f.engine.pending.empty());

@@ -74,7 +74,8 @@ TEST(DeferredFreesTest, WithoutAnIngressThreadEverythingIsDueAtOnceOldestFirst) 
 TEST(HeapTrimmerTest, TrimsAfterFreesAtMostOncePerPeriod) {
   common::FakeClock clock;
   int trims = 0;
-  HeapTrimmer trimmer(&clock, [&] { ++trims; }, absl::Seconds(1));
+  HeapTrimmer trimmer(
+      &clock, [&] { ++trims; }, absl::Seconds(1));
   EXPECT_FALSE(trimmer.AfterPass(0)) << "nothing freed";
   EXPECT_TRUE(trimmer.AfterPass(2)) << "the first frees trim at once";
   EXPECT_EQ(trims, 1);

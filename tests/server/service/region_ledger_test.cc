@@ -31,7 +31,7 @@ TEST(RegionLedgerTest, AChargeLastsAsLongAsTheLastHolder) {
   std::shared_ptr<engines::ImportedRegion> table = RegionLedger::Attach(std::move(raw), *std::move(charge));
   EXPECT_EQ(table.get(), p) << "the same region: engines may downcast it";
   std::shared_ptr<engines::ImportedRegion> captured = table;  // A persistent op's hold.
-  table.reset();                                               // Deregister.
+  table.reset();                                              // Deregister.
   EXPECT_EQ(alive, 1);
   EXPECT_EQ(ledger->held(1000).regions, 1) << "still held by the captured op";
   EXPECT_EQ(ledger->held(1000).bytes, uint64_t{1} << 20);

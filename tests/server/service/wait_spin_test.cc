@@ -19,7 +19,7 @@ TEST(WaitSpinTest, CgroupQuotaInCpus) {
   EXPECT_EQ(CpusFromCpuMax("200000 100000"), 2);
   EXPECT_EQ(CpusFromCpuMax("150000 100000"), 2);  // Rounded up.
   EXPECT_EQ(CpusFromCpuMax("50000 100000"), 1);
-  EXPECT_EQ(CpusFromCpuMax("max 100000"), 0);     // No limit.
+  EXPECT_EQ(CpusFromCpuMax("max 100000"), 0);  // No limit.
   EXPECT_EQ(CpusFromCpuMax(""), 0);
   EXPECT_EQ(CpusFromCpuMax("junk"), 0);
   EXPECT_EQ(CpusFromCpuMax("100000 0"), 0);

@@ -245,17 +245,16 @@ TEST_P(ConnectionTest, PeerCloseFailsSend) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Transports, ConnectionTest,
-    ::testing::Values(Backend{"tcp"},
-                      // The default ring: 16 slots of 256 B + 1 MiB.
-                      Backend{"ibverbs", true, false, 16, 256 + (size_t{1} << 20)},
-                      Backend{"ibverbs_small_ring", true, false, 4, 4096},
-                      // RoCE addressing; odd slot size.
-                      Backend{"ibverbs_roce", true, true, 3, 1000},
-                      // One slot smaller than a header: every frame is split.
-                      Backend{"ibverbs_one_slot", true, false, 1, 200}),
-    BackendName);
+INSTANTIATE_TEST_SUITE_P(Transports, ConnectionTest,
+                         ::testing::Values(Backend{"tcp"},
+                                           // The default ring: 16 slots of 256 B + 1 MiB.
+                                           Backend{"ibverbs", true, false, 16, 256 + (size_t{1} << 20)},
+                                           Backend{"ibverbs_small_ring", true, false, 4, 4096},
+                                           // RoCE addressing; odd slot size.
+                                           Backend{"ibverbs_roce", true, true, 3, 1000},
+                                           // One slot smaller than a header: every frame is split.
+                                           Backend{"ibverbs_one_slot", true, false, 1, 200}),
+                         BackendName);
 
 }  // namespace
 }  // namespace dmagather::server::transport::testing

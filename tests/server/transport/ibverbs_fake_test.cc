@@ -351,8 +351,8 @@ TEST_F(IbverbsFakeTest, PeerOnTcpIsReportedClearly) {
 class EnvTest : public ::testing::Test {
  protected:
   void TearDown() override {
-    for (const char* v : {"DMAGATHER_IB_DEVICE", "DMAGATHER_IB_GID_INDEX", "DMAGATHER_IB_SLOTS",
-                          "DMAGATHER_IB_SLOT_BYTES"}) {
+    for (const char* v :
+         {"DMAGATHER_IB_DEVICE", "DMAGATHER_IB_GID_INDEX", "DMAGATHER_IB_SLOTS", "DMAGATHER_IB_SLOT_BYTES"}) {
       unsetenv(v);
     }
   }

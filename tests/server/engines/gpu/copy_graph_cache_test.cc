@@ -39,7 +39,9 @@ struct FakeGraphs {
       launches.emplace_back(static_cast<int>(reinterpret_cast<intptr_t>(g)), s);
       return absl::OkStatus();
     };
-    ops.destroy = [this](CopyGraphCache::Graph g) { destroyed.push_back(static_cast<int>(reinterpret_cast<intptr_t>(g))); };
+    ops.destroy = [this](CopyGraphCache::Graph g) {
+      destroyed.push_back(static_cast<int>(reinterpret_cast<intptr_t>(g)));
+    };
     return ops;
   }
 };

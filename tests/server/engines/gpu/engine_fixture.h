@@ -17,8 +17,8 @@
 #include <utility>
 #include <vector>
 
-#include "tests/fakes/fake_gpu_runtime.h"
 #include "server/engines/gpu/gpu_engine.h"
+#include "tests/fakes/fake_gpu_runtime.h"
 
 namespace dmagather::server::engines::gpu::enginetest {
 
@@ -112,8 +112,8 @@ struct Job {
     for (int d = 0; d < w; ++d) {
       for (int s = 0; s < w; ++s) {
         if (s == d) continue;
-        op->plan.copies.push_back(CopyCmd{ranks[d]->recv_region->base() + s * shard,
-                                          ranks[s]->send_region->base(), shard, s, d});
+        op->plan.copies.push_back(
+            CopyCmd{ranks[d]->recv_region->base() + s * shard, ranks[s]->send_region->base(), shard, s, d});
         op->plan.bytes += shard;
       }
     }

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "common/status.h"
-#include "tests/fakes/fake_gpu_runtime.h"
 #include "server/engines/gpu/gpu_engine.h"
+#include "tests/fakes/fake_gpu_runtime.h"
 #include "tests/server/engines/gpu/engine_fixture.h"
 
 namespace dmagather::server::engines::gpu {
@@ -54,8 +54,7 @@ class GpuDevicesTest : public GpuEngineTest {
 // a same-device copy.
 TEST_P(GpuDevicesTest, RanksThatEachSeeOneGpuMapToTheDaemonsDevices) {
   Start(Fake(4));
-  auto job = MakeJob(std::vector<DeviceRef>{OnlyVisible(fake_->device_kind(), 2),
-                                            OnlyVisible(fake_->device_kind(), 3)},
+  auto job = MakeJob(std::vector<DeviceRef>{OnlyVisible(fake_->device_kind(), 2), OnlyVisible(fake_->device_kind(), 3)},
                      100000);
   ASSERT_NE(job, nullptr);
   ASSERT_TRUE(RunOp(*job, 1).ok());
@@ -246,7 +245,9 @@ TEST_P(GpuDevicesTest, EachPeerLinkGetsItsOwnStream) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Runtimes, GpuDevicesTest, ::testing::Values(kCudaLike, kHipLike),
-                         [](const ::testing::TestParamInfo<enginetest::Flavor>& i) { return std::string(i.param.name); });
+                         [](const ::testing::TestParamInfo<enginetest::Flavor>& i) {
+                           return std::string(i.param.name);
+                         });
 
 }  // namespace
 }  // namespace dmagather::server::engines::gpu

@@ -4,6 +4,8 @@
 // with CPU gating and the HIP cap (as --backend=hip). Assertions are on the
 // bytes that land in the output buffers and on the order and status of
 // completions.
+#include "server/engines/gpu/gpu_engine.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -17,7 +19,6 @@
 #include <vector>
 
 #include "tests/fakes/fake_gpu_runtime.h"
-#include "server/engines/gpu/gpu_engine.h"
 #include "tests/server/engines/gpu/engine_fixture.h"
 
 namespace dmagather::server::engines::gpu {

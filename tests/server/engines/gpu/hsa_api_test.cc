@@ -81,9 +81,8 @@ class OwnSdmaEnginesTest : public ::testing::Test {
     api_.copy = HsaCopyApi{Create, Destroy, nullptr, nullptr, AsyncCopy, OnEngine};
     // HSA lists a CPU agent and the GPUs in another order than HIP: agent
     // 11 is PCI 0000:c1:00.0, agent 12 is 0000:41:00.0.
-    node_.agents = {{10, HSA_DEVICE_TYPE_CPU, 0, 0},
-                    {11, HSA_DEVICE_TYPE_GPU, 0, 0xc100},
-                    {12, HSA_DEVICE_TYPE_GPU, 0, 0x4100}};
+    node_.agents = {
+        {10, HSA_DEVICE_TYPE_CPU, 0, 0}, {11, HSA_DEVICE_TYPE_GPU, 0, 0xc100}, {12, HSA_DEVICE_TYPE_GPU, 0, 0x4100}};
   }
   void TearDown() override { node = nullptr; }
 
@@ -126,8 +125,7 @@ TEST_F(OwnSdmaEnginesTest, NoUsableEngineOnAnyLinkLeavesTheNodeToRocr) {
   node_.masks[{11, 12}] = 0;
   auto hs = OwnSdmaEngines(&api_, {"0000:41:00.0", "0000:c1:00.0"}, 0);
   ASSERT_FALSE(hs.ok());
-  EXPECT_NE(hs.status().message().find("no peer link has a usable SDMA engine"), std::string::npos)
-      << hs.status();
+  EXPECT_NE(hs.status().message().find("no peer link has a usable SDMA engine"), std::string::npos) << hs.status();
 }
 
 TEST_F(OwnSdmaEnginesTest, ADeviceWithoutItsAgentLeavesTheNodeToRocr) {

@@ -71,8 +71,8 @@ hsa_status_t AsyncCopy(void*, hsa_agent_t, const void*, hsa_agent_t, size_t byte
                        hsa_signal_t done) {
   return Record(0, bytes, n, deps, done);
 }
-hsa_status_t OnEngine(void*, hsa_agent_t, const void*, hsa_agent_t, size_t bytes, uint32_t n,
-                      const hsa_signal_t* deps, hsa_signal_t done, uint32_t engine, bool) {
+hsa_status_t OnEngine(void*, hsa_agent_t, const void*, hsa_agent_t, size_t bytes, uint32_t n, const hsa_signal_t* deps,
+                      hsa_signal_t done, uint32_t engine, bool) {
   return Record(engine, bytes, n, deps, done);
 }
 

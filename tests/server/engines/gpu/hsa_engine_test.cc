@@ -20,9 +20,9 @@
 #include <thread>
 #include <vector>
 
-#include "tests/fakes/fake_gpu_runtime.h"
 #include "server/engines/gpu/gpu_engine.h"
 #include "server/engines/gpu/hsa_streams.h"
+#include "tests/fakes/fake_gpu_runtime.h"
 #include "tests/server/engines/gpu/engine_fixture.h"
 
 namespace dmagather::server::engines::gpu {
@@ -46,8 +46,8 @@ struct FakeHsa {
     std::vector<uint64_t> deps;
     uint64_t signal;
   };
-  uint64_t loads = 0;        // Signal reads by the engine so far.
-  uint64_t held_agent = 0;   // Copies into this agent do not run (0: none held).
+  uint64_t loads = 0;       // Signal reads by the engine so far.
+  uint64_t held_agent = 0;  // Copies into this agent do not run (0: none held).
   uint64_t bytes_run = 0;
   std::mutex mu;
   std::condition_variable cv;
@@ -167,7 +167,9 @@ class HsaFakeRuntime : public FakeRuntime {
     for (int d = 0; d < n; ++d) a[d].handle = 100 + d;
     return a;
   }
-  absl::StatusOr<GpuStream> CreateStream(int device) override { return static_cast<GpuStream>(hs_.CreateStream(device)); }
+  absl::StatusOr<GpuStream> CreateStream(int device) override {
+    return static_cast<GpuStream>(hs_.CreateStream(device));
+  }
   void DestroyStream(int, GpuStream s) override { hs_.DestroyStream(static_cast<HsaStreams::Stream*>(s)); }
   absl::StatusOr<GpuEvent> CreateEvent(int) override { return static_cast<GpuEvent>(hs_.CreateEvent()); }
   void DestroyEvent(int, GpuEvent e) override { hs_.DestroyEvent(static_cast<HsaStreams::Event*>(e)); }
@@ -203,7 +205,7 @@ class HsaEngineTest : public GpuEngineTest {
   void StartOnHsa(int devices, const SdmaEnginePlan::EngineStatus& status, uint32_t skip, int streams) {
     FakeRuntime::Options fo;
     fo.devices = devices;
-    fo.device_waits = false;  // Gated on the CPU, as hip.
+    fo.device_waits = false;          // Gated on the CPU, as hip.
     fo.max_transfer_bytes = 1 << 16;  // Several chunks per copy.
     fo.default_chunk_bytes = 1 << 16;
     auto rt = std::make_unique<HsaFakeRuntime>(fo, &api_, SdmaEnginePlan::Build(devices, status, skip));
@@ -322,7 +324,9 @@ TEST_P(HsaEngineTest, AnOpStaysIncompleteWhileCopiesIntoOneDeviceArePending) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Hip, HsaEngineTest, ::testing::Values(kHipLike),
-                         [](const ::testing::TestParamInfo<enginetest::Flavor>& i) { return std::string(i.param.name); });
+                         [](const ::testing::TestParamInfo<enginetest::Flavor>& i) {
+                           return std::string(i.param.name);
+                         });
 
 }  // namespace
 }  // namespace dmagather::server::engines::gpu

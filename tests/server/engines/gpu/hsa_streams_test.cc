@@ -37,8 +37,8 @@ hsa_status_t Create(hsa_signal_value_t v, uint32_t, const hsa_agent_t*, hsa_sign
 hsa_status_t Destroy(hsa_signal_t s) { return fake->signals.erase(s.handle) ? HSA_STATUS_SUCCESS : HSA_STATUS_ERROR; }
 void Store(hsa_signal_t s, hsa_signal_value_t v) { fake->signals[s.handle] = v; }
 hsa_signal_value_t Load(hsa_signal_t s) { return fake->signals.at(s.handle); }
-hsa_status_t AsyncCopy(void*, hsa_agent_t dst, const void*, hsa_agent_t src, size_t bytes, uint32_t, const hsa_signal_t*,
-                       hsa_signal_t done) {
+hsa_status_t AsyncCopy(void*, hsa_agent_t dst, const void*, hsa_agent_t src, size_t bytes, uint32_t,
+                       const hsa_signal_t*, hsa_signal_t done) {
   fake->copies.push_back(FakeHsa::Copy{dst.handle, src.handle, 0, bytes, done.handle});
   return HSA_STATUS_SUCCESS;
 }
@@ -77,7 +77,8 @@ class HsaStreamsTest : public ::testing::Test {
 
 TEST_F(HsaStreamsTest, EachCopyTakesTheEngineOfItsLink) {
   // Every link of 3 devices may use engines 0..3.
-  SdmaEnginePlan plan = SdmaEnginePlan::Build(3, [](int, int) { return uint32_t{0xF}; }, 0);
+  SdmaEnginePlan plan = SdmaEnginePlan::Build(
+      3, [](int, int) { return uint32_t{0xF}; }, 0);
   HsaStreams hs(&api_, plan, Agents(3));
   HsaStreams::Stream* s = hs.CreateStream(0);
   const CopyCmd cmds[] = {Cmd(buf_, 10, 1, 0), Cmd(buf_, 20, 2, 0), Cmd(buf_, 30, 0, 1), Cmd(buf_, 40, 0, 0)};
@@ -134,7 +135,8 @@ TEST_F(HsaStreamsTest, UnusableEnginesAreNeverUsedAndALinkWithoutOneIsRocrsChoic
 
 TEST_F(HsaStreamsTest, WithoutCopyOnEngineEveryCopyIsRocrsChoiceAndCountedSo) {
   api_.copy_on_engine = nullptr;  // ROCm < 5.7.
-  SdmaEnginePlan plan = SdmaEnginePlan::Build(2, [](int, int) { return uint32_t{0x3}; }, 0);
+  SdmaEnginePlan plan = SdmaEnginePlan::Build(
+      2, [](int, int) { return uint32_t{0x3}; }, 0);
   HsaStreams hs(&api_, plan, Agents(2));
   HsaStreams::Stream* s = hs.CreateStream(0);
   const CopyCmd cmd = Cmd(buf_, 12, 0, 1);
@@ -151,7 +153,8 @@ TEST_F(HsaStreamsTest, WithoutCopyOnEngineEveryCopyIsRocrsChoiceAndCountedSo) {
 TEST_F(HsaStreamsTest, AnEventCompletesOnlyWhenEveryCopyItCoversHas) {
   // The engine's pattern: copies fan out on streams 1 and 2, each joins
   // stream 0, the op's end event is recorded on stream 0.
-  SdmaEnginePlan plan = SdmaEnginePlan::Build(3, [](int, int) { return uint32_t{0xF}; }, 0);
+  SdmaEnginePlan plan = SdmaEnginePlan::Build(
+      3, [](int, int) { return uint32_t{0xF}; }, 0);
   HsaStreams hs(&api_, plan, Agents(3));
   HsaStreams::Stream* s0 = hs.CreateStream(0);
   HsaStreams::Stream* s1 = hs.CreateStream(0);
@@ -161,7 +164,7 @@ TEST_F(HsaStreamsTest, AnEventCompletesOnlyWhenEveryCopyItCoversHas) {
   HsaStreams::Event* end = hs.CreateEvent();
   const CopyCmd from1[] = {Cmd(buf_, 4, 0, 1), Cmd(buf_, 4, 0, 1)};
   const CopyCmd from2 = Cmd(buf_, 4, 0, 2);
-  ASSERT_TRUE(hs.Copy(s1, from1, 2).ok());  // Copies 0, 1.
+  ASSERT_TRUE(hs.Copy(s1, from1, 2).ok());   // Copies 0, 1.
   ASSERT_TRUE(hs.Copy(s2, &from2, 1).ok());  // Copy 2.
   ASSERT_TRUE(hs.Record(j1, s1).ok());
   ASSERT_TRUE(hs.Wait(s0, j1).ok());
@@ -201,7 +204,8 @@ TEST_F(HsaStreamsTest, AnEventCompletesOnlyWhenEveryCopyItCoversHas) {
 }
 
 TEST_F(HsaStreamsTest, AFailedCopyIsTheEventsError) {
-  SdmaEnginePlan plan = SdmaEnginePlan::Build(2, [](int, int) { return uint32_t{0x1}; }, 0);
+  SdmaEnginePlan plan = SdmaEnginePlan::Build(
+      2, [](int, int) { return uint32_t{0x1}; }, 0);
   HsaStreams hs(&api_, plan, Agents(2));
   HsaStreams::Stream* s = hs.CreateStream(0);
   HsaStreams::Event* e = hs.CreateEvent();
@@ -214,7 +218,8 @@ TEST_F(HsaStreamsTest, AFailedCopyIsTheEventsError) {
 }
 
 TEST_F(HsaStreamsTest, ACopyNamingAnotherNodesDeviceIsRefused) {
-  SdmaEnginePlan plan = SdmaEnginePlan::Build(2, [](int, int) { return uint32_t{0x1}; }, 0);
+  SdmaEnginePlan plan = SdmaEnginePlan::Build(
+      2, [](int, int) { return uint32_t{0x1}; }, 0);
   HsaStreams hs(&api_, plan, Agents(2));
   HsaStreams::Stream* s = hs.CreateStream(0);
   const CopyCmd cmd = Cmd(buf_, 4, 0, 5);

@@ -47,16 +47,14 @@ TEST(SdmaEnginePlan, EachLinkGetsAFixedEngineDistinctFromItsSourcesOtherLinks) {
   EXPECT_EQ(p.EngineFor(1, 2), 0x2u);  // Device 2's engine 0 runs 0<-2.
   EXPECT_EQ(p.EngineFor(2, 0), 0x2u);
   EXPECT_EQ(p.EngineFor(3, 0), 0x4u);
-  EXPECT_EQ(p.EngineFor(0, 0), 0u);    // Same device: not a link.
+  EXPECT_EQ(p.EngineFor(0, 0), 0u);  // Same device: not a link.
   EXPECT_EQ(SdmaEnginePlan::Build(4, All(0xFFFF), 0).Describe(), p.Describe());
 }
 
 TEST(SdmaEnginePlan, EnginesTheDriverOrTheOperatorRulesOutAreNeverUsed) {
   // Link 1<-0 does not have engine 0 (fused off there); engine 1 is skipped
   // by the operator everywhere.
-  auto status = [](int dst, int src) -> absl::StatusOr<uint32_t> {
-    return dst == 1 && src == 0 ? 0xFFFE : 0xFFFF;
-  };
+  auto status = [](int dst, int src) -> absl::StatusOr<uint32_t> { return dst == 1 && src == 0 ? 0xFFFE : 0xFFFF; };
   const SdmaEnginePlan p = SdmaEnginePlan::Build(3, status, /*skip_mask=*/0x2);
   for (int a = 0; a < 3; ++a) {
     for (int b = 0; b < 3; ++b) {
