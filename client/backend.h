@@ -10,6 +10,7 @@
 // Threads: the rank's submitting thread (CommImpl's caller).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -51,6 +52,13 @@ class OwnedBuffer {
 
 // Graph slots whose CUDA graphs were destroyed: the backend's destruction
 // callback adds them (any thread), the communicator takes them back.
+// One copy of a rank's own shard into its slot of the output (same device).
+struct OwnShardCopy {
+  void* dst;
+  const void* src;
+  uint64_t bytes;
+};
+
 struct GraphSlotsFreed {
   absl::Mutex mu;
   std::vector<uint32_t> freed ABSL_GUARDED_BY(mu);
@@ -88,9 +96,15 @@ class ClientBackend {
   // --- Ordering of a submit ---
   virtual absl::Status CheckStream(void* stream) const = 0;
   // True when the daemon never copies a rank's own shard (it would be a
-  // same-device copy): the client copies it in the caller's stream.
+  // same-device copy, which the daemon's context runs on SMs/CUs): the
+  // client copies it in the caller's stream.
   virtual bool copies_own_shard() const = 0;
-  virtual absl::Status CopyAsync(void* dst, const void* src, uint64_t bytes, void* stream) = 0;
+  // Enqueues one op's own-shard copies on `stream`, in stream order, on a
+  // DMA engine where the runtime does that from a process with compute work
+  // (cuda: one cudaMemcpyBatchAsync with PreferOverlapWithCompute; hip:
+  // hipMemcpyDeviceToDeviceNoCU from ROCm 6.1), else as plain copies.
+  // `capturing`: `stream` is being captured into a graph.
+  virtual absl::Status CopyOwnShards(const OwnShardCopy* copies, size_t n, void* stream, bool capturing) = 0;
   // Inputs of op `seq` are ready at this point (of `stream`).
   virtual absl::Status WriteReady(void* stream, uint32_t seq) = 0;
   // Makes `stream` wait until op `seq` is done. False from

@@ -234,7 +234,7 @@ absl::Status CommImpl::PublishRefusal(const absl::Status& why) {
   return Publish(&scratch_[0], 1);
 }
 
-absl::Status CommImpl::PrepareItem(const GatherItem& item, void* stream, abi::DescriptorV2* d) {
+absl::Status CommImpl::PrepareItem(const GatherItem& item, abi::DescriptorV2* d) {
   const int world = options_.world_size, rank = options_.rank;
   if (static_cast<uint32_t>(item.dtype) >= common::kNumDtypes) {
     return absl::InvalidArgumentError(absl::StrCat(Rank(), "unknown dtype ", int(item.dtype)));
@@ -253,7 +253,9 @@ absl::Status CommImpl::PrepareItem(const GatherItem& item, void* stream, abi::De
   if (backend_->copies_own_shard() && bytes != 0) {
     // The daemon never copies a rank's own shard (that would be a
     // same-device copy on SMs): out of place, the caller's stream copies
-    // it, and the descriptor names the output slot as the (in-place) send.
+    // it (Submit: the op's own shards together, on a DMA engine where the
+    // runtime allows), and the descriptor names the output slot as the
+    // (in-place) send.
     char* own =
         item.list ? static_cast<char*>(item.recvs[rank]) : static_cast<char*>(item.recvs[0]) + uint64_t(rank) * bytes;
     if (send == nullptr) return absl::InvalidArgumentError(absl::StrCat(Rank(), "send is NULL"));
@@ -267,13 +269,7 @@ absl::Status CommImpl::PrepareItem(const GatherItem& item, void* stream, abi::De
             "recv + rank*count)"));
       }
     }
-    if (send != own) {
-      if (defer_copies_) {
-        deferred_.push_back(DeferredCopy{own, send, bytes});  // After the capture's verdict.
-      } else {
-        DMAG_RETURN_IF_ERROR(backend_->CopyAsync(own, send, bytes, stream));
-      }
-    }
+    if (send != own) own_copies_.push_back(OwnShardCopy{own, send, bytes});
     send = own;
   }
   DMAG_ASSIGN_OR_RETURN(d->send, Resolve(send, bytes, "send"));
@@ -307,16 +303,17 @@ absl::Status CommImpl::Submit(const GatherItem* items, size_t n, void* stream, u
   DMAG_RETURN_IF_ERROR(CheckHealthy());
   int slot = -1;
   absl::Status local = CheckOp(items, n, stream, &slot);
-  defer_copies_ = slot >= 0;
-  deferred_.clear();
+  own_copies_.clear();
   dropped_.clear();
   for (size_t i = 0; local.ok() && i < n; ++i) {
     std::memset(&scratch_[i], 0, offsetof(abi::DescriptorV2, recv));
-    local = PrepareItem(items[i], stream, &scratch_[i]);
+    local = PrepareItem(items[i], &scratch_[i]);
   }
   if (local.ok() && !dropped_.empty()) local = RenameDropped(n);
-  defer_copies_ = false;
   if (local.ok() && slot >= 0) return SubmitCaptured(n, stream, static_cast<uint32_t>(slot), op);
+  if (local.ok() && !own_copies_.empty()) {
+    local = backend_->CopyOwnShards(own_copies_.data(), own_copies_.size(), stream, /*capturing=*/false);
+  }
   if (slot >= 0) graphs_.Release(static_cast<uint32_t>(slot));
   if (!local.ok()) {
     // This rank cannot take part: the op still takes its sequence number and
@@ -374,11 +371,8 @@ absl::Status CommImpl::SubmitCaptured(size_t n, void* stream, uint32_t slot, uin
   // capture their graphs together, as any collective's capture): a graph
   // whose op was refused would wait forever at its first replay.
   st = OpWait(handle);
-  if (st.ok()) {
-    for (const DeferredCopy& c : deferred_) {
-      st = backend_->CopyAsync(c.dst, c.src, c.bytes, stream);
-      if (!st.ok()) break;
-    }
+  if (st.ok() && !own_copies_.empty()) {
+    st = backend_->CopyOwnShards(own_copies_.data(), own_copies_.size(), stream, /*capturing=*/true);
   }
   if (st.ok()) st = backend_->WriteGraphReady(stream, slot);
   if (st.ok()) st = backend_->OnGraphSlotTaken(stream, slot, graphs_.freed());

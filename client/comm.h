@@ -110,9 +110,10 @@ class CommImpl {
   // Registers the allocation described by `e` (dropping stale overlapping
   // registrations of freed-and-reused memory first).
   absl::Status RegisterExport(const MemoryExport& e, std::unique_ptr<OwnedBuffer> owned);
-  // Fills `d` for one item (buffers resolved, own shard copied on stream
-  // backends). Any error means this rank refuses the op.
-  absl::Status PrepareItem(const GatherItem& item, void* stream, abi::DescriptorV2* d);
+  // Fills `d` for one item (buffers resolved; on stream backends an
+  // out-of-place own shard queued in own_copies_). Any error means this
+  // rank refuses the op.
+  absl::Status PrepareItem(const GatherItem& item, abi::DescriptorV2* d);
   // The op's descriptors name no region dropped while the op was prepared.
   absl::Status RenameDropped(size_t n);
   // The checks before the items of an op: its size, the stream, and under
@@ -154,16 +155,11 @@ class CommImpl {
   // (VMM: the same first chunk, a longer range).
   std::vector<std::pair<uint32_t, uintptr_t>> dropped_;
 
-  // CUDA-graph capture: the slots and captured ops, and the own-shard
-  // copies of the op being captured (enqueued after its verdict).
-  struct DeferredCopy {
-    void* dst;
-    const void* src;
-    uint64_t bytes;
-  };
+  // The own-shard copies of the op being submitted: enqueued together once
+  // every item is prepared (captured: after the capture's verdict).
+  std::vector<OwnShardCopy> own_copies_;
+  // CUDA-graph capture: the slots and captured ops.
   GraphSlots graphs_;
-  bool defer_copies_ = false;
-  std::vector<DeferredCopy> deferred_;
 
   // Declared last: released (stream registrations undone, owned memory
   // freed) before the segment goes.

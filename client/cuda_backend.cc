@@ -3,14 +3,17 @@
 // streams can write ready_seq and wait on done_seq), describes device
 // pointers (allocation base, size, buffer id, device) for the registration
 // cache, exports IPC handles, and enqueues the stream operations of a
-// submit: the out-of-place self-shard copy, the ready write and the done
-// wait. No host synchronisation anywhere.
+// submit: the out-of-place self-shard copies (one batch call that the
+// driver runs on a copy engine beside this process's kernels), the ready
+// write and the done wait. No host synchronisation anywhere.
 //
 // Threads: the rank's submitting thread (CommImpl's caller).
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -31,6 +34,11 @@ namespace {
 
 using ::dmagather::common::cuda::CudaStatus;
 using ::dmagather::common::cuda::CuStatus;
+
+bool BatchCopiesWanted() {
+  const char* env = std::getenv("DMAGATHER_CUDA_BATCH");
+  return env == nullptr || std::string(env) != "0";
+}
 
 int CurrentDevice() {
   if (!::dmagather::common::cuda::CudaAvailable().ok()) return -1;
@@ -271,8 +279,33 @@ class CudaBackend : public ClientBackend {
 
   absl::Status CheckStream(void*) const override { return absl::OkStatus(); }
   bool copies_own_shard() const override { return true; }
-  absl::Status CopyAsync(void* dst, const void* src, uint64_t bytes, void* stream) override {
-    DMAG_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
+  absl::Status CopyOwnShards(const OwnShardCopy* copies, size_t n, void* stream, bool capturing) override {
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    // A copy engine: the batch call with PreferOverlapWithCompute, which the
+    // driver honours in a context that runs compute (this rank's; a bare
+    // daemon's same-device copies stay on SMs). Not under capture (the batch
+    // call cannot be captured: it fails and the capture goes on without the
+    // copy) and not on the legacy default stream (refused).
+    if (batch_copies_ && !capturing && s != nullptr && s != cudaStreamLegacy) {
+      batch_.Clear();
+      for (size_t i = 0; i < n; ++i) batch_.Add(copies[i].dst, copies[i].src, copies[i].bytes);
+      cudaMemcpyAttributes attr;
+      std::memset(&attr, 0, sizeof(attr));
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+      size_t attr_idx = 0;
+      cudaError_t err =
+          cudaMemcpyBatchAsync(batch_.dsts.data(), batch_.srcs.data(), batch_.sizes.data(), n, &attr, &attr_idx, 1, s);
+      if (err == cudaSuccess) return absl::OkStatus();
+      if (err != cudaErrorNotSupported && err != cudaErrorInvalidValue) return CudaStatus("cudaMemcpyBatchAsync", err);
+      cudaGetLastError();
+      std::fprintf(stderr, "dmagather: %s: this rank copies its own shards with cudaMemcpyAsync (on SMs) from now on\n",
+                   CudaStatus("cudaMemcpyBatchAsync", err).ToString().c_str());
+      batch_copies_ = false;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      DMAG_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(copies[i].dst, copies[i].src, copies[i].bytes, cudaMemcpyDefault, s));
+    }
     return absl::OkStatus();
   }
   absl::Status WriteReady(void* stream, uint32_t seq) override {
@@ -356,6 +389,24 @@ class CudaBackend : public ClientBackend {
   const uint64_t ready_dev_;
   const uint64_t done_dev_;
   const uint64_t graph_dev_;  // Device address of the GraphFlagsV1 block.
+  // Own-shard copies as one batch call (DMAGATHER_CUDA_BATCH=0: plain
+  // cudaMemcpyAsync; turned off for good if the runtime refuses the batch).
+  bool batch_copies_ = BatchCopiesWanted();
+  struct Batch {
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> sizes;
+    void Clear() {
+      dsts.clear();
+      srcs.clear();
+      sizes.clear();
+    }
+    void Add(void* d, const void* s, uint64_t b) {
+      dsts.push_back(d);
+      srcs.push_back(s);
+      sizes.push_back(b);
+    }
+  } batch_;
 };
 
 // The device's uuid and bus id, which the daemon maps to its own numbering.

@@ -3,7 +3,7 @@
 // device pointers (allocation base through hipMemGetAddressRange, size,
 // buffer id, device) for the registration cache, exports HIP IPC handles of
 // the base, and enqueues the stream side of a submit - the out-of-place
-// self-shard copy, the ready write, the done wait - with no host
+// self-shard copy (on SDMA from ROCm 6.1), the ready write, the done wait - with no host
 // synchronisation. libamdhip64 is reached through dlopen (common/hip), so
 // the library loads on nodes without ROCm. NOT YET RUN ON AMD HARDWARE.
 //
@@ -197,9 +197,18 @@ class HipBackend : public ClientBackend {
                                                       HipStatus(call, err).message()));
   }
   bool copies_own_shard() const override { return true; }
-  absl::Status CopyAsync(void* dst, const void* src, uint64_t bytes, void* stream) override {
+  absl::Status CopyOwnShards(const OwnShardCopy* copies, size_t n, void* stream, bool) override {
     DMAG_RETURN_IF_ERROR(CheckStream(stream));
-    DMAG_HIP_RETURN_IF_ERROR(api_, hipMemcpyAsync(dst, src, bytes, hipMemcpyDefault, static_cast<hipStream_t>(stream)));
+    // The runtime's device-to-device kind: hipMemcpyDeviceToDeviceNoCU from
+    // ROCm 6.1, which moves a same-device copy of memory this process owns
+    // (the own shard) from a blit kernel to an SDMA engine; captured too.
+    // A send in host memory keeps hipMemcpyDefault.
+    for (size_t i = 0; i < n; ++i) {
+      const auto kind =
+          memory_->IsDeviceMemory(copies[i].src) ? static_cast<hipMemcpyKind>(api_->abi.d2d_kind) : hipMemcpyDefault;
+      DMAG_HIP_RETURN_IF_ERROR(
+          api_, hipMemcpyAsync(copies[i].dst, copies[i].src, copies[i].bytes, kind, static_cast<hipStream_t>(stream)));
+    }
     return absl::OkStatus();
   }
   absl::Status WriteReady(void* stream, uint32_t seq) override {

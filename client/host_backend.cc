@@ -56,8 +56,8 @@ class HostBackend : public ClientBackend {
     return absl::InvalidArgumentError("the host backend takes no stream (pass NULL)");
   }
   bool copies_own_shard() const override { return false; }
-  absl::Status CopyAsync(void* dst, const void* src, uint64_t bytes, void*) override {
-    std::memcpy(dst, src, bytes);
+  absl::Status CopyOwnShards(const OwnShardCopy* copies, size_t n, void*, bool) override {
+    for (size_t i = 0; i < n; ++i) std::memcpy(copies[i].dst, copies[i].src, copies[i].bytes);
     return absl::OkStatus();
   }
   absl::Status WriteReady(void*, uint32_t seq) override {

@@ -43,6 +43,9 @@ gloo broadcast/all_reduce. Parts:
             shards bit-identical; rank 0 profiles the last step (torch profiler: SM kernels and
             memcpys launched under FSDP2's all-gather ranges), peak memory, step time p50.
             Writes DIR/fsdp2_hf.json. Run it also with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
+  fsdp2_hf_fp32  the same in fp32 (no mixed precision: no cast, so the zero-copy unshard's own
+            shards are the items' sends, copied by the library on a copy engine): expected
+            under FSDP2's all-gather ranges, no kernel, only those copies. DIR/fsdp2_hf_fp32.json.
   overhead  host µs per call of the Python path (dmagather.torch.all_gather_into_tensor,
             stream-ordered) against the C API (dmagather_allgather through ctypes) for
             shards of 4 KiB .. 1 MiB, plus end-to-end µs (call + cudaStreamSynchronize).
@@ -69,7 +72,7 @@ _SRC_PKG = os.path.join(HERE, "..", "..", "client", "python")
 if os.path.isdir(_SRC_PKG):
     sys.path.append(_SRC_PKG)  # after PYTHONPATH
 
-PARTS = ("adapter", "zero3", "fsdp2", "overhead", "vmm", "graph", "fsdp2_hf")
+PARTS = ("adapter", "zero3", "fsdp2", "overhead", "vmm", "graph", "fsdp2_hf", "fsdp2_hf_fp32")
 SIZES_OVERHEAD = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
 
 
@@ -450,8 +453,16 @@ def _fsdp_gather_kernels(prof):
 
 
 def part_fsdp2_hf(ctx):
+    return _fsdp2_hf(ctx, mixed=True)
+
+
+def part_fsdp2_hf_fp32(ctx):
+    return _fsdp2_hf(ctx, mixed=False)
+
+
+def _fsdp2_hf(ctx, mixed):
     """A Hugging Face Llama (transformers, from a config, random init), every decoder layer and the
-    root fully_shard'ed, bf16 mixed precision, AdamW: FSDP2's all-gather by gloo broadcast
+    root fully_shard'ed, bf16 mixed precision (mixed) or fp32, AdamW: FSDP2's all-gather by gloo broadcast
     (reference), by dmagather with FSDP2's copy-in/copy-out, and by dmagather's zero-copy
     unshard. Losses and final shards bit-identical across the three; the torch profiler's view
     of the SM work under FSDP2's all-gather ranges (last step), peak memory, step time."""
@@ -467,7 +478,9 @@ def part_fsdp2_hf(ctx):
                                    num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=512,
                                    attn_implementation="eager")
     mesh = DeviceMesh.from_group(dist.group.WORLD, "cuda")
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed else \
+        MixedPrecisionPolicy()
+    gather_bytes = 2 if mixed else 4
     steps = ctx["steps"]
 
     def train(ag, arm):
@@ -513,7 +526,7 @@ def part_fsdp2_hf(ctx):
         dt.synchronize()
         peak = torch.cuda.max_memory_allocated(dev)
         shards = [p.to_local().detach().cpu().clone() for p in model.parameters()]
-        shard_bytes = sum(p.to_local().numel() * 2 for p in model.parameters())  # bf16 all-gather inputs
+        shard_bytes = sum(p.to_local().numel() * gather_bytes for p in model.parameters())  # all-gather inputs
         del model, opt
         torch.cuda.empty_cache()
         mid = sorted(times[1:])
@@ -555,6 +568,7 @@ def part_fsdp2_hf(ctx):
     summary = {arm: {k: v for k, v in r.items() if k != "shards"} for arm, r in res.items()}
     return {"ok": not failed, "mismatches": bad[:10], "losses": ref["losses"], "arms": summary,
             "served": served_zero, "zero_copy_unshards": unshards, "zero_copy_items": s3["zero_copy_items"] - s2["zero_copy_items"],
+            "zero_copy_cast_items": s3["zero_copy_cast_items"] - s2["zero_copy_cast_items"],
             "zero_copy": s3["zero_copy"], "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
             "torch": torch.__version__, "transformers": transformers.__version__}
 
@@ -716,18 +730,20 @@ def main():
             w = csv.DictWriter(f, fieldnames=list(ov[0].keys()))
             w.writeheader()
             w.writerows(ov)
-    hf = r0.get("fsdp2_hf")
-    if hf and hf.get("arms"):
-        with open(os.path.join(args.out, "fsdp2_hf.json"), "w") as f:
+    for hf_part in ("fsdp2_hf", "fsdp2_hf_fp32"):
+        hf = r0.get(hf_part)
+        if not (hf and hf.get("arms")):
+            continue
+        with open(os.path.join(args.out, f"{hf_part}.json"), "w") as f:
             json.dump(hf, f, indent=1, default=str)
-        print("fsdp2_hf arm      step_ms_p50  peak_MiB  SM launches under FSDP2's all-gather ranges (last step)")
+        print(f"{hf_part} arm  step_ms_p50  peak_MiB  kernels and memcpys under FSDP2's all-gather ranges (last step)")
         for arm, r in hf["arms"].items():
             k = r.get("kernels")
             n = "-" if k is None else sum(v["launches"] for v in k.values())
             print(f"         {arm:9s} {r['step_ms_p50']:11.2f} {r['peak_bytes'] / 2**20:9.1f}  {n}")
             for name, v in sorted((k or {}).items()):
                 print(f"             {v['launches']:4d} x {v['gpu_us']:9.1f} us  {name}")
-    for part in ("zero3", "fsdp2", "fsdp2_hf"):
+    for part in ("zero3", "fsdp2", "fsdp2_hf", "fsdp2_hf_fp32"):
         losses = (r0.get(part) or {}).get("losses")
         if losses:
             with open(os.path.join(args.out, f"{part}_loss.csv"), "w") as f:
@@ -739,7 +755,8 @@ def main():
         s = summary["parts"][part]
         info = s["rank0"] or {}
         extra = {k: v for k, v in info.items() if k in ("served", "stream_ordered_ops", "host_waited_ops", "replays", "captured_ops",
-                                                         "zero_copy_unshards", "zero_copy_items", "zero_copy",
+                                                         "zero_copy_unshards", "zero_copy_items", "zero_copy_cast_items",
+                                                         "zero_copy",
                                                          "device_free_start", "device_free_end",
                                                          "fsdp_modules", "seconds", "torch")}
         print(f"{part:9s} {'PASSED' if s['ok'] else 'FAILED'} {extra}")

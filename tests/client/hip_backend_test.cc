@@ -5,6 +5,7 @@
 // hipMemcpyAsync/hipEventRecord: the fake aborts there, so a missed check
 // kills this test), and device memory is recognised with that major's
 // hipMemoryTypeDevice.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -62,7 +63,8 @@ TEST_F(HipBackendTest, BadStreamIsInvalidArgumentBeforeAnyUse) {
   EXPECT_EQ(backend_->WaitDoneOnStream(bogus, 1).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(backend_->WriteReady(bogus, 1).code(), absl::StatusCode::kInvalidArgument);
   char src[4] = "abc", dst[4] = {};
-  EXPECT_EQ(backend_->CopyAsync(dst, src, sizeof(src), bogus).code(), absl::StatusCode::kInvalidArgument);
+  const OwnShardCopy copy{dst, src, sizeof(src)};
+  EXPECT_EQ(backend_->CopyOwnShards(&copy, 1, bogus, false).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(block_->ready_seq, 0u);
 
   hipStream_t s = nullptr;
@@ -87,6 +89,39 @@ TEST_F(HipBackendTest, DeviceMemoryIsRecognisedWithThisMajorsMemoryType) {
   const MemoryExport& e = (*buf)->export_info();
   EXPECT_EQ(e.base, reinterpret_cast<uintptr_t>((*buf)->data()));
   EXPECT_EQ(e.handle.size(), sizeof(hipIpcMemHandle_t));
+}
+
+// The own shards of an op: device memory with this major's device-to-device
+// kind (hipMemcpyDeviceToDeviceNoCU, 1024, from 6.1: SDMA rather than a blit
+// kernel), a send in host memory with hipMemcpyDefault; bytes checked.
+TEST_F(HipBackendTest, OwnShardsOfDeviceMemoryUseThisMajorsEngineCopyKind) {
+  auto out = backend_->Allocate(4096);
+  auto in = backend_->Allocate(2048);
+  ASSERT_TRUE(out.ok() && in.ok());
+  char* o = static_cast<char*>((*out)->data());
+  char* i = static_cast<char*>((*in)->data());
+  for (int k = 0; k < 2048; ++k) i[k] = static_cast<char>(k * 7 + 1);  // The fake's memory is host memory.
+  std::memset(o, 0, 4096);
+  char host[16] = "host shard";
+  const OwnShardCopy copies[] = {{o + 1024, i, 1024}, {o + 3072, i + 1024, 1024}};
+  ASSERT_TRUE(backend_->CopyOwnShards(copies, 2, nullptr, false).ok());
+  EXPECT_EQ(std::memcmp(o + 1024, i, 1024), 0);
+  EXPECT_EQ(std::memcmp(o + 3072, i + 1024, 1024), 0);
+  EXPECT_EQ(o[0], 0);
+  EXPECT_EQ(o[2048], 0);
+  void* lib = dlopen(std::getenv("DMAGATHER_HIP_LIB"), RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(lib, nullptr);
+  auto last_kind = reinterpret_cast<int (*)()>(dlsym(lib, "fake_hip_last_memcpy_kind"));
+  ASSERT_NE(last_kind, nullptr);
+  const bool no_cu = api_->abi.major > 6 || (api_->abi.major == 6 && api_->abi.minor >= 1);
+  EXPECT_EQ(last_kind(), no_cu ? 1024 : 3) << api_->abi.runtime_version;
+  EXPECT_EQ(api_->abi.d2d_kind, no_cu ? 1024 : 3);
+
+  const OwnShardCopy from_host{o, host, sizeof(host)};
+  ASSERT_TRUE(backend_->CopyOwnShards(&from_host, 1, nullptr, false).ok());
+  EXPECT_STREQ(o, "host shard");
+  EXPECT_EQ(last_kind(), static_cast<int>(hipMemcpyDefault));
+  dlclose(lib);
 }
 
 }  // namespace

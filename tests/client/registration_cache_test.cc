@@ -35,7 +35,7 @@ class IdentityBackend : public ClientBackend {
   bool registers_on_submit() const override { return true; }
   absl::Status CheckStream(void*) const override { return absl::OkStatus(); }
   bool copies_own_shard() const override { return false; }
-  absl::Status CopyAsync(void*, const void*, uint64_t, void*) override { return absl::OkStatus(); }
+  absl::Status CopyOwnShards(const OwnShardCopy*, size_t, void*, bool) override { return absl::OkStatus(); }
   absl::Status WriteReady(void*, uint32_t) override { return absl::OkStatus(); }
   bool has_stream_waits() const override { return false; }
   absl::Status WaitDoneOnStream(void*, uint32_t) override { return absl::OkStatus(); }

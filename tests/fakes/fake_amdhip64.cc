@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <set>
 
@@ -31,7 +32,16 @@ namespace {
 std::mutex mu;
 std::set<void*> streams;
 std::set<void*> events;
-std::set<void*> allocations;
+std::map<uintptr_t, size_t> allocations;  // hipMalloc's: base -> bytes.
+
+// The allocation holding `p` (its base), or 0.
+uintptr_t Holding(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = allocations.upper_bound(a);
+  if (it == allocations.begin()) return 0;
+  --it;
+  return a < it->first + it->second ? it->first : 0;
+}
 int last_memcpy_kind = -1;
 unsigned int last_ipc_flags = ~0u;
 hipError_t last_error = hipSuccess;
@@ -195,23 +205,30 @@ hipError_t hipHostGetDevicePointer(void** dev, void* host, unsigned int) {
 hipError_t hipMalloc(void** p, size_t bytes) {
   std::lock_guard<std::mutex> l(mu);
   *p = std::malloc(bytes);
-  allocations.insert(*p);
+  allocations[reinterpret_cast<uintptr_t>(*p)] = bytes;
   return hipSuccess;
 }
 hipError_t hipFree(void* p) {
   std::lock_guard<std::mutex> l(mu);
-  if (allocations.erase(p) == 0) return Fail(hipErrorInvalidValue);
+  if (allocations.erase(reinterpret_cast<uintptr_t>(p)) == 0) return Fail(hipErrorInvalidValue);
   std::free(p);
   return hipSuccess;
 }
 hipError_t hipMemGetAddressRange(hipDeviceptr_t* base, size_t* size, hipDeviceptr_t p) {
-  *base = p;
+  std::lock_guard<std::mutex> l(mu);
+  if (const uintptr_t b = Holding(p); b != 0) {
+    *base = reinterpret_cast<void*>(b);
+    *size = allocations[b];
+    return hipSuccess;
+  }
+  *base = p;  // Not hipMalloc's: 1 MiB from p.
   *size = 1 << 20;
   return hipSuccess;
 }
 hipError_t hipPointerGetAttribute(void* data, hipPointer_attribute attr, hipDeviceptr_t p) {
   std::lock_guard<std::mutex> l(mu);
-  if (allocations.count(p) == 0) return Fail(hipErrorInvalidValue);
+  const uintptr_t base = Holding(p);  // Any address inside an allocation, as ROCm.
+  if (base == 0) return Fail(hipErrorInvalidValue);
   switch (attr) {
     case HIP_POINTER_ATTRIBUTE_MEMORY_TYPE:
       *static_cast<unsigned int*>(data) = Major() >= 6 ? 2 : 1;
@@ -220,7 +237,7 @@ hipError_t hipPointerGetAttribute(void* data, hipPointer_attribute attr, hipDevi
       *static_cast<int*>(data) = 0;
       return hipSuccess;
     case HIP_POINTER_ATTRIBUTE_BUFFER_ID:
-      *static_cast<unsigned long long*>(data) = reinterpret_cast<uintptr_t>(p);
+      *static_cast<unsigned long long*>(data) = base;
       return hipSuccess;
     default:
       return Fail(hipErrorInvalidValue);

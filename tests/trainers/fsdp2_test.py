@@ -18,7 +18,8 @@ fallbacks; the daemon counted the job's ops, no errors); `custom` gathers in
 FSDPAllGather's daemon memory (nothing staged), `on` stages FSDP2's private
 buffers. The zero-copy unshard (dmagather/_fsdp_zero_copy.py): `on` runs
 gather every parameter group after the first straight into the parameters
-(counted per rank, equal on every rank), `on-odd`'s Shard(1) block goes FSDP2's
+(counted per rank, equal on every rank; fp32 with no cast kernel, each own
+shard the item's send; bf16 with each own shard cast into its slot), `on-odd`'s Shard(1) block goes FSDP2's
 own way with its reason counted, `custom` on the host backend takes FSDP2's
 path by rule (host_memory), and `on-copyout` never takes it.
 """
@@ -118,6 +119,12 @@ class Fsdp2Test(TrainerCase):
             # step; only the very first all-gather (which sets dmagather up) is FSDP2's.
             self.assertGreaterEqual(unshards, 2 * 4 * STEPS - 1, f"{name}: too few zero-copy unshards")
             self.assertEqual(by_reason, NO_ZERO_COPY_FALLBACK, name)
+            # fp32: every own shard is the item's send (the library copies it);
+            # bf16 mixed precision: every own shard is cast into its slot.
+            for rank, s in self.ok(name)["stats"].items():
+                self.assertGreater(s["zero_copy_items"], unshards, f"{name} rank {rank}: {s}")
+                cast = s["zero_copy_items"] if name == "on-bf16" else 0
+                self.assertEqual(s["zero_copy_cast_items"], cast, f"{name} rank {rank}: {s}")
 
     def test_zero_copy_off_by_variable_bit_identical(self):
         self.check_served("on-copyout", staged=True)

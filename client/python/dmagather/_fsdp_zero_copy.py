@@ -35,12 +35,15 @@ torch has no public hook for the all-gather's output layout, so this replaces
   while dist.all_gather_into_tensor is dmagather's (install() or the
   DMAGATHER_ALLGATHER=1 start-up hook, once set up).
 
-The own shard: one foreach copy on FSDP2's copy-in stream writes each
-parameter's shard (cast to param_dtype under mixed precision, which FSDP2 does
-with a kernel of its own anyway) into this rank's slot of its unsharded
-storage, so the op is in place and nothing copies the own shard again (the
-client library would otherwise copy an out-of-place send on the caller's
-stream: same-device, on SMs).
+The own shard: where its dtype is the all-gather's, the shard itself is the
+item's send (out of place): the client library copies it into this rank's slot
+on the all-gather stream, on a DMA engine (cuda: cudaMemcpyBatchAsync with
+PreferOverlapWithCompute; hip: hipMemcpyDeviceToDeviceNoCU), together with the
+group's other own shards. Under mixed precision (param_dtype differs) one
+foreach copy on FSDP2's copy-in stream casts each such shard straight into its
+slot - the cast FSDP2 runs with a kernel of its own anyway - and those items
+are in place. So with no cast the unshard launches no kernel at all; with one,
+only the cast (counted: zero_copy_cast_items).
 
 Stream safety (CUDA/ROCm): the unsharded storage is allocated on FSDP2's
 copy-in stream (as FSDP2 allocates its flat buffer) and recorded on the
@@ -204,7 +207,7 @@ def _foreach_all_gather(fsdp_params, group, async_op, all_gather_copy_in_stream,
     handle = _get_device_handle(device.type)
     gpu = device.type == "cuda"
     compute = handle.current_stream() if gpu else None
-    dtypes, numels, outs, slots, shards = [], [], [], [], []
+    dtypes, numels, outs, sends, cast_slots, cast_shards = [], [], [], [], [], []
     with handle.stream(all_gather_copy_in_stream):
         for p in fsdp_params:
             shard = p._sharded_param_data if p.sharded_state == ShardedState.SHARDED else \
@@ -218,17 +221,21 @@ def _foreach_all_gather(fsdp_params, group, async_op, all_gather_copy_in_stream,
             if n:
                 out = p.all_gather_outputs[0]
                 outs.append(out)
-                slots.append(out.narrow(0, rank * n, n))
-                shards.append(shard)
+                if shard.dtype == dtype:
+                    sends.append(shard)  # The library copies it into its slot (a DMA engine).
+                else:
+                    slot = out.narrow(0, rank * n, n)
+                    sends.append(slot)  # Cast into its slot here; the gather is in place for it.
+                    cast_slots.append(slot)
+                    cast_shards.append(shard)
         if gpu:
             _record(outs, compute)
             _record(outs, all_gather_stream)
-        if outs:
-            # This rank's shard straight into its slot of each parameter (the
-            # dtype cast, where mixed precision asks for one): one kernel, and
-            # the gather is in place, so nobody copies the own shard again.
+        if cast_slots:
+            # Mixed precision: the cast FSDP2 runs anyway, written straight into
+            # this rank's slot of each parameter (one kernel for the group).
             with _keep_versions(outs):
-                torch._foreach_copy_(slots, shards)
+                torch._foreach_copy_(cast_slots, cast_shards)
     all_gather_stream.wait_stream(all_gather_copy_in_stream)
     with handle.stream(all_gather_stream):
         work = None
@@ -236,10 +243,11 @@ def _foreach_all_gather(fsdp_params, group, async_op, all_gather_copy_in_stream,
             # Writes through the daemon bump no version counter on the GPU; host
             # staging copies back with torch.
             with _keep_versions(outs):
-                work = a.all_gather_coalesced(outs, slots, group=group, async_op=async_op, order_now=True)
+                work = a.all_gather_coalesced(outs, sends, group=group, async_op=async_op, order_now=True)
         event = all_gather_stream.record_event()
     a.counters["zero_copy_unshards"] += 1
     a.counters["zero_copy_items"] += len(outs)
+    a.counters["zero_copy_cast_items"] += len(cast_slots)
     return _Result(torch.empty(0, device=device), event, work if async_op else None, dtypes, numels, [])
 
 
@@ -259,5 +267,5 @@ def _foreach_all_gather_copy_out(all_gather_result, fsdp_params, group):
 def stats(adapter):
     c = adapter.counters
     return {"zero_copy": status(), "zero_copy_unshards": c["zero_copy_unshards"],
-            "zero_copy_items": c["zero_copy_items"],
+            "zero_copy_items": c["zero_copy_items"], "zero_copy_cast_items": c["zero_copy_cast_items"],
             "zero_copy_fallback_by_reason": {k: c["zero_copy_fallback:" + k] for k in REASONS}}

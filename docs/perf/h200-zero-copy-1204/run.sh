@@ -5,6 +5,8 @@
 #
 #   docs/perf/h200-zero-copy-1204/run.sh DIR trainers   # bench/gpu/trainers_gpu.py fsdp2 + fsdp2_hf
 #   docs/perf/h200-zero-copy-1204/run.sh DIR hop        # bench/gpu/ab_hop.sh, graph lanes 0 vs 4
+#   docs/perf/h200-zero-copy-1204/run.sh DIR ownshard   # fsdp2_hf_fp32: own shards by the library's
+#                                                       # batch copy (copy engine) vs DMAGATHER_CUDA_BATCH=0
 #
 # Logs and results under $OUT.
 set -u
@@ -33,7 +35,7 @@ trainers() {  # label daemon-envs... -- trainer-envs... -- parts
     --world 4 --steps 6 --parts "$parts" >"$out/$label.log" 2>&1
   echo "== $label: rc=$? in $((SECONDS - t0)) s"
   kill -TERM "$dpid"; wait "$dpid"
-  grep -E "PASSED|FAILED|fsdp2_hf arm|^ +(reference|copyout|zerocopy)" "$out/$label.log" | head -20
+  grep -E "PASSED|FAILED|fsdp2_hf(_fp32)? arm|^ +(reference|copyout|zerocopy)|^ +[0-9]+ x " "$out/$label.log" | head -40
   grep -o 'issue p50 [0-9.]* us, p99 [0-9.]* us' "$out/daemon_$label.log"
   grep -o 'copy calls (per device) p50 [0-9.]* us[^;]*' "$out/daemon_$label.log"
   grep -o 'copy graphs ([^)]*): [0-9]* replays, [0-9]* built' "$out/daemon_$label.log"
@@ -41,13 +43,17 @@ trainers() {  # label daemon-envs... -- trainer-envs... -- parts
 
 case "$what" in
   trainers)
-    trainers lanes0 DMAGATHER_CUDA_GRAPH_LANES=0 -- X=1 -- fsdp2,fsdp2_hf
+    trainers lanes0 DMAGATHER_CUDA_GRAPH_LANES=0 -- X=1 -- fsdp2,fsdp2_hf,fsdp2_hf_fp32
     trainers lanes0_vmm DMAGATHER_CUDA_GRAPH_LANES=0 -- PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- fsdp2_hf
     [ -n "${TRAINERS_LANES4:-}" ] && trainers lanes4 DMAGATHER_CUDA_GRAPH_LANES=4 -- X=1 -- fsdp2_hf
+    ;;
+  ownshard)
+    trainers own_batch DMAGATHER_CUDA_GRAPH_LANES=0 -- X=1 -- fsdp2_hf_fp32
+    trainers own_plain DMAGATHER_CUDA_GRAPH_LANES=0 -- DMAGATHER_CUDA_BATCH=0 -- fsdp2_hf_fp32
     ;;
   hop)
     (cd "$fc" && OUT="$out" AB_SHAPES="${AB_SHAPES:-4m_r2 4m_r4 4m_r8 16m_r4 64m_r4}" ./ab_hop.sh \
       "bin:DMAGATHER_CUDA_GRAPH_LANES=0" "bin:DMAGATHER_CUDA_GRAPH_LANES=4")
     ;;
-  *) echo "usage: $0 DIR trainers|hop" >&2; exit 2 ;;
+  *) echo "usage: $0 DIR trainers|hop|ownshard" >&2; exit 2 ;;
 esac
