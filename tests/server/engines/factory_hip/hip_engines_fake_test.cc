@@ -137,7 +137,9 @@ TEST(HipEnginesOnFake, AnAllGatherTakesTheEnginesThisRuntimeAllows) {
     const uint32_t usable = 0x3u & ~unusable;
     uint64_t on_engines = 0;
     for (uint32_t bit = 1; bit <= 2; bit <<= 1) {
-      if ((usable & bit) == 0) EXPECT_EQ(bytes_on(bit), 0u) << "engine bit " << bit << " is unusable";
+      if ((usable & bit) == 0) {
+        EXPECT_EQ(bytes_on(bit), 0u) << "engine bit " << bit << " is unusable";
+      }
       on_engines += bytes_on(bit);
     }
     EXPECT_EQ(on_engines, (kRanks - 1) * kRanks * kShard);
