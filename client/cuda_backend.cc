@@ -299,9 +299,14 @@ class CudaBackend : public ClientBackend {
       if (err == cudaSuccess) return absl::OkStatus();
       if (err != cudaErrorNotSupported && err != cudaErrorInvalidValue) return CudaStatus("cudaMemcpyBatchAsync", err);
       cudaGetLastError();
-      std::fprintf(stderr, "dmagather: %s: this rank copies its own shards with cudaMemcpyAsync (on SMs) from now on\n",
-                   CudaStatus("cudaMemcpyBatchAsync", err).ToString().c_str());
-      batch_copies_ = false;
+      // Not supported: plain copies from now on. Invalid value (e.g. a send
+      // in pageable host memory): plain copies for this op.
+      if (err == cudaErrorNotSupported) {
+        std::fprintf(stderr,
+                     "dmagather: %s: this rank copies its own shards with cudaMemcpyAsync (on SMs) from now on\n",
+                     CudaStatus("cudaMemcpyBatchAsync", err).ToString().c_str());
+        batch_copies_ = false;
+      }
     }
     for (size_t i = 0; i < n; ++i) {
       DMAG_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(copies[i].dst, copies[i].src, copies[i].bytes, cudaMemcpyDefault, s));
