@@ -34,6 +34,9 @@ ABSL_FLAG(int, streams, 0,
 ABSL_FLAG(bool, parallel_issue, true,
           "GPU backends with several devices: each device's copies are issued by its own thread (false: one thread "
           "issues every device in turn).");
+ABSL_FLAG(int, max_waits_ahead, 0,
+          "GPU backends that wait for ready flags on the device (cuda): at most this many ops issued ahead of their "
+          "ranks' ready flags at once; later ones wait on the CPU until their flags are seen. 0 = no bound.");
 ABSL_FLAG(int, host_inline_kib, 256,
           "Host backend: ops whose copies total at most this many KiB are copied on the ingress thread "
           "(no worker wake-up); 0 = always hand them to the workers.");
@@ -120,6 +123,7 @@ bool OptionsFromFlags(dmagather::server::DaemonOptions* options) {
   o.engine.chunk_bytes = uint64_t(absl::GetFlag(FLAGS_chunk_kib)) << 10;
   o.engine.streams_per_device = absl::GetFlag(FLAGS_streams);
   o.engine.parallel_issue = absl::GetFlag(FLAGS_parallel_issue);
+  o.engine.max_waits_ahead = std::max(0, absl::GetFlag(FLAGS_max_waits_ahead));
   o.engine.host_inline_bytes = uint64_t(std::max(0, absl::GetFlag(FLAGS_host_inline_kib))) << 10;
   o.op_timeout = absl::Seconds(absl::GetFlag(FLAGS_op_timeout_s));
   o.ingress_spin = static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_ingress_spin)));

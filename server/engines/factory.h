@@ -22,6 +22,9 @@ struct EngineOptions {
   // issuing thread per device (false: one thread issues every device).
   int streams_per_device = 0;
   bool parallel_issue = true;
+  // GPU backends with device waits: ops issued ahead of their ready flags
+  // at once (0: no bound; GpuEngine::Options::max_waits_ahead).
+  int max_waits_ahead = 0;
   // Host backend: plans of at most this many bytes are copied on the
   // calling (ingress) thread - waking workers costs more than the copy.
   uint64_t host_inline_bytes = 256 << 10;

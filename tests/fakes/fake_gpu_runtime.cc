@@ -371,6 +371,7 @@ void FakeRuntime::CloseIpc(int device, char* base) {
 absl::Status FakeRuntime::WaitValues(int device, GpuStream stream, const uint64_t* flags, size_t n, uint32_t value) {
   (void)device;
   if (!options_.device_waits) return absl::FailedPreconditionError("this fake runtime has no device waits");
+  wait_calls_.fetch_add(1);
   Stream::Cmd c{Stream::Cmd::kWait};
   c.flags.assign(flags, flags + n);
   c.value = value;

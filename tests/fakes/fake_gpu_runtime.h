@@ -106,6 +106,7 @@ class FakeRuntime : public GpuRuntime {
   int ipc_opens() const { return ipc_opens_.load(); }
   int ipc_open_now() const { return ipc_open_now_.load(); }
   int flags_registered() const { return flags_registered_.load(); }
+  int wait_calls() const { return wait_calls_.load(); }  // WaitValues calls: device waits enqueued.
   int live_streams() const;
   std::vector<ChunkRecord> chunk_log() const;
   std::vector<CallRecord> call_log() const;
@@ -192,7 +193,7 @@ class FakeRuntime : public GpuRuntime {
   int barrier_guard_ms_ = 0;
   std::vector<char> barrier_arrived_;
   std::atomic<bool> barrier_timed_out_{false};
-  std::atomic<int> ipc_opens_{0}, ipc_open_now_{0}, flags_registered_{0};
+  std::atomic<int> ipc_opens_{0}, ipc_open_now_{0}, flags_registered_{0}, wait_calls_{0};
 };
 
 }  // namespace dmagather::server::engines::gpu::testing

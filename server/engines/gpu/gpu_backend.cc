@@ -21,6 +21,7 @@ EngineBackend GpuEngineBackend(GpuBackendSpec spec) {
     GpuEngine::Options go;
     go.streams_per_device = o.streams_per_device;
     go.parallel_issue = o.parallel_issue;
+    go.max_waits_ahead = o.max_waits_ahead;
     go.chunk_bytes = o.chunk_bytes;
     if (const char* c = chunk_mib_env != nullptr ? std::getenv(chunk_mib_env) : nullptr;
         c != nullptr && std::atoi(c) > 0) {

@@ -108,8 +108,13 @@ absl::Status GpuEngine::Init() {
   }
   LOG(INFO) << name() << " engine: " << num_devices_ << " device(s), " << ns << " streams each, chunks of "
             << chunk_bytes_ << " bytes (cap " << rt.max_transfer_bytes() << "), " << options_.max_batch
-            << " chunks per copy call, ready flags waited on " << (rt.device_waits() ? "the device" : "the CPU") << ", "
-            << (parallel_issue_ ? "one issuing thread per device" : "one issuing thread") << "; " << rt.Describe();
+            << " chunks per copy call, ready flags waited on "
+            << (!rt.device_waits() ? std::string("the CPU")
+                : options_.max_waits_ahead <= 0
+                    ? std::string("the device")
+                    : absl::StrCat("the device (at most ", options_.max_waits_ahead, " ops ahead, then the CPU)"))
+            << ", " << (parallel_issue_ ? "one issuing thread per device" : "one issuing thread") << "; "
+            << rt.Describe();
   for (int d = 0; d < num_devices_; ++d) {
     completions_.push_back(std::make_unique<Completion>());
     absl::MutexLock lock(&completions_.back()->mu);
@@ -124,7 +129,7 @@ absl::Status GpuEngine::Init() {
     }
     for (int d = 0; d < num_devices_; ++d) devices_[d].issuer->thread = std::thread([this, d] { IssuerLoop(d); });
   }
-  if (!rt.device_waits()) {
+  if (!rt.device_waits() || options_.max_waits_ahead > 0) {
     {
       absl::MutexLock lock(&issue_mu_);
       gate_ring_.resize(kGateSlots);
@@ -320,7 +325,8 @@ void GpuEngine::Stop() {
     LOG(INFO) << name() << " engine: " << execute_ns_.Summary().count << " ops; "
               << (parallel_issue_ ? "route and hand-off " : "issue ") << us(execute_ns_)
               << "; ready waits (per device) " << us(memops_ns_) << " (" << ready_seen_.load(std::memory_order_relaxed)
-              << " skipped: flags already seen)"
+              << " skipped: flags already seen; " << held_ahead_.load(std::memory_order_relaxed)
+              << " ops held on the CPU by --max_waits_ahead)"
               << "; copy calls (per device) " << us(copies_ns_) << "; completion: last share seen -> OnEngineDone done "
               << us(complete_ns_) << "; copy path " << runtime_->Describe();
   }

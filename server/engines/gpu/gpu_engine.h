@@ -46,7 +46,7 @@
 // ingress thread, which routes the op and hands each device's share to the
 // device's issuing thread (or issues it itself when the engine has one
 // device or parallel_issue is off); for an op whose ranks are not all ready
-// yet (CPU gating) the gate thread does the same (issue_mu_ makes the two
+// yet (CPU gating, or over max_waits_ahead) the gate thread does the same (issue_mu_ makes the two
 // take turns and keeps the order); OnEngineDone on a device's completion
 // thread (or where the op was issued when nothing was enqueued). The
 // annotations below say which mutex guards what (clang checks them).
@@ -83,6 +83,11 @@ class GpuEngine : public CopyEngine {
     // One issuing thread per device (engines with several devices). Off:
     // the ingress thread issues every device's share in turn.
     bool parallel_issue = true;
+    // Runtimes with device waits: at most this many ops issued ahead of
+    // their ranks' ready flags (with device-side waits) at once; the next
+    // ones wait on the CPU in the gate until their flags are seen, so the
+    // streams never queue more than this many waits. 0: no bound.
+    int max_waits_ahead = 0;
   };
   static absl::StatusOr<std::unique_ptr<GpuEngine>> Create(std::unique_ptr<GpuRuntime> runtime, const Options& options);
   ~GpuEngine() override;
@@ -117,6 +122,7 @@ class GpuEngine : public CopyEngine {
   // issuer's own guard) are still open, and the first error.
   struct OpTrack {
     EngineOp* op = nullptr;
+    bool waits_ahead = false;  // Counted in waits_ahead_ until the op completes.
     std::atomic<int> open{0};
     absl::Mutex mu;
     absl::Status status ABSL_GUARDED_BY(mu);
@@ -184,6 +190,8 @@ class GpuEngine : public CopyEngine {
   // Routes the op (fills every copy's devices) and hands each issuing
   // device its share.
   void Issue(EngineOp* op);
+  // Counts an op's same-device copies (logged once) and pushes.
+  void CountRouting(uint64_t same, uint64_t pushes);
   // Issues `dev`'s share of the op behind `t` and posts it for completion;
   // closes the share the caller opened for it.
   void IssueShare(Device& dev, OpTrack* t);
@@ -195,6 +203,9 @@ class GpuEngine : public CopyEngine {
   void IssuerLoop(int device) ABSL_LOCKS_EXCLUDED(issue_mu_);
   // Every rank's ready flag has reached op.seq (read on the CPU).
   static bool RanksReady(const EngineOp& op);
+  // The op may be issued now: its ranks are ready, or device waits may
+  // take it (below the max_waits_ahead bound).
+  bool MayIssue(const EngineOp& op) const;
   GpuEvent TakeEndEvent(Device& dev) ABSL_LOCKS_EXCLUDED(pool_mu_);
   OpTrack* TakeTrack() ABSL_LOCKS_EXCLUDED(tracks_mu_);
   // Records `st` (if an error) and closes one share of the track; the last
@@ -215,13 +226,15 @@ class GpuEngine : public CopyEngine {
   PeerTable peers_;
 
   // Routing scratch (Issue: the ingress or gate thread, under issue_mu_
-  // when the gate thread runs; so not annotated: with device waits there is
-  // no gate thread and Issue runs on the ingress thread alone).
+  // when the gate thread runs; so not annotated: with device waits and no
+  // max_waits_ahead there is no gate thread and Issue runs on the ingress
+  // thread alone).
   absl::Mutex issue_mu_;
   std::vector<char> involved_;
 
-  // CPU gating (runtimes without device waits): ops waiting for their
-  // ranks' ready flags, in order.
+  // CPU gating (runtimes without device waits, or ops over the
+  // max_waits_ahead bound): ops waiting for their ranks' ready flags, in
+  // order.
   std::vector<EngineOp*> gate_ring_ ABSL_GUARDED_BY(issue_mu_);
   uint64_t gate_head_ ABSL_GUARDED_BY(issue_mu_) = 0;
   uint64_t gate_tail_ ABSL_GUARDED_BY(issue_mu_) = 0;
@@ -254,6 +267,8 @@ class GpuEngine : public CopyEngine {
   // Where the daemon hop goes (logged at Stop).
   common::LatencyHistogram execute_ns_, memops_ns_, copies_ns_, complete_ns_;
   std::atomic<uint64_t> ready_seen_{0};  // Device waits skipped: the CPU saw every flag at the op.
+  std::atomic<int> waits_ahead_{0};      // Ops in flight issued ahead of their ready flags.
+  std::atomic<uint64_t> held_ahead_{0};  // Ops the max_waits_ahead bound held on the CPU.
   std::once_flag same_device_logged_;
   mutable std::once_flag ordinal_trusted_logged_;
 };

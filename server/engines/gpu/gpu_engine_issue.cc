@@ -52,6 +52,11 @@ GpuEvent GpuEngine::TakeEndEvent(Device& dev) {
   return e.ok() ? *e : nullptr;
 }
 
+bool GpuEngine::MayIssue(const EngineOp& op) const {
+  if (RanksReady(op)) return true;
+  return runtime_->device_waits() && waits_ahead_.load(std::memory_order_acquire) < options_.max_waits_ahead;
+}
+
 bool GpuEngine::RanksReady(const EngineOp& op) {
   if (op.ready_observed) return true;  // A graph replay: the ingress thread saw the flags.
   for (const EngineRank* r : op.ranks) {
@@ -166,18 +171,20 @@ void GpuEngine::Execute(EngineOp* op) {
     op->OnEngineDone(absl::OkStatus());
     return;
   }
-  if (runtime_->device_waits()) {
+  if (runtime_->device_waits() && options_.max_waits_ahead <= 0) {
     Issue(op);
     return;
   }
   // CPU gating: issue now when nothing waits before it and its ranks are
-  // ready; else queue it for the gate thread (in order).
+  // ready (or device waits may take it); else queue it for the gate thread
+  // (in order).
   {
     absl::MutexLock lock(&issue_mu_);
-    if (gate_head_ == gate_tail_ && RanksReady(*op) && !abandon_.load()) {
+    if (gate_head_ == gate_tail_ && MayIssue(*op) && !abandon_.load()) {
       Issue(op);
       return;
     }
+    if (runtime_->device_waits()) held_ahead_.fetch_add(1, std::memory_order_relaxed);
     // Back-pressure: wait while the gate is full.
     while (gate_tail_ - gate_head_ >= kGateSlots) gate_cv_.Wait(&issue_mu_);
     gate_ring_[gate_tail_ % kGateSlots] = op;
@@ -202,7 +209,7 @@ void GpuEngine::GateLoop() {
       issue_mu_.Lock();
       continue;
     }
-    if (RanksReady(*op)) {
+    if (MayIssue(*op)) {
       ++gate_head_;
       gate_cv_.SignalAll();
       Issue(op);
@@ -214,6 +221,18 @@ void GpuEngine::GateLoop() {
     Backoff(common::MonotonicNs() - t0);
     issue_mu_.Lock();
   }
+}
+
+void GpuEngine::CountRouting(uint64_t same, uint64_t pushes) {
+  if (same != 0) {
+    same_device_.fetch_add(same, std::memory_order_relaxed);
+    std::call_once(same_device_logged_, [] {
+      LOG(WARNING) << "ranks share a GPU: their AllGather copies are same-device copies, which the driver runs on "
+                      "SMs/CUs (not DMA engines) when issued from dmagatherd; they time-slice with the ranks' "
+                      "kernels. Counted as fallback 'same_device_copy_on_sm'. Run one rank per GPU to avoid it.";
+    });
+  }
+  if (pushes != 0) pushes_.fetch_add(pushes, std::memory_order_relaxed);
 }
 
 void GpuEngine::Issue(EngineOp* op) {
@@ -249,20 +268,15 @@ void GpuEngine::Issue(EngineOp* op) {
       ++pushes;
     }
   }
-  if (same != 0) {
-    same_device_.fetch_add(same, std::memory_order_relaxed);
-    std::call_once(same_device_logged_, [] {
-      LOG(WARNING) << "ranks share a GPU: their AllGather copies are same-device copies, which the driver runs on "
-                      "SMs/CUs (not DMA engines) when issued from dmagatherd; they time-slice with the ranks' "
-                      "kernels. Counted as fallback 'same_device_copy_on_sm'. Run one rank per GPU to avoid it.";
-    });
-  }
-  if (pushes != 0) pushes_.fetch_add(pushes, std::memory_order_relaxed);
+  CountRouting(same, pushes);
   // Track the op (back-pressure if completions lag); the caller holds one
   // share of it, and each issuing device one, until its copies are
   // enqueued (then its completion holds it).
   OpTrack* t = TakeTrack();
   t->op = op;
+  // Issued ahead of its ready flags under the bound: counted until it ends.
+  t->waits_ahead = options_.max_waits_ahead > 0 && runtime_->device_waits() && !RanksReady(*op);
+  if (t->waits_ahead) waits_ahead_.fetch_add(1, std::memory_order_acq_rel);
   {
     absl::MutexLock lock(&t->mu);
     t->status = st;
@@ -383,6 +397,7 @@ void GpuEngine::CloseShare(OpTrack* t, const absl::Status& st) {
     status = std::move(t->status);
     t->status = absl::OkStatus();
   }
+  if (t->waits_ahead) waits_ahead_.fetch_sub(1, std::memory_order_acq_rel);  // The gate polls it.
   {
     absl::MutexLock lock(&tracks_mu_);
     free_tracks_.push_back(t);

@@ -170,6 +170,52 @@ TEST_P(GpuEngineTest, CopiesDoNotStartBeforeEveryReadyFlagReachesTheSeq) {
   EXPECT_EQ(job->Wrong(7), 0u);
 }
 
+// Ops queued far ahead of their ranks' ready flags: without a bound every
+// one is issued with its device waits (cuda-like: one WaitValues call per
+// device and op); with max_waits_ahead = 3 only three are, the rest wait
+// on the CPU and go out without device waits once the flags are seen. All
+// complete in order, bytes exact. CPU gating (hip-like) never waits on the
+// device.
+TEST_P(GpuEngineTest, DeviceWaitsStayWithinMaxWaitsAhead) {
+  constexpr int kOps = 12;
+  for (int bound : {0, 3}) {
+    SCOPED_TRACE(::testing::Message() << "max_waits_ahead " << bound);
+    GpuEngine::Options eo;
+    eo.max_waits_ahead = bound;
+    Start(2, eo);
+    {
+      std::lock_guard<std::mutex> lock(log_.mu);
+      log_.done.clear();
+    }
+    auto job = MakeJob({0, 1}, 4096);
+    ASSERT_NE(job, nullptr);
+    job->Fill(1);
+    std::vector<std::unique_ptr<TestOp>> ops;
+    for (int i = 1; i <= kOps; ++i) {
+      ops.push_back(std::make_unique<TestOp>(&log_, i));
+      job->Plan(ops.back().get(), i);
+      engine_->Execute(ops.back().get());
+    }
+    const int ahead = !GetParam().device_waits ? 0 : bound == 0 ? kOps : bound;
+    for (int i = 0; i < 30000 && fake_->wait_calls() < 2 * ahead; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // Room for a wrong engine to issue more.
+    EXPECT_EQ(fake_->wait_calls(), 2 * ahead);
+    EXPECT_EQ(job->Untouched(), uint64_t{2} * 4096);  // Nothing ran: no flag is set.
+    job->SetReady(kOps);
+    for (auto& op : ops) {
+      ASSERT_TRUE(op->Wait());
+      EXPECT_TRUE(op->result.ok()) << op->result;
+    }
+    EXPECT_EQ(fake_->wait_calls(), 2 * ahead);  // The held ops went out with their flags seen.
+    EXPECT_EQ(job->Wrong(1), 0u);
+    std::lock_guard<std::mutex> lock(log_.mu);
+    ASSERT_EQ(log_.done.size(), size_t{kOps});
+    for (int i = 0; i < kOps; ++i) EXPECT_EQ(log_.done[i].second, uint32_t(i + 1));
+  }
+}
+
 TEST_P(GpuEngineTest, ReadyFlagsCompareWrapping) {
   Start(2);
   auto job = MakeJob({0, 1}, 4096);
