@@ -50,8 +50,6 @@ class OwnedBuffer {
   virtual void Registered() {}
 };
 
-// Graph slots whose CUDA graphs were destroyed: the backend's destruction
-// callback adds them (any thread), the communicator takes them back.
 // One copy of a rank's own shard into its slot of the output (same device).
 struct OwnShardCopy {
   void* dst;
@@ -59,6 +57,8 @@ struct OwnShardCopy {
   uint64_t bytes;
 };
 
+// Graph slots whose CUDA graphs were destroyed: the backend's destruction
+// callback adds them (any thread), the communicator takes them back.
 struct GraphSlotsFreed {
   absl::Mutex mu;
   std::vector<uint32_t> freed ABSL_GUARDED_BY(mu);
