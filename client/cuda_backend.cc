@@ -13,7 +13,6 @@
 
 #include <cstddef>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -34,11 +33,6 @@ namespace {
 
 using ::dmagather::common::cuda::CudaStatus;
 using ::dmagather::common::cuda::CuStatus;
-
-bool BatchCopiesWanted() {
-  const char* env = std::getenv("DMAGATHER_CUDA_BATCH");
-  return env == nullptr || std::string(env) != "0";
-}
 
 int CurrentDevice() {
   if (!::dmagather::common::cuda::CudaAvailable().ok()) return -1;
@@ -396,7 +390,7 @@ class CudaBackend : public ClientBackend {
   const uint64_t graph_dev_;  // Device address of the GraphFlagsV1 block.
   // Own-shard copies as one batch call (DMAGATHER_CUDA_BATCH=0: plain
   // cudaMemcpyAsync; turned off for good if the runtime refuses the batch).
-  bool batch_copies_ = BatchCopiesWanted();
+  bool batch_copies_ = ::dmagather::common::cuda::BatchCopiesEnabled();
   struct Batch {
     std::vector<void*> dsts;
     std::vector<const void*> srcs;

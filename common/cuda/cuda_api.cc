@@ -117,4 +117,9 @@ absl::StatusOr<const DriverApi*> Driver() {
   return &s.api;
 }
 
+bool BatchCopiesEnabled() {
+  const char* env = std::getenv("DMAGATHER_CUDA_BATCH");
+  return env == nullptr || std::strcmp(env, "0") != 0;
+}
+
 }  // namespace dmagather::common::cuda

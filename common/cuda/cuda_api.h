@@ -67,4 +67,8 @@ absl::StatusOr<int> CudaAvailable();
 // The driver functions; an error if CUDA is unavailable or one is missing.
 absl::StatusOr<const DriverApi*> Driver();
 
+// DMAGATHER_CUDA_BATCH is not "0": copies go out as cudaMemcpyBatchAsync
+// (the daemon's chunks, a rank's own shards), else as cudaMemcpyAsync.
+bool BatchCopiesEnabled();
+
 }  // namespace dmagather::common::cuda

@@ -380,9 +380,8 @@ class CudaRuntime : public GpuRuntime {
 
  private:
   CudaRuntime(const DriverApi* api, int n) : api_(api), num_devices_(n) {
-    const char* env = std::getenv("DMAGATHER_CUDA_BATCH");
-    const bool batch = env == nullptr || std::strcmp(env, "0") != 0;
-    env = std::getenv("DMAGATHER_CUDA_GRAPHS");
+    const bool batch = ::dmagather::common::cuda::BatchCopiesEnabled();
+    const char* env = std::getenv("DMAGATHER_CUDA_GRAPHS");
     const bool graphs = env == nullptr || std::strcmp(env, "0") != 0;
     for (int d = 0; d < n; ++d) {
       auto is = std::make_unique<Issuing>();
