@@ -12,6 +12,7 @@ count share GPUs (rank r on GPU r % count; NCCL refuses that, so several ranks
 on one GPU need --dist-backend gloo, which gathers CUDA tensors).
 """
 import argparse
+import glob
 import hashlib
 import json
 import os
@@ -142,6 +143,20 @@ def main():
                    "torch": torch.__version__, "deepspeed": deepspeed.__version__},
                   open(os.path.join(args.out, "summary.json"), "w"), indent=1)
     torch.distributed.barrier()
+    if rank == 0:
+        remove_shm_buffers()
+
+
+def remove_shm_buffers():
+    """DeepSpeed's CPU shm all-reduce leaves one 66 MB /dev/shm file per rank and run
+    (deepspeed_allreduce_buffer_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank>, ops/csrc/cpu/comm/shm.cpp);
+    after the last barrier every rank has them mapped, so this run's names go."""
+    prefix = f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR')}_{os.environ.get('MASTER_PORT')}_"
+    for p in glob.glob(os.path.join("/dev/shm", glob.escape(prefix) + "*")):
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
 
 
 if __name__ == "__main__":
