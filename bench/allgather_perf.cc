@@ -57,6 +57,8 @@ ABSL_FLAG(std::string, csv, "results/allgather_results.csv",
 ABSL_FLAG(std::string, latency_kib, "4,64,1024,16384,65536",
           "cuda: shard sizes (KiB) of the end-to-end latency table (vs an in-process cudaMemcpyAsync).");
 ABSL_FLAG(int, latency_iters, 100, "cuda: iterations per latency row.");
+ABSL_FLAG(std::string, latency_trace, "",
+          "cuda: rank 0 appends every timed latency iteration here as CSV (shard_KiB,iter,us), to see a tail's shape.");
 ABSL_FLAG(double, overlap_s, 3.0, "cuda: seconds per phase of the GEMM + AllGather overlap test (0: skip).");
 ABSL_FLAG(int, overlap_mib, 64, "cuda: shard size (MiB, bfloat16) of the AllGathers in the overlap test.");
 ABSL_FLAG(int, gemm_n, 8192, "cuda: the overlap test's GEMM is bf16 n x n x n through cuBLAS.");
@@ -392,6 +394,10 @@ int RunRankCuda(dmagather::Comm& comm, const std::string& job, Shared* sh) {
       if (it >= 0) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     }
     Barrier(sh, world);
+    if (rank == 0 && !absl::GetFlag(FLAGS_latency_trace).empty()) {
+      std::ofstream trace(absl::GetFlag(FLAGS_latency_trace), std::ios::app);
+      for (size_t i = 0; i < us.size(); ++i) trace << kib << "," << i << "," << us[i] << "\n";
+    }
     if (rank == 0) {
       // The same bytes the daemon moves for the whole op (world x (world-1)
       // shards), as one cudaMemcpyAsync in this process, host-timed the same way.

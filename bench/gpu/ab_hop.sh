@@ -10,7 +10,10 @@
 # environment settings (several separated by spaces, the arm quoted). E.g.
 #   ab_hop.sh old bin                            (baseline build vs this one)
 #   ab_hop.sh bin:DMAGATHER_CUDA_GRAPHS=0 bin    (one build, a setting off/on)
-# AB_SHAPES picks the shapes, SIZE_rRANKS each (default: 4k_r4 4k_r8 64m_r4).
+# A word of an arm that starts with -- is a dmagatherd flag instead
+# (bin:--max_waits_ahead=2). AB_SHAPES picks the shapes, SIZE_rRANKS each
+# (default: 4k_r4 4k_r8 64m_r4); AB_TRACE=1 keeps rank 0's every timed
+# iteration in trace_LABEL.csv (allgather_perf --latency_trace).
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 export LD_LIBRARY_PATH="$here/lib:${LD_LIBRARY_PATH:-}"
@@ -41,13 +44,18 @@ one() {  # arm label shape
   envs=""
   [ "$dir" != "$arm" ] && envs="${arm#*:}"
   local tmp; tmp="$(mktemp -d)"
-  local sock="$tmp/d.sock"
-  # shellcheck disable=SC2086  # envs is a list of VAR=VALUE words.
-  env $envs "$here/$dir/dmagatherd" --socket="$sock" --backend=cuda >"$out/daemon_$label.log" 2>&1 &
+  local sock="$tmp/d.sock" word vars=() flags=() trace=()
+  for word in $envs; do
+    case "$word" in --*) flags+=("$word") ;; *) vars+=("$word") ;; esac
+  done
+  [ -n "${AB_TRACE:-}" ] && trace=(--latency_trace="$out/trace_$label.csv")
+  env "${vars[@]}" "$here/$dir/dmagatherd" --socket="$sock" --backend=cuda "${flags[@]}" \
+    >"$out/daemon_$label.log" 2>&1 &
   local dpid=$!
   for _ in $(seq 1 100); do [ -S "$sock" ] && break; sleep 0.1; done
   # shellcheck disable=SC2046
-  (cd "$tmp" && DMAGATHER_SOCKET="$sock" timeout 180 "$here/$dir/allgather_perf" $(shape_flags "$shape")) \
+  (cd "$tmp" && DMAGATHER_SOCKET="$sock" timeout 180 "$here/$dir/allgather_perf" $(shape_flags "$shape") \
+    "${trace[@]}") \
     >"$out/ab_$label.log" 2>&1
   kill -TERM "$dpid"; wait "$dpid"
   printf '%-28s %s | %s | %s\n' "$label" \

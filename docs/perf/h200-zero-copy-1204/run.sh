@@ -5,6 +5,7 @@
 #
 #   docs/perf/h200-zero-copy-1204/run.sh DIR trainers   # bench/gpu/trainers_gpu.py fsdp2 + fsdp2_hf
 #   docs/perf/h200-zero-copy-1204/run.sh DIR hop        # bench/gpu/ab_hop.sh, graph lanes 0 vs 4
+#   docs/perf/h200-zero-copy-1204/run.sh DIR chain      # fsdp2_hf_fp32 + fsdp2_hf, chains up to 64 MiB
 #   docs/perf/h200-zero-copy-1204/run.sh DIR ownshard   # fsdp2_hf_fp32: own shards by the library's
 #                                                       # batch copy (copy engine) vs DMAGATHER_CUDA_BATCH=0
 #
@@ -48,12 +49,15 @@ case "$what" in
     [ -n "${TRAINERS_LANES4:-}" ] && trainers lanes4 DMAGATHER_CUDA_GRAPH_LANES=4 -- X=1 -- fsdp2_hf
     ;;
   ownshard)
-    trainers own_batch DMAGATHER_CUDA_GRAPH_LANES=0 -- X=1 -- fsdp2_hf_fp32
+    trainers own_batch DMAGATHER_CUDA_GRAPH_LANES=0 -- X=1 -- fsdp2_hf_fp32,fsdp2_hf
     trainers own_plain DMAGATHER_CUDA_GRAPH_LANES=0 -- DMAGATHER_CUDA_BATCH=0 -- fsdp2_hf_fp32
+    ;;
+  chain)  # copy calls of chunks up to 64 MiB replayed as one chain (the medium-op candidate)
+    trainers chain64 DMAGATHER_CUDA_GRAPH_LANES=0 DMAGATHER_CUDA_GRAPH_MAX_KIB=65536 -- X=1 -- fsdp2_hf_fp32,fsdp2_hf
     ;;
   hop)
     (cd "$fc" && OUT="$out" AB_SHAPES="${AB_SHAPES:-4m_r2 4m_r4 4m_r8 16m_r4 64m_r4}" ./ab_hop.sh \
       "bin:DMAGATHER_CUDA_GRAPH_LANES=0" "bin:DMAGATHER_CUDA_GRAPH_LANES=4")
     ;;
-  *) echo "usage: $0 DIR trainers|hop|ownshard" >&2; exit 2 ;;
+  *) echo "usage: $0 DIR trainers|hop|ownshard|chain" >&2; exit 2 ;;
 esac
