@@ -379,7 +379,7 @@ absl::Status FakeRuntime::WaitValues(int device, GpuStream stream, const uint64_
   return absl::OkStatus();
 }
 
-absl::Status FakeRuntime::Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n) {
+absl::Status FakeRuntime::Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n, bool sole_stream) {
   {
     DeviceState& s = state_[device];
     std::lock_guard<std::mutex> lock(s.mu);
@@ -391,7 +391,7 @@ absl::Status FakeRuntime::Copy(int device, GpuStream stream, const CopyCmd* chun
           absl::StrCat("fake copy of ", chunks[i].bytes, " bytes exceeds the cap of ", options_.max_transfer_bytes));
     }
   }
-  CallRecord rec{device, stream, std::this_thread::get_id(), {}};
+  CallRecord rec{device, stream, std::this_thread::get_id(), {}, sole_stream};
   for (size_t i = 0; i < n; ++i) rec.src_owners.push_back(OwnerOf(chunks[i].src));
   {
     std::unique_lock<std::mutex> lock(log_mu_);

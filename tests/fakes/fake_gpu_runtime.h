@@ -72,6 +72,7 @@ class FakeRuntime : public GpuRuntime {
     GpuStream stream = nullptr;
     std::thread::id thread;
     std::vector<int> src_owners;  // Per chunk.
+    bool sole_stream = false;     // As the engine passed it.
   };
   explicit FakeRuntime(const Options& options);
   ~FakeRuntime() override;
@@ -141,7 +142,7 @@ class FakeRuntime : public GpuRuntime {
   absl::StatusOr<IpcMapping> OpenIpc(int device, const std::string& handle) override;
   void CloseIpc(int device, char* base) override;
   absl::Status WaitValues(int device, GpuStream stream, const uint64_t* flags, size_t n, uint32_t value) override;
-  absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n) override;
+  absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n, bool sole_stream) override;
   absl::Status RecordEvent(GpuEvent event, GpuStream stream) override;
   absl::Status StreamWaitEvent(GpuStream stream, GpuEvent event) override;
   void BindThread(int device) override { (void)device; }

@@ -25,16 +25,20 @@ CopyGraphCache::CopyGraphCache(Ops ops, Options options) : ops_(std::move(ops)),
 
 CopyGraphCache::~CopyGraphCache() { DropAll(); }
 
-bool CopyGraphCache::Replay(int device, void* stream, const CopyCmd* chunks, size_t n) {
+bool CopyGraphCache::Replay(int device, void* stream, const CopyCmd* chunks, size_t n, bool sole_stream) {
   if (!enabled() || n == 0) return false;
+  const uint64_t chain_cap =
+      sole_stream ? std::max(options_.max_chunk_bytes, options_.max_sole_chunk_bytes) : options_.max_chunk_bytes;
   size_t lanes = 1;
   for (size_t i = 0; i < n; ++i) {
-    if (chunks[i].bytes > options_.max_chunk_bytes) lanes = options_.lanes;
+    if (chunks[i].bytes > chain_cap) lanes = options_.lanes;
   }
   if (lanes == 0) return false;  // Large chunks without lanes: the batch path.
+  lanes = std::min(lanes, n);
   DropReleased();
   key_.clear();
   key_.append(reinterpret_cast<const char*>(&device), sizeof(device));
+  key_.append(reinterpret_cast<const char*>(&lanes), sizeof(lanes));  // The same call, one chain or side by side.
   for (size_t i = 0; i < n; ++i) {
     const uint64_t k[3] = {reinterpret_cast<uint64_t>(chunks[i].dst), reinterpret_cast<uint64_t>(chunks[i].src),
                            chunks[i].bytes};
@@ -46,7 +50,7 @@ bool CopyGraphCache::Replay(int device, void* stream, const CopyCmd* chunks, siz
     if (seen_.size() >= options_.max_seen) seen_.clear();
     if (++seen_[key_] < 2) return false;  // First sight: a one-off is not worth a graph.
     seen_.erase(key_);
-    absl::StatusOr<Graph> graph = ops_.build(chunks, n, std::min(lanes, n));
+    absl::StatusOr<Graph> graph = ops_.build(chunks, n, lanes);
     if (!graph.ok()) {
       LOG(WARNING) << "copy graph not built (" << graph.status().message()
                    << "); this copy call is issued without one from now on";

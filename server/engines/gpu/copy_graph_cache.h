@@ -17,10 +17,14 @@
 //
 // Two shapes of graph: a call whose chunks are all <= `max_chunk_bytes` is
 // one chain (each copy after the one before: the cheapest launch, and small
-// copies lose nothing by running in turn). A larger call, with `lanes` > 0,
-// is `lanes` chains side by side (chunk i in chain i % lanes): its launch
-// costs about one chain head per lane, and its copies still overlap as the
-// batch path's do. lanes = 0: larger calls are not replayed.
+// copies lose nothing by running in turn). So is a call of chunks up to
+// `max_sole_chunk_bytes` that is its op's sole stream on the device (the
+// engine fanned nothing out beside it, so a chain serialises nothing that
+// would have overlapped; docs/PERFORMANCE.md, "Medium ops"). A larger call,
+// with `lanes` > 0, is `lanes` chains side by side (chunk i in chain
+// i % lanes): its launch costs about one chain head per lane, and its copies
+// still overlap as the batch path's do. lanes = 0: larger calls are not
+// replayed.
 //
 // Bounded: at most `max_graphs` (least recently used out) and
 // `max_seen` keys seen once. A call that fails to build is not tried again;
@@ -75,7 +79,10 @@ class CopyGraphCache {
   };
   struct Options {
     uint64_t max_chunk_bytes = uint64_t{1} << 20;  // Calls of chunks up to this: one chain.
-    size_t lanes = 0;                              // Calls with larger chunks: this many chains; 0: not replayed.
+    // Calls that are their op's sole stream on the device, of chunks up to
+    // this: one chain too (0: as any other call).
+    uint64_t max_sole_chunk_bytes = 0;
+    size_t lanes = 0;  // Calls with larger chunks: this many chains; 0: not replayed.
     size_t max_graphs = 1024;
     size_t max_seen = 16384;
     int max_build_failures = 16;
@@ -91,11 +98,13 @@ class CopyGraphCache {
   const std::shared_ptr<ReleaseLog>& releases() const { return releases_; }
 
   // Launches this copy call's graph on `stream` (building it on the call's
-  // second sight). False: not replayed; issue the copies another way.
-  bool Replay(int device, void* stream, const CopyCmd* chunks, size_t n);
+  // second sight). `sole_stream`: as GpuRuntime::Copy's. False: not
+  // replayed; issue the copies another way.
+  bool Replay(int device, void* stream, const CopyCmd* chunks, size_t n, bool sole_stream);
 
   bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
   uint64_t max_chunk_bytes() const { return options_.max_chunk_bytes; }
+  uint64_t max_sole_chunk_bytes() const { return options_.max_sole_chunk_bytes; }
   size_t lanes() const { return options_.lanes; }
   uint64_t replays() const { return replays_.load(std::memory_order_relaxed); }
   uint64_t built() const { return built_.load(std::memory_order_relaxed); }

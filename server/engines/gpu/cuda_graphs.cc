@@ -19,6 +19,14 @@ using ::dmagather::common::cuda::CudaStatus;
 // (docs/PERFORMANCE.md, "Medium ops"); 0: those calls are issued as a batch.
 constexpr size_t kGraphLanes = 0;
 
+// Calls that are their op's sole stream on the device: chains of chunks up to
+// this (DMAGATHER_CUDA_GRAPH_SOLE_MAX_KIB; 0: the cap above for them too).
+// Measured on one H200, ranks sharing it (docs/PERFORMANCE.md, "Medium ops"):
+// ops of 4 MiB x 2-4 ranks and 16 MiB x 2 ranks issued 5-10x faster and ran
+// as fast or faster end to end as one chain; ops that fan out over streams
+// took +2.1 ms in 10-33% of cases as chains, so those keep the batch path.
+constexpr uint64_t kSoleChainMaxBytes = uint64_t{64} << 20;
+
 // A graph of the chunks as memcpy nodes in `lanes` chains, chunk i after
 // chunk i - lanes: a chain launches in ~1.2-2.3 us whatever its length,
 // where independent nodes cost ~1 us each (the driver fans them out over
@@ -69,6 +77,10 @@ CopyGraphCache::Options CudaGraphOptions() {
   // GPUs (peer copies on copy engines).
   if (const char* e = std::getenv("DMAGATHER_CUDA_GRAPH_MAX_KIB"); e != nullptr && std::atoll(e) > 0) {
     o.max_chunk_bytes = uint64_t(std::atoll(e)) << 10;
+  }
+  o.max_sole_chunk_bytes = kSoleChainMaxBytes;
+  if (const char* e = std::getenv("DMAGATHER_CUDA_GRAPH_SOLE_MAX_KIB"); e != nullptr && *e != '\0') {
+    o.max_sole_chunk_bytes = uint64_t(std::max(0LL, std::atoll(e))) << 10;
   }
   // Calls with larger chunks: replayed as this many chains side by side
   // (DMAGATHER_CUDA_GRAPH_LANES; 0: issued as a batch, docs/CUDA.md).

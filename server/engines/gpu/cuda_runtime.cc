@@ -80,7 +80,7 @@ class CudaRuntime : public GpuRuntime {
   bool device_waits() const override { return device_waits_; }
   std::string Describe() const override {
     int batched = 0, graphs_on = 0;
-    uint64_t replays = 0, built = 0, dropped = 0, max_chunk = 0, lanes = 0;
+    uint64_t replays = 0, built = 0, dropped = 0, max_chunk = 0, max_sole = 0, lanes = 0;
     for (const auto& is : issuing_) {
       batched += is->batch_copies_ok ? 1 : 0;
       if (is->graphs == nullptr) continue;
@@ -89,6 +89,7 @@ class CudaRuntime : public GpuRuntime {
       built += is->graphs->built();
       dropped += is->graphs->dropped();
       max_chunk = is->graphs->max_chunk_bytes();
+      max_sole = is->graphs->max_sole_chunk_bytes();
       lanes = is->graphs->lanes();
     }
     std::string d = batched == num_devices_ ? "cudaMemcpyBatchAsync"
@@ -99,9 +100,12 @@ class CudaRuntime : public GpuRuntime {
     if (graphs_on == 0) return absl::StrCat(d, "; copy graphs off");
     const std::string larger = lanes == 0 ? "larger chunks issued as a batch"
                                           : absl::StrCat("larger chunks as ", lanes, " chains side by side");
-    return absl::StrCat(d, "; copy graphs (a copy call seen twice is replayed as a CUDA graph, one cache per device: ",
-                        "chunks <= ", max_chunk >> 10, " KiB as one chain, ", larger, "): ", replays, " replays, ",
-                        built, " built, ", dropped, " dropped by import releases");
+    return absl::StrCat(
+        d, "; copy graphs (a copy call seen twice is replayed as a CUDA graph, one cache per device: ", "chunks <= ",
+        max_chunk >> 10, " KiB as one chain",
+        max_sole > max_chunk ? absl::StrCat(" (<= ", max_sole >> 10, " KiB where the op has one stream)")
+                             : std::string(),
+        ", ", larger, "): ", replays, " replays, ", built, " built, ", dropped, " dropped by import releases");
   }
 
   // Ring staging: pinned host memory and synchronous host<->device copies
@@ -318,10 +322,10 @@ class CudaRuntime : public GpuRuntime {
     return absl::OkStatus();
   }
 
-  absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n) override {
+  absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n, bool sole_stream) override {
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     Issuing& is = *issuing_[device];
-    if (is.graphs != nullptr && is.graphs->Replay(device, stream, chunks, n)) return absl::OkStatus();
+    if (is.graphs != nullptr && is.graphs->Replay(device, stream, chunks, n, sole_stream)) return absl::OkStatus();
     if (is.batch_copies_ok) {
       is.dsts.clear();
       is.srcs.clear();

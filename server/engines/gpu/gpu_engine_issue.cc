@@ -137,7 +137,7 @@ absl::Status GpuEngine::EnqueueDevice(Device& dev, const EngineOp& op, GpuEvent*
     const uint64_t t_copies = common::MonotonicNs();
     for (const WaveBatch& b : dev.batches) {
       if (!st.ok()) break;
-      st.Update(rt.Copy(dev.ordinal, dev.streams[b.stream], chunks.data() + b.begin, b.end - b.begin));
+      st.Update(rt.Copy(dev.ordinal, dev.streams[b.stream], chunks.data() + b.begin, b.end - b.begin, !fan_out));
     }
     copies_ns_.Record(common::MonotonicNs() - t_copies);
     // Join every stream back into stream 0 (also after an error: the end

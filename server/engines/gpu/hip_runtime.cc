@@ -284,7 +284,7 @@ class HipRuntime : public GpuRuntime {
   absl::Status WaitValues(int, GpuStream, const uint64_t*, size_t, uint32_t) override {
     return absl::FailedPreconditionError("the hip runtime gates ops on the CPU (no stream waits in dmagatherd)");
   }
-  absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n) override {
+  absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n, bool /*sole_stream*/) override {
     (void)device;
     if (hsa() != nullptr) return hsa()->Copy(static_cast<HsaStreams::Stream*>(stream), chunks, n);
     hipStream_t s = static_cast<hipStream_t>(stream);

@@ -136,7 +136,10 @@ class GpuRuntime {
   virtual absl::Status WaitValues(int device, GpuStream stream, const uint64_t* flags, size_t n, uint32_t value) = 0;
   // Enqueues the chunks (each <= max_transfer_bytes; issued on `device`,
   // which reaches both ends of each: src_device and dst_device) on `stream`.
-  virtual absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n) = 0;
+  // `sole_stream`: every copy of this op on `device` goes out on this one
+  // stream, so nothing of the op runs beside these chunks (a runtime may
+  // then run them one after another at no loss, e.g. as a graph chain).
+  virtual absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n, bool sole_stream) = 0;
   virtual absl::Status RecordEvent(GpuEvent event, GpuStream stream) = 0;
   virtual absl::Status StreamWaitEvent(GpuStream stream, GpuEvent event) = 0;
 

@@ -66,9 +66,9 @@ TEST(CopyGraphCacheTest, BuiltOnTheSecondSightThenLaunchedEachTime) {
   FakeGraphs f;
   CopyGraphCache cache(f.Ops(), {});
   auto call = Call(0, 12);
-  EXPECT_FALSE(cache.Replay(0, kStream, call.data(), call.size()));  // First sight.
+  EXPECT_FALSE(cache.Replay(0, kStream, call.data(), call.size(), false));  // First sight.
   EXPECT_TRUE(f.built.empty());
-  EXPECT_TRUE(cache.Replay(0, kStream, call.data(), call.size()));  // Second: built and launched.
+  EXPECT_TRUE(cache.Replay(0, kStream, call.data(), call.size(), false));  // Second: built and launched.
   ASSERT_EQ(f.built.size(), 1u);
   const std::vector<CopyCmd>& g = f.built.begin()->second;
   ASSERT_EQ(g.size(), 12u);
@@ -77,7 +77,7 @@ TEST(CopyGraphCacheTest, BuiltOnTheSecondSightThenLaunchedEachTime) {
     EXPECT_EQ(g[i].src, call[i].src);
     EXPECT_EQ(g[i].bytes, call[i].bytes);
   }
-  for (int i = 0; i < 5; ++i) EXPECT_TRUE(cache.Replay(0, kStream, call.data(), call.size()));
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(cache.Replay(0, kStream, call.data(), call.size(), false));
   EXPECT_EQ(f.built.size(), 1u);
   ASSERT_EQ(f.launches.size(), 6u);
   for (const auto& [graph, stream] : f.launches) {
@@ -94,10 +94,10 @@ TEST(CopyGraphCacheTest, KeyIsDeviceAddressesAndSizes) {
   auto a = Call(0, 3);
   auto b = a;
   b[2].bytes = 2048;  // Same addresses, one size differs.
-  for (int i = 0; i < 2; ++i) cache.Replay(0, kStream, a.data(), a.size());
-  EXPECT_FALSE(cache.Replay(0, kStream, b.data(), b.size()));  // A different call: its first sight.
-  EXPECT_FALSE(cache.Replay(1, kStream, a.data(), a.size()));  // Another device: its first sight.
-  EXPECT_TRUE(cache.Replay(1, kStream, a.data(), a.size()));
+  for (int i = 0; i < 2; ++i) cache.Replay(0, kStream, a.data(), a.size(), false);
+  EXPECT_FALSE(cache.Replay(0, kStream, b.data(), b.size(), false));  // A different call: its first sight.
+  EXPECT_FALSE(cache.Replay(1, kStream, a.data(), a.size(), false));  // Another device: its first sight.
+  EXPECT_TRUE(cache.Replay(1, kStream, a.data(), a.size(), false));
   EXPECT_EQ(f.built.size(), 2u);
 }
 
@@ -107,7 +107,7 @@ TEST(CopyGraphCacheTest, LargeChunksAreNeverReplayed) {
   o.max_chunk_bytes = 8192;
   CopyGraphCache cache(f.Ops(), o);
   auto call = Call(0, 2, 16384);
-  for (int i = 0; i < 4; ++i) EXPECT_FALSE(cache.Replay(0, kStream, call.data(), call.size()));
+  for (int i = 0; i < 4; ++i) EXPECT_FALSE(cache.Replay(0, kStream, call.data(), call.size(), false));
   EXPECT_TRUE(f.built.empty());
 }
 
@@ -123,13 +123,39 @@ TEST(CopyGraphCacheTest, LargeChunksWithLanesAreChainsSideBySide) {
   mixed[3].bytes = 8193;                 // One chunk over the cap: lanes.
   auto two = Call(512 << 10, 2, 16384);  // Fewer chunks than lanes: one lane per chunk.
   for (auto* c : {&small, &large, &mixed, &two}) {
-    EXPECT_FALSE(cache.Replay(0, kStream, c->data(), c->size()));
-    EXPECT_TRUE(cache.Replay(0, kStream, c->data(), c->size()));
+    EXPECT_FALSE(cache.Replay(0, kStream, c->data(), c->size(), false));
+    EXPECT_TRUE(cache.Replay(0, kStream, c->data(), c->size(), false));
   }
   EXPECT_EQ(f.lanes, (std::map<int, size_t>{{1, 1}, {2, 1}, {3, 4}, {4, 2}}));
   EXPECT_EQ(f.built[3].size(), 6u);
   EXPECT_EQ(f.built[3][3].bytes, 8193u);
   EXPECT_EQ(cache.replays(), 4u);
+}
+
+TEST(CopyGraphCacheTest, ASoleStreamCallChainsLargerChunks) {
+  FakeGraphs f;
+  CopyGraphCache::Options o;
+  o.max_chunk_bytes = 8192;
+  o.max_sole_chunk_bytes = 32768;
+  o.lanes = 4;
+  CopyGraphCache cache(f.Ops(), o);
+  auto mid = Call(0, 6, 16384);          // Over the cap, under the sole-stream cap.
+  auto big = Call(256 << 10, 6, 65536);  // Over both.
+  // The op's sole stream: one chain; the same call fanned out: lanes, its own graph.
+  for (bool sole : {true, false}) {
+    EXPECT_FALSE(cache.Replay(0, kStream, mid.data(), mid.size(), sole));
+    EXPECT_TRUE(cache.Replay(0, kStream, mid.data(), mid.size(), sole));
+  }
+  EXPECT_EQ(f.lanes, (std::map<int, size_t>{{1, 1}, {2, 4}}));
+  EXPECT_FALSE(cache.Replay(0, kStream, big.data(), big.size(), true));
+  EXPECT_TRUE(cache.Replay(0, kStream, big.data(), big.size(), true));
+  EXPECT_EQ(f.lanes.at(3), 4u);  // Over the sole-stream cap: lanes as any call.
+
+  o.max_sole_chunk_bytes = 0;  // Off: a sole stream's call is as any other.
+  o.lanes = 0;
+  CopyGraphCache off(f.Ops(), o);
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(off.Replay(0, kStream, mid.data(), mid.size(), true));
+  EXPECT_EQ(off.built(), 0u);
 }
 
 TEST(CopyGraphCacheTest, AReleaseDropsOnlyTheGraphsThatTouchIt) {
@@ -138,21 +164,21 @@ TEST(CopyGraphCacheTest, AReleaseDropsOnlyTheGraphsThatTouchIt) {
   auto a = Call(0, 4);          // Bytes [0, 32 KiB) of the arena.
   auto b = Call(256 << 10, 4);  // From 256 KiB.
   for (int i = 0; i < 2; ++i) {
-    cache.Replay(0, kStream, a.data(), a.size());
-    cache.Replay(0, kStream, b.data(), b.size());
+    cache.Replay(0, kStream, a.data(), a.size(), false);
+    cache.Replay(0, kStream, b.data(), b.size(), false);
   }
   ASSERT_EQ(cache.size(), 2u);
   // b's last destination ends at 256 KiB + 32 KiB; release its last byte only.
   cache.releases()->Add(reinterpret_cast<uint64_t>(arena) + (256 << 10) + (32 << 10) - 1, 1);
-  EXPECT_TRUE(cache.Replay(0, kStream, a.data(), a.size()));   // a kept: replayed.
-  EXPECT_FALSE(cache.Replay(0, kStream, b.data(), b.size()));  // b dropped: a first sight again.
+  EXPECT_TRUE(cache.Replay(0, kStream, a.data(), a.size(), false));   // a kept: replayed.
+  EXPECT_FALSE(cache.Replay(0, kStream, b.data(), b.size(), false));  // b dropped: a first sight again.
   EXPECT_EQ(f.destroyed, (std::vector<int>{2}));
   EXPECT_EQ(cache.dropped(), 1u);
-  EXPECT_TRUE(cache.Replay(0, kStream, b.data(), b.size()));  // Rebuilt on its second sight.
+  EXPECT_TRUE(cache.Replay(0, kStream, b.data(), b.size(), false));  // Rebuilt on its second sight.
   EXPECT_EQ(f.built.size(), 3u);
   // A range next to a graph's copies (not overlapping) drops nothing.
   cache.releases()->Add(reinterpret_cast<uint64_t>(arena) + (32 << 10), 4096);
-  EXPECT_TRUE(cache.Replay(0, kStream, a.data(), a.size()));
+  EXPECT_TRUE(cache.Replay(0, kStream, a.data(), a.size(), false));
   EXPECT_EQ(cache.dropped(), 1u);
 }
 
@@ -162,13 +188,13 @@ TEST(CopyGraphCacheTest, LeastRecentlyUsedGoesFirst) {
   o.max_graphs = 2;
   CopyGraphCache cache(f.Ops(), o);
   auto a = Call(0, 1), b = Call(64 << 10, 1), c = Call(128 << 10, 1);
-  for (int i = 0; i < 2; ++i) cache.Replay(0, kStream, a.data(), a.size());  // Graph 1.
-  for (int i = 0; i < 2; ++i) cache.Replay(0, kStream, b.data(), b.size());  // Graph 2.
-  cache.Replay(0, kStream, a.data(), a.size());                              // a used last.
-  for (int i = 0; i < 2; ++i) cache.Replay(0, kStream, c.data(), c.size());  // Graph 3: b goes.
+  for (int i = 0; i < 2; ++i) cache.Replay(0, kStream, a.data(), a.size(), false);  // Graph 1.
+  for (int i = 0; i < 2; ++i) cache.Replay(0, kStream, b.data(), b.size(), false);  // Graph 2.
+  cache.Replay(0, kStream, a.data(), a.size(), false);                              // a used last.
+  for (int i = 0; i < 2; ++i) cache.Replay(0, kStream, c.data(), c.size(), false);  // Graph 3: b goes.
   EXPECT_EQ(f.destroyed, (std::vector<int>{2}));
   EXPECT_EQ(cache.size(), 2u);
-  EXPECT_TRUE(cache.Replay(0, kStream, a.data(), a.size()));
+  EXPECT_TRUE(cache.Replay(0, kStream, a.data(), a.size(), false));
 }
 
 TEST(CopyGraphCacheTest, ABuildFailureSkipsThatCallAndRepeatedOnesTurnItOff) {
@@ -177,28 +203,28 @@ TEST(CopyGraphCacheTest, ABuildFailureSkipsThatCallAndRepeatedOnesTurnItOff) {
   o.max_build_failures = 2;
   CopyGraphCache cache(f.Ops(), o);
   auto a = Call(0, 1), b = Call(64 << 10, 1), c = Call(128 << 10, 1);
-  for (int i = 0; i < 2; ++i) cache.Replay(0, kStream, a.data(), a.size());  // Built.
+  for (int i = 0; i < 2; ++i) cache.Replay(0, kStream, a.data(), a.size(), false);  // Built.
   f.fail_build = true;
-  for (int i = 0; i < 2; ++i) EXPECT_FALSE(cache.Replay(0, kStream, b.data(), b.size()));
+  for (int i = 0; i < 2; ++i) EXPECT_FALSE(cache.Replay(0, kStream, b.data(), b.size(), false));
   f.fail_build = false;
-  EXPECT_FALSE(cache.Replay(0, kStream, b.data(), b.size()));  // Not tried again.
-  EXPECT_TRUE(cache.Replay(0, kStream, a.data(), a.size()));   // Others still replay.
+  EXPECT_FALSE(cache.Replay(0, kStream, b.data(), b.size(), false));  // Not tried again.
+  EXPECT_TRUE(cache.Replay(0, kStream, a.data(), a.size(), false));   // Others still replay.
   EXPECT_TRUE(cache.enabled());
   f.fail_build = true;
-  for (int i = 0; i < 2; ++i) EXPECT_FALSE(cache.Replay(0, kStream, c.data(), c.size()));  // Second failure.
+  for (int i = 0; i < 2; ++i) EXPECT_FALSE(cache.Replay(0, kStream, c.data(), c.size(), false));  // Second failure.
   EXPECT_FALSE(cache.enabled());
   EXPECT_EQ(f.destroyed, (std::vector<int>{1}));  // Turned off: everything destroyed.
   f.fail_build = false;
-  EXPECT_FALSE(cache.Replay(0, kStream, a.data(), a.size()));
+  EXPECT_FALSE(cache.Replay(0, kStream, a.data(), a.size(), false));
 }
 
 TEST(CopyGraphCacheTest, ALaunchFailureTurnsItOffAndDestroysEverything) {
   FakeGraphs f;
   CopyGraphCache cache(f.Ops(), {});
   auto a = Call(0, 2);
-  cache.Replay(0, kStream, a.data(), a.size());
+  cache.Replay(0, kStream, a.data(), a.size(), false);
   f.fail_launch = true;
-  EXPECT_FALSE(cache.Replay(0, kStream, a.data(), a.size()));
+  EXPECT_FALSE(cache.Replay(0, kStream, a.data(), a.size(), false));
   EXPECT_FALSE(cache.enabled());
   EXPECT_EQ(f.destroyed, (std::vector<int>{1}));
 }
@@ -209,8 +235,8 @@ TEST(CopyGraphCacheTest, DestructorDestroysEveryGraph) {
     CopyGraphCache cache(f.Ops(), {});
     auto a = Call(0, 1), b = Call(64 << 10, 1);
     for (int i = 0; i < 2; ++i) {
-      cache.Replay(0, kStream, a.data(), a.size());
-      cache.Replay(0, kStream, b.data(), b.size());
+      cache.Replay(0, kStream, a.data(), a.size(), false);
+      cache.Replay(0, kStream, b.data(), b.size(), false);
     }
   }
   std::vector<int> d = f.destroyed;
@@ -222,10 +248,10 @@ TEST(CopyGraphCacheTest, ReleasesFromAnotherThreadAreSeen) {
   FakeGraphs f;
   CopyGraphCache cache(f.Ops(), {});
   auto a = Call(0, 1);
-  for (int i = 0; i < 2; ++i) cache.Replay(0, kStream, a.data(), a.size());
+  for (int i = 0; i < 2; ++i) cache.Replay(0, kStream, a.data(), a.size(), false);
   std::thread t([&] { cache.releases()->Add(reinterpret_cast<uint64_t>(arena), 1); });
   t.join();
-  EXPECT_FALSE(cache.Replay(0, kStream, a.data(), a.size()));
+  EXPECT_FALSE(cache.Replay(0, kStream, a.data(), a.size(), false));
   EXPECT_EQ(cache.dropped(), 1u);
 }
 

@@ -231,6 +231,7 @@ TEST_P(GpuDevicesTest, EachPeerLinkGetsItsOwnStream) {
   std::map<int, std::map<int, std::set<GpuStream>>> streams_by_src;  // device -> source -> streams
   for (const auto& call : fake_->call_log()) {
     for (int src : call.src_owners) streams_by_src[call.device][src].insert(call.stream);
+    EXPECT_FALSE(call.sole_stream) << "device " << call.device << ": a call beside other streams said it was alone";
   }
   ASSERT_EQ(streams_by_src.size(), 4u);
   for (const auto& [device, by_src] : streams_by_src) {
@@ -242,6 +243,20 @@ TEST_P(GpuDevicesTest, EachPeerLinkGetsItsOwnStream) {
     }
     EXPECT_EQ(used.size(), 3u) << "device " << device << ": links share a stream";
   }
+}
+
+// An op whose share of a device goes out on one stream tells the runtime
+// so with each copy call (it may then chain them, GpuRuntime::Copy); two
+// devices, one link each, a small op.
+TEST_P(GpuDevicesTest, ACallOnItsOpsOnlyStreamSaysSo) {
+  Start(Fake(2));
+  auto job = MakeJob({0, 1}, 4096);
+  ASSERT_NE(job, nullptr);
+  ASSERT_TRUE(RunOp(*job, 1).ok());
+  EXPECT_EQ(job->Wrong(1), 0u);
+  const auto calls = fake_->call_log();
+  ASSERT_FALSE(calls.empty());
+  for (const auto& call : calls) EXPECT_TRUE(call.sole_stream) << "device " << call.device;
 }
 
 INSTANTIATE_TEST_SUITE_P(Runtimes, GpuDevicesTest, ::testing::Values(kCudaLike, kHipLike),

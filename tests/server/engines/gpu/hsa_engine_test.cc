@@ -173,7 +173,7 @@ class HsaFakeRuntime : public FakeRuntime {
   void DestroyStream(int, GpuStream s) override { hs_.DestroyStream(static_cast<HsaStreams::Stream*>(s)); }
   absl::StatusOr<GpuEvent> CreateEvent(int) override { return static_cast<GpuEvent>(hs_.CreateEvent()); }
   void DestroyEvent(int, GpuEvent e) override { hs_.DestroyEvent(static_cast<HsaStreams::Event*>(e)); }
-  absl::Status Copy(int, GpuStream s, const CopyCmd* chunks, size_t n) override {
+  absl::Status Copy(int, GpuStream s, const CopyCmd* chunks, size_t n, bool) override {
     return hs_.Copy(static_cast<HsaStreams::Stream*>(s), chunks, n);
   }
   absl::Status RecordEvent(GpuEvent e, GpuStream s) override {
@@ -245,7 +245,9 @@ TEST_P(HsaEngineTest, OneRankPerGpuGathersBitExactWithEachLinkOnItsEngine) {
       ASSERT_NE(dst, src);  // One rank per GPU: every copy crosses GPUs.
       EXPECT_EQ(c.engine, hrt_->plan().EngineFor(dst, src)) << dst << "<-" << src;
       EXPECT_NE(c.engine, 0u);
-      if (dst == 3) EXPECT_NE(c.engine, 0x1u);
+      if (dst == 3) {
+        EXPECT_NE(c.engine, 0x1u);
+      }
       expected[{src, __builtin_ctz(c.engine)}] += c.bytes;
     }
   }
