@@ -6,6 +6,7 @@
 #   docs/perf/h200-zero-copy-1204/run.sh DIR trainers   # bench/gpu/trainers_gpu.py fsdp2 + fsdp2_hf
 #   docs/perf/h200-zero-copy-1204/run.sh DIR hop        # bench/gpu/ab_hop.sh, graph lanes 0 vs 4
 #   docs/perf/h200-zero-copy-1204/run.sh DIR chain      # fsdp2_hf_fp32 + fsdp2_hf, chains up to 64 MiB
+#   docs/perf/h200-zero-copy-1204/run.sh DIR onestream  # the same with --streams=1
 #   docs/perf/h200-zero-copy-1204/run.sh DIR ownshard   # fsdp2_hf_fp32: own shards by the library's
 #                                                       # batch copy (copy engine) vs DMAGATHER_CUDA_BATCH=0
 #
@@ -22,12 +23,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv >"$out/gpu.t
 
 trainers() {  # label daemon-envs... -- trainer-envs... -- parts
   local label="$1"; shift
-  local denv=() tenv=()
-  while [ "$1" != "--" ]; do denv+=("$1"); shift; done; shift
+  local denv=() dflags=() tenv=()
+  while [ "$1" != "--" ]; do
+    case "$1" in --*) dflags+=("$1") ;; *) denv+=("$1") ;; esac
+    shift
+  done
+  shift
   while [ "$1" != "--" ]; do tenv+=("$1"); shift; done; shift
   local parts="$1" sock="/tmp/zc-$label.sock"
   rm -f "$sock"
-  env "${denv[@]}" "$fc/bin/dmagatherd" --socket="$sock" --backend=cuda --socket_mode=0666 \
+  env "${denv[@]}" "$fc/bin/dmagatherd" --socket="$sock" --backend=cuda --socket_mode=0666 "${dflags[@]}" \
     >"$out/daemon_$label.log" 2>&1 &
   local dpid=$!
   for _ in $(seq 1 100); do [ -S "$sock" ] && break; sleep 0.1; done
@@ -55,9 +60,12 @@ case "$what" in
   chain)  # copy calls of chunks up to 64 MiB replayed as one chain (the medium-op candidate)
     trainers chain64 DMAGATHER_CUDA_GRAPH_LANES=0 DMAGATHER_CUDA_GRAPH_MAX_KIB=65536 -- X=1 -- fsdp2_hf_fp32,fsdp2_hf
     ;;
+  onestream)  # the same, every op on one stream per device (no fan-out)
+    trainers onestream DMAGATHER_CUDA_GRAPH_MAX_KIB=65536 --streams=1 -- X=1 -- fsdp2_hf_fp32,fsdp2_hf
+    ;;
   hop)
     (cd "$fc" && OUT="$out" AB_SHAPES="${AB_SHAPES:-4m_r2 4m_r4 4m_r8 16m_r4 64m_r4}" ./ab_hop.sh \
       "bin:DMAGATHER_CUDA_GRAPH_LANES=0" "bin:DMAGATHER_CUDA_GRAPH_LANES=4")
     ;;
-  *) echo "usage: $0 DIR trainers|hop|ownshard|chain" >&2; exit 2 ;;
+  *) echo "usage: $0 DIR trainers|hop|ownshard|chain|onestream" >&2; exit 2 ;;
 esac
