@@ -11,7 +11,8 @@
 #   ab_hop.sh old bin                            (baseline build vs this one)
 #   ab_hop.sh bin:DMAGATHER_CUDA_GRAPHS=0 bin    (one build, a setting off/on)
 # A word of an arm that starts with -- is a dmagatherd flag instead
-# (bin:--max_waits_ahead=2). AB_SHAPES picks the shapes, SIZE_rRANKS each
+# (bin:--max_waits_ahead=2); the word mps runs that arm's daemon and ranks
+# under an MPS server of its own (bin:mps). AB_SHAPES picks the shapes, SIZE_rRANKS each
 # (default: 4k_r4 4k_r8 64m_r4); AB_TRACE=1 keeps rank 0's every timed
 # iteration in trace_LABEL.csv (allgather_perf --latency_trace).
 set -u
@@ -44,10 +45,15 @@ one() {  # arm label shape
   envs=""
   [ "$dir" != "$arm" ] && envs="${arm#*:}"
   local tmp; tmp="$(mktemp -d)"
-  local sock="$tmp/d.sock" word vars=() flags=() trace=()
+  local sock="$tmp/d.sock" word vars=() flags=() trace=() mps=0
   for word in $envs; do
-    case "$word" in --*) flags+=("$word") ;; *) vars+=("$word") ;; esac
+    case "$word" in mps) mps=1 ;; --*) flags+=("$word") ;; *) vars+=("$word") ;; esac
   done
+  if [ "$mps" = 1 ]; then  # exported for this arm's processes only
+    local -x CUDA_MPS_PIPE_DIRECTORY="$tmp/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$tmp/mps-log"
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d || { echo "$label: no MPS server (nvidia-cuda-mps-control -d failed)"; return; }
+  fi
   [ -n "${AB_TRACE:-}" ] && trace=(--latency_trace="$out/trace_$label.csv")
   env "${vars[@]}" "$here/$dir/dmagatherd" --socket="$sock" --backend=cuda "${flags[@]}" \
     >"$out/daemon_$label.log" 2>&1 &
@@ -58,6 +64,7 @@ one() {  # arm label shape
     "${trace[@]}") \
     >"$out/ab_$label.log" 2>&1
   kill -TERM "$dpid"; wait "$dpid"
+  [ "$mps" = 1 ] && echo quit | nvidia-cuda-mps-control && sleep 1
   printf '%-28s %s | %s | %s\n' "$label" \
     "$(grep -E '^ +[0-9]+ +[0-9.]+' "$out/ab_$label.log" | tail -1 | awk '{print "e2e p50 "$2" us, p99 "$3" us"}')" \
     "$(grep -o 'issue p50 [0-9.]* us, p99 [0-9.]* us' "$out/daemon_$label.log")" \

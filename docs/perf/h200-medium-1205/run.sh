@@ -12,6 +12,7 @@
 #   docs/perf/h200-medium-1205/run.sh DIR sole        # the sole-stream chain rule off vs on (the change)
 #   docs/perf/h200-medium-1205/run.sh DIR onestream   # fanned-out ops: default vs one stream, all chained
 #   docs/perf/h200-medium-1205/run.sh DIR trainone    # the trainers, one stream per device, all chained
+#   docs/perf/h200-medium-1205/run.sh DIR mps         # the 2 ms step: lanes 4, and fanned-out chains, without vs with MPS
 #   docs/perf/h200-medium-1205/run.sh DIR suite       # the GPU suite (tests/gpu/run.sh)
 #
 # Several parts in one call: run.sh DIR "own diag sweep". Everything goes to
@@ -53,12 +54,16 @@ for part in $parts; do
     onestream)  # ops that fan out: the default vs one stream per device with every call one chain
       OUT="$res/onestream" AB_TRACE=1 AB_SHAPES="${ONE_SHAPES:-4m_r8 16m_r4 16m_r8 64m_r4}" \
         timeout -k 5 "${SWEEP_S:-300}" "$fc/ab_hop.sh" "$(lanes 0)" "$(lanes 0 --streams=1 DMAGATHER_CUDA_GRAPH_MAX_KIB=65536)" ;;
+    mps)  # is the 2 ms step the GPU's time-slice between processes? The same arm without vs with MPS
+      OUT="$res/mps1" AB_TRACE=1 AB_SHAPES="4m_r4" timeout -k 5 100 "$fc/ab_hop.sh" "$(lanes 4)" "$(lanes 4 mps)"
+      OUT="$res/mps2" AB_TRACE=1 AB_SHAPES="4m_r8 16m_r4" timeout -k 5 150 "$fc/ab_hop.sh" \
+        "$(lanes 0 DMAGATHER_CUDA_GRAPH_MAX_KIB=65536)" "$(lanes 0 DMAGATHER_CUDA_GRAPH_MAX_KIB=65536 mps)" ;;
     trainone)  # the trainers with --streams=1 and chains up to 64 MiB
       OUT="$res/trainone" timeout -k 5 200 "$here/../h200-zero-copy-1204/run.sh" "$fc" onestream ;;
     suite)
       OUT="$res/suite" timeout -k 5 400 "$fc/run.sh" run >"$res/suite.log" 2>&1
       tail -n 30 "$res/suite.log" ;;
-    *) echo "unknown part $part (own diag sweep chain chainsweep sole onestream trainone suite)" >&2; exit 2 ;;
+    *) echo "unknown part $part (own diag sweep chain chainsweep sole onestream mps trainone suite)" >&2; exit 2 ;;
   esac
   echo "== part $part: $((SECONDS - t0)) s"
 done 2>&1 | tee "$res/all.log"
