@@ -127,6 +127,8 @@ run() {
     --dist-backend gloo --steps 8
   one zero3-both DMAGATHER_ALLGATHER=1 DS_SDMA_ALLGATHER=1 -- "${tr[@]}" "$t/zero3_train.py" \
     --out "$out/zero3-both" --dtype bf16 --dist-backend gloo --steps 8
+  one zero3-flat DMAGATHER_ALLGATHER=1 DMAGATHER_ZERO3_ZERO_COPY=0 -- "${tr[@]}" "$t/zero3_train.py" \
+    --out "$out/zero3-flat" --dtype bf16 --dist-backend gloo --steps 8
   # FSDP2's own reduce-scatter: gloo's reduce_scatter_tensor takes CUDA tensors.
   local f=("$t/fsdp2_train.py" --device cuda --dist-backend gloo --steps 6)
   one fsdp2-off -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-off"

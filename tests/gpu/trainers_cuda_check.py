@@ -64,16 +64,30 @@ def zero_copy(name):
     return seen.pop() if len(seen) == 1 else None
 
 
-for name in ("zero3-off", "zero3-on", "zero3-both", "fsdp2-off", "fsdp2-on", "fsdp2-copyout", "fsdp2-custom",
+def zero3_copy(name):
+    """(status, fetches, fallbacks) of the ZeRO-3 zero-copy fetch, equal on every rank, or None."""
+    seen = {(x.get("zero3_zero_copy"), x.get("zero3_zero_copy_fetches"),
+             sum((x.get("zero3_zero_copy_fallback_by_reason") or {}).values())) for x in stats(name).values()}
+    return seen.pop() if len(seen) == 1 else None
+
+
+for name in ("zero3-off", "zero3-on", "zero3-both", "zero3-flat", "fsdp2-off", "fsdp2-on", "fsdp2-copyout", "fsdp2-custom",
              "fsdp2-off-bf16", "fsdp2-on-bf16"):
     check(f"{name} ran", rc(name) == 0, f"rc={rc(name)}")
 for name in ("zero3-off", "fsdp2-off", "fsdp2-off-bf16"):
     check(f"{name} set nothing up", stats(name) == {})
-for a, b in (("zero3-off", "zero3-on"), ("zero3-off", "zero3-both"), ("fsdp2-off", "fsdp2-on"),
+for a, b in (("zero3-off", "zero3-on"), ("zero3-off", "zero3-both"), ("zero3-off", "zero3-flat"),
+             ("fsdp2-off", "fsdp2-on"),
              ("fsdp2-off", "fsdp2-copyout"), ("fsdp2-off", "fsdp2-custom"), ("fsdp2-off-bf16", "fsdp2-on-bf16")):
     check(f"{b} == {a}", *same(a, b))
-for name in ("zero3-on", "zero3-both", "fsdp2-on", "fsdp2-copyout", "fsdp2-custom", "fsdp2-on-bf16"):
+for name in ("zero3-on", "zero3-both", "zero3-flat", "fsdp2-on", "fsdp2-copyout", "fsdp2-custom",
+             "fsdp2-on-bf16"):
     check(f"{name} served by dmagather", *served(name))
+for name in ("zero3-on", "zero3-both"):  # DeepSpeed's coalesced fetches gathered into the parameters
+    z = zero3_copy(name)
+    check(f"{name} zero-copy fetch", z is not None and z[0] == "on" and z[1] > 0 and z[2] == 0, str(z))
+z = zero3_copy("zero3-flat")
+check("zero3-flat DeepSpeed's flat-buffer fetch", z == ("off: DMAGATHER_ZERO3_ZERO_COPY=0", 0, 0), str(z))
 for name in ("fsdp2-on", "fsdp2-custom", "fsdp2-on-bf16"):  # every unshard after the set-up one (custom: all)
     z = zero_copy(name)
     check(f"{name} zero-copy unshard", z is not None and z[0] == "on" and z[1] > 0, str(z))

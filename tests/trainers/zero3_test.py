@@ -6,6 +6,8 @@ on one real daemon (host backend):
   off   no DMAGATHER_ALLGATHER
   on    DMAGATHER_ALLGATHER=1, nothing else
   both  DMAGATHER_ALLGATHER=1 and DeepSpeed's DS_SDMA_ALLGATHER=1
+  zc_off  DMAGATHER_ALLGATHER=1 and DMAGATHER_ZERO3_ZERO_COPY=0: DeepSpeed's
+        own coalesced fetch (flat buffer, copy-in, copy-out) on dmagather
   install  no DMAGATHER_ALLGATHER (DMAGATHER_HOST_STAGING=1: the host backend
         stages private CPU tensors); the script calls dmagather.torch.install() after
         deepspeed.initialize() (DeepSpeed's backend already holds torch's
@@ -15,8 +17,12 @@ Asserted: every rank's losses and the final (gathered) parameters are the same
 bytes in all three; in `on` and `both` every parameter all-gather of every rank
 went through dmagather (Python counters: ops > 0, 0 fallbacks) and the daemon
 counted the same ops for the job, with no errors or fallbacks; rank 0 printed
-exactly one start line; `off` set nothing up.
+exactly one start line; `off` set nothing up. The zero-copy fetch
+(_zero3_zero_copy): in `on` the coalesced fetches gathered into the parameters
+(equal counts on every rank, no rule hit, the same dmagather ops), and `zc_off`,
+which never takes it, is bit-identical to `on` and `off`.
 """
+import json
 import os
 import unittest
 
@@ -44,6 +50,7 @@ class DeepSpeedZero3Test(TrainerCase):
         runs = {"off": ({}, launcher([])),
                 "on": ({"DMAGATHER_ALLGATHER": "1"}, launcher([])),
                 "both": ({"DMAGATHER_ALLGATHER": "1", "DS_SDMA_ALLGATHER": "1"}, launcher([])),
+                "zc_off": ({"DMAGATHER_ALLGATHER": "1", "DMAGATHER_ZERO3_ZERO_COPY": "0"}, launcher([])),
                 "install": ({"DMAGATHER_HOST_STAGING": "1"}, launcher(["--install-after-init"]))}
         cls.launch_all("dmagather-zero3-", runs, WORLD, RUN_TIMEOUT_S)
 
@@ -98,11 +105,40 @@ class DeepSpeedZero3Test(TrainerCase):
         # called: every later one must be served.
         n_install, _ = self.check_served("install")
         n_on, _ = self.check_served("on")
-        import json
         params = json.load(open(os.path.join(self.runs["off"]["dir"], "summary.json")))["params"]
         self.assertGreater(n_install, 0)
         self.assertLessEqual(n_on - n_install, params, f"install() after initialize: {n_install} of {n_on} served")
         self.assert_same_bytes(self.runs["off"]["dir"], self.runs["install"]["dir"], "off vs install() after init")
+
+    def zero_copy(self, name):
+        stats = self.ok(name)["stats"]
+        self.assertEqual(sorted(stats), list(range(WORLD)), f"{name}: ranks without counters")
+        keys = ("zero3_zero_copy", "zero3_zero_copy_fetches", "zero3_zero_copy_items", "zero3_zero_copy_bytes",
+                "zero3_zero_copy_fallback_by_reason")
+        views = {rank: tuple(str(s[k]) for k in keys) for rank, s in stats.items()}
+        self.assertEqual(len(set(views.values())), 1, f"{name}: ranks took different paths: {views}")
+        return stats[0]
+
+    def test_zero_copy_fetch_takes_every_coalesced_fetch_bit_identical(self):
+        s = self.zero_copy("on")
+        self.assertEqual(s["zero3_zero_copy"], "on")
+        self.assertGreater(s["zero3_zero_copy_fetches"], 0)
+        self.assertGreater(s["zero3_zero_copy_items"], s["zero3_zero_copy_fetches"], "a fetch of one parameter")
+        self.assertEqual(sum(s["zero3_zero_copy_fallback_by_reason"].values()), 0, s)
+        self.assertLess(s["zero3_zero_copy_fetches"], s["dmagather_ops"], "single-parameter gathers are not fetches")
+        off = self.zero_copy("zc_off")
+        self.assertEqual(off["zero3_zero_copy"], "off: DMAGATHER_ZERO3_ZERO_COPY=0")
+        self.assertEqual(off["zero3_zero_copy_fetches"], 0)
+        self.assertEqual(off["dmagather_ops"], s["dmagather_ops"], "the same ops, gathered another way")
+        self.assert_same_bytes(self.runs["off"]["dir"], self.runs["zc_off"]["dir"], "off vs zero-copy off")
+        self.assert_same_bytes(self.runs["on"]["dir"], self.runs["zc_off"]["dir"], "zero-copy on vs off")
+
+    def test_install_after_initialize_keeps_deepspeeds_fetch(self):
+        # The parameters were converted inside deepspeed.initialize(), before
+        # install() could arm the zero-copy fetch: they keep DeepSpeed's.
+        s = self.zero_copy("install")
+        self.assertEqual(s["zero3_zero_copy"], "on")
+        self.assertEqual(s["zero3_zero_copy_fetches"], 0)
 
     def test_with_ds_sdma_allgather_bit_identical_and_served(self):
         self.ok("off")

@@ -9,7 +9,10 @@ body), then replaces `torch.distributed.all_gather_into_tensor` by a thin
 function. Anything that takes the function afterwards — DeepSpeed's
 TorchBackend captures it once, when it is built; `from torch.distributed
 import all_gather_into_tensor` — gets that function, whenever the script
-calls init_process_group or deepspeed.initialize.
+calls init_process_group or deepspeed.initialize. It also arms DeepSpeed
+ZeRO-3's zero-copy fetch (`_zero3_zero_copy`) for when DeepSpeed's ZeRO-3
+module loads, so that every parameter DeepSpeed converts gathers into its own
+storage.
 
 The collective setup (dmagather.torch.init(): two all_reduces over WORLD)
 happens at the first call on the WORLD group (or a group of every rank in
@@ -28,8 +31,9 @@ import threading
 
 ENV = "DMAGATHER_ALLGATHER"
 TARGET = "torch.distributed"
+ZERO3_MODULE = "deepspeed.runtime.zero.partition_parameters"  # _zero3_zero_copy's
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # an import inside the set-up may reach the finder
 _orig = None        # torch.distributed.all_gather_into_tensor before the patch
 _adapter = None     # dmagather.torch's adapter once the first eligible call set it up
 _patched = None     # our function (to tell whether it is still in place)
@@ -111,41 +115,47 @@ def adapter():
 
 
 class _Loader(importlib.abc.Loader):
-    def __init__(self, inner):
+    def __init__(self, inner, callbacks):
         self.inner = inner
+        self.callbacks = callbacks
 
     def create_module(self, spec):
         return self.inner.create_module(spec)
 
     def exec_module(self, module):
         self.inner.exec_module(module)
-        patch(module)
+        for fn in self.callbacks:
+            fn(module)
 
     def __getattr__(self, name):  # get_resource_reader, is_package, ... of the real loader
         return getattr(self.inner, name)
 
 
+_hooks = {}      # module name -> what runs right after its module body
+_finder = None
+
+
 class _Finder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: wraps the loader of torch.distributed so that the
-    patch runs right after its module body, then steps aside."""
+    """Finds nothing itself: wraps the loader of a hooked module so that its
+    callbacks run right after the module body, then steps aside for it."""
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != TARGET:
-            return None
-        _remove_finder()
+        with _lock:
+            callbacks = _hooks.pop(fullname, None)
+            if callbacks is None:
+                return None
+            if not _hooks:
+                _remove_finder()
         for f in sys.meta_path:
             find = getattr(f, "find_spec", None)
-            if find is None:
+            if f is self or find is None:
                 continue
             spec = find(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader)
+                    spec.loader = _Loader(spec.loader, callbacks)
                 return spec
         return None
-
-
-_finder = None
 
 
 def _remove_finder():
@@ -158,16 +168,35 @@ def _remove_finder():
         _finder = None
 
 
+def after_import(name, fn):
+    """fn(module) right after module `name`'s body runs (now, if it is loaded)."""
+    global _finder
+    m = sys.modules.get(name)
+    if m is not None:
+        fn(m)
+        return
+    with _lock:
+        _hooks.setdefault(name, []).append(fn)
+        if _finder is None:
+            _finder = _Finder()
+            sys.meta_path.insert(0, _finder)
+
+
 def activate():
     """Called at start-up when DMAGATHER_ALLGATHER=1."""
-    global _finder
     m = sys.modules.get(TARGET)
     if m is not None and hasattr(m, "all_gather_into_tensor"):
         patch(m)
-        return
-    if _finder is None:
-        _finder = _Finder()
-        sys.meta_path.insert(0, _finder)
+    else:
+        after_import(TARGET, patch)
+    # DeepSpeed ZeRO-3's fetches gather into the parameters (no flat buffer),
+    # for every parameter DeepSpeed converts: armed before its module loads.
+    after_import(ZERO3_MODULE, _arm_zero3)
+
+
+def _arm_zero3(_module):
+    from . import _zero3_zero_copy
+    _zero3_zero_copy.arm()
 
 
 if os.environ.get(ENV) == "1":

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from . import Comm, DmagatherError, FallbackError, DTYPES, MAX_COALESCED, Op, _Gather
 from . import _fsdp_zero_copy
+from . import _zero3_zero_copy
 from ._torch_work import StreamOrderedError, Work, _WorkList
 
 # Daemon backends whose tensors live on torch "cuda" devices: NVIDIA (cuda) and,
@@ -170,7 +171,7 @@ class DmagatherAllGather:
                 "fallback_by_reason": {k: c["fallback:" + k] for k in REASONS},
                 "last_fallback_reason": self.last_fallback_reason,
                 "host_buffers_allocated": self._pool.allocated if self._pool else 0,
-                **_fsdp_zero_copy.stats(self)}
+                **_fsdp_zero_copy.stats(self), **_zero3_zero_copy.stats(self)}
 
     # ---- memory ---------------------------------------------------------------
     def empty(self, shape, dtype=torch.float32, device=None):

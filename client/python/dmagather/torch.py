@@ -59,6 +59,7 @@ import torch.distributed as dist
 
 from . import Comm, DmagatherError, FallbackError, DTYPES, MAX_COALESCED, Op, _Gather, load_library
 from . import _fsdp_zero_copy
+from . import _zero3_zero_copy
 from ._torch_gather import (DEFAULT_MAX_NUMEL, REASONS, DmagatherAllGather, StreamOrderedError, Work,
                             _env_flag, _max_numel_from_env, log)
 
@@ -284,6 +285,7 @@ def install(**init_kwargs):
                 _ds_backend = cdb
     if a.comm is not None:
         _fsdp_zero_copy.enable()  # FSDP2's default all-gather is ours now: unshard without copy-in/out
+        _zero3_zero_copy.arm()  # ZeRO-3's fetches of parameters converted from now on: no flat buffer
     return a
 
 
