@@ -68,7 +68,6 @@ _INIT_ATTRS = ("use_all_reduce_for_fetch_params", "allgather_sequential", "get_p
 
 _status = None       # None before enable(); "on", or "off: <why>"
 _armed = False
-_active = True       # set_active(False): DeepSpeed's own path while patched (A/B in one process)
 _orig_convert = None
 
 
@@ -134,12 +133,6 @@ def enable():
 
 def status():
     return _status or "off: not enabled"
-
-
-def set_active(flag):
-    """Benchmarks and tests: compare both paths in one process (enable() stays)."""
-    global _active
-    _active = bool(flag)
 
 
 def _wrap(init, param):
@@ -218,7 +211,7 @@ def _rule(a, init, params, safe_mode, quantize, pp):
 
 def _fetch(init, orig, params, safe_mode, quantize):
     pp = sys.modules[MODULE]
-    a = _adapter() if _active else None
+    a = _adapter()
     params = list(params)
     status = pp.ZeroParamStatus
     if (a is None or a.comm is None or len(params) < 2 or init.allgather_sequential
