@@ -8,6 +8,7 @@ on one real daemon (host backend):
   both  DMAGATHER_ALLGATHER=1 and DeepSpeed's DS_SDMA_ALLGATHER=1
   zc_off  DMAGATHER_ALLGATHER=1 and DMAGATHER_ZERO3_ZERO_COPY=0: DeepSpeed's
         own coalesced fetch (flat buffer, copy-in, copy-out) on dmagather
+  off_bf16, on_bf16  off and on with DeepSpeed's bf16 mixed precision
   install  no DMAGATHER_ALLGATHER (DMAGATHER_HOST_STAGING=1: the host backend
         stages private CPU tensors); the script calls dmagather.torch.install() after
         deepspeed.initialize() (DeepSpeed's backend already holds torch's
@@ -51,6 +52,8 @@ class DeepSpeedZero3Test(TrainerCase):
                 "on": ({"DMAGATHER_ALLGATHER": "1"}, launcher([])),
                 "both": ({"DMAGATHER_ALLGATHER": "1", "DS_SDMA_ALLGATHER": "1"}, launcher([])),
                 "zc_off": ({"DMAGATHER_ALLGATHER": "1", "DMAGATHER_ZERO3_ZERO_COPY": "0"}, launcher([])),
+                "off_bf16": ({}, launcher(["--dtype", "bf16"])),
+                "on_bf16": ({"DMAGATHER_ALLGATHER": "1"}, launcher(["--dtype", "bf16"])),
                 "install": ({"DMAGATHER_HOST_STAGING": "1"}, launcher(["--install-after-init"]))}
         cls.launch_all("dmagather-zero3-", runs, WORLD, RUN_TIMEOUT_S)
 
@@ -132,6 +135,16 @@ class DeepSpeedZero3Test(TrainerCase):
         self.assertEqual(off["dmagather_ops"], s["dmagather_ops"], "the same ops, gathered another way")
         self.assert_same_bytes(self.runs["off"]["dir"], self.runs["zc_off"]["dir"], "off vs zero-copy off")
         self.assert_same_bytes(self.runs["on"]["dir"], self.runs["zc_off"]["dir"], "zero-copy on vs off")
+
+    def test_zero_copy_fetch_bf16_bit_identical(self):
+        # bf16: DeepSpeed keeps the partitions in bf16 (fp32 master weights in the
+        # optimizer), so the fetch gathers bf16 with no cast.
+        s = self.zero_copy("on_bf16")
+        self.assertEqual(s["zero3_zero_copy"], "on")
+        self.assertGreater(s["zero3_zero_copy_fetches"], 0)
+        self.assertEqual(sum(s["zero3_zero_copy_fallback_by_reason"].values()), 0, s)
+        self.assertEqual(json.load(open(os.path.join(self.runs["off_bf16"]["dir"], "summary.json")))["dtype"], "bf16")
+        self.assert_same_bytes(self.runs["off_bf16"]["dir"], self.runs["on_bf16"]["dir"], "bf16: off vs zero-copy")
 
     def test_install_after_initialize_keeps_deepspeeds_fetch(self):
         # The parameters were converted inside deepspeed.initialize(), before
