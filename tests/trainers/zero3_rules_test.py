@@ -43,7 +43,9 @@ def init(**over):
 @unittest.skipUnless(HAVE_DS, WHY)
 class Zero3RulesTest(unittest.TestCase):
     def rule(self, params, adapter=None, safe_mode=False, quantize=False, **init_over):
-        return z3._rule(adapter or FakeAdapter(), init(**init_over), params, safe_mode, quantize, pp)
+        i = init(**init_over)
+        return z3._rule(adapter or FakeAdapter(), i, params, safe_mode, quantize, pp,
+                        i.get_partition_dp_group(params[0]), torch.device("cpu"))
 
     def test_a_plain_fetch_is_taken(self):
         self.assertIsNone(self.rule([param(), param(10)]))

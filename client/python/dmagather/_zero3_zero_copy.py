@@ -179,7 +179,7 @@ def _adapter():
     return _autoload.adapter() if _autoload.is_patched() else None
 
 
-def _rule(a, init, params, safe_mode, quantize, pp):
+def _rule(a, init, params, safe_mode, quantize, pp, group, device):
     """Why this fetch takes DeepSpeed's own path, or None. Equal on every rank."""
     if quantize or any(hasattr(p.ds_tensor, "ds_quant_scale") for p in params):
         return "quantized"
@@ -191,12 +191,8 @@ def _rule(a, init, params, safe_mode, quantize, pp):
         return "safe_mode"
     if os.environ.get("DS_SDMA_ALLGATHER") == "1" and importlib.util.find_spec("mori") is not None:
         return "ds_sdma"
-    group = init.get_partition_dp_group(params[0])
     if any(init.get_partition_dp_group(p) is not group for p in params) or not a._is_world(group):
         return "group"
-    from deepspeed.accelerator import get_accelerator
-    import torch
-    device = torch.device(get_accelerator().current_device_name())
     for p in params:
         t = p.ds_tensor
         if pp.get_allgather_dtype(p, t) != t.dtype:
@@ -221,18 +217,18 @@ def _fetch(init, orig, params, safe_mode, quantize):
         # buffer already (one parameter, allgather_sequential), nothing to
         # gather, or DeepSpeed's own error for a parameter not partitioned.
         return orig(params, safe_mode=safe_mode, quantize=quantize)
-    why = _rule(a, init, params, safe_mode, quantize, pp)
-    if why is not None:
-        a.counters["zero3_zero_copy_fallback:" + why] += 1
-        return orig(params, safe_mode=safe_mode, quantize=quantize)
     import torch
     from deepspeed.accelerator import get_accelerator
     group = init.get_partition_dp_group(params[0])
+    device = torch.device(get_accelerator().current_device_name())
+    why = _rule(a, init, params, safe_mode, quantize, pp, group, device)
+    if why is not None:
+        a.counters["zero3_zero_copy_fallback:" + why] += 1
+        return orig(params, safe_mode=safe_mode, quantize=quantize)
     world = init._partition_world_size(params[0])
     # Every rank fetches the same parameters, not always in the same order (a
     # set in the coordinator): DeepSpeed's order, by id.
     params = sorted(params, key=lambda p: p.ds_id)
-    device = torch.device(get_accelerator().current_device_name())
     outs, sends = [], []
     for p in params:
         p.ds_status = status.INFLIGHT
