@@ -122,13 +122,14 @@ run() {
   }
   export PYTHONFAULTHANDLER=1  # A crashing rank prints its Python stack.
   local tr=("$py" -m torch.distributed.run --standalone --nproc_per_node "$world")
-  one zero3-off -- "${tr[@]}" "$t/zero3_train.py" --out "$out/zero3-off" --dtype bf16 --dist-backend gloo --steps 8
+  one zero3-off -- "${tr[@]}" "$t/zero3_train.py" --out "$out/zero3-off" --dtype bf16 --dist-backend gloo --steps 8 \
+    --profile
   one zero3-on DMAGATHER_ALLGATHER=1 -- "${tr[@]}" "$t/zero3_train.py" --out "$out/zero3-on" --dtype bf16 \
-    --dist-backend gloo --steps 8
+    --dist-backend gloo --steps 8 --profile
   one zero3-both DMAGATHER_ALLGATHER=1 DS_SDMA_ALLGATHER=1 -- "${tr[@]}" "$t/zero3_train.py" \
     --out "$out/zero3-both" --dtype bf16 --dist-backend gloo --steps 8
   one zero3-flat DMAGATHER_ALLGATHER=1 DMAGATHER_ZERO3_ZERO_COPY=0 -- "${tr[@]}" "$t/zero3_train.py" \
-    --out "$out/zero3-flat" --dtype bf16 --dist-backend gloo --steps 8
+    --out "$out/zero3-flat" --dtype bf16 --dist-backend gloo --steps 8 --profile
   # FSDP2's own reduce-scatter: gloo's reduce_scatter_tensor takes CUDA tensors.
   local f=("$t/fsdp2_train.py" --device cuda --dist-backend gloo --steps 6)
   one fsdp2-off -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-off"

@@ -100,6 +100,21 @@ for name in ("zero3-on", "zero3-both", "fsdp2-on", "fsdp2-on-bf16"):
     except OSError:
         lines = []
     check(f"{name} one start line", len(lines) == 1, lines[0].strip() if len(lines) == 1 else str(lines))
+# Measured, not checked: rank 0's profile of the ZeRO-3 arms (zero3_train.py --profile).
+print("| arm | step ms p50 (steps 2..) | peak MiB | last step: kernels | cat kernels | kernel µs | memcpys | kernels by stream |")
+print("|---|---|---|---|---|---|---|---|")
+for name in ("zero3-off", "zero3-flat", "zero3-on"):
+    try:
+        pr = json.load(open(os.path.join(out, name, "profile.json")))
+    except (OSError, ValueError):
+        print(f"| {name} | no profile.json | | | | | | |")
+        continue
+    ms = sorted(pr["step_ms"][1:]) or [float("nan")]
+    ls = pr["last_step"]
+    cat = sum(n for k, (n, _) in ls["kernels_by_name"].items() if "CatArray" in k)
+    peak = pr["peak_allocated_bytes"]
+    print(f"| {name} | {ms[len(ms) // 2]:.1f} | {peak / 2**20 if peak else float('nan'):.1f} | {ls['kernels']} | {cat} "
+          f"| {ls['kernel_us']:.0f} | {sum(ls['memcpy_by_kind'].values())} | {ls['kernels_by_stream']} |")
 json.dump(results, open(os.path.join(out, "results.json"), "w"), indent=1)
 passed = sum(r["ok"] for r in results)
 print(f"{passed} passed, {len(results) - passed} failed")

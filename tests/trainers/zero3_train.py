@@ -6,16 +6,20 @@ causal transformer trained for a few steps on data from a seeded generator.
 
 Writes DIR/losses.bin (each step's loss on rank 0, float32 bytes of every
 step) and DIR/params.bin (every parameter, gathered, in bytes, rank 0), and
-DIR/summary.json. Runs on CPU (DeepSpeed's CPU accelerator: gloo) or CUDA
+DIR/summary.json; with --profile also DIR/profile.json (rank 0: step times,
+peak memory, the last step's kernels by name and stream, memcpys). Runs on CPU (DeepSpeed's CPU accelerator: gloo) or CUDA
 (nccl), whichever DeepSpeed's accelerator is. On CUDA, ranks beyond the GPU
 count share GPUs (rank r on GPU r % count; NCCL refuses that, so several ranks
 on one GPU need --dist-backend gloo, which gathers CUDA tensors).
 """
 import argparse
+import collections
+import contextlib
 import glob
 import hashlib
 import json
 import os
+import tempfile
 
 import torch
 import torch.nn as nn
@@ -65,6 +69,9 @@ def main():
     p.add_argument("--dist-backend", default=None, help="default: the accelerator's (gloo on CPU, nccl on CUDA)")
     p.add_argument("--install-after-init", action="store_true",
                    help="the older route: dmagather.torch.install() after deepspeed.initialize()")
+    p.add_argument("--profile", action="store_true",
+                   help="rank 0: step times, peak memory, and the torch profiler's GPU activity of the "
+                        "last step (kernels by name and stream, memcpys) into DIR/profile.json")
     p.add_argument("--local_rank", type=int, default=-1)  # the deepspeed launcher passes it
     args = p.parse_args()
 
@@ -116,13 +123,15 @@ def main():
 
     g = torch.Generator().manual_seed(42)
     losses = []
+    prof = Profile(args.profile and rank == 0, device, args.steps)
     for step in range(args.steps):
-        ids = torch.randint(0, vocab, (world, micro, seq + 1), generator=g)[rank].to(device)
-        logits = engine(ids[:, :-1])
-        loss = nn.functional.cross_entropy(logits.float().reshape(-1, vocab), ids[:, 1:].reshape(-1))
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.detach().float().cpu())
+        with prof.step(step):
+            ids = torch.randint(0, vocab, (world, micro, seq + 1), generator=g)[rank].to(device)
+            logits = engine(ids[:, :-1])
+            loss = nn.functional.cross_entropy(logits.float().reshape(-1, vocab), ids[:, 1:].reshape(-1))
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.detach().float().cpu())
 
     # Every rank's losses, so that each rank's run is compared.
     local = torch.stack(losses).to(device)
@@ -136,6 +145,7 @@ def main():
         pb = b"".join(t.reshape(-1).view(torch.uint8).numpy().tobytes() for _, t in blobs)
         open(os.path.join(args.out, "losses.bin"), "wb").write(lb)
         open(os.path.join(args.out, "params.bin"), "wb").write(pb)
+        prof.write(os.path.join(args.out, "profile.json"))
         json.dump({"world": world, "dist_backend": str(torch.distributed.get_backend()), "steps": args.steps, "dtype": args.dtype, "device": str(device),
                    "losses": [float(x) for x in every[0]], "params": len(blobs),
                    "param_elements": sum(t.numel() for _, t in blobs),
@@ -145,6 +155,66 @@ def main():
     torch.distributed.barrier()
     if rank == 0:
         remove_shm_buffers()
+
+
+class Profile:
+    """--profile on rank 0: every step's time (the device synchronized at its
+    end), the peak memory allocated, and the GPU activity of the last step as
+    the torch profiler sees it: kernels by name and by stream, memcpys by kind.
+    Off: nothing runs (the data path's runs stay as they are)."""
+
+    def __init__(self, on, device, steps):
+        self.on, self.device, self.last = on, device, steps - 1
+        self.step_ms, self.trace = [], None
+        if on and device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @contextlib.contextmanager
+    def step(self, i):
+        if not self.on:
+            yield
+            return
+        import time
+        import torch.profiler as tp
+        acts = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        self._sync()
+        t0 = time.perf_counter()
+        if i != self.last:
+            yield
+            self._sync()
+        else:
+            with tp.profile(activities=acts) as p:
+                yield
+                self._sync()
+            path = os.path.join(tempfile.mkdtemp(), "trace.json")
+            p.export_chrome_trace(path)
+            self.trace = json.load(open(path)).get("traceEvents", [])
+        self.step_ms.append((time.perf_counter() - t0) * 1e3)
+
+    def write(self, path):
+        if not self.on:
+            return
+        kernels, streams, memcpy = collections.Counter(), collections.Counter(), collections.Counter()
+        kernel_us = collections.Counter()
+        for e in self.trace or []:
+            cat, a = e.get("cat"), e.get("args", {})
+            if cat == "kernel":
+                kernels[e["name"][:120]] += 1
+                kernel_us[e["name"][:120]] += e.get("dur", 0)
+                streams[str(a.get("stream"))] += 1
+            elif cat == "gpu_memcpy":
+                memcpy[e["name"]] += 1
+        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        json.dump({"step_ms": self.step_ms, "peak_allocated_bytes": peak,
+                   "last_step": {"kernels": sum(kernels.values()), "kernel_us": sum(kernel_us.values()),
+                                 "kernels_by_stream": dict(streams),
+                                 "kernels_by_name": {k: [n, kernel_us[k]] for k, n in kernels.most_common()},
+                                 "memcpy_by_kind": dict(memcpy)}},
+                  open(path, "w"), indent=1)
 
 
 def remove_shm_buffers():
