@@ -7,10 +7,11 @@ causal transformer trained for a few steps on data from a seeded generator.
 Writes DIR/losses.bin (each step's loss on rank 0, float32 bytes of every
 step) and DIR/params.bin (every parameter, gathered, in bytes, rank 0), and
 DIR/summary.json; with --profile also DIR/profile.json (rank 0: step times,
-peak memory, the last step's kernels by name and stream, memcpys). Runs on CPU (DeepSpeed's CPU accelerator: gloo) or CUDA
-(nccl), whichever DeepSpeed's accelerator is. On CUDA, ranks beyond the GPU
-count share GPUs (rank r on GPU r % count; NCCL refuses that, so several ranks
-on one GPU need --dist-backend gloo, which gathers CUDA tensors).
+peak memory, the last step's kernels by name and stream, memcpys). Runs on CPU
+(DeepSpeed's CPU accelerator: gloo) or CUDA (nccl), whichever DeepSpeed's
+accelerator is. On CUDA, ranks beyond the GPU count share GPUs (rank r on GPU
+r % count; NCCL refuses that, so several ranks on one GPU need --dist-backend
+gloo, which gathers CUDA tensors).
 """
 import argparse
 import collections
@@ -190,9 +191,9 @@ class Profile:
             with tp.profile(activities=acts) as p:
                 yield
                 self._sync()
-            path = os.path.join(tempfile.mkdtemp(), "trace.json")
-            p.export_chrome_trace(path)
-            self.trace = json.load(open(path)).get("traceEvents", [])
+            with tempfile.TemporaryDirectory() as d:
+                p.export_chrome_trace(os.path.join(d, "trace.json"))
+                self.trace = json.load(open(os.path.join(d, "trace.json"))).get("traceEvents", [])
         self.step_ms.append((time.perf_counter() - t0) * 1e3)
 
     def write(self, path):
@@ -201,13 +202,13 @@ class Profile:
         kernels, streams, memcpy = collections.Counter(), collections.Counter(), collections.Counter()
         kernel_us = collections.Counter()
         for e in self.trace or []:
-            cat, a = e.get("cat"), e.get("args", {})
+            cat, name = e.get("cat"), e.get("name", "")[:120]
             if cat == "kernel":
-                kernels[e["name"][:120]] += 1
-                kernel_us[e["name"][:120]] += e.get("dur", 0)
-                streams[str(a.get("stream"))] += 1
+                kernels[name] += 1
+                kernel_us[name] += e.get("dur", 0)
+                streams[str(e.get("args", {}).get("stream"))] += 1
             elif cat == "gpu_memcpy":
-                memcpy[e["name"]] += 1
+                memcpy[name] += 1
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
         json.dump({"step_ms": self.step_ms, "peak_allocated_bytes": peak,
                    "last_step": {"kernels": sum(kernels.values()), "kernel_us": sum(kernel_us.values()),
