@@ -38,6 +38,7 @@ stage() {
 run() {
   export LD_LIBRARY_PATH="$here/lib:${LD_LIBRARY_PATH:-}"
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  if [ -n "${OUT:-}" ]; then mkdir -p "$OUT"; fi  # the daemons' logs are kept there
   local tmp; tmp="$(mktemp -d)"
   export DMAGATHER_SOCKET="$tmp/dmagatherd.sock"
   "$here/bin/dmagatherd" --socket="$DMAGATHER_SOCKET" --backend=cuda --socket_mode=0666 >"$tmp/daemon.log" 2>&1 &

@@ -25,7 +25,7 @@ res="$(mktemp -d)/res"
 mkdir -p "$res"
 pack() { tar czf "${OUT:-/tmp}/res.tgz" -C "$(dirname "$res")" res; }
 trap pack EXIT
-lanes() { echo "bin:DMAGATHER_CUDA_GRAPH_LANES=$1${2:+ $2}"; }
+lanes() { local n="$1"; shift; echo "bin:DMAGATHER_CUDA_GRAPH_LANES=$n${*:+ $*}"; }
 for part in $parts; do
   t0=$SECONDS
   case "$part" in
