@@ -12,6 +12,7 @@
 #   docs/perf/h200-medium-1205/run.sh DIR sole        # the sole-stream chain rule off vs on (the change)
 #   docs/perf/h200-medium-1205/run.sh DIR onestream   # fanned-out ops: default vs one stream, all chained
 #   docs/perf/h200-medium-1205/run.sh DIR trainone    # the trainers, one stream per device, all chained
+#   docs/perf/h200-medium-1205/run.sh DIR traindefault  # the same trainers, the daemon's defaults
 #   docs/perf/h200-medium-1205/run.sh DIR mps         # the 2 ms step: lanes 4, and fanned-out chains, without vs with MPS
 #   docs/perf/h200-medium-1205/run.sh DIR suite       # the GPU suite (tests/gpu/run.sh)
 #
@@ -60,10 +61,12 @@ for part in $parts; do
         "$(lanes 0 DMAGATHER_CUDA_GRAPH_MAX_KIB=65536)" "$(lanes 0 DMAGATHER_CUDA_GRAPH_MAX_KIB=65536 mps)" ;;
     trainone)  # the trainers with --streams=1 and chains up to 64 MiB
       OUT="$res/trainone" timeout -k 5 200 "$here/../h200-zero-copy-1204/run.sh" "$fc" onestream ;;
+    traindefault)  # the same trainers with the daemon's defaults (trainone's baseline)
+      OUT="$res/traindefault" timeout -k 5 200 "$here/../h200-zero-copy-1204/run.sh" "$fc" default ;;
     suite)
       OUT="$res/suite" timeout -k 5 400 "$fc/run.sh" run >"$res/suite.log" 2>&1
       tail -n 30 "$res/suite.log" ;;
-    *) echo "unknown part $part (own diag sweep chain chainsweep sole onestream mps trainone suite)" >&2; exit 2 ;;
+    *) echo "unknown part $part (own diag sweep chain chainsweep sole onestream mps trainone traindefault suite)" >&2; exit 2 ;;
   esac
   echo "== part $part: $((SECONDS - t0)) s"
 done 2>&1 | tee "$res/all.log"

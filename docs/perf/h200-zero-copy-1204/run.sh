@@ -7,6 +7,7 @@
 #   docs/perf/h200-zero-copy-1204/run.sh DIR hop        # bench/gpu/ab_hop.sh, graph lanes 0 vs 4
 #   docs/perf/h200-zero-copy-1204/run.sh DIR chain      # fsdp2_hf_fp32 + fsdp2_hf, chains up to 64 MiB
 #   docs/perf/h200-zero-copy-1204/run.sh DIR onestream  # the same with --streams=1
+#   docs/perf/h200-zero-copy-1204/run.sh DIR default    # the same with the daemon's defaults
 #   docs/perf/h200-zero-copy-1204/run.sh DIR ownshard   # fsdp2_hf_fp32: own shards by the library's
 #                                                       # batch copy (copy engine) vs DMAGATHER_CUDA_BATCH=0
 #
@@ -60,6 +61,9 @@ case "$what" in
   chain)  # copy calls of chunks up to 64 MiB replayed as one chain (the medium-op candidate)
     trainers chain64 DMAGATHER_CUDA_GRAPH_LANES=0 DMAGATHER_CUDA_GRAPH_MAX_KIB=65536 -- X=1 -- fsdp2_hf_fp32,fsdp2_hf
     ;;
+  default)  # the same trainers with the daemon's defaults (the baseline of chain and onestream)
+    trainers default DMAGATHER_CUDA_GRAPH_LANES=0 -- X=1 -- fsdp2_hf_fp32,fsdp2_hf
+    ;;
   onestream)  # the same, every op on one stream per device (no fan-out)
     trainers onestream DMAGATHER_CUDA_GRAPH_MAX_KIB=65536 --streams=1 -- X=1 -- fsdp2_hf_fp32,fsdp2_hf
     ;;
@@ -67,5 +71,5 @@ case "$what" in
     (cd "$fc" && OUT="$out" AB_SHAPES="${AB_SHAPES:-4m_r2 4m_r4 4m_r8 16m_r4 64m_r4}" ./ab_hop.sh \
       "bin:DMAGATHER_CUDA_GRAPH_LANES=0" "bin:DMAGATHER_CUDA_GRAPH_LANES=4")
     ;;
-  *) echo "usage: $0 DIR trainers|hop|ownshard|chain|onestream" >&2; exit 2 ;;
+  *) echo "usage: $0 DIR trainers|hop|ownshard|chain|onestream|default" >&2; exit 2 ;;
 esac
