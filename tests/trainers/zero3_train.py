@@ -192,8 +192,10 @@ class Profile:
                 yield
                 self._sync()
             with tempfile.TemporaryDirectory() as d:
-                p.export_chrome_trace(os.path.join(d, "trace.json"))
-                self.trace = json.load(open(os.path.join(d, "trace.json"))).get("traceEvents", [])
+                path = os.path.join(d, "trace.json")
+                p.export_chrome_trace(path)
+                with open(path) as f:
+                    self.trace = json.load(f).get("traceEvents", [])
         self.step_ms.append((time.perf_counter() - t0) * 1e3)
 
     def write(self, path):
