@@ -10,6 +10,8 @@
 #   docs/perf/h200-zero-copy-1204/run.sh DIR default    # the same with the daemon's defaults
 #   docs/perf/h200-zero-copy-1204/run.sh DIR ownshard   # fsdp2_hf_fp32: own shards by the library's
 #                                                       # batch copy (copy engine) vs DMAGATHER_CUDA_BATCH=0
+#   docs/perf/h200-zero-copy-1204/run.sh DIR arm LABEL "DAEMON_ENV=1 --daemon_flag" [PARTS]
+#                                                       # one arm of the trainers, named and set up as given
 #
 # Logs and results under $OUT.
 set -u
@@ -45,7 +47,8 @@ trainers() {  # label daemon-envs... -- trainer-envs... -- parts
   grep -E "PASSED|FAILED|fsdp2_hf(_fp32)? arm|^ +(reference|copyout|zerocopy)|^ +[0-9]+ x " "$out/$label.log" | head -40
   grep -o 'issue p50 [0-9.]* us, p99 [0-9.]* us' "$out/daemon_$label.log"
   grep -o 'copy calls (per device) p50 [0-9.]* us[^;]*' "$out/daemon_$label.log"
-  grep -o 'copy graphs ([^)]*): [0-9]* replays, [0-9]* built' "$out/daemon_$label.log"
+  grep -o '[0-9]* replays, [0-9]* built, [^;]*import releases' "$out/daemon_$label.log"
+  grep -o 'copy calls by path: .*' "$out/daemon_$label.log"
 }
 
 case "$what" in
@@ -67,9 +70,13 @@ case "$what" in
   onestream)  # the same, every op on one stream per device (no fan-out)
     trainers onestream DMAGATHER_CUDA_GRAPH_MAX_KIB=65536 --streams=1 -- X=1 -- fsdp2_hf_fp32,fsdp2_hf
     ;;
+  arm)  # the daemon's settings as words: NAME=VALUE (environment) or --flag
+    read -r -a words <<<"${4:-}"
+    trainers "${3:?arm LABEL}" "${words[@]}" -- X=1 -- "${5:-fsdp2_hf_fp32,fsdp2_hf}"
+    ;;
   hop)
     (cd "$fc" && OUT="$out" AB_SHAPES="${AB_SHAPES:-4m_r2 4m_r4 4m_r8 16m_r4 64m_r4}" ./ab_hop.sh \
       "bin:DMAGATHER_CUDA_GRAPH_LANES=0" "bin:DMAGATHER_CUDA_GRAPH_LANES=4")
     ;;
-  *) echo "usage: $0 DIR trainers|hop|ownshard|chain|onestream|default" >&2; exit 2 ;;
+  *) echo "usage: $0 DIR trainers|hop|ownshard|chain|onestream|default|arm" >&2; exit 2 ;;
 esac

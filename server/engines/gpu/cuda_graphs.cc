@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <memory>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/cuda/cuda_api.h"
 #include "common/status.h"
 
@@ -27,29 +29,43 @@ constexpr size_t kGraphLanes = 0;
 // took +2.1 ms in 10-33% of cases as chains, so those keep the batch path.
 constexpr uint64_t kSoleChainMaxBytes = uint64_t{64} << 20;
 
+// A copy graph: the executable, and the graph it was instantiated from with
+// its nodes (cudaGraphExecMemcpyNodeSetParams1D names a node of that graph).
+struct CudaCopyGraph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  std::vector<cudaGraphNode_t> nodes;  // Node i copies chunk i.
+
+  ~CudaCopyGraph() {
+    // An executable still in flight is freed by the driver when it completes.
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  }
+};
+
+CudaCopyGraph* Of(CopyGraphCache::Graph g) { return static_cast<CudaCopyGraph*>(g); }
+
 // A graph of the chunks as memcpy nodes in `lanes` chains, chunk i after
 // chunk i - lanes: a chain launches in ~1.2-2.3 us whatever its length,
 // where independent nodes cost ~1 us each (the driver fans them out over
 // internal streams), so lanes = 1 is cheapest and more lanes let large
 // copies overlap.
 absl::StatusOr<CopyGraphCache::Graph> BuildGraph(const CopyCmd* chunks, size_t n, size_t lanes) {
-  cudaGraph_t g = nullptr;
-  DMAG_CUDA_RETURN_IF_ERROR(cudaGraphCreate(&g, 0));
-  std::vector<cudaGraphNode_t> nodes(n, nullptr);
+  auto g = std::make_unique<CudaCopyGraph>();
+  DMAG_CUDA_RETURN_IF_ERROR(cudaGraphCreate(&g->graph, 0));
+  g->nodes.assign(n, nullptr);
   cudaError_t err = cudaSuccess;
   for (size_t i = 0; i < n && err == cudaSuccess; ++i) {
-    const cudaGraphNode_t* dep = i >= lanes ? &nodes[i - lanes] : nullptr;
-    err = cudaGraphAddMemcpyNode1D(&nodes[i], g, dep, dep != nullptr ? 1 : 0, chunks[i].dst, chunks[i].src,
+    const cudaGraphNode_t* dep = i >= lanes ? &g->nodes[i - lanes] : nullptr;
+    err = cudaGraphAddMemcpyNode1D(&g->nodes[i], g->graph, dep, dep != nullptr ? 1 : 0, chunks[i].dst, chunks[i].src,
                                    chunks[i].bytes, cudaMemcpyDeviceToDevice);
   }
-  cudaGraphExec_t exec = nullptr;
-  if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, g, 0);
-  cudaGraphDestroy(g);
+  if (err == cudaSuccess) err = cudaGraphInstantiate(&g->exec, g->graph, 0);
   if (err != cudaSuccess) {
     cudaGetLastError();
     return CudaStatus("cudaGraphAddMemcpyNode1D/cudaGraphInstantiate", err);
   }
-  return static_cast<CopyGraphCache::Graph>(exec);
+  return static_cast<CopyGraphCache::Graph>(g.release());
 }
 
 }  // namespace
@@ -58,12 +74,19 @@ CopyGraphCache::Ops CudaGraphOps() {
   CopyGraphCache::Ops ops;
   ops.build = BuildGraph;
   ops.launch = [](CopyGraphCache::Graph g, void* stream) {
-    cudaError_t err = cudaGraphLaunch(static_cast<cudaGraphExec_t>(g), static_cast<cudaStream_t>(stream));
+    cudaError_t err = cudaGraphLaunch(Of(g)->exec, static_cast<cudaStream_t>(stream));
     if (err != cudaSuccess) cudaGetLastError();
     return CudaStatus("cudaGraphLaunch(copies)", err);
   };
-  // A graph still in flight is freed by the driver when it completes.
-  ops.destroy = [](CopyGraphCache::Graph g) { cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g)); };
+  ops.destroy = [](CopyGraphCache::Graph g) { delete Of(g); };
+  // ~0.6 us a node, against ~3 us a node to build (docs/PERFORMANCE.md).
+  // Launches already made keep their addresses.
+  ops.update = [](CopyGraphCache::Graph g, size_t node, const CopyCmd& c) {
+    cudaError_t err = cudaGraphExecMemcpyNodeSetParams1D(Of(g)->exec, Of(g)->nodes[node], c.dst, c.src, c.bytes,
+                                                         cudaMemcpyDeviceToDevice);
+    if (err != cudaSuccess) cudaGetLastError();
+    return CudaStatus("cudaGraphExecMemcpyNodeSetParams1D", err);
+  };
   return ops;
 }
 
@@ -88,7 +111,61 @@ CopyGraphCache::Options CudaGraphOptions() {
   if (const char* e = std::getenv("DMAGATHER_CUDA_GRAPH_LANES"); e != nullptr && *e != '\0') {
     o.lanes = size_t(std::max(0LL, std::atoll(e)));
   }
+  // Graphs per call shape, pointed at new addresses in place
+  // (DMAGATHER_CUDA_GRAPH_PER_SHAPE; 0: a graph serves its exact addresses
+  // only, a call at new addresses builds one).
+  if (const char* e = std::getenv("DMAGATHER_CUDA_GRAPH_PER_SHAPE"); e != nullptr && *e != '\0') {
+    o.max_per_shape = size_t(std::max(0LL, std::atoll(e)));
+  }
   return o;
+}
+
+std::string DescribeCopyGraphs(const std::vector<const CopyGraphCache*>& caches) {
+  int on = 0;
+  uint64_t replays = 0, built = 0, dropped = 0, updated = 0, nodes_updated = 0, max_chunk = 0, max_sole = 0, lanes = 0;
+  bool updates_on = false;
+  for (const CopyGraphCache* c : caches) {
+    on += c->enabled() ? 1 : 0;
+    replays += c->replays();
+    built += c->built();
+    dropped += c->dropped();
+    updated += c->updated();
+    nodes_updated += c->nodes_updated();
+    updates_on = updates_on || c->updates_on();
+    max_chunk = c->max_chunk_bytes();
+    max_sole = c->max_sole_chunk_bytes();
+    lanes = c->lanes();
+  }
+  if (on == 0) return "copy graphs off";
+  const std::string larger =
+      lanes == 0 ? "larger chunks issued as a batch" : absl::StrCat("larger chunks as ", lanes, " chains side by side");
+  return absl::StrCat(
+      "copy graphs (a copy call seen twice is replayed as a CUDA graph, one cache per device: ", "chunks <= ",
+      max_chunk >> 10, " KiB as one chain",
+      max_sole > max_chunk ? absl::StrCat(" (<= ", max_sole >> 10, " KiB where the op has one stream)") : std::string(),
+      ", ", larger, updates_on ? "; a known shape at new addresses updates a graph in place" : "", "): ", replays,
+      " replays, ", built, " built, ", updated, " updated in place (", nodes_updated, " nodes), ", dropped,
+      " dropped by import releases");
+}
+
+void CopyPathFigures::Record(CopyGraphCache::Served path, uint64_t ns, size_t copies) {
+  Figures& f = paths_[static_cast<int>(path)];
+  f.ns.Record(ns);
+  f.copies.fetch_add(copies, std::memory_order_relaxed);
+  f.total_ns.fetch_add(ns, std::memory_order_relaxed);
+}
+
+std::string CopyPathFigures::Describe() const {
+  static constexpr const char* kNames[] = {"batch", "graph replayed", "graph updated in place", "graph built"};
+  std::string d;
+  for (int p = 0; p < 4; ++p) {
+    const common::LatencySummaryNs x = paths_[p].ns.Summary();
+    if (x.count == 0) continue;
+    const uint64_t copies = std::max<uint64_t>(paths_[p].copies.load(std::memory_order_relaxed), 1);
+    absl::StrAppend(&d, d.empty() ? "" : ", ", kNames[p], " ", x.count, " calls p50 ", x.p50 / 1e3, " us (",
+                    paths_[p].total_ns.load(std::memory_order_relaxed) / 1e3 / copies, " us a copy)");
+  }
+  return d.empty() ? d : absl::StrCat("; copy calls by path: ", d);
 }
 
 }  // namespace dmagather::server::engines::gpu

@@ -19,11 +19,14 @@
 //    that does not turns the device waits off (the engine gates on the CPU);
 //  - copy graphs (DMAGATHER_CUDA_GRAPHS=0 turns them off): a copy call of
 //    chunks up to DMAGATHER_CUDA_GRAPH_MAX_KIB (default 1024) seen a second
-//    time (same device, addresses and sizes: FSDP2 and ZeRO-3 gather into
-//    the same buffers every step) is built once into a CUDA graph of memcpy
-//    nodes in a chain and replayed with one cudaGraphLaunch. Issuing 12
-//    small copies costs ~40 us as a batch and ~1.2 us as a replay
-//    (bench/gpu/issue_cost.cc; docs/PERFORMANCE.md). Graphs hold addresses:
+//    time (same device, addresses and sizes: ZeRO-3 gathers into the same
+//    buffers every step) is built once into a CUDA graph of memcpy nodes in
+//    a chain and replayed with one cudaGraphLaunch. Issuing 12 small copies
+//    costs ~40 us as a batch and ~1.2 us as a replay
+//    (bench/gpu/issue_cost.cc; docs/PERFORMANCE.md). A call of a known
+//    shape at new addresses (FSDP2 allocates its unsharded parameters anew)
+//    updates a graph of that shape in place (cuda_graphs.cc,
+//    DMAGATHER_CUDA_GRAPH_PER_SHAPE). Graphs hold addresses:
 //    IPC closes and VMM unmaps report their range first and the graphs that
 //    touch it are dropped (copy_graph_cache.h);
 //  - imports: CUDA IPC handles of allocation bases (cudaIpcOpenMemHandle,
@@ -45,6 +48,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/cuda/cuda_api.h"
 #include "common/status.h"
 #include "server/engines/gpu/copy_graph_cache.h"
@@ -79,33 +83,18 @@ class CudaRuntime : public GpuRuntime {
   uint64_t default_chunk_bytes() const override { return kCudaDefaultChunkBytes; }
   bool device_waits() const override { return device_waits_; }
   std::string Describe() const override {
-    int batched = 0, graphs_on = 0;
-    uint64_t replays = 0, built = 0, dropped = 0, max_chunk = 0, max_sole = 0, lanes = 0;
+    int batched = 0;
+    std::vector<const CopyGraphCache*> caches;
     for (const auto& is : issuing_) {
       batched += is->batch_copies_ok ? 1 : 0;
-      if (is->graphs == nullptr) continue;
-      graphs_on += is->graphs->enabled() ? 1 : 0;
-      replays += is->graphs->replays();
-      built += is->graphs->built();
-      dropped += is->graphs->dropped();
-      max_chunk = is->graphs->max_chunk_bytes();
-      max_sole = is->graphs->max_sole_chunk_bytes();
-      lanes = is->graphs->lanes();
+      if (is->graphs != nullptr) caches.push_back(is->graphs.get());
     }
     std::string d = batched == num_devices_ ? "cudaMemcpyBatchAsync"
                     : batched == 0          ? "cudaMemcpyAsync"
                                             : absl::StrCat("cudaMemcpyBatchAsync on ", batched, " of ", num_devices_,
                                                            " devices, cudaMemcpyAsync on the others");
     if (!device_waits_) absl::StrAppend(&d, "; ", no_device_waits_why_);
-    if (graphs_on == 0) return absl::StrCat(d, "; copy graphs off");
-    const std::string larger = lanes == 0 ? "larger chunks issued as a batch"
-                                          : absl::StrCat("larger chunks as ", lanes, " chains side by side");
-    return absl::StrCat(
-        d, "; copy graphs (a copy call seen twice is replayed as a CUDA graph, one cache per device: ", "chunks <= ",
-        max_chunk >> 10, " KiB as one chain",
-        max_sole > max_chunk ? absl::StrCat(" (<= ", max_sole >> 10, " KiB where the op has one stream)")
-                             : std::string(),
-        ", ", larger, "): ", replays, " replays, ", built, " built, ", dropped, " dropped by import releases");
+    return absl::StrCat(d, "; ", DescribeCopyGraphs(caches), paths_.Describe());
   }
 
   // Ring staging: pinned host memory and synchronous host<->device copies
@@ -323,9 +312,22 @@ class CudaRuntime : public GpuRuntime {
   }
 
   absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n, bool sole_stream) override {
-    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const uint64_t t0 = common::MonotonicNs();
     Issuing& is = *issuing_[device];
-    if (is.graphs != nullptr && is.graphs->Replay(device, stream, chunks, n, sole_stream)) return absl::OkStatus();
+    absl::Status st;
+    CopyGraphCache::Served path = CopyGraphCache::Served::kNot;
+    if (is.graphs != nullptr && is.graphs->Replay(device, stream, chunks, n, sole_stream)) {
+      path = is.graphs->last_served();
+    } else {
+      st = CopyWithoutGraph(device, static_cast<cudaStream_t>(stream), chunks, n);
+    }
+    paths_.Record(path, common::MonotonicNs() - t0, n);
+    return st;
+  }
+
+  // The copies without a graph: one batch call, or one call each.
+  absl::Status CopyWithoutGraph(int device, cudaStream_t s, const CopyCmd* chunks, size_t n) {
+    Issuing& is = *issuing_[device];
     if (is.batch_copies_ok) {
       is.dsts.clear();
       is.srcs.clear();
@@ -440,6 +442,7 @@ class CudaRuntime : public GpuRuntime {
 
   const DriverApi* const api_;
   const int num_devices_;
+  CopyPathFigures paths_;
   std::unique_ptr<VmmImporter> vmm_;               // "cuda_vmm" memory (vmm_import.h).
   std::vector<std::unique_ptr<Issuing>> issuing_;  // Per device.
   // Where import releases are reported: every device's graph cache.
