@@ -162,8 +162,9 @@ std::string CopyPathFigures::Describe() const {
     const common::LatencySummaryNs x = paths_[p].ns.Summary();
     if (x.count == 0) continue;
     const uint64_t copies = std::max<uint64_t>(paths_[p].copies.load(std::memory_order_relaxed), 1);
-    absl::StrAppend(&d, d.empty() ? "" : ", ", kNames[p], " ", x.count, " calls p50 ", x.p50 / 1e3, " us (",
-                    paths_[p].total_ns.load(std::memory_order_relaxed) / 1e3 / copies, " us a copy)");
+    const uint64_t total_ns = paths_[p].total_ns.load(std::memory_order_relaxed);
+    absl::StrAppend(&d, d.empty() ? "" : ", ", kNames[p], " ", x.count, " calls p50 ", x.p50 / 1e3, " us (", copies,
+                    " copies, ", total_ns / 1e6, " ms in all, ", total_ns / 1e3 / copies, " us a copy)");
   }
   return d.empty() ? d : absl::StrCat("; copy calls by path: ", d);
 }
