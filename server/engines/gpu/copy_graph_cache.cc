@@ -38,13 +38,17 @@ bool CopyGraphCache::Replay(int device, void* stream, const CopyCmd* chunks, siz
   if (lanes == 0) return false;  // Large chunks without lanes: the batch path.
   lanes = std::min(lanes, n);
   DropReleased();
-  // shape_: 'S', device, lanes (the same call, one chain or side by side),
-  // sizes; key_: 'C', the same, and the addresses.
-  shape_.assign(1, 'S');
-  shape_.append(reinterpret_cast<const char*>(&device), sizeof(device));
-  shape_.append(reinterpret_cast<const char*>(&lanes), sizeof(lanes));
-  key_ = shape_;
-  key_[0] = 'C';
+  // key_: 'C', device, lanes (the same call, one chain or side by side),
+  // every chunk's size and addresses; shape_: 'S', the same without the
+  // addresses, and the stream: launches of one graph run one after another
+  // (CUDA orders each launch after the graph's previous one), so a graph
+  // that follows new addresses stays on one stream, where they would anyway.
+  key_.assign(1, 'C');
+  key_.append(reinterpret_cast<const char*>(&device), sizeof(device));
+  key_.append(reinterpret_cast<const char*>(&lanes), sizeof(lanes));
+  shape_ = key_;
+  shape_[0] = 'S';
+  shape_.append(reinterpret_cast<const char*>(&stream), sizeof(stream));
   for (size_t i = 0; i < n; ++i) {
     const uint64_t k[3] = {chunks[i].bytes, reinterpret_cast<uint64_t>(chunks[i].dst),
                            reinterpret_cast<uint64_t>(chunks[i].src)};

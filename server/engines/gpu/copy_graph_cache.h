@@ -12,9 +12,11 @@
 // Trainers' buffers move: FSDP2 allocates each unsharded parameter anew at
 // every unshard, so the same op comes back with the same sizes at other
 // addresses. A cache with an `update` op (the cuda runtime's: one
-// cudaGraphExecMemcpyNodeSetParams1D per node, ~0.6 us, against ~3 us a
-// node to build) therefore also keys calls by their *shape* (device, lanes
-// and every chunk's size): a call of a known shape at new addresses points
+// cudaGraphExecMemcpyNodeSetParams1D per node, ~0.7-1.1 us, against ~2-4 us
+// a node to build and ~4 us a copy in a batch) therefore also keys calls by their *shape* (device, lanes,
+// every chunk's size, and the stream: a graph's launches run one after
+// another, so one graph must not serve two streams that would overlap):
+// a call of a known shape at new addresses points
 // the shape's least recently used graph at them, only the nodes whose
 // addresses changed, and launches it, instead of building a graph. An
 // address set that comes back again (a second sight of the exact call) gets

@@ -428,5 +428,30 @@ TEST(CopyGraphCacheTest, WithoutUpdatesNewAddressesAreANewCall) {
   }
 }
 
+// A graph's launches run one after another: a graph that follows new
+// addresses serves one stream, so calls of one shape on two streams (an op
+// fanned out) keep overlapping.
+TEST(CopyGraphCacheTest, AGraphFollowsNewAddressesOnItsOwnStreamOnly) {
+  FakeGraphs f;
+  f.with_update = true;
+  CopyGraphCache cache(f.Ops(), {});
+  void* const other = reinterpret_cast<void*>(0x52);
+  auto a = Call(0, 2), b = Call(64 << 10, 2), c = Call(128 << 10, 2);
+  cache.Replay(0, kStream, a.data(), a.size(), false);
+  ASSERT_TRUE(cache.Replay(0, kStream, b.data(), b.size(), false));  // Graph 1, on kStream.
+  EXPECT_FALSE(cache.Replay(0, other, c.data(), c.size(), false));   // The shape's first sight on `other`.
+  EXPECT_EQ(cache.updated(), 0u);
+  auto d = Call(192 << 10, 2), e = Call(256 << 10, 2), g = Call(320 << 10, 2);
+  ASSERT_TRUE(cache.Replay(0, other, d.data(), d.size(), false));  // Its second: graph 2.
+  EXPECT_EQ(cache.last_served(), CopyGraphCache::Served::kBuilt);
+  ASSERT_TRUE(cache.Replay(0, other, e.data(), e.size(), false));  // `other`'s graph follows e.
+  EXPECT_EQ(cache.last_served(), CopyGraphCache::Served::kUpdated);
+  EXPECT_EQ(f.launches.back(), std::make_pair(2, other));
+  ASSERT_TRUE(cache.Replay(0, kStream, g.data(), g.size(), false));  // kStream's graph follows g.
+  EXPECT_EQ(cache.last_served(), CopyGraphCache::Served::kUpdated);
+  EXPECT_EQ(f.launches.back(), std::make_pair(1, kStream));
+  EXPECT_TRUE(Same(f.copied.back(), g));
+}
+
 }  // namespace
 }  // namespace dmagather::server::engines::gpu
