@@ -79,7 +79,8 @@ CopyGraphCache::Ops CudaGraphOps() {
     return CudaStatus("cudaGraphLaunch(copies)", err);
   };
   ops.destroy = [](CopyGraphCache::Graph g) { delete Of(g); };
-  // ~0.6 us a node, against ~3 us a node to build (docs/PERFORMANCE.md).
+  // ~0.9-1.1 us a node on an H100, against ~2-4 us a node to build and ~4 us
+  // a copy in a batch (docs/PERFORMANCE.md, "A graph per shape").
   // Launches already made keep their addresses.
   ops.update = [](CopyGraphCache::Graph g, size_t node, const CopyCmd& c) {
     cudaError_t err = cudaGraphExecMemcpyNodeSetParams1D(Of(g)->exec, Of(g)->nodes[node], c.dst, c.src, c.bytes,
