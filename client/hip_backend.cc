@@ -7,7 +7,7 @@
 // synchronisation. libamdhip64 is reached through dlopen (common/hip), so
 // the library loads on nodes without ROCm. NOT YET RUN ON AMD HARDWARE.
 //
-// Ordering and visibility (README, "AMD"): the daemon's SDMA copies write
+// Ordering and visibility (docs/AMD.md): the daemon's SDMA copies write
 // to memory, not through the consumer GPU's L2, and read their sources from
 // memory. So
 //  - WriteReady records an event (its release is system-scope: the

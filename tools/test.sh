@@ -5,7 +5,9 @@
 # toolkit: one case), tools/check_unit.sh (systemd-analyze verify of the
 # unit: one case), tools/check_thread_safety.sh (every CPU target built with
 # clang's -Wthread-safety -Werror: one case), tools/check_sizes.sh (product
-# files and functions within their size limits: one case),
+# files and functions within their size limits: one case), tools/check_docs.sh
+# (README.md at most 200 lines, docs/PERFORMANCE.md at most 400, every
+# relative markdown link resolves: one case),
 # tools/check_format.sh (the C/C++ sources as .clang-format lays them out:
 # one case),
 # tools/test_tsan.sh (the CPU unit tests under
@@ -81,6 +83,7 @@ run_counted() {
 # fuzz targets for a bounded time each.
 run_counted check_thread_safety tools/check_thread_safety.sh
 run_counted check_sizes tools/check_sizes.sh
+run_counted check_docs tools/check_docs.sh
 run_counted check_format tools/check_format.sh
 run_counted test_tsan tools/test_tsan.sh
 run_counted test_asan tools/test_asan.sh

@@ -3,7 +3,7 @@
 # (MI300X / MI325X / MI355X class, ROCm 5.7+ with ROCm PyTorch). One command
 # confirms on the hardware what the repository can only argue or test on
 # fakes, and writes one report with a PASS / FAIL / SKIP line per claim the
-# docs make (README, "On AMD GPUs"):
+# docs make (docs/AMD.md):
 #
 #   tools/amd/first_contact.sh [OUT_DIR]        (default: ./results/first_contact-<host>-<time>)
 #

@@ -10,7 +10,7 @@
 //    that spins on the flag, and IPC events are waited the same way; the
 //    daemon launches no kernel (docs/MEASUREMENTS.md), so the engine waits
 //    for every rank's ready flag on the CPU and only then issues the op's
-//    copies (README, "AMD").
+//    copies (docs/AMD.md).
 //  - Copies: the SDMA engines, at most 128 MiB per transfer
 //    (kHipMaxTransferBytes). ROCm moves copies between GPUs on SDMA engines
 //    while SDMA is enabled (HSA_ENABLE_SDMA unset or 1); with
@@ -40,7 +40,7 @@
 //    with engines assigned, the HSA completion signals of the op's copies
 //    (an SDMA copy's signal is written after its data, and the rank's
 //    event record after its done wait acquires at system scope, as
-//    README "On AMD GPUs" argues for hipMemcpyAsync).
+//    docs/AMD.md argues for hipMemcpyAsync).
 //  - Imports: HIP IPC handles of allocation bases (hipIpcOpenMemHandle; size
 //    from hipMemGetAddressRange).
 // Registers --backend=hip (a GpuEngine over this runtime) at the end: the

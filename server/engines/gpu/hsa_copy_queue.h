@@ -11,8 +11,8 @@
 // libhsa-runtime64 by the hip runtime or filled by a test's fake, so the
 // queue's logic (which engine each copy took, fallbacks, completion order,
 // signal reuse) is unit-tested without ROCm (tests/server/engines/gpu).
-// Not yet used by the hip runtime: its copies are hipMemcpyAsync (README,
-// "On AMD GPUs").
+// Not yet used by the hip runtime: its copies are hipMemcpyAsync
+// (docs/AMD.md).
 //
 // Threads: one issuing thread (Copy, Mark) and one completion thread
 // (Complete, Retire) per queue, as the engine's streams; counters are
