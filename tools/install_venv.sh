@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes the Python environment of the trainer tests (tests/trainers/): a venv
-# with torch and DeepSpeed from PyPI at the pinned versions below, plus the
+# with torch and DeepSpeed from PyPI at pinned versions, plus the
 # dmagather package itself (client/python, as a .pth path entry) and its
 # interpreter-startup hook (dmagather_autoload.pth, the DMAGATHER_ALLGATHER=1
 # switch; docs/TRAINERS.md).
@@ -18,11 +18,22 @@
 # CPU all the same. Measured on a 2-core machine: cold (empty cache) 98-177 s,
 # warm (venv present) 1.5 s (docs/TESTING.md).
 #
+# Which torch: `tools/install_venv.sh [oldest|newest]` (default oldest).
+#   oldest  tools/venv-requirements.txt         the oldest torch dmagather supports
+#   newest  tools/venv-requirements-newest.txt  the newest torch on PyPI when pinned
+# (dmagather/_torch_entry.py's TESTED_TORCH names both; CI runs the trainer
+# tests on each.) Each gets its own venv.
+#
 # Prints the venv's path as its last line: `venv: /path`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TORCH_VERSION=2.11.0
+case "${1:-oldest}" in
+  oldest) REQS=tools/venv-requirements.txt ;;
+  newest) REQS=tools/venv-requirements-newest.txt ;;
+  *) echo "usage: $0 [oldest|newest]" >&2; exit 2 ;;
+esac
+TORCH_VERSION=$(sed -n 's/^torch==//p' "$REQS")
 DEEPSPEED_VERSION=0.19.8
 RECIPE=3  # bump when the steps below change
 
@@ -38,7 +49,7 @@ fi
 [ -n "$py" ] || { echo "install_venv: no python3 with venv+ensurepip" >&2; exit 1; }
 
 cache=${DMAGATHER_VENV_CACHE:-$HOME/.cache/dmagather}
-key=$(printf '%s\n' "$("$py" -c 'import sys; print(sys.version)')" "$(cat tools/venv-requirements.txt)" \
+key=$(printf '%s\n' "$("$py" -c 'import sys; print(sys.version)')" "$(cat "$REQS")" \
         "deepspeed==$DEEPSPEED_VERSION" "recipe=$RECIPE" | sha256sum | cut -c1-12)
 venv=$cache/venv-$key
 export PIP_CACHE_DIR=$cache/pip
@@ -53,7 +64,7 @@ else
   "$py" -m venv "$venv"
   pip=("$venv/bin/python" -m pip --disable-pip-version-check --no-input)
   echo "install_venv: [1/2] torch and DeepSpeed's requirements"
-  "${pip[@]}" install --progress-bar off -r tools/venv-requirements.txt
+  "${pip[@]}" install --progress-bar off -r "$REQS"
   # DeepSpeed is an sdist only: built against the torch above (no ops are
   # compiled at install; DS_BUILD_OPS=0), then kept in pip's wheel cache.
   echo "install_venv: [2/2] deepspeed $DEEPSPEED_VERSION"

@@ -26,8 +26,12 @@ import unittest
 from trainers_case import Daemon, TrainerCase, clean_env, rank_stats, run, start_lines, HERE, VENV_BIN
 
 PY = sys.executable
-PROBE = ("import sys, json, torch.distributed as d; print(json.dumps({'mods': sorted(m for m in sys.modules "
-         "if m.startswith('dmagather')), 'patched': hasattr(d.all_gather_into_tensor, '_dmagather_original')}))")
+# 'patched': every all-gather entry point this torch has (all_gather_into_tensor;
+# all_gather_single from 2.15 on) is dmagather's.
+PROBE = ("import sys, json, torch.distributed as d; names = [n for n in ('all_gather_into_tensor', "
+         "'all_gather_single') if hasattr(d, n)]; print(json.dumps({'mods': sorted(m for m in sys.modules "
+         "if m.startswith('dmagather')), 'patched': all(hasattr(getattr(d, n), '_dmagather_original') "
+         "for n in names)}))")
 WORLD = 3
 
 
@@ -58,7 +62,7 @@ class AutoloadTest(TrainerCase):
     def test_set_patches_at_import_and_sets_nothing_up(self):
         got = probe(clean_env(self.daemon.sock, DMAGATHER_ALLGATHER="1"))
         self.assertTrue(got["patched"])
-        self.assertEqual(got["mods"], ["dmagather", "dmagather._autoload"])
+        self.assertEqual(got["mods"], ["dmagather", "dmagather._autoload", "dmagather._torch_entry"])
 
     def launch(self, name, **env_extra):
         out = os.path.join(self.dir, name)

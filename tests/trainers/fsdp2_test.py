@@ -1,4 +1,4 @@
-"""FSDP2 (torch 2.11 from PyPI, CPU, gloo), launched with torchrun, 2 ranks, a
+"""FSDP2 (torch 2.11 and 2.15 from PyPI, CPU, gloo), launched with torchrun, 2 ranks, a
 small model with every block and the root fully_shard'ed, 5 AdamW steps, on one
 real daemon (host backend). Runs of fsdp2_train.py:
 
@@ -11,6 +11,8 @@ real daemon (host backend). Runs of fsdp2_train.py:
              copy-in / copy-out around dmagather's all-gather
   off-odd, on-odd  --odd: uneven padded shards, fp32 and bf16 parameters in one
              group, a Shard(1) block, reshard_after_forward=False on the root
+  on-untested  --pretend-torch 2.99.0: a torch dmagather does not know
+  on-changed   --change-fsdp2: FSDP2's foreach_all_gather not the one tested
 
 Asserted: losses and final parameters the same bytes as `off` of the same
 shapes and dtype; every all-gather of every rank served by dmagather (0
@@ -37,6 +39,7 @@ except Exception as e:  # noqa: BLE001
 
 WORLD = 2
 STEPS = 5
+UNTESTED = "2.99.0"  # a torch dmagather does not know
 RUN_TIMEOUT_S = 300
 RUNS = {
     "off": ({}, []),
@@ -47,9 +50,11 @@ RUNS = {
     "on-copyout": ({"DMAGATHER_ALLGATHER": "1", "DMAGATHER_FSDP_ZERO_COPY": "0"}, []),
     "off-odd": ({}, ["--odd"]),
     "on-odd": ({"DMAGATHER_ALLGATHER": "1"}, ["--odd"]),
+    "on-untested": ({"DMAGATHER_ALLGATHER": "1"}, ["--pretend-torch", UNTESTED]),
+    "on-changed": ({"DMAGATHER_ALLGATHER": "1"}, ["--change-fsdp2"]),
 }
 NO_ZERO_COPY_FALLBACK = {"compiled": 0, "group": 0, "shard_dim": 0, "extension": 0, "cpu_offload": 0,
-                         "host_memory": 0}
+                         "host_memory": 0, "output_fn": 0}
 
 
 @unittest.skipUnless(HAVE_FSDP2, WHY)
@@ -142,6 +147,41 @@ class Fsdp2Test(TrainerCase):
         # The Shard(1) block: FSDP2's own path for each of its unshards (forward, backward).
         self.assertEqual(dict(by_reason, shard_dim=0), NO_ZERO_COPY_FALLBACK, by_reason)
         self.assertGreaterEqual(by_reason["shard_dim"], 2 * STEPS - 1, by_reason)
+
+    def test_entry_point_of_this_torch_served(self):
+        """FSDP2's DefaultAllGather calls all_gather_into_tensor (torch 2.11) or
+        all_gather_single (2.15): either way every all-gather is dmagather's."""
+        import torch.distributed as dist
+        called = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+        from torch.distributed.fsdp._fully_shard import _fsdp_collectives as fc
+        import inspect
+        self.assertIn(f"dist.{called}(", inspect.getsource(fc.DefaultAllGather.__call__))
+        self.check_served("on", staged=True)
+
+    def test_untested_torch_named_once_and_served_without_zero_copy(self):
+        """A torch dmagather does not know: one line on rank 0 names it, the
+        entry points are served, FSDP2 takes its own copy-in/out, same bytes."""
+        self.check_served("on-untested", staged=True)
+        out = self.ok("on-untested")["out"]
+        named = [l for l in out.splitlines() if f"torch {UNTESTED} is not a version dmagather was tested with" in l]
+        self.assertEqual(len(named), 1, out[-3000:])
+        self.assertIn(f"torch {UNTESTED}", start_lines(out)[0])
+        status, unshards, _ = self.zero_copy("on-untested")
+        self.assertEqual((status, unshards), (f"off: torch {UNTESTED} is not one it supports (2.11, 2.15)", 0))
+        self.assert_same_bytes(self.runs["off"]["dir"], self.runs["on-untested"]["dir"], "FSDP2 off vs untested torch")
+
+    def test_changed_internals_one_line_and_fallback(self):
+        """FSDP2's internals not as tested: one clear line on rank 0, the
+        zero-copy path off, every all-gather still served, same bytes."""
+        self.check_served("on-changed", staged=True)
+        out = self.ok("on-changed")["out"]
+        lines = [l for l in out.splitlines() if "zero-copy unshard is off" in l]
+        self.assertEqual(len(lines), 1, out[-3000:])
+        self.assertIn("_fsdp_param_group", lines[0])
+        status, unshards, _ = self.zero_copy("on-changed")
+        self.assertTrue(status.startswith("off: FSDP2's internals differ"), status)
+        self.assertEqual(unshards, 0)
+        self.assert_same_bytes(self.runs["off"]["dir"], self.runs["on-changed"]["dir"], "FSDP2 off vs changed internals")
 
 
 if __name__ == "__main__":

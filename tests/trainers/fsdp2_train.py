@@ -3,7 +3,7 @@ block and the root fully_shard'ed on a 1-D mesh over WORLD, a few AdamW steps
 on data from a seeded generator. Launched with torchrun.
 
     torchrun --nproc_per_node N fsdp2_train.py --out DIR [--steps 5] [--device cpu|cuda]
-             [--custom-all-gather] [--odd]
+             [--custom-all-gather] [--odd] [--pretend-torch V] [--change-fsdp2]
 
 --odd: the shapes FSDP2's unshard has to get right beyond the even case: odd
 sizes (uneven, padded last shards), one block's matrices sharded on dim 1
@@ -40,12 +40,26 @@ def main():
     p.add_argument("--custom-all-gather", action="store_true")
     p.add_argument("--odd", action="store_true")
     p.add_argument("--rs-allreduce", action="store_true")
+    p.add_argument("--pretend-torch", default=None, help="tests: torch.__version__ as this string from the start "
+                                                         "(a torch dmagather does not know)")
+    p.add_argument("--change-fsdp2", action="store_true", help="tests: FSDP2's foreach_all_gather wrapped, as a "
+                                                               "new torch might change what dmagather relies on")
     p.add_argument("--dist-backend", default=None, help="default: gloo on CPU, nccl on CUDA; several ranks on "
                                                          "one GPU need gloo (rank r on GPU r % count)")
     args = p.parse_args()
 
     from torch.distributed.fsdp import fully_shard, FSDPModule, MixedPrecisionPolicy
     from torch.distributed.device_mesh import init_device_mesh
+
+    if args.pretend_torch:
+        torch.__version__ = args.pretend_torch
+    if args.change_fsdp2:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg
+        orig_gather = pg.foreach_all_gather
+
+        def changed_gather(*a, **k):
+            return orig_gather(*a, **k)
+        pg.foreach_all_gather = changed_gather
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if args.device == "cuda":

@@ -1,28 +1,46 @@
 #!/usr/bin/env bash
 # The trainer tests: real DeepSpeed ZeRO-3 and FSDP2 runs on CPU (gloo, the
 # daemon's host backend), with and without DMAGATHER_ALLGATHER=1, and the
-# start-up hook itself. Makes (or reuses) the pinned venv
-# (tools/install_venv.sh), builds the library, daemon and dmagatherctl, runs
-# tests/trainers/*_test.py with the venv's python and ends with
-# `N passed, N failed` (`, N skipped` added when something was skipped).
+# start-up hook itself, on the oldest and on the newest torch dmagather
+# supports (tools/install_venv.sh oldest|newest: one pinned venv each). Builds
+# the library, daemon and dmagatherctl once, runs tests/trainers/*_test.py with
+# each venv's python and ends with `N passed, N failed` (`, N skipped` added
+# when something was skipped) over both.
 # Arguments: test module names (default all).
+# DMAGATHER_TRAINER_TORCH=oldest|newest runs one venv only (default: both).
 # DMAGATHER_KEEP_LOGS=1 keeps each run's output under /tmp/dmagather-*.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 t0=$SECONDS
-venv=$(tools/install_venv.sh | tee /dev/stderr | sed -n 's/^venv: //p')
-if [ -z "$venv" ] || [ ! -x "$venv/bin/python" ]; then
-  echo "trainers: the venv could not be made"
-  echo "0 passed, 1 failed"
-  exit 1
-fi
-echo "== trainers: venv ready after $((SECONDS - t0)) s"
 if ! nice -n 10 bazel build //client:libdmagather.so //server:dmagatherd //tools:dmagatherctl; then
   echo "0 passed, 1 failed"
   exit 1
 fi
 bin=$(bazel info bazel-bin 2>/dev/null)
-DMAGATHER_BIN=$bin nice -n 10 "$venv/bin/python" tests/trainers/run_tests.py "$@"
-rc=$?
+passed=0 failed=0 skipped=0 rc=0
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+for which in ${DMAGATHER_TRAINER_TORCH:-oldest newest}; do
+  t1=$SECONDS
+  # Shown as it goes (a cold venv takes minutes), then read back.
+  tools/install_venv.sh "$which" | tee "$log"
+  venv=$(sed -n 's/^venv: //p' "$log")
+  if [ -z "$venv" ] || [ ! -x "$venv/bin/python" ]; then
+    echo "== trainers ($which torch): the venv could not be made"
+    failed=$((failed + 1)) rc=1
+    continue
+  fi
+  echo "== trainers ($which torch): venv ready after $((SECONDS - t1)) s"
+  DMAGATHER_BIN=$bin nice -n 10 "$venv/bin/python" tests/trainers/run_tests.py "$@" 2>&1 | tee "$log"
+  sub_rc=${PIPESTATUS[0]}
+  read -r p f s < <(sed -nE 's/^([0-9]+) passed, ([0-9]+) failed(, ([0-9]+) skipped)?$/\1 \2 \4/p' "$log" | tail -1)
+  passed=$((passed + ${p:-0})) failed=$((failed + ${f:-1})) skipped=$((skipped + ${s:-0}))
+  if [ "$sub_rc" -ne 0 ]; then
+    rc=1
+    [ "${f:-1}" -eq 0 ] && failed=$((failed + 1))
+  fi
+  echo "== trainers ($which torch): $((SECONDS - t1)) s"
+done
 echo "== trainers: $((SECONDS - t0)) s in all"
+echo "$passed passed, $failed failed$([ "$skipped" -gt 0 ] && echo ", $skipped skipped")"
 exit $rc

@@ -5,8 +5,9 @@ imports this module at interpreter start-up only when DMAGATHER_ALLGATHER is
 exactly "1"; otherwise the .pth costs one environment look-up. This module
 imports nothing heavy: it waits for `torch.distributed` to be imported (a
 sys.meta_path hook that runs once, right after torch.distributed's module
-body), then replaces `torch.distributed.all_gather_into_tensor` by a thin
-function. Anything that takes the function afterwards — DeepSpeed's
+body), then replaces each all-gather entry point of `torch.distributed`
+(`all_gather_into_tensor`, and `all_gather_single` from torch 2.15 on, which
+FSDP2 calls there: `_torch_entry`) by a thin function. Anything that takes the function afterwards — DeepSpeed's
 TorchBackend captures it once, when it is built; `from torch.distributed
 import all_gather_into_tensor` — gets that function, whenever the script
 calls init_process_group or deepspeed.initialize. It also arms DeepSpeed
@@ -29,14 +30,16 @@ import os
 import sys
 import threading
 
+from . import _torch_entry
+
 ENV = "DMAGATHER_ALLGATHER"
 TARGET = "torch.distributed"
 ZERO3_MODULE = "deepspeed.runtime.zero.partition_parameters"  # _zero3_zero_copy's
 
 _lock = threading.RLock()  # an import inside the set-up may reach the finder
-_orig = None        # torch.distributed.all_gather_into_tensor before the patch
+_orig = None        # torch's all-gather (the framework path of every op not served)
 _adapter = None     # dmagather.torch's adapter once the first eligible call set it up
-_patched = None     # our function (to tell whether it is still in place)
+_patched = {}       # entry point name -> our function in its place (to tell whether it still is)
 
 
 def _eligible_before_init(dist, group):
@@ -66,44 +69,69 @@ def _setup():
     return a
 
 
-def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
-    a = _adapter
-    if a is None:
-        import torch.distributed as dist
-        if not dist.is_initialized() or not _eligible_before_init(dist, group):
-            return _orig(output_tensor, input_tensor, group=group, async_op=async_op)
-        with _lock:
-            a = _adapter or _setup()
-    # order_now: the current stream is ordered at the call, also with
-    # async_op=True, so callers that record an event right after the call
-    # (FSDP2's default all-gather) and callers that wait on the Work (ZeRO-3)
-    # are both correct.
-    return a.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op, order_now=True)
+def _entry(name, orig):
+    """dmagather's function for torch.distributed.<name> (same signature as
+    torch's all_gather_into_tensor / all_gather_single)."""
+    def entry(output_tensor, input_tensor, group=None, async_op=False):
+        a = _adapter
+        if a is None:
+            import torch.distributed as dist
+            if not dist.is_initialized() or not _eligible_before_init(dist, group):
+                return orig(output_tensor, input_tensor, group=group, async_op=async_op)
+            with _lock:
+                a = _adapter or _setup()
+        # order_now: the current stream is ordered at the call, also with
+        # async_op=True, so callers that record an event right after the call
+        # (FSDP2's default all-gather) and callers that wait on the Work (ZeRO-3)
+        # are both correct.
+        return a.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op,
+                                        order_now=True)
+
+    try:
+        import functools
+        functools.update_wrapper(entry, orig)
+    except Exception:  # noqa: BLE001
+        pass
+    entry._dmagather_original = orig  # dmagather.torch finds torch's function through it
+    entry._dmagather_entry = name
+    return entry
 
 
 def patch(dist_module):
-    """Puts all_gather_into_tensor on dmagather in torch.distributed (idempotent)."""
-    global _orig, _patched
+    """Puts every all-gather entry point this torch has (_torch_entry) on
+    dmagather in torch.distributed (idempotent). Rank 0 of a torch outside the
+    tested versions says so, once, here: before any all-gather."""
+    global _orig
     with _lock:
-        if _patched is not None and getattr(dist_module, "all_gather_into_tensor", None) is _patched:
+        if is_patched(dist_module):
             return
-        orig = getattr(dist_module, "all_gather_into_tensor", None)
-        if orig is None:  # torch without the collective: nothing to serve
+        names = _torch_entry.present(dist_module)
+        if not names:  # torch without the collective: nothing to serve
             return
-        _orig = orig
-        try:
-            import functools
-            functools.update_wrapper(all_gather_into_tensor, orig)
-        except Exception:  # noqa: BLE001
-            pass
-        all_gather_into_tensor._dmagather_original = orig  # dmagather.torch finds torch's function through it
-        _patched = all_gather_into_tensor
-        dist_module.all_gather_into_tensor = all_gather_into_tensor
+        originals = {n: getattr(dist_module, n) for n in names}
+        # The framework path: torch's own function (all_gather_into_tensor where
+        # it exists: on 2.15 an alias of all_gather_single).
+        _orig = originals[names[0]]
+        for n in names:
+            _patched[n] = _entry(n, originals[n])
+            setattr(dist_module, n, _patched[n])
+        _name_untested_torch(names)
 
 
-def is_patched():
-    m = sys.modules.get(TARGET)
-    return _patched is not None and m is not None and getattr(m, "all_gather_into_tensor", None) is _patched
+def _name_untested_torch(names):
+    if os.environ.get("RANK", "0") == "0":
+        import logging
+        from torch.version import __version__  # torch itself may still be importing
+        _torch_entry.name_untested_once(__version__, names, logging.getLogger("dmagather"))
+
+
+def is_patched(m=None):
+    """Every entry point of this torch.distributed is dmagather's."""
+    m = m if m is not None else sys.modules.get(TARGET)
+    if m is None or not _patched:
+        return False
+    names = _torch_entry.present(m)
+    return bool(names) and all(getattr(m, n) is _patched.get(n) for n in names)
 
 
 def original():
@@ -185,7 +213,7 @@ def after_import(name, fn):
 def activate():
     """Called at start-up when DMAGATHER_ALLGATHER=1."""
     m = sys.modules.get(TARGET)
-    if m is not None and hasattr(m, "all_gather_into_tensor"):
+    if m is not None and _torch_entry.present(m):
         patch(m)
     else:
         after_import(TARGET, patch)

@@ -1,7 +1,7 @@
 """FSDP2 zero-copy unshard: each parameter's shard gathered straight into that
 parameter's unsharded storage, one coalesced dmagather op per parameter group.
 
-FSDP2's own unshard (torch 2.11, `_fsdp_collectives.py`) runs two SM kernels
+FSDP2's own unshard (torch 2.11 and 2.15, `_fsdp_collectives.py`) runs two SM kernels
 around the all-gather: the copy-in (`all_gather_copy_in`: every shard packed
 into one flat buffer) and the copy-out (`split_with_sizes_copy`: the whole
 gathered buffer rearranged from rank-major into each parameter). Here item p of
@@ -12,9 +12,11 @@ which `init_unsharded_param` views as the parameter). No flat buffer, no
 copy-in, no copy-out: on the GPU backends the only work on FSDP2's all-gather
 streams is the copy engines'.
 
-torch has no public hook for the all-gather's output layout, so this replaces
-`foreach_all_gather` and `foreach_all_gather_copy_out` in FSDP2's
-`_fsdp_param_group` module. That is gated:
+torch has no public hook for where the all-gather writes, so this replaces
+`foreach_all_gather` in FSDP2's `_fsdp_param_group` module; the copy-out is
+replaced too on torch 2.11 (`foreach_all_gather_copy_out`), and taken through
+the seam torch 2.15 added, each parameter group's `_all_gather_output_fn`
+(enable() says how). That is gated:
 - torch major.minor in SUPPORTED_TORCH, and the internals it uses have the
   shape it was written against (signatures, AllGatherResult's fields, FSDPParam
   methods); anything else leaves FSDP2 untouched (status() says why);
@@ -31,9 +33,11 @@ torch has no public hook for the all-gather's output layout, so this replaces
     host_memory  host backend without host staging: FSDP2's storage is private
                  process memory the daemon cannot reach, while FSDPAllGather's
                  allocate() gives the flat buffer in daemon memory
+    output_fn    torch 2.15 on: the group has an _all_gather_output_fn of
+                 someone else's (it expects FSDP2's flat buffer)
 - the all-gather comm is dmagather's: FSDPAllGather, or FSDP2's default one
-  while dist.all_gather_into_tensor is dmagather's (install() or the
-  DMAGATHER_ALLGATHER=1 start-up hook, once set up).
+  while torch.distributed's all-gather entry points are dmagather's (install()
+  or the DMAGATHER_ALLGATHER=1 start-up hook, once set up).
 
 The own shard: where its dtype is the all-gather's, the shard itself is the
 item's send (out of place): the client library copies it into this rank's slot
@@ -52,28 +56,41 @@ only after both are done with it.
 """
 import contextlib
 import inspect
+import logging
 import os
+import sys
+import threading
 
 import torch
 import torch.distributed as dist
 
+from . import _torch_entry
+
 ENV = "DMAGATHER_FSDP_ZERO_COPY"
 # The torch versions (major.minor) whose FSDP2 internals this module was written
-# against and is tested with (CI: torch 2.11 from PyPI, CPU; the H200: 2.11).
-SUPPORTED_TORCH = ("2.11",)
-REASONS = ("compiled", "group", "shard_dim", "extension", "cpu_offload", "host_memory")
+# against and is tested with (CI: the oldest and the newest, from PyPI, CPU; the
+# GPU machines: 2.11). _torch_entry.TESTED_TORCH names the same versions.
+SUPPORTED_TORCH = _torch_entry.TESTED_TORCH
+REASONS = ("compiled", "group", "shard_dim", "extension", "cpu_offload", "host_memory", "output_fn")
 
 _GATHER_PARAMS = ["fsdp_params", "group", "async_op", "all_gather_copy_in_stream", "all_gather_stream", "device",
                   "all_gather_comm"]
 _COPY_OUT_PARAMS = ["all_gather_result", "fsdp_params", "group"]
+# torch 2.15 on: the copy-out takes the parameter group's output function (the seam).
+_COPY_OUT_PARAMS_SEAM = _COPY_OUT_PARAMS + ["all_gather_output_fn"]
+_PARAM_GROUP_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
 _RESULT_FIELDS = ("all_gather_output", "all_gather_event", "all_gather_work", "param_all_gather_input_dtypes",
                   "param_all_gather_input_numels", "all_gather_input_split_sizes")
 
 _status = None          # None before enable(); "on", or "off: <why>"
 _active = True          # set_active(False): FSDP2's own path while patched (A/B in one process)
 _orig_gather = None
-_orig_copy_out = None
+_orig_copy_out = None   # torch 2.11 (no seam): the copy-out this module replaced
+_orig_unshard = None    # torch 2.15 on (seam): FSDPParamGroup.unshard before enable()
+_default_output_fn = None  # torch 2.15 on: FSDP2's _default_all_gather_output_fn
+_init_outputs_kw = {}   # init_all_gather_outputs' extra keywords (2.11: force_recreate=False)
 _Result = None          # AllGatherResult subclass that marks our results
+_unsharding = threading.local()  # .group: the FSDPParamGroup whose unshard runs on this thread (seam)
 
 
 def _modules():
@@ -83,19 +100,23 @@ def _modules():
     return fc, fp, pg
 
 
+def _params(fn):
+    return list(inspect.signature(fn).parameters)
+
+
 def _gate():
     """None when this torch's FSDP2 is one the zero-copy path supports, else why not."""
-    base = torch.__version__.split("+")[0]
-    mm = ".".join(base.split(".")[:2])
+    mm = _torch_entry.major_minor(torch.__version__)
     if mm not in SUPPORTED_TORCH:
         return f"torch {torch.__version__} is not one it supports ({', '.join(SUPPORTED_TORCH)})"
     try:
         fc, fp, pg = _modules()
     except Exception as e:  # noqa: BLE001
         return f"FSDP2's modules do not import: {e}"
+    seam = hasattr(fc, "_default_all_gather_output_fn")
     checks = [
-        (list(inspect.signature(fc.foreach_all_gather).parameters) == _GATHER_PARAMS, "foreach_all_gather"),
-        (list(inspect.signature(fc.foreach_all_gather_copy_out).parameters) == _COPY_OUT_PARAMS,
+        (_params(fc.foreach_all_gather) == _GATHER_PARAMS, "foreach_all_gather"),
+        (_params(fc.foreach_all_gather_copy_out) == (_COPY_OUT_PARAMS_SEAM if seam else _COPY_OUT_PARAMS),
          "foreach_all_gather_copy_out"),
         (tuple(fc.AllGatherResult._fields) == _RESULT_FIELDS, "AllGatherResult"),
         (all(hasattr(fp.FSDPParam, n) for n in ("init_all_gather_outputs", "alloc_all_gather_outputs")),
@@ -103,32 +124,58 @@ def _gate():
         (hasattr(fp, "ShardedState") and hasattr(fp.ShardedState, "SHARDED"), "ShardedState"),
         (getattr(pg, "foreach_all_gather", None) in (fc.foreach_all_gather, _foreach_all_gather), "_fsdp_param_group"),
     ]
+    if seam:
+        unshard = getattr(getattr(pg, "FSDPParamGroup", None), "unshard", None)
+        checks.append((unshard is not None and _params(unshard) == ["self", "async_op"], "FSDPParamGroup.unshard"))
     bad = [what for ok, what in checks if not ok]
-    return f"FSDP2's internals differ from torch {SUPPORTED_TORCH[-1]}'s ({', '.join(bad)})" if bad else None
+    return f"FSDP2's internals differ from torch {mm}'s as tested ({', '.join(bad)})" if bad else None
 
 
 def enable():
     """Puts FSDP2's unshard on the zero-copy path where the gate allows it
-    (idempotent, process-wide). Returns status()."""
-    global _status, _orig_gather, _orig_copy_out, _Result
+    (idempotent, process-wide). Returns status().
+
+    torch 2.11: replaces foreach_all_gather and foreach_all_gather_copy_out in
+    _fsdp_param_group. torch 2.15 on: replaces foreach_all_gather there (the
+    gather into the parameters has no seam) and takes the copy-out through the
+    seam torch offers, each parameter group's `_all_gather_output_fn`: while a
+    group unshards (FSDPParamGroup.unshard, wrapped), a group with FSDP2's
+    default output function gets `_output_fn`, which copies nothing for a
+    zero-copy result and runs FSDP2's default for any other; a group with
+    someone else's output function keeps it, and its gathers take FSDP2's path
+    (reason output_fn)."""
+    global _status, _orig_gather, _orig_copy_out, _orig_unshard, _default_output_fn, _init_outputs_kw, _Result
     if _status is not None:
         return _status
     if os.environ.get(ENV, "").strip() == "0":
         _status = f"off: {ENV}=0"
         return _status
+    fsdp2_in_use = _PARAM_GROUP_MODULE in sys.modules  # before _gate() imports it
     why = _gate()
     if why is not None:
         _status = f"off: {why}"
+        if fsdp2_in_use and dist.is_initialized() and dist.get_rank() == 0:
+            logging.getLogger("dmagather").warning(
+                "dmagather: FSDP2's zero-copy unshard is off (%s): FSDP2 copies in and out around dmagather's "
+                "all-gather", why)
         return _status
-    fc, _, pg = _modules()
+    fc, fp, pg = _modules()
 
     class ZeroCopyResult(fc.AllGatherResult):
         __slots__ = ()
 
     _Result = ZeroCopyResult
-    _orig_gather, _orig_copy_out = pg.foreach_all_gather, pg.foreach_all_gather_copy_out
+    if "force_recreate" in _params(fp.FSDPParam.init_all_gather_outputs):
+        _init_outputs_kw = {"force_recreate": False}
+    _orig_gather = pg.foreach_all_gather
     pg.foreach_all_gather = _foreach_all_gather
-    pg.foreach_all_gather_copy_out = _foreach_all_gather_copy_out
+    if hasattr(fc, "_default_all_gather_output_fn"):
+        _default_output_fn = fc._default_all_gather_output_fn
+        _orig_unshard = pg.FSDPParamGroup.unshard
+        pg.FSDPParamGroup.unshard = _unshard
+    else:
+        _orig_copy_out = pg.foreach_all_gather_copy_out
+        pg.foreach_all_gather_copy_out = _foreach_all_gather_copy_out
     _status = "on"
     return _status
 
@@ -159,11 +206,14 @@ def _adapter_for(all_gather_comm):
 
 def _rule(adapter, fsdp_params, group):
     """Why this group takes FSDP2's own path, or None. Equal on every rank."""
-    from torch.distributed.fsdp._fully_shard._fsdp_common import compiled_autograd_enabled
-    if compiled_autograd_enabled():
+    if _compiled_autograd():
         return "compiled"
     if not adapter._is_world(group):
         return "group"
+    if _default_output_fn is not None:
+        unsharding = getattr(_unsharding, "group", None)
+        if unsharding is None or unsharding._all_gather_output_fn is not _output_fn:
+            return "output_fn"  # someone else's output function, or a gather outside FSDPParamGroup.unshard
     for p in fsdp_params:
         if p.fsdp_placement.dim != 0:
             return "shard_dim"
@@ -214,7 +264,7 @@ def _foreach_all_gather(fsdp_params, group, async_op, all_gather_copy_in_stream,
                 p._sharded_post_forward_param_data
             dtype = p.param_dtype or shard.dtype
             n = shard.numel()  # padded: equal on every rank
-            p.init_all_gather_outputs([n], [dtype], world, device, force_recreate=False)
+            p.init_all_gather_outputs([n], [dtype], world, device, **_init_outputs_kw)
             p.alloc_all_gather_outputs()
             dtypes.append([dtype])
             numels.append([n])
@@ -249,6 +299,38 @@ def _foreach_all_gather(fsdp_params, group, async_op, all_gather_copy_in_stream,
     a.counters["zero_copy_items"] += len(outs)
     a.counters["zero_copy_cast_items"] += len(cast_slots)
     return _Result(torch.empty(0, device=device), event, work if async_op else None, dtypes, numels, [])
+
+
+def _compiled_autograd():
+    """Compiled autograd is on (FSDP2 then recreates its buffers per gather)."""
+    try:  # torch 2.11
+        from torch.distributed.fsdp._fully_shard._fsdp_common import compiled_autograd_enabled
+        return compiled_autograd_enabled()
+    except ImportError:  # torch 2.15: FSDP2 no longer tracks it; torch's own flag
+        ca = sys.modules.get("torch._dynamo.compiled_autograd")
+        return bool(ca is not None and getattr(ca, "compiled_autograd_enabled", False))
+
+
+def _unshard(self, async_op=False):
+    """FSDPParamGroup.unshard (torch 2.15 on): the group takes the zero-copy
+    output function where it has FSDP2's default, and is visible to
+    _foreach_all_gather's rule while it unshards."""
+    if getattr(self, "_all_gather_output_fn", None) is _default_output_fn:
+        self._all_gather_output_fn = _output_fn
+    prev = getattr(_unsharding, "group", None)
+    _unsharding.group = self
+    try:
+        return _orig_unshard(self, async_op)
+    finally:
+        _unsharding.group = prev
+
+
+def _output_fn(fsdp_params, all_gather_result, world_size):
+    """A parameter group's _all_gather_output_fn (torch 2.15 on): FSDP2's copy-out
+    has waited for the all-gather; a zero-copy result has nothing to copy."""
+    if _Result is None or not isinstance(all_gather_result, _Result):
+        return _default_output_fn(fsdp_params, all_gather_result, world_size)
+    return None
 
 
 @torch.no_grad()

@@ -59,6 +59,7 @@ import torch.distributed as dist
 
 from . import Comm, DmagatherError, FallbackError, DTYPES, MAX_COALESCED, Op, _Gather, load_library
 from . import _fsdp_zero_copy
+from . import _torch_entry
 from . import _zero3_zero_copy
 from ._torch_gather import (DEFAULT_MAX_NUMEL, REASONS, DmagatherAllGather, StreamOrderedError, Work,
                             _env_flag, _max_numel_from_env, log)
@@ -81,7 +82,8 @@ def _reduce_device():
 # ---- the process-wide adapter ---------------------------------------------------
 
 _adapter = None
-_installed = None  # the original dist.all_gather_into_tensor while installed
+_installed = None  # torch's all-gather (the framework path) while installed
+_installed_entries = {}  # entry point name (or "deepspeed") -> what install() replaced there
 _ds_backend = None  # DeepSpeed's backend whose captured all_gather_function install() replaced
 _glock = threading.Lock()
 
@@ -190,7 +192,8 @@ def init(*, enabled=None, socket=None, max_numel=None, join_timeout_ms=None, job
             import atexit
             atexit.register(_write_stats, os.environ["DMAGATHER_STATS_FILE"], _adapter)
         if rank == 0:
-            extra = f", {_origin}" if _origin else ""
+            _torch_entry.name_untested_once(torch.__version__, _torch_entry.present(dist), log)
+            extra = f", torch {torch.__version__}" + (f", {_origin}" if _origin else "")
             if _adapter.host_staging:
                 extra += ", host staging"
             if os.environ.get("DS_SDMA_ALLGATHER", "0").strip().lower() in ("1", "true", "yes", "on"):
@@ -242,9 +245,10 @@ def stats():
 
 
 def _torch_all_gather_into_tensor():
-    """torch's own all_gather_into_tensor, under install()'s patch and the
-    DMAGATHER_ALLGATHER=1 start-up hook's (dmagather._autoload)."""
-    f = dist.all_gather_into_tensor
+    """torch's own all_gather_into_tensor (or all_gather_single, where that is
+    all there is), under install()'s patch and the DMAGATHER_ALLGATHER=1
+    start-up hook's (dmagather._autoload)."""
+    f = getattr(dist, _torch_entry.present(dist)[0])
     for _ in range(4):
         if f is _patched_all_gather_into_tensor and _installed is not None:
             f = _installed
@@ -261,10 +265,11 @@ def _patched_all_gather_into_tensor(output_tensor, input_tensor, group=None, asy
 
 def install(**init_kwargs):
     """ZeRO-3 opt-in: with DMAGATHER_ALLGATHER=1 on every rank, routes
-    torch.distributed.all_gather_into_tensor (what DeepSpeed ZeRO-3 calls) of
-    the WORLD group through dmagather. Collective (calls init()). Every call
-    that dmagather does not serve goes to the original function and is counted
-    in stats() by reason. Returns the adapter.
+    torch.distributed's all-gather entry points (all_gather_into_tensor, what
+    DeepSpeed ZeRO-3 calls; all_gather_single on torch >= 2.15, what FSDP2
+    calls there) of the WORLD group through dmagather. Collective (calls
+    init()). Every call that dmagather does not serve goes to the original
+    function and is counted in stats() by reason. Returns the adapter.
 
     DeepSpeed's TorchBackend takes torch.distributed.all_gather_into_tensor
     once, when deepspeed.init_distributed() (or deepspeed.initialize()) builds
@@ -276,13 +281,17 @@ def install(**init_kwargs):
     a = init(**init_kwargs)
     with _glock:
         if _installed is None:
+            originals = {n: getattr(dist, n) for n in _torch_entry.present(dist)}
             _installed = _torch_all_gather_into_tensor()
+            _installed_entries.update(originals)
             a._orig = _installed
-            dist.all_gather_into_tensor = _patched_all_gather_into_tensor
+            for n in originals:
+                setattr(dist, n, _patched_all_gather_into_tensor)
             cdb = _deepspeed_backend()
-            if cdb is not None and getattr(cdb, "all_gather_function", None) is _installed:
+            if cdb is not None and getattr(cdb, "all_gather_function", None) in (_installed, *originals.values()):
+                _ds_backend, _ds_original = cdb, cdb.all_gather_function
                 cdb.all_gather_function = _patched_all_gather_into_tensor
-                _ds_backend = cdb
+                _installed_entries["deepspeed"] = _ds_original
     if a.comm is not None:
         _fsdp_zero_copy.enable()  # FSDP2's default all-gather is ours now: unshard without copy-in/out
         _zero3_zero_copy.arm()  # ZeRO-3's fetches of parameters converted from now on: no flat buffer
@@ -296,18 +305,21 @@ def _deepspeed_backend():
 
 
 def is_installed():
-    return _installed is not None and dist.all_gather_into_tensor is _patched_all_gather_into_tensor
+    names = _torch_entry.present(dist)
+    return _installed is not None and all(getattr(dist, n) is _patched_all_gather_into_tensor for n in names)
 
 
 def uninstall():
     global _installed, _ds_backend
     with _glock:
         if _installed is not None:
-            if dist.all_gather_into_tensor is _patched_all_gather_into_tensor:
-                dist.all_gather_into_tensor = _installed
+            for n, orig in _installed_entries.items():
+                if n != "deepspeed" and getattr(dist, n, None) is _patched_all_gather_into_tensor:
+                    setattr(dist, n, orig)
             if _ds_backend is not None and getattr(_ds_backend, "all_gather_function", None) is \
                     _patched_all_gather_into_tensor:
-                _ds_backend.all_gather_function = _installed
+                _ds_backend.all_gather_function = _installed_entries["deepspeed"]
+            _installed_entries.clear()
             _ds_backend = None
             _installed = None
 

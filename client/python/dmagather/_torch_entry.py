@@ -1,0 +1,54 @@
+"""torch.distributed's all-gather entry points that dmagather serves, and the
+torch versions it knows. Imports nothing (not even torch): the start-up hook
+(`_autoload`) reads it before torch.distributed is imported.
+
+The entry points are every name under which a torch version exposes the flat
+all-gather (output = every rank's input, concatenated in rank order):
+- `all_gather_into_tensor`: torch 1.13 to today; what DeepSpeed calls;
+- `all_gather_single`: torch 2.15 on. There `all_gather_into_tensor` is an alias
+  that calls it, and FSDP2's `DefaultAllGather` calls it directly, so a torch
+  2.15 FSDP2 job with only `all_gather_into_tensor` served gets nothing.
+Each one torch has is replaced by dmagather's function in the
+`torch.distributed` namespace (not in `distributed_c10d`: torch's own alias
+and its coalescing manager keep calling torch's function).
+
+TESTED_TORCH: the major.minor versions whose FSDP2 internals the zero-copy
+unshard (`_fsdp_zero_copy`) was written against and that CI runs the trainer
+tests on (tools/install_venv.sh: the oldest and the newest). Any other torch
+still gets its entry points served, and is named on rank 0 at start-up.
+"""
+
+ENTRY_POINTS = ("all_gather_into_tensor", "all_gather_single")
+TESTED_TORCH = ("2.11", "2.15")
+
+
+def major_minor(version):
+    """'2.15.0+cu130' -> '2.15'."""
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def present(dist_module):
+    """The entry points this torch.distributed has, in ENTRY_POINTS order."""
+    return [n for n in ENTRY_POINTS if callable(getattr(dist_module, n, None))]
+
+
+def untested_note(version, names):
+    """A sentence naming a torch outside TESTED_TORCH, or None for a tested one."""
+    if major_minor(version) in TESTED_TORCH:
+        return None
+    served = ", ".join(f"torch.distributed.{n}" for n in names) or "no all-gather entry point it knows"
+    return (f"torch {version} is not a version dmagather was tested with ({', '.join(TESTED_TORCH)}): "
+            f"it serves {served}; FSDP2's zero-copy unshard stays off")
+
+
+_named = False
+
+
+def name_untested_once(version, names, logger):
+    """Rank 0's one line about a torch outside TESTED_TORCH (start-up hook or
+    init(), whichever comes first); nothing for a tested one."""
+    global _named
+    note = untested_note(version, names)
+    if note is not None and not _named:
+        _named = True
+        logger.warning("dmagather: %s", note)
