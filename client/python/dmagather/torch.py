@@ -193,7 +193,7 @@ def init(*, enabled=None, socket=None, max_numel=None, join_timeout_ms=None, job
             atexit.register(_write_stats, os.environ["DMAGATHER_STATS_FILE"], _adapter)
         if rank == 0:
             _torch_entry.name_untested_once(torch.__version__, _torch_entry.present(dist), log)
-            extra = f", torch {torch.__version__}" + (f", {_origin}" if _origin else "")
+            extra = f", {_origin}" if _origin else ""
             if _adapter.host_staging:
                 extra += ", host staging"
             if os.environ.get("DS_SDMA_ALLGATHER", "0").strip().lower() in ("1", "true", "yes", "on"):
@@ -201,8 +201,8 @@ def init(*, enabled=None, socket=None, max_numel=None, join_timeout_ms=None, job
                 # all-gather function it captured (this one); without mori it is off.
                 extra += "; DS_SDMA_ALLGATHER is set: DeepSpeed's SDMA path, where mori is installed, is tried first"
             if comm is not None:
-                log.warning("dmagather allgather enabled (backend=%s, max_numel=%d%s)", comm.backend, agreed_max,
-                            extra)
+                log.warning("dmagather allgather enabled (backend=%s, max_numel=%d%s), torch %s", comm.backend,
+                            agreed_max, extra, torch.__version__)
             else:
                 log.warning("dmagather allgather unavailable (%s); using %s allgather%s", unavailable[1], fw,
                             f" ({extra.lstrip(', ')})" if extra else "")
