@@ -1,9 +1,9 @@
 """A user's script that calls torch.distributed.all_gather_into_tensor (nothing
 of dmagather in it), launched with torchrun. Writes OUT/rank{r}.json with what
 it saw. Order of calls: a gather on a subgroup of ranks 0..1 first (before any
-WORLD call: it must go to torch and set nothing up), then WORLD gathers of
-several dtypes from private CPU tensors (sync, async_op=True, in place), then
-the subgroup again."""
+WORLD call: it sets up a job of the subgroup's own, on ranks 0 and 1 only),
+then WORLD gathers of several dtypes from private CPU tensors (sync,
+async_op=True, in place), then the subgroup again."""
 import json
 import os
 import sys

@@ -83,35 +83,47 @@ class AutoloadTest(TrainerCase):
         text, res, st = self.launch("served", DMAGATHER_ALLGATHER="1")
         for r in range(WORLD):
             self.assertTrue(res[r]["patched_at_start"])
-            self.assertFalse(res[r]["set_up_after_subgroup"], "a subgroup gather set dmagather up")
+            # The subgroup's first gather set up a job of its own, on its ranks only.
+            self.assertEqual(res[r]["set_up_after_subgroup"], r in (0, 1))
             self.assertTrue(res[r]["set_up_at_end"])
             s = st[r]
             self.assertEqual(s["dmagather_ops"], res[r]["world_ops"], s)
             self.assertEqual(s["staged_ops"], res[r]["world_ops"], s)
-            self.assertEqual(s["fallback_by_reason"]["not_world_group"], 1 if r in (0, 1) else 0, s)
-            self.assertEqual(s["fallback_ops"], s["fallback_by_reason"]["not_world_group"], s)
+            self.assertEqual(s["fallback_ops"], 0, s)
+            groups = s["groups"]
+            self.assertEqual(len(groups), 1 if r in (0, 1) else 0, s)
+            for g in groups:
+                self.assertEqual((g["ranks"], g["group_size"], g["group_rank"]), ([0, 1], 2, r), g)
+                self.assertEqual((g["dmagather_ops"], g["staged_ops"], g["fallback_ops"]), (2, 2, 0), g)
+        self.assertEqual(st[0]["groups"][0]["job_key"], st[1]["groups"][0]["job_key"])
         lines = start_lines(text)
-        self.assertEqual(len(lines), 1, lines)
-        self.assertIn("dmagather allgather enabled (backend=host", lines[0])
-        job = [j for j in self.daemon.stats()["jobs"] if j["job_key"] == st[0]["job_key"]]
-        self.assertEqual(len(job), 1)
-        self.assertEqual(int(job[0]["ops"]), res[0]["world_ops"])
-        self.assertEqual(job[0].get("errors", []), [])
+        self.assertEqual(len(lines), 2, lines)
+        self.assertIn("dmagather allgather enabled for a group of 2 ranks (0,1) (backend=host", lines[0])
+        self.assertIn("dmagather allgather enabled (backend=host", lines[1])
+        jobs = self.daemon.stats()["jobs"]
+        for key, ops in ((st[0]["job_key"], res[0]["world_ops"]), (st[0]["groups"][0]["job_key"], 2)):
+            job = [j for j in jobs if j["job_key"] == key]
+            self.assertEqual(len(job), 1, key)
+            self.assertEqual(int(job[0]["ops"]), ops)
+            self.assertEqual(job[0].get("errors", []), [])
 
     def test_daemon_unreachable_every_rank_falls_back_alike(self):
         text, res, st = self.launch("nodaemon", DMAGATHER_ALLGATHER="1",
                                     DMAGATHER_SOCKET=os.path.join(self.dir, "absent.sock"),
                                     DMAGATHER_JOIN_TIMEOUT_MS="2000")
         lines = start_lines(text)
-        self.assertEqual(len(lines), 1, lines)
-        self.assertIn("dmagather allgather unavailable (daemon unreachable on rank(s) 0,1,2", lines[0])
+        self.assertEqual(len(lines), 2, lines)
+        self.assertIn("dmagather allgather unavailable for a group of 2 ranks (0,1) (daemon unreachable on rank(s) "
+                      "0,1 ", lines[0])
+        self.assertIn("dmagather allgather unavailable (daemon unreachable on rank(s) 0,1,2", lines[1])
         for r in range(WORLD):
             s = st[r]
             self.assertFalse(s["enabled"])
             self.assertEqual(s["dmagather_ops"], 0)
-            # the later subgroup gather of ranks 0 and 1 counts under the job-wide reason too
-            self.assertEqual(s["fallback_by_reason"]["daemon_unreachable"],
-                             res[r]["world_ops"] + (1 if r in (0, 1) else 0), s)
+            self.assertEqual(s["fallback_by_reason"]["daemon_unreachable"], res[r]["world_ops"], s)
+            # the subgroup's two gathers (ranks 0 and 1) count in its own job's counters
+            for g in s["groups"]:
+                self.assertEqual((g["enabled"], g["fallback_by_reason"]["daemon_unreachable"]), (False, 2), g)
 
     def test_check_module(self):
         env = clean_env(self.daemon.sock)

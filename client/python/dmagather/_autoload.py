@@ -15,11 +15,13 @@ ZeRO-3's zero-copy fetch (`_zero3_zero_copy`) for when DeepSpeed's ZeRO-3
 module loads, so that every parameter DeepSpeed converts gathers into its own
 storage.
 
-The collective setup (dmagather.torch.init(): two all_reduces over WORLD)
-happens at the first call on the WORLD group (or a group of every rank in
-rank order), which every rank makes at the same point of the program. Calls on
-other groups before that go straight to torch. Rank 0 logs one line:
-`dmagather allgather enabled (...)` or `dmagather allgather unavailable (...)`.
+The collective setup happens at a group's first all-gather, which every rank
+of the group makes at the same point of the program: WORLD's job
+(dmagather.torch.init(): the WORLD group, or a group of every rank in rank
+order) or a job of the group's own (dmagather.torch.adapter_for: an HSDP shard
+group, a mesh dimension, a DeepSpeed group). Rank 0 logs one line per job it
+is part of: `dmagather allgather enabled (...)` or `dmagather allgather
+unavailable (...)`.
 
 Set the variable on every rank (launchers pass the environment to every rank):
 a rank without it never takes part in the setup.
@@ -38,32 +40,25 @@ ZERO3_MODULE = "deepspeed.runtime.zero.partition_parameters"  # _zero3_zero_copy
 
 _lock = threading.RLock()  # an import inside the set-up may reach the finder
 _orig = None        # torch's all-gather (the framework path of every op not served)
-_adapter = None     # dmagather.torch's adapter once the first eligible call set it up
+_adapter = None     # WORLD's adapter (dmagather.torch's) once a call on WORLD set it up
+_by_group = {}      # process group (None: WORLD) -> the adapter that serves it
 _patched = {}       # entry point name -> our function in its place (to tell whether it still is)
 
 
-def _eligible_before_init(dist, group):
-    """A call that every rank of WORLD makes: the WORLD group, or a group of
-    every rank in rank order (FSDP2's 1-D mesh)."""
-    if group is None or group is dist.group.WORLD:
-        return True
-    try:
-        if group is dist.distributed_c10d._get_default_group():
-            return True
-        return dist.get_process_group_ranks(group) == list(range(dist.get_world_size()))
-    except Exception:  # noqa: BLE001
-        return False
-
-
-def _setup():
-    """Collective: the first eligible call of every rank comes here."""
+def _setup(group):
+    """Collective over `group`: the first call of every rank of a group comes
+    here (WORLD's job, or the group's own: dmagather.torch.adapter_for).
+    None for a group of one rank (torch's function serves it)."""
     global _adapter
     import dmagather.torch as dt
-    a = dt.init(_default_enabled=False, _origin="DMAGATHER_ALLGATHER=1", host_staging=True)
+    a = dt.adapter_for(group, _default_enabled=False, _origin="DMAGATHER_ALLGATHER=1", host_staging=True)
+    if a is None:
+        return None
     a._orig = _orig
     if a.backend == "host" and not a.stream_ordered and dt._env_flag("DMAGATHER_HOST_STAGING") is not False:
         a.host_staging = True  # also when a script's own init() made the adapter first
-    _adapter = a
+    if a is dt.get():
+        _adapter = a
     if a.comm is not None:
         dt._fsdp_zero_copy.enable()  # FSDP2's unshard without copy-in/out from its next all-gather on
     return a
@@ -73,13 +68,16 @@ def _entry(name, orig):
     """dmagather's function for torch.distributed.<name> (same signature as
     torch's all_gather_into_tensor / all_gather_single)."""
     def entry(output_tensor, input_tensor, group=None, async_op=False):
-        a = _adapter
+        a = _adapter if group is None else _by_group.get(group)
         if a is None:
             import torch.distributed as dist
-            if not dist.is_initialized() or not _eligible_before_init(dist, group):
+            if not dist.is_initialized():
                 return orig(output_tensor, input_tensor, group=group, async_op=async_op)
             with _lock:
-                a = _adapter or _setup()
+                a = _by_group.get(group) or _setup(group)
+            if a is None:  # a group of one rank
+                return orig(output_tensor, input_tensor, group=group, async_op=async_op)
+            _by_group[group] = a
         # order_now: the current stream is ordered at the call, also with
         # async_op=True, so callers that record an event right after the call
         # (FSDP2's default all-gather) and callers that wait on the Work (ZeRO-3)

@@ -190,18 +190,19 @@ def set_active(flag):
     _active = bool(flag)
 
 
-def _adapter_for(all_gather_comm):
-    """dmagather's adapter when this all-gather comm is dmagather's, else None."""
+def _adapter_for(all_gather_comm, group):
+    """dmagather's adapter for this group when this all-gather comm is
+    dmagather's and the group's job is set up, else None."""
     import dmagather.torch as dt
     if isinstance(all_gather_comm, dt.FSDPAllGather):
-        return all_gather_comm.adapter
+        return all_gather_comm.adapter_for(group, setup=False)
     fc, _, _ = _modules()
     if type(all_gather_comm) not in (fc.DefaultAllGather, fc.ProcessGroupAllocAllGather):
         return None  # someone else's custom all-gather
-    if dt.is_installed():
-        return dt.get()
     from . import _autoload
-    return _autoload.adapter() if _autoload.is_patched() else None
+    if dt.is_installed() or _autoload.is_patched():
+        return dt.adapter_for(group, setup=False)
+    return None
 
 
 def _rule(adapter, fsdp_params, group):
@@ -242,7 +243,7 @@ def _keep_versions(outs):
 @torch.no_grad()
 def _foreach_all_gather(fsdp_params, group, async_op, all_gather_copy_in_stream, all_gather_stream, device,
                         all_gather_comm):
-    a = _adapter_for(all_gather_comm) if _active else None
+    a = _adapter_for(all_gather_comm, group) if _active else None
     if a is None or a.comm is None:
         return _orig_gather(fsdp_params, group, async_op, all_gather_copy_in_stream, all_gather_stream, device,
                             all_gather_comm)

@@ -50,7 +50,6 @@ When is the verdict read?
 """
 
 import os
-import secrets
 import sys
 import threading
 
@@ -60,6 +59,7 @@ import torch.distributed as dist
 from . import Comm, DmagatherError, FallbackError, DTYPES, MAX_COALESCED, Op, _Gather, load_library
 from . import _fsdp_zero_copy
 from . import _torch_entry
+from . import _torch_setup
 from . import _zero3_zero_copy
 from ._torch_gather import (DEFAULT_MAX_NUMEL, REASONS, DmagatherAllGather, StreamOrderedError, Work,
                             _env_flag, _max_numel_from_env, log)
@@ -68,74 +68,36 @@ __all__ = ["init", "install", "uninstall", "is_installed", "get", "all_gather_in
            "synchronize", "stats", "shutdown", "Work", "FSDPAllGather", "DmagatherAllGather", "StreamOrderedError",
            "REASONS", "DEFAULT_MAX_NUMEL"]
 
-DEFAULT_JOIN_TIMEOUT_MS = 10000      # at init; DMAGATHER_JOIN_TIMEOUT_MS overrides
+DEFAULT_JOIN_TIMEOUT_MS = _torch_setup.DEFAULT_JOIN_TIMEOUT_MS
 
 
-def _reduce_device():
-    """Where the WORLD group's all_reduce takes its tensor."""
-    b = str(dist.get_backend()).lower()
-    if b == "nccl" or (b.startswith("cuda:") and "cpu:" not in b):
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+# ---- the process-wide adapters ---------------------------------------------------
 
-
-# ---- the process-wide adapter ---------------------------------------------------
-
-_adapter = None
+_adapter = None    # WORLD's (init())
+_groups = {}       # process group -> the adapter that serves it: WORLD's, or the group's own job
 _installed = None  # torch's all-gather (the framework path) while installed
 _installed_entries = {}  # entry point name (or "deepspeed") -> what install() replaced there
 _ds_backend = None  # DeepSpeed's backend whose captured all_gather_function install() replaced
-_glock = threading.Lock()
+_glock = threading.RLock()
 
 
 def get():
-    """The process's adapter, or None before init()."""
+    """The process's WORLD adapter, or None before init()."""
     return _adapter
 
 
-def _join_all(key, world, rank, socket, join_timeout_ms, dev):
-    """Every rank joins the daemon's job, then one all_reduce tells every rank
-    whether all did. Returns (comm, None), or (None, (reason kind, sentence))
-    on every rank when any rank could not join."""
-    unavailable = None
-    comm = None
-    jt = join_timeout_ms
-    if jt is None:
-        jt = int(os.environ.get("DMAGATHER_JOIN_TIMEOUT_MS") or DEFAULT_JOIN_TIMEOUT_MS)
-    code, why = 0, ""
-    try:
-        comm = Comm(key, world, rank, socket=socket, join_timeout_ms=jt, local_rank=rank,
-                    local_world_size=world)
-    except DmagatherError as e:
-        code, why = (1 if e.status == "UNAVAILABLE" else 2), str(e)
-    except OSError as e:  # libdmagather.so not found
-        code, why = 1, str(e)
-    v = torch.zeros(world, dtype=torch.int64)
-    v[rank] = code
-    v = v.to(dev)
-    dist.all_reduce(v, op=dist.ReduceOp.MAX)
-    v = v.cpu().tolist()
-    bad = [r for r in range(world) if v[r]]
-    if bad:
-        if comm is not None:
-            try:
-                comm.close()
-            except DmagatherError:
-                pass
-            comm = None
-        ones = [str(r) for r in bad if v[r] == 1]
-        twos = [str(r) for r in bad if v[r] != 1]
-        parts = ([f"daemon unreachable on rank(s) {','.join(ones)}"] if ones else []) + \
-                ([f"join failed on rank(s) {','.join(twos)}"] if twos else [])
-        kind = "daemon_unreachable" if ones else "join_failed"
-        unavailable = (kind, "; ".join(parts) + (f" (this rank: {why})" if why else ""))
-    return comm, unavailable
+def _enabled(enabled, default):
+    if enabled is None:
+        env = _env_flag("DMAGATHER_ALLGATHER")
+        enabled = default if env is None else env
+    return enabled
 
 
 def init(*, enabled=None, socket=None, max_numel=None, join_timeout_ms=None, job_key=None, stream_ordered=None,
          host_staging=None, _default_enabled=True, _origin=None):
     """Collective (every rank of WORLD calls it, once): agrees on enabled,
-    max_numel and a job key, joins the daemon, agrees that every rank joined.
+    max_numel and a job key, joins the daemon (or, when WORLD spans nodes, the
+    daemons' multi-node job), agrees that every rank joined (_torch_setup).
     Returns the adapter; when disabled, every op goes to the framework.
 
     enabled: default $DMAGATHER_ALLGATHER (install(): must be 1; the direct API
@@ -152,96 +114,142 @@ def init(*, enabled=None, socket=None, max_numel=None, join_timeout_ms=None, job
             return _adapter
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("dmagather.torch.init(): call torch.distributed.init_process_group() first")
-        rank, world = dist.get_rank(), dist.get_world_size()
-        fw = str(dist.get_backend())
-        if enabled is None:
-            env = _env_flag("DMAGATHER_ALLGATHER")
-            enabled = _default_enabled if env is None else env
-        mine = int(max_numel) if max_numel is not None else _max_numel_from_env()
-        local_world = os.environ.get("LOCAL_WORLD_SIZE")
-        spans_nodes = local_world is not None and local_world.isdigit() and int(local_world) != world
-        dev = _reduce_device()
-        # One all_reduce(MAX): [disabled flag of each rank..., spans nodes, -max_numel, key words of rank 0].
-        t = torch.zeros(world + 4, dtype=torch.int64)
-        t[rank] = 0 if enabled else 1
-        t[world] = 1 if spans_nodes else 0
-        t[world + 1] = -max(1, mine)
-        if rank == 0:
-            t[world + 2] = secrets.randbits(62)
-            t[world + 3] = secrets.randbits(62)
-        t = t.to(dev)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        t = t.cpu().tolist()
-        disabled = [r for r in range(world) if t[r]]
-        agreed_max = -t[world + 1]
-        key = job_key or f"torch-{t[world + 2]:016x}{t[world + 3]:016x}"
-        unavailable = None
-        comm = None
-        if disabled:
-            which = "" if len(disabled) == world else f" on rank(s) {','.join(map(str, disabled))}"
-            unavailable = ("not_enabled", f"not enabled{which}: DMAGATHER_ALLGATHER is not 1")
-        elif t[world]:
-            unavailable = ("join_failed", f"the job spans several nodes (LOCAL_WORLD_SIZE != {world})")
-        else:
-            comm, unavailable = _join_all(key, world, rank, socket, join_timeout_ms, dev)
-        env_staging = _env_flag("DMAGATHER_HOST_STAGING")
-        staging = env_staging if env_staging is not None else bool(host_staging)
-        _adapter = DmagatherAllGather(key, world, rank, comm=comm, max_numel=agreed_max, unavailable=unavailable,
-                                      backend_name=fw, stream_ordered=stream_ordered, host_staging=staging)
-        if os.environ.get("DMAGATHER_STATS_FILE"):
-            import atexit
-            atexit.register(_write_stats, os.environ["DMAGATHER_STATS_FILE"], _adapter)
-        if rank == 0:
+        a = _torch_setup.setup(None, enabled=_enabled(enabled, _default_enabled), socket=socket,
+                               max_numel=max_numel, join_timeout_ms=join_timeout_ms, job_key=job_key,
+                               stream_ordered=stream_ordered, host_staging=host_staging)
+        a.group = None
+        _adapter = a
+        _register_stats_file()
+        if a.rank == 0:
             _torch_entry.name_untested_once(torch.__version__, _torch_entry.present(dist), log)
-            extra = f", {_origin}" if _origin else ""
-            if _adapter.host_staging:
-                extra += ", host staging"
-            if os.environ.get("DS_SDMA_ALLGATHER", "0").strip().lower() in ("1", "true", "yes", "on"):
-                # DeepSpeed's TorchBackend tries its mori SDMA path before the
-                # all-gather function it captured (this one); without mori it is off.
-                extra += "; DS_SDMA_ALLGATHER is set: DeepSpeed's SDMA path, where mori is installed, is tried first"
-            if comm is not None:
-                log.warning("dmagather allgather enabled (backend=%s, max_numel=%d%s), torch %s", comm.backend,
-                            agreed_max, extra, torch.__version__)
-            else:
-                log.warning("dmagather allgather unavailable (%s); using %s allgather%s", unavailable[1], fw,
-                            f" ({extra.lstrip(', ')})" if extra else "")
-        return _adapter
+            _log_start(a, "", _origin)
+        return a
 
 
-def _write_stats(path, a):
-    """DMAGATHER_STATS_FILE=PATH: at exit each rank writes its counters (stats())
-    as JSON to PATH with {rank} replaced (or PATH.RANK)."""
+def _log_start(a, what, origin):
+    """The one line of a job's first rank: enabled, or unavailable and why."""
+    extra = f", {origin}" if origin else ""
+    if a.host_staging:
+        extra += ", host staging"
+    if a.nodes > 1:
+        extra += f", {a.nodes} nodes"
+    if os.environ.get("DS_SDMA_ALLGATHER", "0").strip().lower() in ("1", "true", "yes", "on"):
+        # DeepSpeed's TorchBackend tries its mori SDMA path before the
+        # all-gather function it captured (this one); without mori it is off.
+        extra += "; DS_SDMA_ALLGATHER is set: DeepSpeed's SDMA path, where mori is installed, is tried first"
+    if a.comm is not None:
+        log.warning("dmagather allgather enabled%s (backend=%s, max_numel=%d%s), torch %s", what, a.comm.backend,
+                    a.max_numel, extra, torch.__version__)
+    else:
+        log.warning("dmagather allgather unavailable%s (%s); using %s allgather%s", what, a.unavailable[1],
+                    a.framework_backend, f" ({extra.lstrip(', ')})" if extra else "")
+
+
+def _world_like(group):
+    """WORLD, or a group of every rank in rank order (FSDP2's 1-D mesh): WORLD's job."""
+    if group is None or group is dist.group.WORLD:
+        return True
+    try:
+        if group is dist.distributed_c10d._get_default_group():
+            return True
+        return dist.get_process_group_ranks(group) == list(range(dist.get_world_size()))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def adapter_for(group, *, setup=True, enabled=None, host_staging=None, _default_enabled=True, _origin=None):
+    """The adapter that serves `group`: WORLD's (init()) for WORLD or a group of
+    every rank in rank order; for any other group of two or more ranks its own
+    job, set up collectively over that group at its first call (every rank of
+    the group calls this at the same point: its first all-gather). None for a
+    group of one rank, or (setup=False) a group not set up yet."""
+    a = _groups.get(group)
+    if a is not None:
+        return a
+    if _world_like(group):
+        if _adapter is None and not setup:
+            return None
+        a = _adapter or init(enabled=enabled, host_staging=host_staging, _default_enabled=_default_enabled,
+                             _origin=_origin)
+    else:
+        if not setup or dist.get_world_size(group) < 2:
+            return None
+        with _glock:
+            a = _groups.get(group)
+            if a is None:
+                a = _torch_setup.setup(group, enabled=_enabled(enabled, _default_enabled),
+                                       host_staging=host_staging)
+                _register_stats_file()
+                if dist.get_rank() == 0:
+                    r = a.ranks
+                    _log_start(a, f" for a group of {len(r)} ranks ({','.join(map(str, r[:16]))}"
+                                  f"{',...' if len(r) > 16 else ''})", _origin)
+    _groups[group] = a
+    return a
+
+
+def group_adapters():
+    """The adapters of the groups that have their own job (not WORLD's)."""
+    return [a for g, a in list(_groups.items()) if a is not _adapter]
+
+
+_stats_registered = False
+
+
+def _register_stats_file():
+    """DMAGATHER_STATS_FILE=PATH: at exit each rank writes its counters as JSON
+    to PATH with {rank} replaced (or PATH.RANK): WORLD's (stats()) at the top
+    level, each group's own job under "groups"."""
+    global _stats_registered
+    path = os.environ.get("DMAGATHER_STATS_FILE")
+    if path and not _stats_registered:
+        import atexit
+        _stats_registered = True
+        atexit.register(_write_stats, path, dist.get_rank(), dist.get_world_size())
+
+
+def _write_stats(path, rank, world):
     import json
-    path = path.replace("{rank}", str(a.rank)) if "{rank}" in path else f"{path}.{a.rank}"
+    path = path.replace("{rank}", str(rank)) if "{rank}" in path else f"{path}.{rank}"
+    groups = [dict(a.stats(), group_rank=a.rank, group_size=a.world_size, ranks=a.ranks) for a in group_adapters()]
+    top = _adapter.stats() if _adapter is not None else {}
     try:
         with open(path, "w") as f:
-            json.dump(dict(a.stats(), rank=a.rank, world_size=a.world_size), f)
+            json.dump(dict(top, rank=rank, world_size=world, groups=groups), f)
     except OSError:
         pass
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
     """torch.distributed.all_gather_into_tensor through dmagather (flat output:
-    rank r's input lands at output[r * numel:(r + 1) * numel])."""
-    a = _adapter or init()
+    rank r's input lands at output[r * numel:(r + 1) * numel]), on WORLD's job
+    or the group's own (adapter_for)."""
+    a = adapter_for(group)
+    if a is None:  # a group of one rank
+        return _torch_all_gather_into_tensor()(output_tensor, input_tensor, group=group, async_op=async_op)
     return a.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
 
 
 def all_gather_coalesced(outputs, inputs, group=None, async_op=False):
     """Many all_gather_into_tensor in one op per 64 tensors (one matching, one
     completion); items may differ in numel and dtype."""
-    a = _adapter or init()
+    a = adapter_for(group)
+    if a is None:  # a group of one rank
+        works = [all_gather_into_tensor(o, i, group=group, async_op=async_op) for o, i in zip(outputs, inputs)]
+        return Work(torch_works=works) if async_op else None
     return a.all_gather_coalesced(outputs, inputs, group=group, async_op=async_op)
 
 
 def synchronize():
-    if _adapter is not None:
-        _adapter.synchronize()
+    for a in ([_adapter] if _adapter is not None else []) + group_adapters():
+        a.synchronize()
 
 
 def stats():
-    return _adapter.stats() if _adapter is not None else None
+    """WORLD's counters, with each group's own job under "groups"."""
+    if _adapter is None:
+        return None
+    return dict(_adapter.stats(), groups=[dict(a.stats(), ranks=a.ranks) for a in group_adapters()])
 
 
 def _torch_all_gather_into_tensor():
@@ -260,7 +268,10 @@ def _torch_all_gather_into_tensor():
 
 
 def _patched_all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
-    return _adapter.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+    a = adapter_for(group, _default_enabled=False, host_staging=_adapter.host_staging if _adapter else None)
+    if a is None:  # a group of one rank
+        return _installed(output_tensor, input_tensor, group=group, async_op=async_op)
+    return a.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
 
 
 def install(**init_kwargs):
@@ -325,12 +336,15 @@ def uninstall():
 
 
 def shutdown():
-    """uninstall(), then leave the job (waits for outstanding ops)."""
+    """uninstall(), then leave the jobs, WORLD's and the groups' (waits for
+    outstanding ops)."""
     global _adapter
     uninstall()
     with _glock:
-        if _adapter is not None:
-            a, _adapter = _adapter, None
+        adapters = group_adapters() + ([_adapter] if _adapter is not None else [])
+        _adapter = None
+        _groups.clear()
+        for a in adapters:
             a.close()
 
 
@@ -375,5 +389,14 @@ class FSDPAllGather(_fsdp_allgather_base()):
         return torch.empty(tuple(int(s) for s in size), dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group=None, async_op=False):
-        return self.adapter.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op,
-                                                   order_now=True)
+        a = self.adapter_for(group)
+        if a is None:  # a group of one rank
+            return _torch_all_gather_into_tensor()(output_tensor, input_tensor, group=group, async_op=async_op)
+        return a.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op, order_now=True)
+
+    def adapter_for(self, group, setup=True):
+        """The adapter given to the constructor for its group, else WORLD's or
+        the group's own (dmagather.torch.adapter_for)."""
+        if self._adapter is not None and self._adapter._is_world(group):
+            return self._adapter
+        return adapter_for(group, setup=setup)
