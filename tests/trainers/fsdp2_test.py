@@ -184,5 +184,66 @@ class Fsdp2Test(TrainerCase):
         self.assert_same_bytes(self.runs["off"]["dir"], self.runs["on-changed"]["dir"], "FSDP2 off vs changed internals")
 
 
+MESH_WORLD = 4
+MESH_STEPS = 3
+MESH_RUNS = {
+    "off-hsdp": ({}, ["--hsdp", "2"]),
+    "on-hsdp": ({"DMAGATHER_ALLGATHER": "1"}, ["--hsdp", "2"]),
+    "off-tp": ({}, ["--tp", "2"]),
+    "on-tp": ({"DMAGATHER_ALLGATHER": "1"}, ["--tp", "2"]),
+}
+# The groups FSDP2 gathers on, by mesh (global ranks): HSDP's shard groups
+# (a 2 x 2 replicate x shard mesh) and FSDP x TP's data-parallel groups (a
+# 2 x 2 dp x tp mesh).
+MESH_GROUPS = {"hsdp": [[0, 1], [0, 1], [2, 3], [2, 3]], "tp": [[0, 2], [1, 3], [0, 2], [1, 3]]}
+
+
+@unittest.skipUnless(HAVE_FSDP2, WHY)
+class Fsdp2MeshTest(TrainerCase):
+    """FSDP2 on 2-D meshes, 4 ranks of one node: every all-gather is on a
+    sub-group, which gets a dmagather job of its own at its first gather."""
+
+    @classmethod
+    def setUpClass(cls):
+        def launcher(args):
+            return lambda out: ([os.path.join(VENV_BIN, "torchrun"), "--standalone", "--nproc_per_node",
+                                 str(MESH_WORLD), os.path.join(HERE, "fsdp2_train.py"), "--out", out, "--steps",
+                                 str(MESH_STEPS)] + args)
+        cls.launch_all("dmagather-fsdp2-mesh-", {n: (sw, launcher(a)) for n, (sw, a) in MESH_RUNS.items()},
+                       MESH_WORLD, RUN_TIMEOUT_S)
+
+    def check_mesh(self, mesh):
+        on = self.ok(f"on-{mesh}")
+        self.assert_same_bytes(self.runs[f"off-{mesh}"]["dir"], on["dir"], f"FSDP2 {mesh} off vs on")
+        self.assertEqual(self.runs[f"off-{mesh}"]["stats"], {}, "off set something up")
+        keys = {}
+        for rank, s in on["stats"].items():
+            self.assertNotIn("dmagather_ops", s, f"rank {rank}: WORLD was never gathered on, yet set up")
+            self.assertEqual(len(s["groups"]), 1, f"rank {rank}: {s['groups']}")
+            g = s["groups"][0]
+            self.assertEqual(g["ranks"], MESH_GROUPS[mesh][rank], g)
+            self.assertEqual(g["fallback_ops"], 0, g)
+            self.assertGreaterEqual(g["dmagather_ops"], 2 * 4 * MESH_STEPS, g)
+            # zero-copy unshards on the sub-group: every one after the first (which sets the job up)
+            self.assertEqual(g["zero_copy_unshards"], g["dmagather_ops"] - 1, g)
+            self.assertEqual(g["zero_copy_fallback_by_reason"], NO_ZERO_COPY_FALLBACK, g)
+            keys.setdefault(tuple(g["ranks"]), set()).add((g["job_key"], g["dmagather_ops"]))
+        self.assertEqual(len(keys), 2, keys)
+        jobs = {j["job_key"]: j for j in on["daemon"]["jobs"]}
+        for ranks, seen in keys.items():
+            self.assertEqual(len(seen), 1, f"group {ranks}: ranks disagree {seen}")
+            key, ops = seen.pop()
+            self.assertEqual(int(jobs[key]["ops"]), ops, f"group {ranks}: the daemon's count")
+            self.assertEqual(jobs[key].get("errors", []), [])
+        self.assertEqual(len(start_lines(on["out"])), 1, start_lines(on["out"]))
+        self.assertIn("for a group of 2 ranks", start_lines(on["out"])[0])
+
+    def test_hsdp_shard_groups_served_bit_identical(self):
+        self.check_mesh("hsdp")
+
+    def test_fsdp_x_tp_dp_groups_served_bit_identical(self):
+        self.check_mesh("tp")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -3,7 +3,7 @@ block and the root fully_shard'ed on a 1-D mesh over WORLD, a few AdamW steps
 on data from a seeded generator. Launched with torchrun.
 
     torchrun --nproc_per_node N fsdp2_train.py --out DIR [--steps 5] [--device cpu|cuda]
-             [--custom-all-gather] [--odd] [--pretend-torch V] [--change-fsdp2]
+             [--custom-all-gather] [--odd] [--pretend-torch V] [--change-fsdp2] [--hsdp R | --tp T]
 
 --odd: the shapes FSDP2's unshard has to get right beyond the even case: odd
 sizes (uneven, padded last shards), one block's matrices sharded on dim 1
@@ -40,6 +40,10 @@ def main():
     p.add_argument("--custom-all-gather", action="store_true")
     p.add_argument("--odd", action="store_true")
     p.add_argument("--rs-allreduce", action="store_true")
+    p.add_argument("--hsdp", type=int, default=0, metavar="R",
+                   help="HSDP: a (R, world/R) mesh, replicate x shard (FSDP2 gathers on the shard groups)")
+    p.add_argument("--tp", type=int, default=0, metavar="T",
+                   help="FSDP x TP: a (world/T, T) mesh, each block's Linears tensor-parallel over T, FSDP over dp")
     p.add_argument("--pretend-torch", default=None, help="tests: torch.__version__ as this string from the start "
                                                          "(a torch dmagather does not know)")
     p.add_argument("--change-fsdp2", action="store_true", help="tests: FSDP2's foreach_all_gather wrapped, as a "
@@ -76,9 +80,19 @@ def main():
     blocks = [nn.Sequential(nn.LayerNorm(d), nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d))
               for _ in range(nblocks)]
     model = nn.Sequential(nn.Embedding(vocab, d), *blocks, nn.LayerNorm(d), nn.Linear(d, vocab)).to(dev)
-    mesh = init_device_mesh(dev.type, (world,))
+    if args.hsdp:
+        mesh = init_device_mesh(dev.type, (args.hsdp, world // args.hsdp), mesh_dim_names=("replicate", "shard"))
+    elif args.tp:
+        mesh_2d = init_device_mesh(dev.type, (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
+        mesh = mesh_2d["dp"]
+    else:
+        mesh = init_device_mesh(dev.type, (world,))
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if args.dtype == "bf16" else \
         MixedPrecisionPolicy()
+    if args.tp:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        for b in model[1:1 + nblocks]:
+            parallelize_module(b, mesh_2d["tp"], {"1": ColwiseParallel(), "3": RowwiseParallel()})
     for k, b in enumerate(model[1:1 + nblocks]):
         extra = {}
         if args.odd and k == 1:
@@ -112,11 +126,12 @@ def main():
         for m in fsdp_modules:
             m.set_custom_reduce_scatter(rs)
 
+    data_rank = mesh_2d["dp"].get_local_rank() if args.tp else rank  # TP ranks of one dp rank see the same data
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     g = torch.Generator().manual_seed(7)
     losses = []
     for step in range(args.steps):
-        ids = torch.randint(0, vocab, (world, 8, 17), generator=g)[rank].to(dev)
+        ids = torch.randint(0, vocab, (world, 8, 17), generator=g)[data_rank].to(dev)
         logits = model(ids[:, :-1])
         loss = nn.functional.cross_entropy(logits.float().reshape(-1, vocab), ids[:, 1:].reshape(-1))
         loss.backward()
