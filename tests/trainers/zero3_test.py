@@ -164,5 +164,49 @@ class DeepSpeedZero3Test(TrainerCase):
         self.assertNotIn("SDMA allgather enabled", self.runs["both"]["out"])
 
 
+HPZ_WORLD = 4
+HPZ_STEPS = 3
+
+
+@unittest.skipUnless(HAVE_DS, WHY)
+class DeepSpeedHpzTest(TrainerCase):
+    """ZeRO++ hpZ (zero_hpz_partition_size 2), 4 ranks of one node, unmodified
+    with DMAGATHER_ALLGATHER=1: the WORLD gathers on WORLD's job, the secondary
+    partition's gathers on each secondary group's own job."""
+
+    @classmethod
+    def setUpClass(cls):
+        def launcher(extra):
+            return lambda out: ([os.path.join(VENV_BIN, "deepspeed"), "--num_gpus", str(HPZ_WORLD), "--master_port",
+                                 str(free_port()), os.path.join(HERE, "zero3_train.py"), "--out", out, "--steps",
+                                 str(HPZ_STEPS), "--hpz", "2"] + extra)
+        cls.launch_all("dmagather-hpz-", {"off": ({}, launcher([])),
+                                          "on": ({"DMAGATHER_ALLGATHER": "1"}, launcher([]))},
+                       HPZ_WORLD, RUN_TIMEOUT_S)
+
+    def test_secondary_groups_served_bit_identical(self):
+        on = self.ok("on")
+        self.assert_same_bytes(self.ok("off")["dir"], on["dir"], "ZeRO++ hpZ off vs DMAGATHER_ALLGATHER=1")
+        jobs = {j["job_key"]: j for j in on["daemon"]["jobs"]}
+        world_ops = {s["dmagather_ops"] for s in on["stats"].values()}
+        self.assertEqual(len(world_ops), 1, on["stats"])
+        self.assertEqual(int(jobs[on["stats"][0]["job_key"]]["ops"]), world_ops.pop())
+        seen = {}
+        for rank, s in on["stats"].items():
+            self.assertEqual(s["fallback_ops"], 0, s)
+            self.assertEqual(len(s["groups"]), 1, s["groups"])
+            g = s["groups"][0]
+            self.assertEqual(g["ranks"], [0, 1] if rank < 2 else [2, 3], g)
+            self.assertEqual(g["fallback_ops"], 0, g)
+            self.assertGreater(g["dmagather_ops"], 0, g)
+            seen.setdefault(tuple(g["ranks"]), set()).add((g["job_key"], g["dmagather_ops"]))
+        self.assertEqual(sorted(seen), [(0, 1), (2, 3)])
+        for ranks, keys in seen.items():
+            self.assertEqual(len(keys), 1, f"secondary group {ranks}: ranks disagree {keys}")
+            key, ops = keys.pop()
+            self.assertEqual(int(jobs[key]["ops"]), ops, f"secondary group {ranks}: the daemon's count")
+            self.assertEqual(jobs[key].get("errors", []), [])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -73,6 +73,8 @@ def main():
     p.add_argument("--profile", action="store_true",
                    help="rank 0: step times, peak memory, and the torch profiler's GPU activity of the "
                         "last step (kernels by name and stream, memcpys) into DIR/profile.json")
+    p.add_argument("--hpz", type=int, default=0, metavar="N",
+                   help="ZeRO++ hpZ: zero_hpz_partition_size N (a secondary partition over groups of N ranks)")
     p.add_argument("--local_rank", type=int, default=-1)  # the deepspeed launcher passes it
     args = p.parse_args()
 
@@ -114,6 +116,8 @@ def main():
         "steps_per_print": 1000,
         "wall_clock_breakdown": False,
     }
+    if args.hpz:
+        config["zero_optimization"]["zero_hpz_partition_size"] = args.hpz
     with deepspeed.zero.Init(config_dict_or_path=config):
         model = TinyLM(vocab=vocab, seq=seq)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
