@@ -10,6 +10,7 @@
 #include "abi/graph_v1.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/env_check.h"
 #include "common/api_names.h"
 #include "common/clock.h"
 #include "common/dtype.h"
@@ -46,6 +47,8 @@ CommImpl::CommImpl(const CommOptions& options)
 std::string CommImpl::Rank() const { return absl::StrCat("rank ", options_.rank, ": "); }
 
 absl::StatusOr<std::unique_ptr<CommImpl>> CommImpl::Create(const CommOptions& in) {
+  // A DMAGATHER_* variable a few edits from a known one: say so, once.
+  WarnUnknownVariablesOnce(environ, stderr);
   CommOptions o = in;
   o.socket_path = ResolveSocket(in.socket_path);
   if (o.job_key.empty()) return absl::InvalidArgumentError("job_key is empty");
