@@ -40,7 +40,6 @@ CommImpl::CommImpl(const CommOptions& options)
     spin_ = std::atoi(s);
     spin_set_ = true;
   }
-  if (const char* y = std::getenv("DMAGATHER_YIELDS"); y != nullptr && std::atoi(y) >= 0) yields_ = std::atoi(y);
   scratch_.resize(DMAGATHER_MAX_COALESCED);
 }
 
@@ -100,7 +99,7 @@ absl::Status CommImpl::Join() {
   backend_name_ = answer.backend;
   daemon_version_ = answer.daemon_version;
   if (!spin_set_ && answer.wait_spin.has_value()) spin_ = *answer.wait_spin;
-  done_.SetSpin(spin_, yields_);
+  done_.SetSpin(spin_, /*yields=*/0);  // Yielding ranks starve the daemon (PERFORMANCE.md).
   ClientBackendContext ctx;
   ctx.completion = view_.completion;
   ctx.flag_bytes = abi::SegmentLayoutV1::kRingOffset - abi::SegmentLayoutV1::kCompletionOffset;

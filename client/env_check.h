@@ -22,7 +22,6 @@ inline constexpr std::string_view kKnownVariables[] = {
     "DMAGATHER_JOB_ID",
     "DMAGATHER_JOIN_TIMEOUT_MS",
     "DMAGATHER_SPIN",
-    "DMAGATHER_YIELDS",
     "DMAGATHER_CUDA_BATCH",  // Client and daemon (common/cuda).
     // Python package (client/python/dmagather).
     "DMAGATHER_LIB",
