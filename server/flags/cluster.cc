@@ -1,9 +1,8 @@
 // dmagatherd --help, group "cluster": multi-node jobs, the ring between this
 // node's daemon and the others. Declared in server/flags/flags.h; read by
 // server/main.cc.
-#include "server/flags/flags.h"
-
 #include "absl/flags/flag.h"
+#include "server/flags/flags.h"
 
 ABSL_FLAG(std::string, peer_listen, "",
           "Multi-node jobs: HOST:PORT on which peer daemons reach this one (ring links, job coordinator). "

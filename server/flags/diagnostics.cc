@@ -1,8 +1,7 @@
 // dmagatherd --help, group "diagnostics": the log and the Prometheus endpoint.
 // Declared in server/flags/flags.h; read by server/main.cc.
-#include "server/flags/flags.h"
-
 #include "absl/flags/flag.h"
+#include "server/flags/flags.h"
 
 ABSL_FLAG(std::string, log_level, "info", "Least severe messages logged: info, warning or error.");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",

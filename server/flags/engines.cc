@@ -1,9 +1,8 @@
 // dmagatherd --help, group "engines": which copy backend moves the bytes, and
 // how its work is cut and issued. Declared in server/flags/flags.h; read by
 // server/main.cc.
-#include "server/flags/flags.h"
-
 #include "absl/flags/flag.h"
+#include "server/flags/flags.h"
 
 ABSL_FLAG(std::string, backend, "auto",
           "Copy backend: host (worker threads over shared memory), cuda (copy engines), hip (SDMA), or auto "

@@ -1,9 +1,8 @@
 // dmagatherd --help, group "limits": what one user, and all users together,
 // may hold of the daemon at once. Declared in server/flags/flags.h; read by
 // server/main.cc.
-#include "server/flags/flags.h"
-
 #include "absl/flags/flag.h"
+#include "server/flags/flags.h"
 
 ABSL_FLAG(int, max_connections, 1024, "The control socket: connections open at once, all users together.");
 ABSL_FLAG(int, max_connections_per_uid, 64,

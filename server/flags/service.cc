@@ -1,9 +1,8 @@
 // dmagatherd --help, group "service": where ranks and tools reach the daemon,
 // who may, and how long it waits for them. Declared in server/flags/flags.h;
 // read by server/main.cc.
-#include "server/flags/flags.h"
-
 #include "absl/flags/flag.h"
+#include "server/flags/flags.h"
 
 ABSL_FLAG(std::string, socket, "/run/dmagather/dmagatherd.sock",
           "Unix socket of the gRPC control plane. Clients find it through DMAGATHER_SOCKET or this default.");

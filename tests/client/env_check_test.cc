@@ -38,10 +38,10 @@ std::string ReadAll(std::FILE* f) {
 TEST(EnvCheckTest, EditDistance) {
   EXPECT_EQ(EditDistance("", ""), 0u);
   EXPECT_EQ(EditDistance("SPIN", "SPIN"), 0u);
-  EXPECT_EQ(EditDistance("SPINS", "SPIN"), 1u);          // Insertion.
-  EXPECT_EQ(EditDistance("SOKET", "SOCKET"), 1u);        // Deletion.
-  EXPECT_EQ(EditDistance("YEILDS", "YIELDS"), 2u);       // Transposition = 2 substitutions.
-  EXPECT_EQ(EditDistance("kitten", "sitting"), 3u);      // The textbook case.
+  EXPECT_EQ(EditDistance("SPINS", "SPIN"), 1u);      // Insertion.
+  EXPECT_EQ(EditDistance("SOKET", "SOCKET"), 1u);    // Deletion.
+  EXPECT_EQ(EditDistance("YEILDS", "YIELDS"), 2u);   // Transposition = 2 substitutions.
+  EXPECT_EQ(EditDistance("kitten", "sitting"), 3u);  // The textbook case.
   EXPECT_EQ(EditDistance("JOIN_TIMEOUT", "JOIN_TIMEOUT_MS"), 3u);
   EXPECT_EQ(EditDistance("abc", ""), 3u);
 }

@@ -192,7 +192,8 @@ TEST(TelemetryTest, CtlShowsWhatTheRanksRan) {
   built += "host";
   const bool gpu = built != "host";
   EXPECT_NE(health.find("\nbuilt:    " + built + (gpu ? "\n" : " (no GPU backend in this build")), std::string::npos)
-      << "expected backends " << built << " in:\n" << health;
+      << "expected backends " << built << " in:\n"
+      << health;
   std::string health_json = RunProgram({"tools/dmagatherctl", sock, "--json", "health"}, &rc);
   EXPECT_NE(health_json.find("\"built_backends\""), std::string::npos) << health_json;
   EXPECT_NE(health_json.find("\"host\"\n ]"), std::string::npos) << health_json;  // host last.
