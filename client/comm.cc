@@ -10,6 +10,7 @@
 #include "abi/graph_v1.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/env_check.h"
 #include "common/api_names.h"
 #include "common/clock.h"
 #include "common/dtype.h"
@@ -39,13 +40,14 @@ CommImpl::CommImpl(const CommOptions& options)
     spin_ = std::atoi(s);
     spin_set_ = true;
   }
-  if (const char* y = std::getenv("DMAGATHER_YIELDS"); y != nullptr && std::atoi(y) >= 0) yields_ = std::atoi(y);
   scratch_.resize(DMAGATHER_MAX_COALESCED);
 }
 
 std::string CommImpl::Rank() const { return absl::StrCat("rank ", options_.rank, ": "); }
 
 absl::StatusOr<std::unique_ptr<CommImpl>> CommImpl::Create(const CommOptions& in) {
+  // A DMAGATHER_* variable a few edits from a known one: say so, once.
+  WarnUnknownVariablesOnce(environ, stderr);
   CommOptions o = in;
   o.socket_path = ResolveSocket(in.socket_path);
   if (o.job_key.empty()) return absl::InvalidArgumentError("job_key is empty");
@@ -97,7 +99,7 @@ absl::Status CommImpl::Join() {
   backend_name_ = answer.backend;
   daemon_version_ = answer.daemon_version;
   if (!spin_set_ && answer.wait_spin.has_value()) spin_ = *answer.wait_spin;
-  done_.SetSpin(spin_, yields_);
+  done_.SetSpin(spin_, /*yields=*/0);  // Yielding ranks starve the daemon (PERFORMANCE.md).
   ClientBackendContext ctx;
   ctx.completion = view_.completion;
   ctx.flag_bytes = abi::SegmentLayoutV1::kRingOffset - abi::SegmentLayoutV1::kCompletionOffset;

@@ -145,7 +145,6 @@ class CommImpl {
 
   uint32_t spin_ = 256;
   bool spin_set_ = false;  // By the options or $DMAGATHER_SPIN (else the daemon advises).
-  uint32_t yields_ = 0;    // sched_yield()s after the spins, before sleeping ($DMAGATHER_YIELDS).
   OpTable ops_;
   bool closed_ = false;
   RegistrationCache regions_;

@@ -107,6 +107,7 @@ void Daemon::FillHealth(v1::HealthReply* h) const {
   h->set_version(Version());
   h->set_backend(engine_->name());
   h->set_backend_reason(engine_reason_);
+  for (const std::string& b : engines::BuiltBackends()) h->add_built_backends(b);
   h->set_uptime_s(absl::ToDoubleSeconds(absl::Now() - started_));
   h->set_worker_threads(engine_->worker_threads());
   if (peers_ != nullptr) {

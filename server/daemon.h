@@ -39,7 +39,7 @@ class MetricsHttpServer;
 
 struct DaemonOptions {
   std::string socket_path;
-  unsigned socket_mode = 0660;
+  unsigned socket_mode = 0666;
   engines::EngineOptions engine;
   absl::Duration op_timeout = absl::Seconds(60);
   // Polls of the rank rings (a pause each) before the ingress thread sleeps.

@@ -18,85 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "server/daemon.h"
-
-ABSL_FLAG(std::string, socket, "/run/dmagather/dmagatherd.sock",
-          "Unix socket of the gRPC control plane. Clients find it through DMAGATHER_SOCKET or this default.");
-ABSL_FLAG(std::string, backend, "auto",
-          "Copy backend: host (worker threads over shared memory), cuda (copy engines), hip (SDMA), or auto "
-          "(hip, then cuda, then host: the first that starts; the choice and its reason are logged).");
-ABSL_FLAG(int, workers, 4, "Host backend: copy worker threads.");
-ABSL_FLAG(int, chunk_kib, 0,
-          "Copies are cut into chunks of this many KiB so every worker (host) or stream (cuda) shares a large op. "
-          "0: the backend's default (host 1024, cuda 32768, hip 65536; cuda caps it at 65536, hip at 131072).");
-ABSL_FLAG(int, streams, 0,
-          "GPU backends (cuda, hip): copy streams per device; 0 = max(4, devices - 1), so that a device pulls from "
-          "every peer at once.");
-ABSL_FLAG(bool, parallel_issue, true,
-          "GPU backends with several devices: each device's copies are issued by its own thread (false: one thread "
-          "issues every device in turn).");
-ABSL_FLAG(int, max_waits_ahead, 0,
-          "GPU backends that wait for ready flags on the device (cuda): at most this many ops issued ahead of their "
-          "ranks' ready flags at once; later ones wait on the CPU until their flags are seen. 0 = no bound.");
-ABSL_FLAG(int, host_inline_kib, 256,
-          "Host backend: ops whose copies total at most this many KiB are copied on the ingress thread "
-          "(no worker wake-up); 0 = always hand them to the workers.");
-ABSL_FLAG(int, ingress_spin, 2048,
-          "Empty polls of the ranks' rings (each a CPU pause, ~0.05 us) before the ingress thread sleeps until a "
-          "rank rings; more: lower latency while ops flow, at the cost of a busy core.");
-ABSL_FLAG(double, op_timeout_s, 60.0,
-          "An AllGather whose ranks have not all submitted it within this many seconds fails with TIMEOUT on the "
-          "ranks that did, and stops the job.");
-ABSL_FLAG(double, drain_timeout_s, 10.0, "On SIGTERM, how long in-flight operations may take to finish.");
-ABSL_FLAG(std::string, socket_mode, "0660",
-          "Permissions of the socket and of the fd channel <socket>.fd (octal); 0666 lets every user connect.");
-ABSL_FLAG(int, fd_timeout_ms, 2000,
-          "The fd channel (<socket>.fd): a connection that has not sent its one request within this many ms is "
-          "closed.");
-ABSL_FLAG(int, fd_max_connections_per_uid, 32,
-          "The fd channel: connections one uid may have open at once (beyond it a new one is closed at once; when "
-          "the channel's 256 slots are full, the user holding the most gives up its oldest). 0: no per-user cap.");
-ABSL_FLAG(int, max_connections, 1024, "The control socket: connections open at once, all users together.");
-ABSL_FLAG(int, max_connections_per_uid, 64,
-          "The control socket: connections one uid may have open at once (a rank holds one); beyond it a new "
-          "connection is closed at once. 0: no per-user cap.");
-ABSL_FLAG(int, fd_ticket_ttl_ms, 5000,
-          "A descriptor handed over on the fd channel must be claimed by its Join/Register within this many ms.");
-ABSL_FLAG(int, max_jobs_per_uid, 64, "Per-user limit: jobs one uid may have at once (0: no limit).");
-ABSL_FLAG(int, max_sessions_per_uid, 1024,
-          "Per-user limit: ranks (Join sessions) one uid may have open (0: no limit).");
-ABSL_FLAG(int, max_regions_per_uid, 16384,
-          "Per-user limit: registered buffers one uid may hold, over all its ranks (0: no limit).");
-ABSL_FLAG(int64_t, max_mapped_bytes_per_uid, -1,
-          "Per-user limit: host bytes one uid may have registered (mapped by the daemon). -1: this node's physical "
-          "memory; 0: no limit.");
-ABSL_FLAG(std::string, operator_group, "",
-          "Members of this group see every job in Telemetry.Stats/Metrics (dmagatherctl); others see their own "
-          "uid's jobs. Empty: only root sees all.");
-ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
-          "Prometheus endpoint: GET /metrics over HTTP on HOST:PORT ([::1]:9464 for IPv6, port 0 = any free "
-          "port); empty = none. Every job's counters: keep it on loopback or a network only operators reach.");
-ABSL_FLAG(std::string, peer_listen, "",
-          "Multi-node jobs: HOST:PORT on which peer daemons reach this one (ring links, job coordinator). "
-          "Empty: single-node jobs only.");
-ABSL_FLAG(std::string, peer_advertise, "",
-          "The HOST:PORT other nodes' daemons connect to (default: the bound --peer_listen address).");
-ABSL_FLAG(std::string, transport, "auto",
-          "Between daemons: tcp, ibverbs, or auto (ibverbs when an RDMA device is usable, else tcp; the "
-          "reason is logged and shown by `dmagatherctl health`).");
-ABSL_FLAG(int, peer_links, 4, "Multi-node jobs: connections to the next node per job (1..64).");
-ABSL_FLAG(int, ring_chunk_kib, 1024, "Multi-node jobs: ring chunk size in KiB (4..65536).");
-ABSL_FLAG(int, ring_transit_mib, 4096,
-          "Multi-node jobs on GPU backends: pinned host memory one job's ring may hold for staging (MiB); an op "
-          "that needs more is answered FALLBACK.");
-ABSL_FLAG(std::string, ring_staging, "auto",
-          "Multi-node jobs: auto (stage through pinned host memory only where rank memory is device memory) or "
-          "always (also on the host backend: exercises the GPU backends' path on a CPU machine).");
-ABSL_FLAG(int, peer_timeout_ms, 5000,
-          "Multi-node jobs: a next node whose ring heartbeats (sent every fifth of this) stop for this long - "
-          "its host lost power, the network between is cut, nothing closed the connection - is failed: every "
-          "rank of the job gets PEER_FAILED naming it. 0: no heartbeats (only closed connections and the op "
-          "timeout are noticed).");
-ABSL_FLAG(std::string, log_level, "info", "Least severe messages logged: info, warning or error.");
+#include "server/flags/flags.h"
 
 namespace {
 
@@ -164,9 +86,13 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "dmagatherd --socket=PATH [--backend=host|cuda|hip|auto] [flags]\n"
       "The per-node AllGather daemon: ranks join over the gRPC socket, submit AllGathers through shared-memory "
-      "rings, and the daemon moves the bytes (copy engines on GPUs, worker threads on the host backend).");
+      "rings, and the daemon moves the bytes (copy engines on GPUs, worker threads on the host backend).\n"
+      "Flags come in groups, one file each: service, limits, engines, cluster, diagnostics. Every flag, its "
+      "default, who it is for and why: docs/OPERATIONS.md \"Knobs\".");
   absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) { return absl::EndsWith(file, "server/main.cc"); };
+  // --help: the daemon's flags, one group per file of server/flags/
+  // (service, limits, engines, cluster, diagnostics); --helpfull adds absl's.
+  usage.contains_help_flags = [](absl::string_view file) { return absl::StrContains(file, "server/flags/"); };
   usage.version_string = [] { return std::string("dmagatherd ") + dmagather::server::Daemon::Version() + "\n"; };
   absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);

@@ -1,7 +1,8 @@
 // dmagatherctl: the operator's view of a node's dmagatherd over its gRPC
 // control socket.
 //
-//   dmagatherctl health            SERVING / NOT_SERVING (and why; exit 1), version, backend and why, uptime
+//   dmagatherctl health            SERVING / NOT_SERVING (and why; exit 1), version, backend and why, uptime,
+//                                  the backends this binary was built with
 //   dmagatherctl jobs              one line per job
 //   dmagatherctl stats [--job=K]   per job and per rank: ops, bytes, errors, latency, memory
 //   dmagatherctl metrics           Prometheus text (for a textfile collector or a scrape shim)
@@ -145,6 +146,17 @@ int main(int argc, char** argv) {
     std::printf("version:  %s\nbackend:  %s (%s)\nuptime:   %.1f s\njobs:     %d\nsessions: %d\nworkers:  %d\n",
                 h.version().c_str(), h.backend().c_str(), h.backend_reason().c_str(), h.uptime_s(), h.jobs(),
                 h.sessions(), h.worker_threads());
+    // The backends this binary has (its build's toolkits), in auto's order.
+    std::string built;
+    bool gpu = false;
+    for (const std::string& b : h.built_backends()) {
+      absl::StrAppend(&built, built.empty() ? "" : ", ", b);
+      gpu |= b != "host";
+    }
+    if (h.built_backends_size() > 0) {
+      std::printf("built:    %s%s\n", built.c_str(),
+                  gpu ? "" : " (no GPU backend in this build: every op on GPU memory is served by fallback)");
+    }
     if (!h.peer_address().empty()) {
       std::printf("peers:    %s, transport %s (%s), %llu refused peer(s)\n", h.peer_address().c_str(),
                   h.transport().c_str(), h.transport_reason().c_str(), (unsigned long long)h.peer_auth_failures());

@@ -20,6 +20,7 @@ PKGS=(
   systemd                                            # tools/check_unit.sh: systemd-analyze verify
   dpkg-dev debootstrap umoci zstd                    # tools/build_debs.sh, tools/build_image.sh, tests/packaging
   python3 python3-numpy python3-grpcio python3-protobuf
+  python3-yaml                                       # tests/deploy:k8s_test (the Kubernetes files)
   python3-torch                                      # tests/python:torch_adapter_test (torch 1.13 CPU, gloo)
 )
 case "${1:-}" in

@@ -83,6 +83,7 @@ run_counted() {
 # fuzz targets for a bounded time each.
 run_counted check_thread_safety tools/check_thread_safety.sh
 run_counted check_sizes tools/check_sizes.sh
+run_counted check_knobs tools/check_knobs.sh
 run_counted check_docs tools/check_docs.sh
 run_counted check_format tools/check_format.sh
 run_counted test_tsan tools/test_tsan.sh

@@ -89,4 +89,10 @@ absl::StatusOr<CreatedEngine> CreateEngine(const EngineOptions& options) {
                                                 why_not.empty() ? last.message() : absl::StrJoin(why_not, "; ")));
 }
 
+std::vector<std::string> BuiltBackends() {
+  std::vector<std::string> names;
+  for (const EngineBackend& b : RegisteredEngines()) names.push_back(b.name);
+  return names;
+}
+
 }  // namespace dmagather::server::engines

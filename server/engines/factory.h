@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/engines/copy_engine.h"
@@ -40,5 +41,9 @@ struct CreatedEngine {
 // by descending priority (hip, then cuda, then host); the reason says why the ones
 // before the chosen one could not be used.
 absl::StatusOr<CreatedEngine> CreateEngine(const EngineOptions& options);
+
+// The backends this binary has (its build found their toolkits), in the
+// order --backend=auto tries them: {"cuda", "host"}.
+std::vector<std::string> BuiltBackends();
 
 }  // namespace dmagather::server::engines

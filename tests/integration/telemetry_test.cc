@@ -10,6 +10,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <regex>
 #include <thread>
 
@@ -179,6 +181,22 @@ TEST(TelemetryTest, CtlShowsWhatTheRanksRan) {
   std::string health = RunProgram({"tools/dmagatherctl", sock, "health"}, &rc);
   EXPECT_EQ(rc, 0);
   EXPECT_NE(health.find("backend:  host"), std::string::npos) << health;
+  // The backends the binary has, as the build found the toolkits
+  // (build_config.txt: HAS_HIP=True/False, HAS_CUDA=...), in auto's order.
+  std::ifstream config("build_config.txt");
+  ASSERT_TRUE(config.good()) << "no build_config.txt in the runfiles";
+  const std::string text((std::istreambuf_iterator<char>(config)), std::istreambuf_iterator<char>());
+  std::string built;
+  if (text.find("HAS_HIP=True") != std::string::npos) built += "hip, ";
+  if (text.find("HAS_CUDA=True") != std::string::npos) built += "cuda, ";
+  built += "host";
+  const bool gpu = built != "host";
+  EXPECT_NE(health.find("\nbuilt:    " + built + (gpu ? "\n" : " (no GPU backend in this build")), std::string::npos)
+      << "expected backends " << built << " in:\n"
+      << health;
+  std::string health_json = RunProgram({"tools/dmagatherctl", sock, "--json", "health"}, &rc);
+  EXPECT_NE(health_json.find("\"built_backends\""), std::string::npos) << health_json;
+  EXPECT_NE(health_json.find("\"host\"\n ]"), std::string::npos) << health_json;  // host last.
 
   sh->release = 1;
   for (auto& r : ranks) EXPECT_EQ(r->Reap(30).exit_code, 0);
