@@ -1,0 +1,213 @@
+"""Trainers across nodes: two simulated nodes on this machine (network
+namespaces joined by a bridge, tests/multinode/netns_bridge.py), each with its
+own dmagatherd (host backend, --peer_listen on its own address) and two rank
+processes started inside it by torchrun (--nnodes 2, gloo over the bridge).
+Each configuration runs with dmagather off and with DMAGATHER_ALLGATHER=1 as
+the only switch, the script unchanged:
+
+  fsdp2    FSDP2 over WORLD (4 ranks on 2 nodes): WORLD's job spans the nodes,
+           served on the daemons' hierarchical ring (a job id made by rank 0's
+           daemon, passed over WORLD)
+  hsdp     FSDP2 HSDP, a 2 x 2 replicate x shard mesh: the shard groups (ranks
+           0,1 and 2,3) lie inside a node, each a job of its own on its node
+  zero3    DeepSpeed ZeRO-3 (zero3_train.py) over WORLD, across the nodes
+
+Asserted: losses and final parameters the same bytes as the run without
+dmagather; every gather served on every rank (0 fallbacks, equal counts);
+each node's daemon counted the job's ops with no errors. Where network
+namespaces cannot be made (no CAP_NET_ADMIN), the class is skipped.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from trainers_case import BIN, HERE, REPO, VENV_BIN, clean_env, free_port, rank_stats, read_bytes, run, start_lines
+
+sys.path.insert(0, os.path.join(REPO, "tests", "multinode"))
+import netns_bridge  # noqa: E402
+
+NODES = 2
+PER_NODE = 2
+WORLD = NODES * PER_NODE
+STEPS = 3
+RUN_TIMEOUT_S = 600
+RING_PORT = 7411
+SCRIPTS = {
+    "fsdp2": ("fsdp2_train.py", ["--steps", str(STEPS)]),
+    "hsdp": ("fsdp2_train.py", ["--steps", str(STEPS), "--hsdp", str(NODES)]),
+    "zero3": ("zero3_train.py", ["--steps", str(STEPS)]),
+}
+
+
+def _netns_error():
+    tag = f"dmp{os.getpid() % 10000}"
+    try:
+        netns_bridge.sh("ip", "netns", "add", tag)
+        netns_bridge.sh("ip", "netns", "del", tag)
+        return None
+    except (subprocess.CalledProcessError, FileNotFoundError) as e:
+        return (getattr(e, "stderr", "") or str(e)).strip()
+
+
+NETNS_ERROR = _netns_error()
+
+
+@unittest.skipIf(NETNS_ERROR is not None, f"network namespaces unavailable: {NETNS_ERROR}")
+class MultiNodeTrainersTest(unittest.TestCase):
+    maxDiff = 4000
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="dmagather-mn-trainers-", dir="/tmp")
+        cls.tag = f"dmt{os.getpid() % 10000}"
+        cls.created = []
+        cls.daemons = []
+        cls.runs = {}
+        try:
+            netns_bridge.build(cls.tag, NODES, cls.created)
+            cls.socks = [os.path.join(cls.dir, f"node{i}.sock") for i in range(NODES)]
+            for i in range(NODES):
+                log = open(os.path.join(cls.dir, f"daemon{i}.log"), "w")
+                cls.daemons.append(subprocess.Popen(
+                    cls.prefix(i) + [os.path.join(BIN, "server", "dmagatherd"), f"--socket={cls.socks[i]}",
+                                     "--backend=host", f"--peer_listen={netns_bridge.node_ip(i)}:{RING_PORT}",
+                                     "--metrics_listen=", "--log_level=warning"],
+                    stdout=log, stderr=subprocess.STDOUT))
+            for i in range(NODES):
+                cls.wait_socket(i)
+            for name in SCRIPTS:
+                for on in (False, True):
+                    cls.launch(name, on)
+        except BaseException:
+            cls.tearDownClass()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        for d in cls.daemons:
+            d.terminate()
+            try:
+                d.wait(10)
+            except subprocess.TimeoutExpired:
+                d.kill()
+                d.wait()
+        cls.daemons = []
+        netns_bridge.destroy(cls.created)
+        if os.environ.get("DMAGATHER_KEEP_LOGS") != "1":
+            shutil.rmtree(cls.dir, ignore_errors=True)
+
+    @classmethod
+    def prefix(cls, i):
+        return ["ip", "netns", "exec", netns_bridge.node_ns(cls.tag, i)]
+
+    @classmethod
+    def wait_socket(cls, i):
+        import time
+        for _ in range(1000):
+            if os.path.exists(cls.socks[i]):
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"daemon of node {i} did not start")
+
+    @classmethod
+    def daemon_stats(cls, i):
+        p = subprocess.run([os.path.join(BIN, "tools", "dmagatherctl"), f"--socket={cls.socks[i]}", "--json",
+                            "stats"], capture_output=True, text=True, timeout=30)
+        if p.returncode != 0:
+            raise AssertionError(f"dmagatherctl stats (node {i}): {p.stderr}")
+        return json.loads(p.stdout)
+
+    @classmethod
+    def launch(cls, name, on):
+        """One torchrun per node, inside its namespace, at the same time."""
+        script, args = SCRIPTS[name]
+        label = f"{name}-{'on' if on else 'off'}"
+        out = os.path.join(cls.dir, label)
+        stats = os.path.join(cls.dir, f"{label}-stats.{{rank}}.json")
+        port = free_port()
+        procs = []
+        for i in range(NODES):
+            env = clean_env(cls.socks[i], DMAGATHER_STATS_FILE=stats, GLOO_SOCKET_IFNAME="eth0",
+                            **({"DMAGATHER_ALLGATHER": "1"} if on else {}))
+            cmd = cls.prefix(i) + [os.path.join(VENV_BIN, "torchrun"), "--nnodes", str(NODES), "--node_rank", str(i),
+                                   "--nproc_per_node", str(PER_NODE), "--master_addr", netns_bridge.node_ip(0),
+                                   "--master_port", str(port), os.path.join(HERE, script), "--out", out] + args
+            log = os.path.join(cls.dir, f"{label}-node{i}.log")
+            procs.append((subprocess.Popen(cmd, env=env, cwd=HERE, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                                           start_new_session=True), log))
+        rcs, text = [], ""
+        for p, log in procs:
+            try:
+                rcs.append(p.wait(RUN_TIMEOUT_S))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, 9)
+                rcs.append(124)
+            with open(log) as f:
+                text += f.read()
+        print(f"  ran {label} on {NODES} nodes (rc={rcs})", file=sys.stderr, flush=True)
+        cls.runs[label] = {"rcs": rcs, "out": text, "dir": out, "stats": rank_stats(stats, WORLD),
+                           "daemons": [cls.daemon_stats(i) for i in range(NODES)]}
+
+    def ok(self, label):
+        r = self.runs[label]
+        self.assertEqual(r["rcs"], [0] * NODES, f"{label}:\n{r['out'][-3000:]}")
+        return r
+
+    def assert_same_bytes(self, name):
+        off, on = self.ok(f"{name}-off"), self.ok(f"{name}-on")
+        self.assertEqual(off["stats"], {}, "dmagather set up without the variable")
+        for f in ("losses.bin", "params.bin"):
+            a, b = read_bytes(os.path.join(off["dir"], f)), read_bytes(os.path.join(on["dir"], f))
+            self.assertGreater(len(a), 0, f)
+            self.assertTrue(a == b, f"{name}: {f} differs with DMAGATHER_ALLGATHER=1")
+        return on
+
+    def assert_job_counted(self, on, key, ops, nodes):
+        """The job `key` on each of `nodes`' daemons: `ops` ops, no errors."""
+        for i in nodes:
+            jobs = [j for j in on["daemons"][i]["jobs"] if j["job_key"] == key]
+            self.assertEqual(len(jobs), 1, f"node {i}: job {key} not in {on['daemons'][i]['jobs']}")
+            self.assertEqual(int(jobs[0]["ops"]), ops, f"node {i}")
+            self.assertEqual(jobs[0].get("errors", []), [], f"node {i}")
+
+    def assert_world_served(self, name):
+        on = self.assert_same_bytes(name)
+        self.assertEqual(sorted(on["stats"]), list(range(WORLD)))
+        ops = {s["dmagather_ops"] for s in on["stats"].values()}
+        self.assertEqual(len(ops), 1, on["stats"])
+        n = ops.pop()
+        self.assertGreaterEqual(n, STEPS)
+        for rank, s in on["stats"].items():
+            self.assertEqual(s["fallback_ops"], 0, f"rank {rank}: {s['fallback_by_reason']}")
+        lines = start_lines(on["out"])
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn(f"{NODES} nodes", lines[0])
+        self.assert_job_counted(on, on["stats"][0]["job_key"], n, range(NODES))
+        return on
+
+    def test_fsdp2_world_across_nodes(self):
+        on = self.assert_world_served("fsdp2")
+        for s in on["stats"].values():
+            self.assertEqual(s["zero_copy_unshards"], s["dmagather_ops"] - 1, s)
+
+    def test_zero3_world_across_nodes(self):
+        self.assert_world_served("zero3")
+
+    def test_hsdp_shard_groups_inside_nodes(self):
+        on = self.assert_same_bytes("hsdp")
+        for rank, s in on["stats"].items():
+            self.assertEqual(len(s["groups"]), 1, s)
+            g = s["groups"][0]
+            node = rank // PER_NODE
+            self.assertEqual(g["ranks"], [node * PER_NODE + k for k in range(PER_NODE)], g)
+            self.assertEqual((g["fallback_ops"], g["zero_copy_unshards"]), (0, g["dmagather_ops"] - 1), g)
+            if rank % PER_NODE == 0:
+                self.assert_job_counted(on, g["job_key"], g["dmagather_ops"], [node])
+
+
+if __name__ == "__main__":
+    unittest.main()
