@@ -38,6 +38,16 @@ def mount_of(pod_spec, container, mount_path):
 
 
 class DaemonSetTest(unittest.TestCase):
+    def test_carries_a_multi_node_job(self):
+        """The ring listens on the pod's address, from the downward API, on a
+        declared port: the other nodes' daemons can reach it."""
+        pod = load(DAEMONSET)["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        self.assertEqual(flags(c).get("peer_listen"), "$(POD_IP):7411")
+        env = {e["name"]: e for e in c.get("env", [])}
+        self.assertEqual(env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP")
+        self.assertIn({"name": "ring", "containerPort": 7411, "protocol": "TCP"}, c["ports"])
+
     def setUp(self):
         self.ds = load(DAEMONSET)
         self.template = self.ds["spec"]["template"]
@@ -70,7 +80,7 @@ class DaemonSetTest(unittest.TestCase):
         self.assertEqual(self.container["securityContext"]["runAsUser"], 0)
         self.assertNotIn("hostUsers", self.pod)  # The host's uids (SO_PEERCRED) are the jobs' owners.
         self.assertEqual(self.container["resources"]["limits"]["nvidia.com/gpu"], 0)
-        env = {e["name"]: e["value"] for e in self.container["env"]}
+        env = {e["name"]: e.get("value") for e in self.container["env"]}
         self.assertEqual(env["NVIDIA_VISIBLE_DEVICES"], "all")
         # The socket mode is the daemon's default (0666): not overridden here.
         self.assertIn(self.flags.get("socket_mode", "0666"), ("0666",))
@@ -99,7 +109,7 @@ class TrainingPodTest(unittest.TestCase):
     def test_reaches_the_daemons_socket(self):
         sock = self.ds_flags["socket"]
         sock_dir = sock.rsplit("/", 1)[0]
-        env = {e["name"]: e["value"] for e in self.container["env"]}
+        env = {e["name"]: e.get("value") for e in self.container["env"]}
         self.assertEqual(env["DMAGATHER_SOCKET"], sock)
         # The same host directory as the daemon's, mounted where the socket path points.
         daemon_host_dir = mount_of(self.ds_pod, self.ds_pod["containers"][0], sock_dir)
