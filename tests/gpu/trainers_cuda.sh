@@ -138,6 +138,9 @@ run() {
   one fsdp2-custom -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-custom" --custom-all-gather
   one fsdp2-off-bf16 -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-off-bf16" --dtype bf16
   one fsdp2-on-bf16 DMAGATHER_ALLGATHER=1 -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-on-bf16" --dtype bf16
+  # HSDP (replicate x shard, 2 x world/2): every all-gather on a shard group, each group a job of its own.
+  one fsdp2-off-hsdp -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-off-hsdp" --hsdp 2
+  one fsdp2-on-hsdp DMAGATHER_ALLGATHER=1 -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-on-hsdp" --hsdp 2
   kill "$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null
   "$py" "$t/trainers_cuda_check.py" "$out" "$world" | tee "$out/summary.txt"
   local rc=${PIPESTATUS[0]}

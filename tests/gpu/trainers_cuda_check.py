@@ -100,6 +100,14 @@ for name in ("zero3-on", "zero3-both", "fsdp2-on", "fsdp2-on-bf16"):
     except OSError:
         lines = []
     check(f"{name} one start line", len(lines) == 1, lines[0].strip() if len(lines) == 1 else str(lines))
+# HSDP: the shard groups' own jobs (DMAGATHER_STATS_FILE's "groups"), every gather served, zero-copy.
+check("fsdp2-on-hsdp ran", rc("fsdp2-on-hsdp") == 0 and rc("fsdp2-off-hsdp") == 0)
+check("fsdp2-on-hsdp == fsdp2-off-hsdp", *same("fsdp2-off-hsdp", "fsdp2-on-hsdp"))
+groups = [g for x in stats("fsdp2-on-hsdp").values() for g in x.get("groups", [])]
+check("fsdp2-on-hsdp shard groups served", len(groups) == world and all(
+    g["dmagather_ops"] > 0 and g["fallback_ops"] == 0 and g["zero_copy_unshards"] == g["dmagather_ops"] - 1
+    for g in groups), str([(g.get("ranks"), g.get("dmagather_ops"), g.get("fallback_ops"), g.get("zero_copy_unshards"))
+                           for g in groups]))
 # Measured, not checked: rank 0's profile of the ZeRO-3 arms (zero3_train.py --profile).
 print("| arm | step ms p50 (steps 2..) | peak MiB | last step: kernels | cat kernels | kernel µs | memcpys | kernels by stream |")
 print("|---|---|---|---|---|---|---|---|")
