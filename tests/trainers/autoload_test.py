@@ -62,7 +62,8 @@ class AutoloadTest(TrainerCase):
     def test_set_patches_at_import_and_sets_nothing_up(self):
         got = probe(clean_env(self.daemon.sock, DMAGATHER_ALLGATHER="1"))
         self.assertTrue(got["patched"])
-        self.assertEqual(got["mods"], ["dmagather", "dmagather._autoload", "dmagather._torch_entry"])
+        self.assertEqual(got["mods"], ["dmagather", "dmagather._autoload", "dmagather._import_hook",
+                                       "dmagather._torch_entry"])
 
     def launch(self, name, **env_extra):
         out = os.path.join(self.dir, name)

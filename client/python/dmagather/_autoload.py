@@ -26,17 +26,15 @@ unavailable (...)`.
 Set the variable on every rank (launchers pass the environment to every rank):
 a rank without it never takes part in the setup.
 """
-import importlib.abc
-import importlib.machinery
 import os
 import sys
 import threading
 
+from . import _import_hook
 from . import _torch_entry
 
 ENV = "DMAGATHER_ALLGATHER"
 TARGET = "torch.distributed"
-ZERO3_MODULE = "deepspeed.runtime.zero.partition_parameters"  # _zero3_zero_copy's
 
 _lock = threading.RLock()  # an import inside the set-up may reach the finder
 _orig = None        # torch's all-gather (the framework path of every op not served)
@@ -132,92 +130,16 @@ def is_patched(m=None):
     return bool(names) and all(getattr(m, n) is _patched.get(n) for n in names)
 
 
-def original():
-    return _orig
-
-
-def adapter():
-    return _adapter
-
-
-class _Loader(importlib.abc.Loader):
-    def __init__(self, inner, callbacks):
-        self.inner = inner
-        self.callbacks = callbacks
-
-    def create_module(self, spec):
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module):
-        self.inner.exec_module(module)
-        for fn in self.callbacks:
-            fn(module)
-
-    def __getattr__(self, name):  # get_resource_reader, is_package, ... of the real loader
-        return getattr(self.inner, name)
-
-
-_hooks = {}      # module name -> what runs right after its module body
-_finder = None
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: wraps the loader of a hooked module so that its
-    callbacks run right after the module body, then steps aside for it."""
-
-    def find_spec(self, fullname, path, target=None):
-        with _lock:
-            callbacks = _hooks.pop(fullname, None)
-            if callbacks is None:
-                return None
-            if not _hooks:
-                _remove_finder()
-        for f in sys.meta_path:
-            find = getattr(f, "find_spec", None)
-            if f is self or find is None:
-                continue
-            spec = find(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader, callbacks)
-                return spec
-        return None
-
-
-def _remove_finder():
-    global _finder
-    if _finder is not None:
-        try:
-            sys.meta_path.remove(_finder)
-        except ValueError:
-            pass
-        _finder = None
-
-
-def after_import(name, fn):
-    """fn(module) right after module `name`'s body runs (now, if it is loaded)."""
-    global _finder
-    m = sys.modules.get(name)
-    if m is not None:
-        fn(m)
-        return
-    with _lock:
-        _hooks.setdefault(name, []).append(fn)
-        if _finder is None:
-            _finder = _Finder()
-            sys.meta_path.insert(0, _finder)
-
-
 def activate():
     """Called at start-up when DMAGATHER_ALLGATHER=1."""
     m = sys.modules.get(TARGET)
     if m is not None and _torch_entry.present(m):
         patch(m)
     else:
-        after_import(TARGET, patch)
+        _import_hook.after_import(TARGET, patch)
     # DeepSpeed ZeRO-3's fetches gather into the parameters (no flat buffer),
     # for every parameter DeepSpeed converts: armed before its module loads.
-    after_import(ZERO3_MODULE, _arm_zero3)
+    _import_hook.after_import(_torch_entry.ZERO3_MODULE, _arm_zero3)
 
 
 def _arm_zero3(_module):

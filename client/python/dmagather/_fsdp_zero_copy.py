@@ -65,6 +65,7 @@ import torch
 import torch.distributed as dist
 
 from . import _torch_entry
+from . import _torch_gather
 
 ENV = "DMAGATHER_FSDP_ZERO_COPY"
 # The torch versions (major.minor) whose FSDP2 internals this module was written
@@ -192,17 +193,16 @@ def set_active(flag):
 
 def _adapter_for(all_gather_comm, group):
     """dmagather's adapter for this group when this all-gather comm is
-    dmagather's and the group's job is set up, else None."""
-    import dmagather.torch as dt
-    if isinstance(all_gather_comm, dt.FSDPAllGather):
-        return all_gather_comm.adapter_for(group, setup=False)
+    dmagather's (dmagather.torch.FSDPAllGather, which says so with its
+    `dmagather_adapter_for`; or FSDP2's default one while torch's entry points
+    are dmagather's) and the group's job is set up, else None."""
+    own = getattr(all_gather_comm, "dmagather_adapter_for", None)
+    if own is not None:
+        return own(group)
     fc, _, _ = _modules()
     if type(all_gather_comm) not in (fc.DefaultAllGather, fc.ProcessGroupAllocAllGather):
         return None  # someone else's custom all-gather
-    from . import _autoload
-    if dt.is_installed() or _autoload.is_patched():
-        return dt.adapter_for(group, setup=False)
-    return None
+    return _torch_entry.serving(group)
 
 
 def _rule(adapter, fsdp_params, group):
@@ -348,7 +348,11 @@ def _foreach_all_gather_copy_out(all_gather_result, fsdp_params, group):
 
 
 def stats(adapter):
+    """This path's counters (merged into every adapter's stats())."""
     c = adapter.counters
     return {"zero_copy": status(), "zero_copy_unshards": c["zero_copy_unshards"],
             "zero_copy_items": c["zero_copy_items"], "zero_copy_cast_items": c["zero_copy_cast_items"],
             "zero_copy_fallback_by_reason": {k: c["zero_copy_fallback:" + k] for k in REASONS}}
+
+
+_torch_gather.add_stats_source(stats)

@@ -20,6 +20,8 @@ still gets its entry points served, and is named on rank 0 at start-up.
 
 ENTRY_POINTS = ("all_gather_into_tensor", "all_gather_single")
 TESTED_TORCH = ("2.11", "2.15")
+# DeepSpeed's ZeRO-3 module, whose import arms the zero-copy fetch (_zero3_zero_copy).
+ZERO3_MODULE = "deepspeed.runtime.zero.partition_parameters"
 
 
 def major_minor(version):
@@ -30,6 +32,43 @@ def major_minor(version):
 def present(dist_module):
     """The entry points this torch.distributed has, in ENTRY_POINTS order."""
     return [n for n in ENTRY_POINTS if callable(getattr(dist_module, n, None))]
+
+
+def is_dmagather(dist_module):
+    """Every entry point this torch.distributed has is dmagather's (the start-up
+    hook's or install()'s: each carries `_dmagather_original`)."""
+    names = present(dist_module)
+    return bool(names) and all(getattr(getattr(dist_module, n), "_dmagather_original", None) is not None
+                               for n in names)
+
+
+def torch_original(dist_module):
+    """torch's own all-gather under dmagather's replacements (the first entry
+    point this torch has: all_gather_into_tensor; on 2.15 an alias of
+    all_gather_single)."""
+    f = getattr(dist_module, present(dist_module)[0])
+    for _ in range(4):
+        inner = getattr(f, "_dmagather_original", None)
+        if inner is None:
+            break
+        f = inner
+    return f
+
+
+# Set by the switch layer (dmagather.torch: set_serving): serving(group) is the
+# adapter that serves `group` while torch's all-gather is dmagather's and the
+# group's job is set up, else None. The framework patches ask it, so that they
+# import nothing above them.
+_serving = None
+
+
+def set_serving(fn):
+    global _serving
+    _serving = fn
+
+
+def serving(group):
+    return _serving(group) if _serving is not None else None
 
 
 def untested_note(version, names):

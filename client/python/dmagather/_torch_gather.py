@@ -16,8 +16,7 @@ import torch
 import torch.distributed as dist
 
 from . import Comm, DmagatherError, FallbackError, DTYPES, MAX_COALESCED, Op, _Gather
-from . import _fsdp_zero_copy
-from . import _zero3_zero_copy
+from . import _torch_entry
 from ._torch_work import StreamOrderedError, Work, _WorkList
 
 # Daemon backends whose tensors live on torch "cuda" devices: NVIDIA (cuda) and,
@@ -25,6 +24,15 @@ from ._torch_work import StreamOrderedError, Work, _WorkList
 GPU_BACKENDS = ("cuda", "hip")
 
 log = logging.getLogger("dmagather")
+# Counters of the framework patches (_fsdp_zero_copy, _zero3_zero_copy), merged
+# into every adapter's stats(): each registers itself when imported.
+_STATS_SOURCES = []
+
+
+def add_stats_source(fn):
+    """fn(adapter) -> dict of counters, merged into DmagatherAllGather.stats()."""
+    if fn not in _STATS_SOURCES:
+        _STATS_SOURCES.append(fn)
 
 DEFAULT_MAX_NUMEL = 1 << 28          # elements per rank shard (DMAGATHER_MAX_NUMEL)
 MAX_PENDING = 128                    # stream-ordered ops checked lazily; beyond, the oldest is host-waited
@@ -171,7 +179,7 @@ class DmagatherAllGather:
                 "fallback_by_reason": {k: c["fallback:" + k] for k in REASONS},
                 "last_fallback_reason": self.last_fallback_reason,
                 "host_buffers_allocated": self._pool.allocated if self._pool else 0,
-                **_fsdp_zero_copy.stats(self), **_zero3_zero_copy.stats(self)}
+                **{k: v for source in _STATS_SOURCES for k, v in source(self).items()}}
 
     # ---- memory ---------------------------------------------------------------
     def empty(self, shape, dtype=torch.float32, device=None):
@@ -233,11 +241,7 @@ class DmagatherAllGather:
 
     # ---- the framework's path -------------------------------------------------
     def _framework_one(self, out, inp, group, async_op):
-        if self._orig is not None:
-            orig = self._orig
-        else:
-            from .torch import _torch_all_gather_into_tensor  # Import cycle: resolved at call time.
-            orig = _torch_all_gather_into_tensor()
+        orig = self._orig if self._orig is not None else _torch_entry.torch_original(dist)
         if self._into_tensor:
             try:
                 return orig(out, inp, group=group, async_op=async_op)

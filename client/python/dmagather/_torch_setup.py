@@ -41,8 +41,9 @@ _ID_WORDS = 40                       # int64 words of 7 bytes each: a job id of 
 
 
 def node_id(socket=None):
-    """This rank's node, as a non-negative 56-bit number: the daemon it talks
-    to (the host's boot id, the control socket's device and inode)."""
+    """This rank's node, as a positive 56-bit number: the daemon it talks to
+    (the host's boot id, the control socket's device and inode); 0 when there
+    is no socket to reach."""
     path = socket or os.environ.get("DMAGATHER_SOCKET") or DEFAULT_SOCKET
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
@@ -51,11 +52,10 @@ def node_id(socket=None):
         boot = _socket.gethostname()
     try:
         st = os.stat(path)
-        where = f"{st.st_dev}:{st.st_ino}"
     except OSError:
-        where = os.path.abspath(path)  # no daemon there: the join says so
-    digest = hashlib.sha256(f"{boot}|{where}".encode()).digest()
-    return int.from_bytes(digest[:7], "little")
+        return 0
+    digest = hashlib.sha256(f"{boot}|{st.st_dev}:{st.st_ino}".encode()).digest()
+    return int.from_bytes(digest[:7], "little") or 1
 
 
 def reduce_device(group):
@@ -155,13 +155,18 @@ def setup(group, *, enabled, socket=None, max_numel=None, join_timeout_ms=None, 
     nodes = t[size:2 * size]
     agreed_max = -t[2 * size]
     key = job_key or f"torch-{t[2 * size + 1]:016x}{t[2 * size + 2]:016x}"
-    order = list(dict.fromkeys(nodes))  # the nodes, by their first rank
+    order = list(dict.fromkeys(n for n in nodes if n))  # the nodes, by their first rank
     here = [r for r in range(size) if nodes[r] == nodes[rank]]
     local = (here.index(rank), len(here))
     comm, unavailable = None, None
+    no_socket = [r for r in range(size) if nodes[r] == 0]
     if disabled:
         which = "" if len(disabled) == size else f" on rank(s) {','.join(map(str, disabled))}"
         unavailable = ("not_enabled", f"not enabled{which}: DMAGATHER_ALLGATHER is not 1")
+    elif no_socket:  # decided before anyone joins: no join time-out to wait for
+        path = socket or os.environ.get("DMAGATHER_SOCKET") or DEFAULT_SOCKET
+        mine = f" (this rank: no dmagatherd socket at {path}: is dmagatherd running?)" if rank in no_socket else ""
+        unavailable = ("daemon_unreachable", f"daemon unreachable on rank(s) {','.join(map(str, no_socket))}{mine}")
     else:
         job_id, why = (None, None)
         if len(order) > 1:

@@ -53,10 +53,12 @@ import inspect
 import os
 import sys
 
-from . import _autoload
+from . import _import_hook
+from . import _torch_entry
+from . import _torch_gather
 
 ENV = "DMAGATHER_ZERO3_ZERO_COPY"
-MODULE = _autoload.ZERO3_MODULE
+MODULE = _torch_entry.ZERO3_MODULE
 # DeepSpeed versions (major.minor) whose ZeRO-3 internals this module was written
 # against and is tested with (CI: 0.19.8 from PyPI on CPU; the H200: 0.19.8).
 SUPPORTED_DEEPSPEED = ("0.19",)
@@ -78,7 +80,7 @@ def arm():
     if _armed:
         return
     _armed = True
-    _autoload.after_import(MODULE, lambda _m: enable())
+    _import_hook.after_import(MODULE, lambda _m: enable())
 
 
 def _gate(pp):
@@ -171,12 +173,8 @@ def _undecorated(f):
 
 
 def _adapter():
-    """dmagather's adapter when DeepSpeed's all-gathers are dmagather's, else None."""
-    dt = sys.modules.get("dmagather.torch")
-    if dt is not None and dt.is_installed():
-        return dt.get()
-    from . import _autoload
-    return _autoload.adapter() if _autoload.is_patched() else None
+    """dmagather's WORLD adapter when DeepSpeed's all-gathers are dmagather's, else None."""
+    return _torch_entry.serving(None)
 
 
 def _rule(a, init, params, safe_mode, quantize, pp, group, device):
@@ -274,3 +272,6 @@ def stats(adapter):
     return {"zero3_zero_copy": status(), "zero3_zero_copy_fetches": c["zero3_zero_copy_fetches"],
             "zero3_zero_copy_items": c["zero3_zero_copy_items"], "zero3_zero_copy_bytes": c["zero3_zero_copy_bytes"],
             "zero3_zero_copy_fallback_by_reason": {k: c["zero3_zero_copy_fallback:" + k] for k in REASONS}}
+
+
+_torch_gather.add_stats_source(stats)

@@ -75,6 +75,7 @@ DEFAULT_JOIN_TIMEOUT_MS = _torch_setup.DEFAULT_JOIN_TIMEOUT_MS
 
 _adapter = None    # WORLD's (init())
 _groups = {}       # process group -> the adapter that serves it: WORLD's, or the group's own job
+_group_settings = {}  # init()'s socket, max_numel, join timeout, stream_ordered: every group's job takes them
 _installed = None  # torch's all-gather (the framework path) while installed
 _installed_entries = {}  # entry point name (or "deepspeed") -> what install() replaced there
 _ds_backend = None  # DeepSpeed's backend whose captured all_gather_function install() replaced
@@ -114,9 +115,10 @@ def init(*, enabled=None, socket=None, max_numel=None, join_timeout_ms=None, job
             return _adapter
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("dmagather.torch.init(): call torch.distributed.init_process_group() first")
-        a = _torch_setup.setup(None, enabled=_enabled(enabled, _default_enabled), socket=socket,
-                               max_numel=max_numel, join_timeout_ms=join_timeout_ms, job_key=job_key,
-                               stream_ordered=stream_ordered, host_staging=host_staging)
+        _group_settings.update(socket=socket, max_numel=max_numel, join_timeout_ms=join_timeout_ms,
+                               stream_ordered=stream_ordered)
+        a = _torch_setup.setup(None, enabled=_enabled(enabled, _default_enabled), job_key=job_key,
+                               host_staging=host_staging, **_group_settings)
         a.group = None
         _adapter = a
         _register_stats_file()
@@ -178,7 +180,7 @@ def adapter_for(group, *, setup=True, enabled=None, host_staging=None, _default_
             a = _groups.get(group)
             if a is None:
                 a = _torch_setup.setup(group, enabled=_enabled(enabled, _default_enabled),
-                                       host_staging=host_staging)
+                                       host_staging=host_staging, **_group_settings)
                 _register_stats_file()
                 if dist.get_rank() == 0:
                     r = a.ranks
@@ -256,15 +258,17 @@ def _torch_all_gather_into_tensor():
     """torch's own all_gather_into_tensor (or all_gather_single, where that is
     all there is), under install()'s patch and the DMAGATHER_ALLGATHER=1
     start-up hook's (dmagather._autoload)."""
-    f = getattr(dist, _torch_entry.present(dist)[0])
-    for _ in range(4):
-        if f is _patched_all_gather_into_tensor and _installed is not None:
-            f = _installed
-        elif getattr(f, "_dmagather_original", None) is not None:
-            f = f._dmagather_original
-        else:
-            break
-    return f
+    return _torch_entry.torch_original(dist)
+
+
+def _serving(group):
+    """_torch_entry.serving: the adapter of `group` while torch's entry points
+    are dmagather's (install() or the start-up hook) and the group's job is set
+    up, else None (the framework patches ask this)."""
+    return adapter_for(group, setup=False) if _torch_entry.is_dmagather(dist) else None
+
+
+_torch_entry.set_serving(_serving)
 
 
 def _patched_all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
@@ -295,6 +299,7 @@ def install(**init_kwargs):
             originals = {n: getattr(dist, n) for n in _torch_entry.present(dist)}
             _installed = _torch_all_gather_into_tensor()
             _installed_entries.update(originals)
+            _patched_all_gather_into_tensor._dmagather_original = _installed
             a._orig = _installed
             for n in originals:
                 setattr(dist, n, _patched_all_gather_into_tensor)
@@ -320,6 +325,9 @@ def is_installed():
     return _installed is not None and all(getattr(dist, n) is _patched_all_gather_into_tensor for n in names)
 
 
+_patched_all_gather_into_tensor._dmagather_original = None  # install() sets torch's function here
+
+
 def uninstall():
     global _installed, _ds_backend
     with _glock:
@@ -331,6 +339,7 @@ def uninstall():
                     _patched_all_gather_into_tensor:
                 _ds_backend.all_gather_function = _installed_entries["deepspeed"]
             _installed_entries.clear()
+            _patched_all_gather_into_tensor._dmagather_original = None
             _ds_backend = None
             _installed = None
 
@@ -393,6 +402,11 @@ class FSDPAllGather(_fsdp_allgather_base()):
         if a is None:  # a group of one rank
             return _torch_all_gather_into_tensor()(output_tensor, input_tensor, group=group, async_op=async_op)
         return a.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op, order_now=True)
+
+    def dmagather_adapter_for(self, group):
+        """The zero-copy unshard's question (_fsdp_zero_copy): this comm's
+        adapter for the group, once its job is set up."""
+        return self.adapter_for(group, setup=False)
 
     def adapter_for(self, group, setup=True):
         """The adapter given to the constructor for its group, else WORLD's or
