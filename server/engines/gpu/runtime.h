@@ -156,6 +156,12 @@ class GpuRuntime {
   // false while pending; an error when the work failed.
   virtual absl::StatusOr<bool> QueryEvent(GpuEvent event) = 0;
 
+  // --- Lock-order checks ---
+  // The engine took (held) or let go of its device-order lock of `device`
+  // (device_order.h) on the calling thread. A runtime that checks lock
+  // order (the test fake) records it; the others ignore it.
+  virtual void OnOrderLock(int device, bool held) { (void)device, (void)held; }
+
   // --- Telemetry (any thread) ---
   // Bytes per device and copy engine, where the runtime assigns engines
   // itself (hip over hsa-runtime); empty otherwise.
