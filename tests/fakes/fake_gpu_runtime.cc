@@ -423,6 +423,11 @@ void FakeRuntime::CallDelay(int device) {
   if (us != 0) usleep(us);
 }
 
+bool FakeRuntime::CopyTouchesOthers(int device) const {
+  std::lock_guard<std::mutex> lock(log_mu_);
+  return options_.driver_model && !released_[device].empty();
+}
+
 void FakeRuntime::SetCallDelayUs(int device, uint32_t us) {
   std::lock_guard<std::mutex> lock(state_[device].mu);
   state_[device].call_delay_us = us;

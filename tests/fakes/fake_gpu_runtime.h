@@ -188,6 +188,7 @@ class FakeRuntime : public GpuRuntime {
   void CloseIpc(int device, char* base) override;
   absl::Status WaitValues(int device, GpuStream stream, const uint64_t* flags, size_t n, uint32_t value) override;
   absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n, bool sole_stream) override;
+  bool CopyTouchesOthers(int device) const override;
   absl::Status RecordEvent(GpuEvent event, GpuStream stream) override;
   absl::Status StreamWaitEvent(GpuStream stream, GpuEvent event) override;
   void BindThread(int device) override { (void)device; }
