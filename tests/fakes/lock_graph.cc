@@ -69,7 +69,7 @@ void LockGraph::AddEdges(ThreadState& t, const std::string& lock, const std::str
 void LockGraph::CheckCycles(const std::string& from, const std::string& to) {
   std::vector<std::string> path{from, to};
   std::function<void()> walk = [&] {
-    const std::string& at = path.back();
+    const std::string at = path.back();  // A copy: the walk grows `path`.
     if (at == from) {
       std::vector<const Edge*> es;
       for (size_t i = 0; i + 1 < path.size(); ++i) es.push_back(&edges_.at({path[i], path[i + 1]}));
