@@ -3,11 +3,13 @@
 // waits, copies, end event), and the completion threads that end ops.
 // Set-up, imports and stop are in gpu_engine.cc.
 #include <glog/logging.h>
+#include <pthread.h>
 #include <sched.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
@@ -190,6 +192,7 @@ void GpuEngine::Execute(EngineOp* op) {
 
 void GpuEngine::GateLoop() {
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  pthread_setname_np(pthread_self(), "dmag-gate");
   absl::MutexLock lock(&issue_mu_);
   uint64_t t0 = 0;
   for (;;) {
@@ -347,6 +350,7 @@ void GpuEngine::IssueShare(Device& dev, OpTrack* t) {
 
 void GpuEngine::IssuerLoop(int device) {
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  pthread_setname_np(pthread_self(), ("dmag-issue-" + std::to_string(device)).c_str());
   runtime_->BindThread(device);
   Device& dev = devices_[device];
   Issuer& q = *dev.issuer;
@@ -412,6 +416,7 @@ void GpuEngine::CloseShare(OpTrack* t, const absl::Status& st) {
 
 void GpuEngine::CompletionLoop(int device) {
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // 1 us: short sleeps stay short.
+  pthread_setname_np(pthread_self(), ("dmag-done-" + std::to_string(device)).c_str());  // In stacks of a hang.
   runtime_->BindThread(device);
   Completion& c = *completions_[device];
   uint64_t head = 0;  // c.head, as this thread (its only writer) last set it.

@@ -267,6 +267,49 @@ TEST_P(DeadlockTest, TwoJobs) {
   ExpectDeadlockFree(o, 8 * kOps);
 }
 
+// The lockstep on its own: with device 0's calls slowed and every op ready
+// at once (nothing else holds device 1 back), device 1 makes no copy call
+// of op n before device 0 has made every copy call of op n - 1, and the
+// other way round (the fake's call log is in call order).
+TEST_P(DeadlockTest, OpsGoOutInLockstepAcrossDevices) {
+  GpuEngine::Options eo;
+  eo.chunk_bytes = 16 << 10;
+  StartModel(2, 0, eo);
+  fake_->SetCallDelayUs(0, 500);
+  auto job = MakeJob({0, 1}, 32 << 10);
+  ASSERT_NE(job, nullptr);
+  constexpr uint32_t kOps = 40;
+  job->Fill(1);
+  job->SetReady(kOps);
+  fake_->ClearLogs();
+  std::vector<std::unique_ptr<TestOp>> ops;
+  for (uint32_t k = 1; k <= kOps; ++k) {
+    ops.push_back(std::make_unique<TestOp>(&log_, 0));
+    job->Plan(ops.back().get(), k);
+    engine_->Execute(ops.back().get());
+  }
+  for (auto& op : ops) {
+    ASSERT_TRUE(op->Wait());
+    ASSERT_TRUE(op->result.ok()) << op->result;
+  }
+  EXPECT_EQ(job->Wrong(1), 0u);
+  const auto calls = fake_->call_log();
+  int total[2] = {0, 0};
+  for (const auto& c : calls) ++total[c.device];
+  ASSERT_GT(total[0], 0);
+  ASSERT_EQ(total[0] % kOps, 0u);
+  ASSERT_EQ(total[1] % kOps, 0u);
+  const int per_op[2] = {total[0] / int(kOps), total[1] / int(kOps)};
+  int seen[2] = {0, 0}, violations = 0;
+  for (const auto& c : calls) {
+    const int d = c.device, other = 1 - d;
+    const int op = seen[d] / per_op[d];  // 0-based op of this call.
+    if (seen[other] < op * per_op[other]) ++violations;
+    ++seen[d];
+  }
+  EXPECT_EQ(violations, 0) << "copy calls of an op made before the other device had issued the op before it";
+}
+
 INSTANTIATE_TEST_SUITE_P(Runtimes, DeadlockTest, ::testing::Values(kCudaLike),
                          [](const ::testing::TestParamInfo<enginetest::Flavor>& i) {
                            return std::string(i.param.name);
