@@ -11,7 +11,9 @@
 // of their flags, as the GPU suite's `stream` mode does). The verdicts:
 // the checker's lock-order cycles (none), the watchdog (no stall: a stall
 // fails the test with the wait-for report and aborts the model, so no test
-// hangs), every op ended OK and every output exact.
+// hangs), every op ended OK and every output exact. Each runs as cuda
+// issues (ready waits on the device) and as hip does (ops gated on the CPU;
+// peer copies take the same locks).
 #include <gtest/gtest.h>
 #include <pthread.h>
 
@@ -35,6 +37,7 @@ namespace {
 
 using enginetest::Job;
 using enginetest::kCudaLike;
+using enginetest::kHipLike;
 using enginetest::TestOp;
 using testing::FakeRuntime;
 using testing::LockGraph;
@@ -310,7 +313,7 @@ TEST_P(DeadlockTest, OpsGoOutInLockstepAcrossDevices) {
   EXPECT_EQ(violations, 0) << "copy calls of an op made before the other device had issued the op before it";
 }
 
-INSTANTIATE_TEST_SUITE_P(Runtimes, DeadlockTest, ::testing::Values(kCudaLike),
+INSTANTIATE_TEST_SUITE_P(Runtimes, DeadlockTest, ::testing::Values(kCudaLike, kHipLike),
                          [](const ::testing::TestParamInfo<enginetest::Flavor>& i) {
                            return std::string(i.param.name);
                          });
