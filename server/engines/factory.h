@@ -23,9 +23,10 @@ struct EngineOptions {
   // issuing thread per device (false: one thread issues every device).
   int streams_per_device = 0;
   bool parallel_issue = true;
-  // GPU backends with device waits: ops issued ahead of their ready flags
-  // at once (0: no bound; GpuEngine::Options::max_waits_ahead).
-  int max_waits_ahead = 0;
+  // GPU backends with device waits: ops in flight while one issued ahead of
+  // its ready flags is (GpuEngine::Options::max_waits_ahead; 0: no bound,
+  // which can deadlock).
+  int max_waits_ahead = 2;
   // Host backend: plans of at most this many bytes are copied on the
   // calling (ingress) thread - waking workers costs more than the copy.
   uint64_t host_inline_bytes = 256 << 10;

@@ -17,9 +17,11 @@ ABSL_FLAG(int, streams, 0,
 ABSL_FLAG(bool, parallel_issue, true,
           "GPU backends with several devices: each device's copies are issued by its own thread (false: one thread "
           "issues every device in turn).");
-ABSL_FLAG(int, max_waits_ahead, 0,
-          "GPU backends that wait for ready flags on the device (cuda): at most this many ops issued ahead of their "
-          "ranks' ready flags at once; later ones wait on the CPU until their flags are seen. 0 = no bound.");
+ABSL_FLAG(int, max_waits_ahead, 2,
+          "GPU backends that wait for ready flags on the device (cuda): while an op issued ahead of its ranks' "
+          "ready flags is in flight, at most this many ops are in flight; later ones wait on the CPU until their "
+          "flags are seen or the count falls (docs/CUDA.md, \"Locks and waits\"). 0 = no bound, which can "
+          "deadlock when a stream's queue fills behind a parked wait.");
 ABSL_FLAG(int, host_inline_kib, 256,
           "Host backend: ops whose copies total at most this many KiB are copied on the ingress thread "
           "(no worker wake-up); 0 = always hand them to the workers.");

@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status.h"
 
 namespace dmagather::server::engines::gpu::testing {
@@ -19,6 +21,7 @@ namespace dmagather::server::engines::gpu::testing {
 // An event: the number of records issued and the number the stream thread
 // has reached; the error carried by the last completed record.
 struct FakeRuntime::Event {
+  int device = -1;
   std::mutex mu;
   uint64_t recorded = 0;
   uint64_t completed = 0;
@@ -38,25 +41,51 @@ struct FakeRuntime::Stream {
     uint64_t target = 0;  // kRecord: the record's number; kWaitEvent: the record waited for.
   };
 
-  Stream(FakeRuntime* rt, int device) : rt(rt), device(device), thread([this] { Run(); }) {}
+  Stream(FakeRuntime* rt, int device, int number)
+      : rt(rt),
+        device(device),
+        name(absl::StrCat("stream ", number, " of device ", device)),
+        thread([this] { Run(); }) {}
   ~Stream() {
     {
       std::lock_guard<std::mutex> lock(mu);
       cancel = true;
     }
     cv.notify_all();
+    space.notify_all();
     thread.join();
   }
-  void Push(Cmd c) {
+  // Queues `c`. With the driver model's queue depth, blocks while the queue
+  // is full (the caller holds its call's context locks). False: aborted.
+  bool Push(Cmd c) {
     {
-      std::lock_guard<std::mutex> lock(mu);
+      std::unique_lock<std::mutex> lock(mu);
+      const size_t depth = rt->options_.driver_model ? size_t(std::max(rt->options_.stream_depth, 0)) : 0;
+      if (depth > 0 && q.size() >= depth) {
+        rt->locks_.Blocking(absl::StrCat("space on ", name));
+        space.wait(lock, [&] { return cancel || rt->aborted_.load() || q.size() < depth; });
+        rt->locks_.Unblocked();
+      }
+      if (cancel || rt->aborted_.load()) return false;
       q.push_back(std::move(c));
     }
     cv.notify_all();
+    return true;
   }
   bool Cancelled() {
     std::lock_guard<std::mutex> lock(mu);
     return cancel;
+  }
+  // Abort: a wait ends with this error, copies are skipped.
+  bool Aborted() {
+    if (!rt->aborted_.load()) return false;
+    if (error.ok()) error = absl::AbortedError("the fake driver was aborted by the test's watchdog");
+    return true;
+  }
+  void Wake() {
+    { std::lock_guard<std::mutex> lock(mu); }
+    cv.notify_all();
+    space.notify_all();
   }
   void Run() {
     for (;;) {
@@ -68,17 +97,29 @@ struct FakeRuntime::Stream {
         c = std::move(q.front());
         q.pop_front();
       }
+      space.notify_all();
       switch (c.kind) {
         case Cmd::kWait:
           for (uint64_t f : c.flags) {
             const uint32_t* w = reinterpret_cast<const uint32_t*>(f);
+            {
+              std::lock_guard<std::mutex> lock(mu);
+              parked_flag = f;
+              parked_value = c.value;
+            }
             while (static_cast<int32_t>(__atomic_load_n(w, __ATOMIC_ACQUIRE) - c.value) < 0) {
               if (Cancelled()) return;
+              if (Aborted()) break;
               usleep(20);
             }
           }
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            parked_flag = 0;
+          }
           break;
         case Cmd::kCopy:
+          if (Aborted()) break;
           for (const CopyCmd& k : c.chunks) {
             absl::Status st = rt->RunChunk(device, k);
             if (!st.ok() && error.ok()) error = st;
@@ -103,6 +144,7 @@ struct FakeRuntime::Stream {
               }
             }
             if (Cancelled()) return;
+            if (Aborted()) break;
             usleep(20);
           }
           break;
@@ -112,12 +154,43 @@ struct FakeRuntime::Stream {
 
   FakeRuntime* const rt;
   const int device;
+  const std::string name;
   std::mutex mu;
   std::condition_variable cv;
+  std::condition_variable space;  // A command left the queue.
   std::deque<Cmd> q;
   bool cancel = false;
+  uint64_t parked_flag = 0;  // The flag a device wait is parked on now (0: none).
+  uint32_t parked_value = 0;
   absl::Status error;  // Stream thread only.
   std::thread thread;  // Last: starts after the members above exist.
+};
+
+// The driver model's locks of one call: the contexts of `devices`, taken
+// in that order (each once), released when the call returns.
+class FakeRuntime::CallLocks {
+ public:
+  CallLocks(FakeRuntime* rt, const std::vector<int>& devices, const std::string& what) : rt_(rt) {
+    if (!rt->options_.driver_model) return;
+    for (int d : devices) {
+      if (d < 0 || std::find(taken_.begin(), taken_.end(), d) != taken_.end()) continue;
+      if (!rt->locks_.Acquire(absl::StrCat("ctx", d), what)) {
+        ok_ = false;
+        return;
+      }
+      taken_.push_back(d);
+    }
+  }
+  ~CallLocks() {
+    for (auto it = taken_.rbegin(); it != taken_.rend(); ++it) rt_->locks_.Release(absl::StrCat("ctx", *it));
+  }
+  bool ok() const { return ok_ && !rt_->aborted_.load(); }
+  static absl::Status Aborted() { return absl::AbortedError("the fake driver was aborted by the test's watchdog"); }
+
+ private:
+  FakeRuntime* const rt_;
+  std::vector<int> taken_;
+  bool ok_ = true;
 };
 
 FakeRuntime::FakeRuntime(const Options& options)
@@ -125,7 +198,8 @@ FakeRuntime::FakeRuntime(const Options& options)
       kind_(options.kind),
       ipc_kind_(options.kind + "_ipc"),
       state_(new DeviceState[options.devices > 0 ? options.devices : 1]),
-      enabled_(size_t(std::max(options.devices, 1)) * std::max(options.devices, 1), 0) {}
+      enabled_(size_t(std::max(options.devices, 1)) * std::max(options.devices, 1), 0),
+      released_(std::max(options.devices, 1)) {}
 
 std::string FakeRuntime::FakeUuid(int device) {
   std::string u(16, '\0');
@@ -298,7 +372,8 @@ absl::StatusOr<bool> FakeRuntime::EnablePeerAccess(int from, int to) {
 }
 
 absl::StatusOr<GpuStream> FakeRuntime::CreateStream(int device) {
-  auto s = std::make_unique<Stream>(this, device);
+  static std::atomic<int> next{0};
+  auto s = std::make_unique<Stream>(this, device, next.fetch_add(1));
   Stream* p = s.get();
   std::lock_guard<std::mutex> lock(streams_mu_);
   streams_[p] = std::move(s);
@@ -319,31 +394,93 @@ void FakeRuntime::DestroyStream(int device, GpuStream stream) {
 }
 
 absl::StatusOr<GpuEvent> FakeRuntime::CreateEvent(int device) {
-  (void)device;
-  return static_cast<GpuEvent>(new Event);
+  CallLocks l(this, {device}, absl::StrCat("CreateEvent on device ", device));
+  if (!l.ok()) return CallLocks::Aborted();
+  auto* e = new Event;
+  e->device = device;
+  return static_cast<GpuEvent>(e);
 }
 
 void FakeRuntime::DestroyEvent(int device, GpuEvent event) {
-  (void)device;
+  CallLocks l(this, {device}, absl::StrCat("DestroyEvent on device ", device));
   delete static_cast<Event*>(event);
+}
+
+std::vector<int> FakeRuntime::PeersOf(int device) const {
+  std::vector<int> v;
+  for (int p = 0; p < options_.devices; ++p) {
+    if (p != device && peer_enabled(p, device)) v.push_back(p);
+  }
+  return v;
+}
+
+void FakeRuntime::CallDelay(int device) {
+  uint32_t us = 0;
+  if (device >= 0 && device < options_.devices) {
+    std::lock_guard<std::mutex> lock(state_[device].mu);
+    us = state_[device].call_delay_us;
+  }
+  if (us != 0) usleep(us);
+}
+
+bool FakeRuntime::CopyTouchesOthers(int device) const {
+  std::lock_guard<std::mutex> lock(log_mu_);
+  return options_.driver_model && !released_[device].empty();
+}
+
+void FakeRuntime::SetCallDelayUs(int device, uint32_t us) {
+  std::lock_guard<std::mutex> lock(state_[device].mu);
+  state_[device].call_delay_us = us;
+}
+
+void FakeRuntime::DeclareFlagWriter(const uint32_t* word, const std::string& writer) {
+  std::lock_guard<std::mutex> lock(log_mu_);
+  flag_writers_[reinterpret_cast<uint64_t>(word)] = writer;
+}
+
+void FakeRuntime::OnOrderLock(int device, bool held) {
+  if (!options_.driver_model) return;
+  const std::string name = absl::StrCat("order", device);
+  if (held) {
+    locks_.Held(name, absl::StrCat("the engine's device-order lock of device ", device));
+  } else {
+    locks_.Release(name);
+  }
+}
+
+void FakeRuntime::Abort() {
+  aborted_.store(true);
+  locks_.Abort();
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  for (auto& [p, s] : streams_) s->Wake();
 }
 
 absl::StatusOr<uint64_t> FakeRuntime::RegisterFlags(int device, void* pages, uint64_t bytes,
                                                     const uint32_t* ready_word) {
-  (void)device;
   (void)pages;
   (void)bytes;
+  std::vector<int> all(options_.devices);
+  for (int d = 0; d < options_.devices; ++d) all[d] = d;
+  CallLocks l(this, all, absl::StrCat("RegisterFlags (portable: every device) for a rank on device ", device));
+  if (!l.ok()) return CallLocks::Aborted();
   flags_registered_.fetch_add(1);
   return reinterpret_cast<uint64_t>(ready_word);
 }
 
 void FakeRuntime::UnregisterFlags(void* pages) {
   (void)pages;
+  std::vector<int> all(options_.devices);
+  for (int d = 0; d < options_.devices; ++d) all[d] = d;
+  CallLocks l(this, all, "UnregisterFlags (portable: every device)");
   flags_registered_.fetch_sub(1);
 }
 
 absl::StatusOr<IpcMapping> FakeRuntime::OpenIpc(int device, const std::string& handle) {
-  (void)device;
+  if (options_.driver_model) locks_.SetRole("import thread");
+  std::vector<int> ctxs{device};
+  for (int p : PeersOf(device)) ctxs.push_back(p);
+  CallLocks l(this, ctxs, absl::StrCat("OpenIpc on device ", device, " (mapped into its peers)"));
+  if (!l.ok()) return CallLocks::Aborted();
   if (handle.size() != 16) return absl::InvalidArgumentError("fake IPC handle must have 16 bytes");
   IpcMapping m;
   uint64_t p = 0;
@@ -360,22 +497,30 @@ absl::StatusOr<IpcMapping> FakeRuntime::OpenIpc(int device, const std::string& h
 }
 
 void FakeRuntime::CloseIpc(int device, char* base) {
-  (void)device;
+  if (options_.driver_model) locks_.SetRole("import thread");
+  std::vector<int> ctxs{device};
+  for (int p : PeersOf(device)) ctxs.push_back(p);
+  CallLocks l(this, ctxs, absl::StrCat("CloseIpc on device ", device, " (unmapped from its peers)"));
   {
     std::lock_guard<std::mutex> lock(log_mu_);
     owners_.erase(reinterpret_cast<uintptr_t>(base));
+    // The next Copy on each device destroys the copy graphs that touched it.
+    for (auto& r : released_) r.push_back(device);
   }
   ipc_open_now_.fetch_sub(1);
 }
 
 absl::Status FakeRuntime::WaitValues(int device, GpuStream stream, const uint64_t* flags, size_t n, uint32_t value) {
-  (void)device;
   if (!options_.device_waits) return absl::FailedPreconditionError("this fake runtime has no device waits");
+  CallDelay(device);
+  if (options_.driver_model) locks_.SetRole(absl::StrCat("issuing thread (first call on device ", device, ")"));
+  CallLocks l(this, {device}, absl::StrCat("WaitValues on device ", device, ": ", n, " ready flag(s) >= ", value));
+  if (!l.ok()) return CallLocks::Aborted();
   wait_calls_.fetch_add(1);
   Stream::Cmd c{Stream::Cmd::kWait};
   c.flags.assign(flags, flags + n);
   c.value = value;
-  static_cast<Stream*>(stream)->Push(std::move(c));
+  if (!static_cast<Stream*>(stream)->Push(std::move(c))) return CallLocks::Aborted();
   return absl::OkStatus();
 }
 
@@ -393,6 +538,34 @@ absl::Status FakeRuntime::Copy(int device, GpuStream stream, const CopyCmd* chun
   }
   CallRecord rec{device, stream, std::this_thread::get_id(), {}, sole_stream};
   for (size_t i = 0; i < n; ++i) rec.src_owners.push_back(OwnerOf(chunks[i].src));
+  CallDelay(device);
+  // The model's locks: the device's own context, the owners of memory
+  // closed since its last call (their graphs are destroyed here), then
+  // the other ends' contexts.
+  std::vector<int> ctxs{device}, released;
+  if (options_.driver_model) {
+    locks_.SetRole(absl::StrCat("issuing thread (first call on device ", device, ")"));
+    {
+      std::lock_guard<std::mutex> lock(log_mu_);
+      released.swap(released_[device]);
+    }
+    ctxs.insert(ctxs.end(), released.begin(), released.end());
+    for (size_t i = 0; i < n; ++i) {
+      ctxs.push_back(rec.src_owners[i]);
+      ctxs.push_back(OwnerOf(chunks[i].dst));
+    }
+  }
+  std::string what = absl::StrCat("Copy on device ", device, " of ", n, " chunk(s)");
+  if (options_.driver_model) {
+    std::vector<int> peers;
+    for (int d : ctxs) {
+      if (d >= 0 && d != device && std::find(peers.begin(), peers.end(), d) == peers.end()) peers.push_back(d);
+    }
+    if (!peers.empty()) absl::StrAppend(&what, " touching memory of device(s) ", absl::StrJoin(peers, ","));
+    if (!released.empty()) absl::StrAppend(&what, ", destroying graphs over closed memory");
+  }
+  CallLocks l(this, ctxs, what);
+  if (!l.ok()) return CallLocks::Aborted();
   {
     std::unique_lock<std::mutex> lock(log_mu_);
     call_log_.push_back(std::move(rec));
@@ -414,11 +587,14 @@ absl::Status FakeRuntime::Copy(int device, GpuStream stream, const CopyCmd* chun
   }
   Stream::Cmd c{Stream::Cmd::kCopy};
   c.chunks.assign(chunks, chunks + n);
-  static_cast<Stream*>(stream)->Push(std::move(c));
+  if (!static_cast<Stream*>(stream)->Push(std::move(c))) return CallLocks::Aborted();
   return absl::OkStatus();
 }
 
 absl::Status FakeRuntime::RecordEvent(GpuEvent event, GpuStream stream) {
+  const int device = static_cast<Stream*>(stream)->device;
+  CallLocks l(this, {device}, absl::StrCat("RecordEvent on device ", device));
+  if (!l.ok()) return CallLocks::Aborted();
   Event* e = static_cast<Event*>(event);
   Stream::Cmd c{Stream::Cmd::kRecord};
   c.event = e;
@@ -426,11 +602,14 @@ absl::Status FakeRuntime::RecordEvent(GpuEvent event, GpuStream stream) {
     std::lock_guard<std::mutex> lock(e->mu);
     c.target = ++e->recorded;
   }
-  static_cast<Stream*>(stream)->Push(std::move(c));
+  if (!static_cast<Stream*>(stream)->Push(std::move(c))) return CallLocks::Aborted();
   return absl::OkStatus();
 }
 
 absl::Status FakeRuntime::StreamWaitEvent(GpuStream stream, GpuEvent event) {
+  const int device = static_cast<Stream*>(stream)->device;
+  CallLocks l(this, {device, static_cast<Event*>(event)->device}, absl::StrCat("StreamWaitEvent on device ", device));
+  if (!l.ok()) return CallLocks::Aborted();
   Event* e = static_cast<Event*>(event);
   Stream::Cmd c{Stream::Cmd::kWaitEvent};
   c.event = e;
@@ -438,16 +617,95 @@ absl::Status FakeRuntime::StreamWaitEvent(GpuStream stream, GpuEvent event) {
     std::lock_guard<std::mutex> lock(e->mu);
     c.target = e->recorded;
   }
-  static_cast<Stream*>(stream)->Push(std::move(c));
+  if (!static_cast<Stream*>(stream)->Push(std::move(c))) return CallLocks::Aborted();
   return absl::OkStatus();
 }
 
 absl::StatusOr<bool> FakeRuntime::QueryEvent(GpuEvent event) {
   Event* e = static_cast<Event*>(event);
+  if (options_.driver_model) locks_.SetRole(absl::StrCat("completion thread of device ", e->device));
+  CallLocks l(this, {e->device}, absl::StrCat("QueryEvent on device ", e->device));
+  if (!l.ok()) return CallLocks::Aborted();
   std::lock_guard<std::mutex> lock(e->mu);
   if (e->completed < e->recorded) return false;
   if (!e->error.ok()) return e->error;
   return true;
+}
+
+// The wait-for report. Follows each waiting thread: a lock leads to its
+// holder, space on a stream to the flag the stream is parked on, and that
+// flag to its writer. A chain back to a thread on it is a lock cycle (H1a);
+// a chain that ends at a device wait whose flag has not come is a cycle
+// through the device wait (H1b): the rank writes that flag only after an
+// op before it is done, which needs the threads on the chain.
+std::string FakeRuntime::Diagnose() const {
+  struct Parked {
+    uint64_t flag = 0;
+    uint32_t value = 0;
+    size_t queued = 0;
+  };
+  std::map<std::string, Parked> streams;
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    for (const auto& [p, st] : streams_) {
+      std::lock_guard<std::mutex> l(st->mu);
+      if (st->parked_flag != 0 || !st->q.empty())
+        streams[st->name] = Parked{st->parked_flag, st->parked_value, st->q.size()};
+    }
+  }
+  std::map<uint64_t, std::string> writers;
+  {
+    std::lock_guard<std::mutex> lock(log_mu_);
+    writers = flag_writers_;
+  }
+  auto flag_text = [&](const Parked& k) {
+    const uint32_t now = __atomic_load_n(reinterpret_cast<const uint32_t*>(k.flag), __ATOMIC_ACQUIRE);
+    auto w = writers.find(k.flag);
+    return absl::StrCat("parked on ready flag 0x", absl::Hex(k.flag), " >= ", k.value, " (now ", now, "), written by ",
+                        w != writers.end() ? w->second : "an undeclared writer");
+  };
+  const std::vector<LockGraph::Waiter> waiters = locks_.waiters();
+  std::map<std::string, const LockGraph::Waiter*> by_name;
+  for (const auto& w : waiters) by_name[w.thread] = &w;
+  std::string verdict;
+  for (const auto& start : waiters) {
+    std::vector<std::string> chain;
+    const LockGraph::Waiter* w = &start;
+    for (;;) {
+      chain.push_back(
+          absl::StrCat("[", w->thread, "] holds [", absl::StrJoin(w->holds, ","), "] and waits for ", w->waits_for));
+      if (!w->holder.empty()) {
+        chain.back() += absl::StrCat(", held by [", w->holder, "]");
+        if (w->holder == start.thread) {
+          verdict = absl::StrCat("H1a: lock cycle between threads: ", absl::StrJoin(chain, "; "));
+          break;
+        }
+        auto next = by_name.find(w->holder);
+        if (next == by_name.end()) break;
+        w = next->second;
+        if (chain.size() > by_name.size()) break;
+        continue;
+      }
+      const std::string prefix = "space on ";
+      if (w->waits_for.rfind(prefix, 0) == 0) {
+        auto st = streams.find(w->waits_for.substr(prefix.size()));
+        if (st != streams.end() && st->second.flag != 0) {
+          verdict = absl::StrCat("H1b: cycle through a device wait: ", absl::StrJoin(chain, "; "), "; ", st->first,
+                                 " (", st->second.queued, " commands queued) is ", flag_text(st->second),
+                                 ", which needs an earlier op done, which needs the threads above");
+        }
+      }
+      break;
+    }
+    if (!verdict.empty()) break;
+  }
+  std::string r = verdict.empty() ? "no wait-for cycle" : verdict;
+  absl::StrAppend(&r, "\nthreads holding or waiting:\n", locks_.Dump(), "busy streams:\n");
+  for (const auto& [name, k] : streams) {
+    absl::StrAppend(&r, "  ", name, ": ", k.queued, " queued", k.flag != 0 ? ", " + flag_text(k) : "", "\n");
+  }
+  for (const std::string& c : locks_.cycles()) absl::StrAppend(&r, "lock order: ", c, "\n");
+  return r;
 }
 
 }  // namespace dmagather::server::engines::gpu::testing

@@ -20,6 +20,30 @@
 // The IPC handle of an allocation is MakeHandle(base, bytes): the fake
 // "opens" it by reading the pointer back.
 //
+// The driver model (Options::driver_model; for the deadlock tests,
+// docs/CUDA.md "Locks and waits: why issue cannot deadlock"): what the real
+// driver may do that matters for deadlock, with a checker (lock_graph.h):
+//  - every call takes the lock of each device context it touches
+//    (LockGraph "ctxN"), its own device's first: WaitValues, RecordEvent,
+//    StreamWaitEvent, QueryEvent, CreateEvent, DestroyEvent take their
+//    device's; Copy on device D takes D's, then the owner of each chunk's
+//    ends that is another device (a peer copy reading IPC-mapped memory),
+//    and first the owners of memory closed since its last call (the copy
+//    graphs that touched it are destroyed in it, as the cuda runtime does);
+//    OpenIpc/CloseIpc on D take D's and then every device with peer access
+//    to D (the mapping is made or unmade there, in device order);
+//    RegisterFlags/UnregisterFlags (portable host registration) take every
+//    device's, in device order;
+//  - a stream's queue holds at most Options::stream_depth commands: an
+//    enqueue on a full queue blocks the calling thread in the call, holding
+//    its locks, until the stream runs a command. A device wait parks its
+//    stream until the flag reaches the value, so commands queue behind it;
+//  - peer memory: as above, a chunk touches the contexts of both ends.
+// Diagnose() writes the wait-for report (who holds and waits for which
+// lock, which stream is parked on which flag and who writes that flag) with
+// its verdict; Abort() ends every wait so that a test whose watchdog fired
+// ends with a failure, not a hang.
+//
 // Threads: any; every method is thread-safe. Stream threads are joined by
 // DestroyStream (a stream blocked on a flag is cancelled) and by the
 // destructor for any stream left.
@@ -38,6 +62,7 @@
 #include <vector>
 
 #include "server/engines/gpu/runtime.h"
+#include "tests/fakes/lock_graph.h"
 
 namespace dmagather::server::engines::gpu::testing {
 
@@ -57,6 +82,10 @@ class FakeRuntime : public GpuRuntime {
     // Identities: uuid FakeUuid(d), bus id FakeBusId(d), unless replaced
     // here (by device; "" = the runtime cannot tell).
     std::map<int, std::string> uuids, bus_ids;
+    // The driver model above: context locks and blocking enqueues.
+    bool driver_model = false;
+    // Commands a stream's queue holds (driver model only; 0: no bound).
+    int stream_depth = 0;
   };
   // One chunk as it ran: the issuing device and the devices owning its
   // source and destination (-1: memory not opened through OpenIpc).
@@ -100,6 +129,22 @@ class FakeRuntime : public GpuRuntime {
   // barrier_timed_out() is true).
   void BarrierOnFirstCopies(int devices, int guard_ms = 30000);
   bool barrier_timed_out() const { return barrier_timed_out_.load(); }
+  // Every WaitValues and Copy call on `device` first sleeps `us`
+  // microseconds (outside any lock): one device's issue lags the others'.
+  void SetCallDelayUs(int device, uint32_t us);
+  // Names the writer of a flag (a rank's ready word) in wait-for reports:
+  // e.g. "rank 1 of job 1 (writes ready k once op k-1 is done)".
+  void DeclareFlagWriter(const uint32_t* word, const std::string& writer);
+
+  // --- The driver model's checker ---
+  LockGraph& locks() { return locks_; }
+  // The wait-for report and its verdict: a first line "H1a: ...", "H1b:
+  // ..." or "no wait-for cycle", then every waiting thread, held lock and
+  // busy stream.
+  std::string Diagnose() const;
+  // Ends every wait of the model (locks, full queues, device waits); every
+  // later call fails. For a watchdog that found no progress.
+  void Abort();
 
   // --- Observations ---
   uint64_t chunks_run() const { return chunks_run_.load(); }
@@ -143,9 +188,11 @@ class FakeRuntime : public GpuRuntime {
   void CloseIpc(int device, char* base) override;
   absl::Status WaitValues(int device, GpuStream stream, const uint64_t* flags, size_t n, uint32_t value) override;
   absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n, bool sole_stream) override;
+  bool CopyTouchesOthers(int device) const override;
   absl::Status RecordEvent(GpuEvent event, GpuStream stream) override;
   absl::Status StreamWaitEvent(GpuStream stream, GpuEvent event) override;
   void BindThread(int device) override { (void)device; }
+  void OnOrderLock(int device, bool held) override;
   // Staging: plain host memory and memcpy (the fake's device memory is host memory).
   absl::StatusOr<void*> AllocPinned(uint64_t bytes) override { return ::operator new(bytes); }
   void FreePinned(void* host) override { ::operator delete(host); }
@@ -166,6 +213,7 @@ class FakeRuntime : public GpuRuntime {
     int fail_chunk_at = 0;
     absl::Status fail_chunk_status;
     uint32_t delay_us = 0;
+    uint32_t call_delay_us = 0;
     bool held = false;
     std::condition_variable released;
   };
@@ -173,6 +221,12 @@ class FakeRuntime : public GpuRuntime {
   absl::Status RunChunk(int device, const CopyCmd& c);
   // The device whose memory holds `p` (-1: not opened through OpenIpc).
   int OwnerOf(const void* p) const;
+  // The driver model: takes the contexts of `devices` in that order for
+  // `what` (nothing without the model). Holds them until destroyed.
+  class CallLocks;
+  // Devices with peer access to `device`, in order (for IPC mappings).
+  std::vector<int> PeersOf(int device) const;
+  void CallDelay(int device);
   friend struct Stream;
 
   const Options options_;
@@ -194,6 +248,11 @@ class FakeRuntime : public GpuRuntime {
   int barrier_guard_ms_ = 0;
   std::vector<char> barrier_arrived_;
   std::atomic<bool> barrier_timed_out_{false};
+  // The driver model.
+  LockGraph locks_;
+  std::map<uint64_t, std::string> flag_writers_;  // By flag address; under log_mu_.
+  std::vector<std::vector<int>> released_;        // Per device: owners of memory closed since its last Copy.
+  std::atomic<bool> aborted_{false};
   std::atomic<int> ipc_opens_{0}, ipc_open_now_{0}, flags_registered_{0}, wait_calls_{0};
 };
 

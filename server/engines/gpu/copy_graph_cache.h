@@ -78,6 +78,8 @@ class ReleaseLog {
   void Add(uint64_t base, uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // The ranges added since the last call (issuing thread); false if none.
   bool Take(std::vector<std::pair<uint64_t, uint64_t>>* ranges) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ranges were added and not taken yet.
+  bool pending() const { return pending_.load(std::memory_order_acquire); }
 
  private:
   std::atomic<bool> pending_{false};

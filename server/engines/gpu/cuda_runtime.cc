@@ -325,6 +325,11 @@ class CudaRuntime : public GpuRuntime {
     return st;
   }
 
+  bool CopyTouchesOthers(int device) const override {
+    const Issuing& is = *issuing_[device];
+    return is.graphs != nullptr && is.graphs->releases()->pending();
+  }
+
   // The copies without a graph: one batch call, or one call each.
   absl::Status CopyWithoutGraph(int device, cudaStream_t s, const CopyCmd* chunks, size_t n) {
     Issuing& is = *issuing_[device];

@@ -1,6 +1,6 @@
 // GpuEngine (gpu_engine.h): set-up, devices, imports and ranks, stop, stats
 // and the ring's staging. The per-op path - gate, route, issue, complete -
-// is in gpu_engine_issue.cc.
+// is in gpu_engine_issue.cc, its ordering rules in gpu_engine_order.cc.
 #include "server/engines/gpu/gpu_engine.h"
 
 #include <glog/logging.h>
@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -25,20 +26,43 @@ namespace dmagather::server::engines::gpu {
 namespace {
 
 // A rank's allocation opened through the runtime's IPC; closed with the
-// last reference (which may outlive the engine: it shares the runtime).
+// last reference (which may outlive the engine: it shares the runtime),
+// under every device's order lock (the close unmaps it from every peer).
 class IpcRegion : public ImportedRegion {
  public:
-  IpcRegion(std::shared_ptr<GpuRuntime> rt, char* base, uint64_t bytes, int device)
-      : rt_(std::move(rt)), base_(base), bytes_(bytes), device_(device) {}
-  ~IpcRegion() override { rt_->CloseIpc(device_, base_); }
+  IpcRegion(std::shared_ptr<GpuRuntime> rt, std::shared_ptr<DeviceOrder> order, char* base, uint64_t bytes, int device)
+      : rt_(std::move(rt)), order_(std::move(order)), base_(base), bytes_(bytes), device_(device) {}
+  ~IpcRegion() override {
+    DeviceOrder::Hold hold(*order_, order_->all());
+    rt_->CloseIpc(device_, base_);
+  }
   char* base() const override { return base_; }
   uint64_t bytes() const override { return bytes_; }
 
  private:
   const std::shared_ptr<GpuRuntime> rt_;
+  const std::shared_ptr<DeviceOrder> order_;
   char* const base_;
   const uint64_t bytes_;
   const int device_;
+};
+
+// A region the runtime imported its own way (VMM): released under every
+// device's order lock, as an IPC close is.
+class OrderedRegion : public ImportedRegion {
+ public:
+  OrderedRegion(std::shared_ptr<ImportedRegion> inner, std::shared_ptr<DeviceOrder> order)
+      : inner_(std::move(inner)), order_(std::move(order)) {}
+  ~OrderedRegion() override {
+    DeviceOrder::Hold hold(*order_, order_->all());
+    inner_.reset();
+  }
+  char* base() const override { return inner_->base(); }
+  uint64_t bytes() const override { return inner_->bytes(); }
+
+ private:
+  std::shared_ptr<ImportedRegion> inner_;
+  const std::shared_ptr<DeviceOrder> order_;
 };
 
 }  // namespace
@@ -61,6 +85,7 @@ absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Create(std::unique_ptr<Gpu
 
 GpuEngine::GpuEngine(std::unique_ptr<GpuRuntime> runtime, const Options& options)
     : runtime_(std::move(runtime)),
+      order_(std::make_shared<DeviceOrder>(runtime_->num_devices(), runtime_)),
       options_(options),
       num_devices_(runtime_->num_devices()),
       streams_per_device_(options.streams_per_device > 0 ? options.streams_per_device
@@ -273,7 +298,10 @@ absl::StatusOr<std::shared_ptr<ImportedRegion>> GpuEngine::Import(const RegionSp
   if (spec.rank == nullptr) return absl::InvalidArgumentError("import without the owning rank");
   const int device = AsGpu(spec.rank)->device();
   if (spec.kind != runtime_->ipc_memory_kind()) {
-    return runtime_->ImportOther(spec, device, AsGpu(spec.rank)->rank_ordinal());
+    DeviceOrder::Hold hold(*order_, order_->all());  // Mapped for every device that reaches it.
+    DMAG_ASSIGN_OR_RETURN(std::shared_ptr<ImportedRegion> inner,
+                          runtime_->ImportOther(spec, device, AsGpu(spec.rank)->rank_ordinal()));
+    return std::shared_ptr<ImportedRegion>(std::make_shared<OrderedRegion>(std::move(inner), order_));
   }
   if (spec.handle.size() != runtime_->ipc_handle_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat(runtime_->label(), " IPC handle has ", spec.handle.size(),
@@ -285,13 +313,17 @@ absl::StatusOr<std::shared_ptr<ImportedRegion>> GpuEngine::Import(const RegionSp
     if (auto region = it->second.lock(); region != nullptr && region->bytes() >= spec.bytes) return region;
   }
   for (auto i = imports_.begin(); i != imports_.end();) i = i->second.expired() ? imports_.erase(i) : std::next(i);
+  // Opened (and closed) under every device's order lock: the mapping is
+  // made in (and unmade from) every peer's context.
+  std::optional<DeviceOrder::Hold> hold(std::in_place, *order_, order_->all());
   DMAG_ASSIGN_OR_RETURN(IpcMapping m, runtime_->OpenIpc(device, spec.handle));
   if (m.bytes < spec.bytes) {
     runtime_->CloseIpc(device, m.base);
     return absl::InvalidArgumentError(absl::StrCat("the client registered ", spec.bytes, " bytes but its ",
                                                    runtime_->label(), " allocation has only ", m.bytes));
   }
-  auto region = std::make_shared<IpcRegion>(runtime_, m.base, spec.bytes, device);
+  hold.reset();
+  auto region = std::make_shared<IpcRegion>(runtime_, order_, m.base, spec.bytes, device);
   imports_[spec.handle] = region;
   return std::shared_ptr<ImportedRegion>(std::move(region));
 }
@@ -309,8 +341,14 @@ absl::StatusOr<std::unique_ptr<EngineRank>> GpuEngine::AttachRank(const RankAtta
     LOG(INFO) << "rank " << a.rank << ": its " << runtime_->label() << " device " << a.device.ordinal << " ("
               << FormatDeviceUuid(a.device.uuid) << ") is dmagatherd's device " << device;
   }
-  DMAG_ASSIGN_OR_RETURN(uint64_t flag, runtime_->RegisterFlags(device, a.flag_pages, a.flag_bytes, a.ready_word));
-  return std::unique_ptr<EngineRank>(new GpuRank(runtime_, device, a.device.ordinal, a.flag_pages, flag, a.ready_word));
+  absl::StatusOr<uint64_t> flag;
+  {
+    DeviceOrder::Hold hold(*order_, order_->all());  // Portable: registered for every device.
+    flag = runtime_->RegisterFlags(device, a.flag_pages, a.flag_bytes, a.ready_word);
+  }
+  DMAG_RETURN_IF_ERROR(flag.status());
+  return std::unique_ptr<EngineRank>(
+      new GpuRank(runtime_, order_, device, a.device.ordinal, a.flag_pages, *flag, a.ready_word));
 }
 
 void GpuEngine::Stop() {

@@ -50,6 +50,13 @@
 // take turns and keeps the order); OnEngineDone on a device's completion
 // thread (or where the op was issued when nothing was enqueued). The
 // annotations below say which mutex guards what (clang checks them).
+//
+// Deadlock freedom (docs/CUDA.md, "Locks and waits"; gpu_engine_order.cc):
+// every driver call that touches several devices' memory holds their
+// device-order locks (device_order.h), taken in index order; no device
+// enqueues op n before every device has enqueued op n - 1; and while an op
+// with ready waits ahead of its flags is in flight, at most
+// max_waits_ahead ops are.
 #pragma once
 
 #include <atomic>
@@ -65,6 +72,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/latency_histogram.h"
 #include "server/engines/copy_engine.h"
+#include "server/engines/gpu/device_order.h"
 #include "server/engines/gpu/peer_table.h"
 #include "server/engines/gpu/runtime.h"
 #include "server/engines/gpu/wave_plan.h"
@@ -83,11 +91,14 @@ class GpuEngine : public CopyEngine {
     // One issuing thread per device (engines with several devices). Off:
     // the ingress thread issues every device's share in turn.
     bool parallel_issue = true;
-    // Runtimes with device waits: at most this many ops issued ahead of
-    // their ranks' ready flags (with device-side waits) at once; the next
-    // ones wait on the CPU in the gate until their flags are seen, so the
-    // streams never queue more than this many waits. 0: no bound.
-    int max_waits_ahead = 0;
+    // Runtimes with device waits: while any op issued ahead of its ranks'
+    // ready flags (its device waits parked on a stream) is in flight, at
+    // most this many ops are in flight in all; the next ones wait on the CPU
+    // in the gate until their flags are seen, or the count falls. So the
+    // commands queued behind a parked wait stay a few ops' worth, far from
+    // a full stream queue, and no driver call blocks on one (docs/CUDA.md,
+    // "Locks and waits"). 0: no bound (tests only: it can deadlock).
+    int max_waits_ahead = 2;
   };
   static absl::StatusOr<std::unique_ptr<GpuEngine>> Create(std::unique_ptr<GpuRuntime> runtime, const Options& options);
   ~GpuEngine() override;
@@ -122,7 +133,9 @@ class GpuEngine : public CopyEngine {
   // issuer's own guard) are still open, and the first error.
   struct OpTrack {
     EngineOp* op = nullptr;
-    bool waits_ahead = false;  // Counted in waits_ahead_ until the op completes.
+    bool waits_ahead = false;        // Counted in waits_ahead_ until the op completes.
+    uint64_t issue_order = 0;        // 1, 2, ... in Issue's order; 0: no share to issue.
+    std::atomic<int> unenqueued{0};  // Shares not enqueued yet.
     std::atomic<int> open{0};
     absl::Mutex mu;
     absl::Status status ABSL_GUARDED_BY(mu);
@@ -195,6 +208,12 @@ class GpuEngine : public CopyEngine {
   // Issues `dev`'s share of the op behind `t` and posts it for completion;
   // closes the share the caller opened for it.
   void IssueShare(Device& dev, OpTrack* t);
+  // The cross-device order: a share of op n starts only once every share
+  // of op n - 1 is enqueued, on every device.
+  void WaitForEarlierOps(const OpTrack* t);
+  void ShareEnqueued(OpTrack* t);
+  // runtime_->Copy under the device-order locks of what it touches.
+  absl::Status CopyInOrder(Device& dev, GpuStream stream, const CopyCmd* chunks, size_t n, bool sole);
   // Enqueues one device's share of `op`; sets *end to the end event when
   // one was recorded (also after an error, so completion waits for what
   // was already enqueued).
@@ -216,6 +235,7 @@ class GpuEngine : public CopyEngine {
 
   // Shared with the imported regions and ranks, which may outlive the engine.
   const std::shared_ptr<GpuRuntime> runtime_;
+  const std::shared_ptr<DeviceOrder> order_;
   const Options options_;
   const int num_devices_;
   const int streams_per_device_;
@@ -231,6 +251,9 @@ class GpuEngine : public CopyEngine {
   // thread alone).
   absl::Mutex issue_mu_;
   std::vector<char> involved_;
+  uint64_t next_issue_order_ = 0;
+  // The last op whose shares are all enqueued (issuing threads).
+  std::atomic<uint64_t> enqueued_through_{0};
 
   // CPU gating (runtimes without device waits, or ops over the
   // max_waits_ahead bound): ops waiting for their ranks' ready flags, in
@@ -268,6 +291,7 @@ class GpuEngine : public CopyEngine {
   common::LatencyHistogram execute_ns_, memops_ns_, copies_ns_, complete_ns_;
   std::atomic<uint64_t> ready_seen_{0};  // Device waits skipped: the CPU saw every flag at the op.
   std::atomic<int> waits_ahead_{0};      // Ops in flight issued ahead of their ready flags.
+  std::atomic<int> in_flight_{0};        // Ops issued and not completed.
   std::atomic<uint64_t> held_ahead_{0};  // Ops the max_waits_ahead bound held on the CPU.
   std::once_flag same_device_logged_;
   mutable std::once_flag ordinal_trusted_logged_;

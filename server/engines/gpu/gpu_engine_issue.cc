@@ -3,11 +3,13 @@
 // waits, copies, end event), and the completion threads that end ops.
 // Set-up, imports and stop are in gpu_engine.cc.
 #include <glog/logging.h>
+#include <pthread.h>
 #include <sched.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
@@ -50,11 +52,6 @@ GpuEvent GpuEngine::TakeEndEvent(Device& dev) {
   }
   auto e = runtime_->CreateEvent(dev.ordinal);
   return e.ok() ? *e : nullptr;
-}
-
-bool GpuEngine::MayIssue(const EngineOp& op) const {
-  if (RanksReady(op)) return true;
-  return runtime_->device_waits() && waits_ahead_.load(std::memory_order_acquire) < options_.max_waits_ahead;
 }
 
 bool GpuEngine::RanksReady(const EngineOp& op) {
@@ -137,7 +134,7 @@ absl::Status GpuEngine::EnqueueDevice(Device& dev, const EngineOp& op, GpuEvent*
     const uint64_t t_copies = common::MonotonicNs();
     for (const WaveBatch& b : dev.batches) {
       if (!st.ok()) break;
-      st.Update(rt.Copy(dev.ordinal, dev.streams[b.stream], chunks.data() + b.begin, b.end - b.begin, !fan_out));
+      st.Update(CopyInOrder(dev, dev.streams[b.stream], chunks.data() + b.begin, b.end - b.begin, !fan_out));
     }
     copies_ns_.Record(common::MonotonicNs() - t_copies);
     // Join every stream back into stream 0 (also after an error: the end
@@ -195,6 +192,7 @@ void GpuEngine::Execute(EngineOp* op) {
 
 void GpuEngine::GateLoop() {
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  pthread_setname_np(pthread_self(), "dmag-gate");
   absl::MutexLock lock(&issue_mu_);
   uint64_t t0 = 0;
   for (;;) {
@@ -277,15 +275,19 @@ void GpuEngine::Issue(EngineOp* op) {
   // Issued ahead of its ready flags under the bound: counted until it ends.
   t->waits_ahead = options_.max_waits_ahead > 0 && runtime_->device_waits() && !RanksReady(*op);
   if (t->waits_ahead) waits_ahead_.fetch_add(1, std::memory_order_acq_rel);
+  in_flight_.fetch_add(1, std::memory_order_acq_rel);
+  t->issue_order = 0;
   {
     absl::MutexLock lock(&t->mu);
     t->status = st;
   }
   t->open.store(1, std::memory_order_relaxed);
   if (st.ok()) {
-    for (int d = 0; d < num_devices_; ++d) {
-      if (involved_[d]) t->open.fetch_add(1, std::memory_order_relaxed);
-    }
+    int shares = 0;
+    for (int d = 0; d < num_devices_; ++d) shares += involved_[d] ? 1 : 0;
+    t->open.fetch_add(shares, std::memory_order_relaxed);
+    t->unenqueued.store(shares, std::memory_order_relaxed);
+    t->issue_order = ++next_issue_order_;
     for (Device& dev : devices_) {
       if (!involved_[dev.ordinal]) continue;
       if (!parallel_issue_) {
@@ -317,6 +319,7 @@ void GpuEngine::IssueShare(Device& dev, OpTrack* t) {
   }
   GpuEvent end = nullptr;
   absl::Status st;
+  WaitForEarlierOps(t);
   if (abandon_.load(std::memory_order_relaxed)) {
     st = absl::UnavailableError("dmagatherd stopped before the op's copies were issued");
   } else {
@@ -327,6 +330,7 @@ void GpuEngine::IssueShare(Device& dev, OpTrack* t) {
       issued_bytes_[dev.ordinal].fetch_add(bytes, std::memory_order_relaxed);
     }
   }
+  ShareEnqueued(t);
   if (end != nullptr) {
     Completion& c = *completions_[dev.ordinal];
     t->open.fetch_add(1, std::memory_order_acq_rel);
@@ -346,6 +350,7 @@ void GpuEngine::IssueShare(Device& dev, OpTrack* t) {
 
 void GpuEngine::IssuerLoop(int device) {
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  pthread_setname_np(pthread_self(), ("dmag-issue-" + std::to_string(device)).c_str());
   runtime_->BindThread(device);
   Device& dev = devices_[device];
   Issuer& q = *dev.issuer;
@@ -398,6 +403,7 @@ void GpuEngine::CloseShare(OpTrack* t, const absl::Status& st) {
     t->status = absl::OkStatus();
   }
   if (t->waits_ahead) waits_ahead_.fetch_sub(1, std::memory_order_acq_rel);  // The gate polls it.
+  in_flight_.fetch_sub(1, std::memory_order_acq_rel);
   {
     absl::MutexLock lock(&tracks_mu_);
     free_tracks_.push_back(t);
@@ -410,6 +416,7 @@ void GpuEngine::CloseShare(OpTrack* t, const absl::Status& st) {
 
 void GpuEngine::CompletionLoop(int device) {
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // 1 us: short sleeps stay short.
+  pthread_setname_np(pthread_self(), ("dmag-done-" + std::to_string(device)).c_str());  // In stacks of a hang.
   runtime_->BindThread(device);
   Completion& c = *completions_[device];
   uint64_t head = 0;  // c.head, as this thread (its only writer) last set it.

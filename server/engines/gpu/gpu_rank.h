@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "server/engines/copy_engine.h"
+#include "server/engines/gpu/device_order.h"
 #include "server/engines/gpu/runtime.h"
 
 namespace dmagather::server::engines::gpu {
@@ -16,15 +17,19 @@ namespace dmagather::server::engines::gpu {
 // unregistered when the rank is released.
 class GpuRank : public EngineRank {
  public:
-  GpuRank(std::shared_ptr<GpuRuntime> rt, int device, int rank_ordinal, void* pages, uint64_t ready_flag,
-          const uint32_t* ready_word)
+  GpuRank(std::shared_ptr<GpuRuntime> rt, std::shared_ptr<DeviceOrder> order, int device, int rank_ordinal, void* pages,
+          uint64_t ready_flag, const uint32_t* ready_word)
       : rt_(std::move(rt)),
+        order_(std::move(order)),
         device_(device),
         rank_ordinal_(rank_ordinal),
         pages_(pages),
         ready_flag_(ready_flag),
         ready_word_(ready_word) {}
-  ~GpuRank() override { rt_->UnregisterFlags(pages_); }
+  ~GpuRank() override {
+    DeviceOrder::Hold hold(*order_, order_->all());  // Portable: unregistered from every device.
+    rt_->UnregisterFlags(pages_);
+  }
   int device() const { return device_; }
   int rank_ordinal() const { return rank_ordinal_; }
   uint64_t ready_flag() const { return ready_flag_; }
@@ -32,6 +37,7 @@ class GpuRank : public EngineRank {
 
  private:
   const std::shared_ptr<GpuRuntime> rt_;
+  const std::shared_ptr<DeviceOrder> order_;
   const int device_;
   const int rank_ordinal_;
   void* const pages_;

@@ -140,6 +140,14 @@ class GpuRuntime {
   // stream, so nothing of the op runs beside these chunks (a runtime may
   // then run them one after another at no loss, e.g. as a graph chain).
   virtual absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n, bool sole_stream) = 0;
+  // True when the next Copy on `device` also makes driver calls for memory
+  // of devices other than its chunks' ends (the cuda runtime destroys there
+  // the copy graphs over memory released since). The engine then holds
+  // every device's order lock around that call (device_order.h).
+  virtual bool CopyTouchesOthers(int device) const {
+    (void)device;
+    return false;
+  }
   virtual absl::Status RecordEvent(GpuEvent event, GpuStream stream) = 0;
   virtual absl::Status StreamWaitEvent(GpuStream stream, GpuEvent event) = 0;
 
@@ -155,6 +163,12 @@ class GpuRuntime {
   // True when everything before the event's last record has completed;
   // false while pending; an error when the work failed.
   virtual absl::StatusOr<bool> QueryEvent(GpuEvent event) = 0;
+
+  // --- Lock-order checks ---
+  // The engine took (held) or let go of its device-order lock of `device`
+  // (device_order.h) on the calling thread. A runtime that checks lock
+  // order (the test fake) records it; the others ignore it.
+  virtual void OnOrderLock(int device, bool held) { (void)device, (void)held; }
 
   // --- Telemetry (any thread) ---
   // Bytes per device and copy engine, where the runtime assigns engines
