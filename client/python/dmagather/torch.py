@@ -1,29 +1,32 @@
-"""PyTorch adapter: torch.distributed's all_gather_into_tensor on dmagather.
+"""PyTorch adapter: torch.distributed's all-gather on dmagather (all_gather_into_tensor;
+all_gather_single on torch 2.15), for WORLD and every sub-group.
 
 Three ways in (docs/TRAINERS.md has the whole story):
 
     import dmagather.torch as dt
-    dist.init_process_group(...)                  # any backend; WORLD on one node
+    dist.init_process_group(...)                  # any backend; one node or several
     # 1. direct API, torch.distributed's semantics
     dt.all_gather_into_tensor(output, input, group=None, async_op=False)
     dt.all_gather_coalesced(outputs, inputs, async_op=True).wait()
     # 2. ZeRO-3: DMAGATHER_ALLGATHER=1 in the environment plus, once, after init_process_group:
-    dt.install()                                  # routes dist.all_gather_into_tensor of WORLD
+    dt.install()                                  # routes torch.distributed's all-gather, every group
     # 3. FSDP2 (torch >= 2.11):
     for m in model.modules():
         if isinstance(m, FSDPModule): m.set_custom_all_gather(dt.FSDPAllGather())
 
-Setup (`init()`, called by all three on first use) is collective over the WORLD
-group, once: every rank says whether it is enabled (DMAGATHER_ALLGATHER), its
-DMAGATHER_MAX_NUMEL, and rank 0 draws a random job key, all in one all_reduce;
-then every rank joins the daemon's job with a short join timeout and a second
-all_reduce tells every rank whether all joined. Any "no" anywhere disables
-dmagather on every rank (rank 0 logs why, once). So the per-rank conditions
-(env, daemon, join) end in one decision.
+Setup is collective, once per job: WORLD's (`init()`, called by all three on
+first use) and each other group's (`adapter_for(group)`, at that group's first
+all-gather), over the group itself (_torch_setup): every rank says whether it
+is enabled (DMAGATHER_ALLGATHER), its DMAGATHER_MAX_NUMEL and its node, and the
+group's first rank draws a random job key, all in one all_reduce; a group across
+nodes gets a multi-node job id from its first rank; then every rank joins with
+a short join timeout and a last all_reduce tells every rank whether all joined.
+Any "no" anywhere disables that job on every rank of the group (rank 0 logs
+why, once). So the per-rank conditions (env, daemon, join) end in one decision.
 
 Per op, the same decision on every rank:
 - decided before submit, from what is equal on every rank of a correct program:
-  enabled (agreed at init), the group is WORLD, shard numel <= max_numel (the
+  enabled (agreed at setup), shard numel <= max_numel (the
   numel of a collective is equal on every rank; max_numel is agreed at init),
   the dtype is supported. These go to the framework's own all-gather without
   touching the daemon (Python counters only).
@@ -64,7 +67,8 @@ from . import _zero3_zero_copy
 from ._torch_gather import (DEFAULT_MAX_NUMEL, REASONS, DmagatherAllGather, StreamOrderedError, Work,
                             _env_flag, _max_numel_from_env, log)
 
-__all__ = ["init", "install", "uninstall", "is_installed", "get", "all_gather_into_tensor", "all_gather_coalesced",
+__all__ = ["init", "adapter_for", "group_adapters", "install", "uninstall", "is_installed", "get",
+           "all_gather_into_tensor", "all_gather_coalesced",
            "synchronize", "stats", "shutdown", "Work", "FSDPAllGather", "DmagatherAllGather", "StreamOrderedError",
            "REASONS", "DEFAULT_MAX_NUMEL"]
 
