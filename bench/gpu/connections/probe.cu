@@ -44,11 +44,11 @@ const Clock::time_point g_start = Clock::now();
 double NowMs() { return std::chrono::duration<double, std::milli>(Clock::now() - g_start).count(); }
 
 // ---- flag page ------------------------------------------------------------
-constexpr int kFlagWords = 1024;     // one 4 KiB page of 32-bit words
-constexpr int kWordOne = 0;          // always 1: warm-up waits pass at once
-constexpr int kWordReady = 2;        // target of the ready write (arm cw)
-constexpr int kWordSpinTimeout = 4;  // set by the spin kernel if it gave up
-constexpr int kFirstRepWord = 8;     // rep flags: 8-byte aligned pairs from here
+constexpr int kFlagWords = 1024;               // one 4 KiB page of 32-bit words
+constexpr int kWordOne = 0;                    // always 1: warm-up waits pass at once
+constexpr int kWordReady = 2;                  // target of the ready write (arm cw)
+constexpr int kWordSpinTimeout = 4;            // set by the spin kernel if it gave up
+constexpr int kFirstRepWord = 8;               // rep flags: 8-byte aligned pairs from here
 constexpr uint32_t kReleaseAll = 0x3fffffffu;  // satisfies every GEQ wait used here
 
 uint32_t* g_flags = nullptr;  // host view
@@ -77,27 +77,26 @@ void ReleaseAllFlags() {
 #define CK(x)                                                                                           \
   do {                                                                                                  \
     cudaError_t e_ = (x);                                                                               \
-    if (e_ != cudaSuccess) Die("%s:%d %s -> %s (%s)", __FILE__, __LINE__, #x, cudaGetErrorName(e_),     \
-                               cudaGetErrorString(e_));                                                 \
+    if (e_ != cudaSuccess)                                                                              \
+      Die("%s:%d %s -> %s (%s)", __FILE__, __LINE__, #x, cudaGetErrorName(e_), cudaGetErrorString(e_)); \
   } while (0)
 
-#define CKD(x)                                                                                          \
-  do {                                                                                                  \
-    CUresult r_ = (x);                                                                                  \
-    if (r_ != CUDA_SUCCESS) {                                                                           \
-      const char* n_ = nullptr;                                                                         \
-      const char* s_ = nullptr;                                                                         \
-      cuGetErrorName(r_, &n_);                                                                          \
-      cuGetErrorString(r_, &s_);                                                                        \
-      Die("%s:%d %s -> %d %s (%s)", __FILE__, __LINE__, #x, static_cast<int>(r_), n_ ? n_ : "?",        \
-          s_ ? s_ : "?");                                                                               \
-    }                                                                                                   \
+#define CKD(x)                                                                                                   \
+  do {                                                                                                           \
+    CUresult r_ = (x);                                                                                           \
+    if (r_ != CUDA_SUCCESS) {                                                                                    \
+      const char* n_ = nullptr;                                                                                  \
+      const char* s_ = nullptr;                                                                                  \
+      cuGetErrorName(r_, &n_);                                                                                   \
+      cuGetErrorString(r_, &s_);                                                                                 \
+      Die("%s:%d %s -> %d %s (%s)", __FILE__, __LINE__, #x, static_cast<int>(r_), n_ ? n_ : "?", s_ ? s_ : "?"); \
+    }                                                                                                            \
   } while (0)
 
-#define CKB(x)                                                                                          \
-  do {                                                                                                  \
-    cublasStatus_t b_ = (x);                                                                            \
-    if (b_ != CUBLAS_STATUS_SUCCESS)                                                                    \
+#define CKB(x)                                                                                           \
+  do {                                                                                                   \
+    cublasStatus_t b_ = (x);                                                                             \
+    if (b_ != CUBLAS_STATUS_SUCCESS)                                                                     \
       Die("%s:%d %s -> %d %s", __FILE__, __LINE__, #x, static_cast<int>(b_), cublasGetStatusString(b_)); \
   } while (0)
 
@@ -165,7 +164,7 @@ __global__ void SpinWait(const volatile uint32_t* flag, uint32_t value, unsigned
 }
 
 // ---- experiment ---------------------------------------------------------------
-enum class Order { kAfter, kBefore, kSplit };       // GEMMs enqueued relative to the wait(s)
+enum class Order { kAfter, kBefore, kSplit };  // GEMMs enqueued relative to the wait(s)
 enum class WaitKind { kNone, kW32, kW64, kBatch, kSpin };
 enum class Prio { kSame, kGatherLow, kGatherHigh };  // kGatherLow: gather lowest, GEMM highest
 
@@ -174,11 +173,11 @@ struct Arm {
   const char* what;
   Order order;
   WaitKind kind;
-  int gathers;        // gather streams, each with its own parked wait
-  int tail;           // after the wait on the gather stream: 0 nothing, 1 an event, 2 a 64 KiB copy + an event
-  bool ready_write;   // cuStreamWriteValue32(ready) before the wait
+  int gathers;       // gather streams, each with its own parked wait
+  int tail;          // after the wait on the gather stream: 0 nothing, 1 an event, 2 a 64 KiB copy + an event
+  bool ready_write;  // cuStreamWriteValue32(ready) before the wait
   Prio prio;
-  bool wrap;          // (connections - 1) filler streams created between gather and GEMM stream
+  bool wrap;  // (connections - 1) filler streams created between gather and GEMM stream
 };
 
 struct Options {
@@ -344,10 +343,11 @@ RepResult RunRep(Common& c, const Arm& arm, int rep, cudaStream_t s, const std::
   r.gather_ms = gdone - tf;
   r.enq_ms = t_enq_end - t0;
   r.flag_late_ms = tf - (t0 + c.opt.t_ms);
-  std::printf("rep setting=%s arm=%s rep=%d before=%d/%d after_wait_before=%d/%d tput=%.3f first_ms=%+.2f "
-              "last_ms=%+.2f gather_ms=%+.2f enq_ms=%.2f flag_late_ms=%.2f\n",
-              c.setting.c_str(), arm.name, rep, r.before, n, r.after_wait_before, r.after_wait_n, r.tput, r.first_ms,
-              r.last_ms, r.gather_ms, r.enq_ms, r.flag_late_ms);
+  std::printf(
+      "rep setting=%s arm=%s rep=%d before=%d/%d after_wait_before=%d/%d tput=%.3f first_ms=%+.2f "
+      "last_ms=%+.2f gather_ms=%+.2f enq_ms=%.2f flag_late_ms=%.2f\n",
+      c.setting.c_str(), arm.name, rep, r.before, n, r.after_wait_before, r.after_wait_n, r.tput, r.first_ms, r.last_ms,
+      r.gather_ms, r.enq_ms, r.flag_late_ms);
   std::fflush(stdout);
   return r;
 }
@@ -458,16 +458,23 @@ Options ParseArgs(int argc, char** argv) {
       const size_t k = std::strlen(key);
       return std::strncmp(a, key, k) == 0 && a[k] == '=' ? a + k + 1 : nullptr;
     };
-    if (const char* v = val("--m")) o.m = std::atoi(v);
-    else if (const char* v = val("--t_ms")) o.t_ms = std::atof(v);
-    else if (const char* v = val("--n")) o.n = std::atoi(v);
-    else if (const char* v = val("--reps")) o.reps = std::atoi(v);
-    else if (const char* v = val("--watchdog_s")) o.watchdog_s = std::atof(v);
-    else if (const char* v = val("--only")) o.only = v;
-    else Usage(argv[0]);
+    if (const char* v = val("--m"))
+      o.m = std::atoi(v);
+    else if (const char* v = val("--t_ms"))
+      o.t_ms = std::atof(v);
+    else if (const char* v = val("--n"))
+      o.n = std::atoi(v);
+    else if (const char* v = val("--reps"))
+      o.reps = std::atoi(v);
+    else if (const char* v = val("--watchdog_s"))
+      o.watchdog_s = std::atof(v);
+    else if (const char* v = val("--only"))
+      o.only = v;
+    else
+      Usage(argv[0]);
   }
-  if (o.m < 256 || o.m > 16384 || o.t_ms < 5 || o.t_ms > 2000 || o.n < 0 || o.n > 256 || o.reps < 1 ||
-      o.reps > 20 || o.watchdog_s < 1)
+  if (o.m < 256 || o.m > 16384 || o.t_ms < 5 || o.t_ms > 2000 || o.n < 0 || o.n > 256 || o.reps < 1 || o.reps > 20 ||
+      o.watchdog_s < 1)
     Usage(argv[0]);
   return o;
 }
@@ -507,10 +514,11 @@ int main(int argc, char** argv) {
   CKD(cuDeviceGetAttribute(&nor, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR, dev));
   CKD(cuDeviceGetAttribute(&hostptr, CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, dev));
   CK(cudaDeviceGetStreamPriorityRange(&c.prio_least, &c.prio_greatest));
-  std::printf("probe: device=\"%s\" sm_%d%d SMs=%d driver=%d runtime=%d CUDA_DEVICE_MAX_CONNECTIONS=%s "
-              "stream_priorities=[least %d, greatest %d] wait_value_nor=%d host_ptr_registered=%d\n",
-              prop.name, prop.major, prop.minor, prop.multiProcessorCount, drv, rt, c.setting.c_str(), c.prio_least,
-              c.prio_greatest, nor, hostptr);
+  std::printf(
+      "probe: device=\"%s\" sm_%d%d SMs=%d driver=%d runtime=%d CUDA_DEVICE_MAX_CONNECTIONS=%s "
+      "stream_priorities=[least %d, greatest %d] wait_value_nor=%d host_ptr_registered=%d\n",
+      prop.name, prop.major, prop.minor, prop.multiProcessorCount, drv, rt, c.setting.c_str(), c.prio_least,
+      c.prio_greatest, nor, hostptr);
 
   // ---- flag page (host memory, registered and mapped like the client's) ----
   g_where.store("flag page");
@@ -572,11 +580,11 @@ int main(int argc, char** argv) {
   }
   if (!(c.alone_ms > 0.01)) Die("implausible GEMM time %.4f ms", c.alone_ms);
   c.n = c.opt.n > 0 ? c.opt.n : std::max(4, std::min(64, static_cast<int>(0.5 * c.opt.t_ms / c.alone_ms)));
-  std::printf("probe: GEMM bf16 %dx%dx%d alone %.3f ms median (%.0f TFLOP/s); N=%d GEMMs per rep, flag written at "
-              "T=%.0f ms, %d reps per arm; a GEMM is 'before' if the host saw its event complete before the flag "
-              "write\n",
-              m, m, m, c.alone_ms, 2.0 * m * m * static_cast<double>(m) / (c.alone_ms * 1e9), c.n, c.opt.t_ms,
-              c.opt.reps);
+  std::printf(
+      "probe: GEMM bf16 %dx%dx%d alone %.3f ms median (%.0f TFLOP/s); N=%d GEMMs per rep, flag written at "
+      "T=%.0f ms, %d reps per arm; a GEMM is 'before' if the host saw its event complete before the flag "
+      "write\n",
+      m, m, m, c.alone_ms, 2.0 * m * m * static_cast<double>(m) / (c.alone_ms * 1e9), c.n, c.opt.t_ms, c.opt.reps);
   if (c.n * c.alone_ms > 0.9 * c.opt.t_ms)
     std::printf("probe: WARNING N GEMMs alone take %.1f ms, close to T: 'before' undercounts; raise --t_ms\n",
                 c.n * c.alone_ms);
@@ -599,10 +607,10 @@ int main(int argc, char** argv) {
       {"batch", "as a with cuStreamBatchMemOp(WAIT_VALUE_32)", Order::kAfter, WaitKind::kBatch, 1, 0, false,
        Prio::kSame, false},
       {"w64", "as a with cuStreamWaitValue64", Order::kAfter, WaitKind::kW64, 1, 0, false, Prio::kSame, false},
-      {"a_prio", "as a; gather stream lowest priority, GEMM stream highest", Order::kAfter, WaitKind::kW32, 1, 0,
-       false, Prio::kGatherLow, false},
-      {"c_prio", "as c; gather stream lowest priority, GEMM stream highest", Order::kAfter, WaitKind::kW32, 1, 2,
-       false, Prio::kGatherLow, false},
+      {"a_prio", "as a; gather stream lowest priority, GEMM stream highest", Order::kAfter, WaitKind::kW32, 1, 0, false,
+       Prio::kGatherLow, false},
+      {"c_prio", "as c; gather stream lowest priority, GEMM stream highest", Order::kAfter, WaitKind::kW32, 1, 2, false,
+       Prio::kGatherLow, false},
       {"a_prioinv", "as a; gather stream highest priority, GEMM stream lowest", Order::kAfter, WaitKind::kW32, 1, 0,
        false, Prio::kGatherHigh, false},
       {"a_wrap", "as a; (connections - 1) streams created between the gather and the GEMM stream", Order::kAfter,
