@@ -26,7 +26,7 @@ import sys
 import tempfile
 import unittest
 
-from trainers_case import BIN, HERE, REPO, VENV_BIN, clean_env, free_port, rank_stats, read_bytes, run, start_lines
+from trainers_case import BIN, HERE, REPO, VENV_BIN, clean_env, free_port, rank_stats, read_bytes, start_lines
 
 sys.path.insert(0, os.path.join(REPO, "tests", "multinode"))
 import netns_bridge  # noqa: E402

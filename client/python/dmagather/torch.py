@@ -59,13 +59,13 @@ import threading
 import torch
 import torch.distributed as dist
 
-from . import Comm, DmagatherError, FallbackError, DTYPES, MAX_COALESCED, Op, _Gather, load_library
+from . import DmagatherError, FallbackError  # noqa: F401  (re-exported: what a caller catches)
 from . import _fsdp_zero_copy
 from . import _torch_entry
 from . import _torch_setup
 from . import _zero3_zero_copy
 from ._torch_gather import (DEFAULT_MAX_NUMEL, REASONS, DmagatherAllGather, StreamOrderedError, Work,
-                            _env_flag, _max_numel_from_env, log)
+                            _env_flag, log)
 
 __all__ = ["init", "adapter_for", "group_adapters", "install", "uninstall", "is_installed", "get",
            "all_gather_into_tensor", "all_gather_coalesced",
