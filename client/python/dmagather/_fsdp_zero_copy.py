@@ -91,6 +91,7 @@ _orig_unshard = None    # torch 2.15 on (seam): FSDPParamGroup.unshard before en
 _default_output_fn = None  # torch 2.15 on: FSDP2's _default_all_gather_output_fn
 _init_outputs_kw = {}   # init_all_gather_outputs' extra keywords (2.11: force_recreate=False)
 _Result = None          # AllGatherResult subclass that marks our results
+_GatherEvent = None     # CUDA: the all-gather event that makes its waiter wait for the op (_consumer_event)
 _unsharding = threading.local()  # .group: the FSDPParamGroup whose unshard runs on this thread (seam)
 
 
@@ -146,6 +147,7 @@ def enable():
     someone else's output function keeps it, and its gathers take FSDP2's path
     (reason output_fn)."""
     global _status, _orig_gather, _orig_copy_out, _orig_unshard, _default_output_fn, _init_outputs_kw, _Result
+    global _GatherEvent
     if _status is not None:
         return _status
     if os.environ.get(ENV, "").strip() == "0":
@@ -166,6 +168,7 @@ def enable():
         __slots__ = ()
 
     _Result = ZeroCopyResult
+    _GatherEvent = _consumer_event()
     if "force_recreate" in _params(fp.FSDPParam.init_all_gather_outputs):
         _init_outputs_kw = {"force_recreate": False}
     _orig_gather = pg.foreach_all_gather
@@ -179,6 +182,51 @@ def enable():
         pg.foreach_all_gather_copy_out = _foreach_all_gather_copy_out
     _status = "on"
     return _status
+
+
+def _consumer_event():
+    """The class of a zero-copy result's all_gather_event on CUDA, or None
+    where this torch's streams would not call it (then the op is ordered on
+    the all-gather stream at submit, as before).
+
+    Why: FSDP2 unshards the next parameter group ahead (prefetch) on its
+    all-gather stream and consumes it later (the copy-out in wait_for_unshard,
+    on the compute stream). A dmagather op's done-wait parked on the
+    all-gather stream at submit holds up, where a trainer sets
+    CUDA_DEVICE_MAX_CONNECTIONS=1 (every stream of the process feeding one
+    hardware queue), all compute enqueued after it until the gather is done:
+    the overlap lost (docs/perf/h100-groups-1205). So the op is submitted
+    with no wait, and this event carries it: FSDP2 waits for the result
+    only through `stream.wait_event(all_gather_event)` (the copy-out, its
+    iteration reset), which torch.cuda.Stream turns into `event.wait(stream)`;
+    there the consumer's stream first waits for the op, then for the event.
+    query() and synchronize() also see the op."""
+    try:
+        if "event.wait(self)" not in inspect.getsource(torch.cuda.Stream.wait_event):
+            return None
+    except (OSError, TypeError):
+        return None
+
+    class GatherEvent(torch.cuda.Event):
+        def __new__(cls, work):
+            self = super().__new__(cls)
+            self._dmagather_work = work
+            return self
+
+        def wait(self, stream=None):
+            if stream is None:
+                stream = torch.cuda.current_stream()
+            self._dmagather_work.wait_on(stream.cuda_stream)
+            super().wait(stream)
+
+        def query(self):
+            return self._dmagather_work.is_completed() and super().query()
+
+        def synchronize(self):
+            self._dmagather_work.host_wait()
+            super().synchronize()
+
+    return GatherEvent
 
 
 def status():
@@ -290,12 +338,21 @@ def _foreach_all_gather(fsdp_params, group, async_op, all_gather_copy_in_stream,
     all_gather_stream.wait_stream(all_gather_copy_in_stream)
     with handle.stream(all_gather_stream):
         work = None
+        # On the GPU the op's done-wait goes on the stream that consumes the
+        # gather, not on the all-gather stream (see _consumer_event).
+        lazy = gpu and _GatherEvent is not None
         if outs:
             # Writes through the daemon bump no version counter on the GPU; host
             # staging copies back with torch.
             with _keep_versions(outs):
-                work = a.all_gather_coalesced(outs, sends, group=group, async_op=async_op, order_now=True)
-        event = all_gather_stream.record_event()
+                work = a.all_gather_coalesced(outs, sends, group=group, async_op=async_op or lazy,
+                                              order_now=not lazy)
+        if lazy and work is not None:
+            event = _GatherEvent(work)
+            event.record(all_gather_stream)
+            a.counters["zero_copy_consumer_waits"] += 1
+        else:
+            event = all_gather_stream.record_event()
     a.counters["zero_copy_unshards"] += 1
     a.counters["zero_copy_items"] += len(outs)
     a.counters["zero_copy_cast_items"] += len(cast_slots)
@@ -352,6 +409,7 @@ def stats(adapter):
     c = adapter.counters
     return {"zero_copy": status(), "zero_copy_unshards": c["zero_copy_unshards"],
             "zero_copy_items": c["zero_copy_items"], "zero_copy_cast_items": c["zero_copy_cast_items"],
+            "zero_copy_consumer_waits": c["zero_copy_consumer_waits"],
             "zero_copy_fallback_by_reason": {k: c["zero_copy_fallback:" + k] for k in REASONS}}
 
 

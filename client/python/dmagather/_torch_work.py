@@ -26,6 +26,24 @@ class Work:
         self._host_pending = host_pending      # host backend, not waited yet
         self._torch_works = [w for w in (torch_works or []) if w is not None]
 
+    def wait_on(self, stream):
+        """Makes `stream` (a cudaStream_t handle) wait for the op on the GPU,
+        with no host block: the consumer's stream, where the op's output is
+        used. May be called for several streams; the first call settles
+        wait()'s own."""
+        a = self._adapter
+        if self._op is not None and a is not None:
+            a._order_on_stream(self._op, stream)
+            self._stream_pending = False
+
+    def host_wait(self):
+        """Blocks the host until the op is done (raises if it failed)."""
+        for w in self._torch_works:
+            w.wait()
+        a = self._adapter
+        if self._op is not None and a is not None:
+            a._host_wait_pending(self._op)
+
     def wait(self, timeout=None):
         for w in self._torch_works:
             w.wait() if timeout is None else w.wait(timeout)
@@ -70,6 +88,14 @@ class _WorkList(Work):
         for w in self._works:
             w.wait(timeout)
         return True
+
+    def wait_on(self, stream):
+        for w in self._works:
+            w.wait_on(stream)
+
+    def host_wait(self):
+        for w in self._works:
+            w.host_wait()
 
     def is_completed(self):
         return all(w.is_completed() for w in self._works)

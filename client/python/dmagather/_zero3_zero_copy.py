@@ -235,7 +235,11 @@ def _fetch(init, orig, params, safe_mode, quantize):
         outs.append(a.empty((n * world,), dtype=t.dtype, device=device))
         sends.append(t)
     with torch.no_grad():
-        work = a.all_gather_coalesced(outs, sends, group=group, async_op=True, order_now=True)
+        # No wait at submit: the done-wait goes on the stream that calls the
+        # handle's wait(), where the coordinator consumes the parameters (a
+        # prefetch parked on the all-gather stream would hold up, under
+        # CUDA_DEVICE_MAX_CONNECTIONS=1, all compute enqueued after it).
+        work = a.all_gather_coalesced(outs, sends, group=group, async_op=True, order_now=False)
     a.counters["zero3_zero_copy_fetches"] += 1
     a.counters["zero3_zero_copy_items"] += len(outs)
     a.counters["zero3_zero_copy_bytes"] += sum(o.numel() * o.element_size() for o in outs)
