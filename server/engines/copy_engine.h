@@ -118,6 +118,10 @@ class EngineOp {
   // per rank, the EngineRank from AttachRank. Set before Execute().
   uint32_t seq = 0;
   std::vector<const EngineRank*> ranks;
+  // The op's job (non-zero, unique in the daemon's life). Ops of one job
+  // are ordered among themselves; an engine never makes one job's op wait
+  // behind another job's (their ranks may order the jobs' ops either way).
+  uint64_t job_id = 0;
   // The ranks' inputs are known to be ready already (a persistent op's
   // replay: the daemon saw every rank's graph ready flag), so the engine
   // does not wait on the ready_seq flags.

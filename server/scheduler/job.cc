@@ -46,8 +46,11 @@ Job::Job(std::string key, int world_size, uid_t uid, bool multi_node)
       local_count_(world_size),
       ranks_(world_size),
       slots_(abi::kRingSlotsV1) {
+  static std::atomic<uint64_t> next_engine_job{0};
+  const uint64_t engine_job = next_engine_job.fetch_add(1, std::memory_order_relaxed) + 1;
   for (Op& op : slots_) {
     op.job = this;
+    op.job_id = engine_job;
     op.parts.resize(world_size);
     op.ranks.resize(world_size);
   }

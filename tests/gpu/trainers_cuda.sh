@@ -141,6 +141,13 @@ run() {
   # HSDP (replicate x shard, 2 x world/2): every all-gather on a shard group, each group a job of its own.
   one fsdp2-off-hsdp -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-off-hsdp" --hsdp 2
   one fsdp2-on-hsdp DMAGATHER_ALLGATHER=1 -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-on-hsdp" --hsdp 2
+  # One hardware queue per process (Megatron-LM's setting): the zero-copy
+  # paths' done-waits go on the consumer's stream, so nothing parks ahead of
+  # compute the rank does not order after the gather.
+  one fsdp2-on-conn1 DMAGATHER_ALLGATHER=1 CUDA_DEVICE_MAX_CONNECTIONS=1 -- "${tr[@]}" "${f[@]}" \
+    --out "$out/fsdp2-on-conn1"
+  one zero3-on-conn1 DMAGATHER_ALLGATHER=1 CUDA_DEVICE_MAX_CONNECTIONS=1 -- "${tr[@]}" "$t/zero3_train.py" \
+    --out "$out/zero3-on-conn1" --dtype bf16 --dist-backend gloo --steps 8
   kill "$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null
   "$py" "$t/trainers_cuda_check.py" "$out" "$world" | tee "$out/summary.txt"
   local rc=${PIPESTATUS[0]}

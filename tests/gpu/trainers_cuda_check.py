@@ -108,6 +108,15 @@ check("fsdp2-on-hsdp shard groups served", len(groups) == world and all(
     g["dmagather_ops"] > 0 and g["fallback_ops"] == 0 and g["zero_copy_unshards"] == g["dmagather_ops"] - 1
     for g in groups), str([(g.get("ranks"), g.get("dmagather_ops"), g.get("fallback_ops"), g.get("zero_copy_unshards"))
                            for g in groups]))
+# CUDA_DEVICE_MAX_CONNECTIONS=1: bit-identical, served, and (FSDP2) every
+# zero-copy unshard's done-wait left to its consumer's stream.
+for b, a in (("fsdp2-on-conn1", "fsdp2-off"), ("zero3-on-conn1", "zero3-off")):
+    check(f"{b} ran", rc(b) == 0, f"rc={rc(b)}")
+    check(f"{b} == {a}", *same(a, b))
+    check(f"{b} served by dmagather", *served(b))
+cw = {(x.get("zero_copy_unshards"), x.get("zero_copy_consumer_waits")) for x in stats("fsdp2-on-conn1").values()}
+check("fsdp2-on-conn1 done-waits on the consumer's stream",
+      len(cw) == 1 and next(iter(cw))[1] is not None and next(iter(cw))[1] > 0, str(cw))
 # Measured, not checked: rank 0's profile of the ZeRO-3 arms (zero3_train.py --profile).
 print("| arm | step ms p50 (steps 2..) | peak MiB | last step: kernels | cat kernels | kernel µs | memcpys | kernels by stream |")
 print("|---|---|---|---|---|---|---|---|")

@@ -108,13 +108,6 @@ absl::Status GpuEngine::Init() {
     Device& dev = devices_[d];
     dev.ordinal = d;
     DMAG_RETURN_IF_ERROR(rt.SetDevice(d));
-    dev.streams.resize(ns, nullptr);
-    dev.joins.resize(ns, nullptr);
-    for (int s = 0; s < ns; ++s) {
-      DMAG_ASSIGN_OR_RETURN(dev.streams[s], rt.CreateStream(d));
-      DMAG_ASSIGN_OR_RETURN(dev.joins[s], rt.CreateEvent(d));
-    }
-    DMAG_ASSIGN_OR_RETURN(dev.gate, rt.CreateEvent(d));
     for (int i = 0; i < 64; ++i) {
       DMAG_ASSIGN_OR_RETURN(GpuEvent e, rt.CreateEvent(d));
       absl::MutexLock lock(&pool_mu_);
@@ -155,10 +148,6 @@ absl::Status GpuEngine::Init() {
     for (int d = 0; d < num_devices_; ++d) devices_[d].issuer->thread = std::thread([this, d] { IssuerLoop(d); });
   }
   if (!rt.device_waits() || options_.max_waits_ahead > 0) {
-    {
-      absl::MutexLock lock(&issue_mu_);
-      gate_ring_.resize(kGateSlots);
-    }
     gate_thread_ = std::thread([this] { GateLoop(); });
   }
   return absl::OkStatus();
@@ -280,14 +269,8 @@ GpuEngine::~GpuEngine() {
   Stop();
   for (Device& dev : devices_) {
     runtime_->SetDevice(dev.ordinal).IgnoreError();
-    for (GpuStream s : dev.streams) {
-      if (s != nullptr) runtime_->DestroyStream(dev.ordinal, s);
-    }
-    for (GpuEvent e : dev.joins) {
-      if (e != nullptr) runtime_->DestroyEvent(dev.ordinal, e);
-    }
+    for (auto& lane : dev.lanes) DestroyLane(dev.ordinal, *lane);
     for (GpuEvent e : free_end_[dev.ordinal]) runtime_->DestroyEvent(dev.ordinal, e);
-    if (dev.gate != nullptr) runtime_->DestroyEvent(dev.ordinal, dev.gate);
   }
 }
 
@@ -383,7 +366,7 @@ void GpuEngine::Stop() {
   if (gate_thread_.joinable()) {
     drained([&] {
       absl::MutexLock lock(&issue_mu_);
-      return gate_head_ == gate_tail_;
+      return gate_.empty();
     });
   }
   for (Device& dev : devices_) {
@@ -397,7 +380,7 @@ void GpuEngine::Stop() {
     if (abandon_.load()) break;
     drained([&] {
       absl::MutexLock lock(&c->mu);
-      return c->head == c->tail;
+      return c->head == c->tail && c->in_hand.load(std::memory_order_acquire) == 0;
     });
   }
   stopping_.store(true);

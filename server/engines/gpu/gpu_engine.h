@@ -60,6 +60,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>  // std::once_flag
@@ -129,11 +130,19 @@ class GpuEngine : public CopyEngine {
   int IssuingDevice(int src, int dst) const;
 
  private:
+  // A job's load on the engine: its ops in flight, and those of them
+  // issued ahead of their ranks' ready flags. The max_waits_ahead bound
+  // counts per job, so one job's parked waits never hold another's ops.
+  struct JobLoad {
+    std::atomic<int> in_flight{0};
+    std::atomic<int> waits_ahead{0};
+  };
   // One op in flight on the engine: how many device shares (plus the
   // issuer's own guard) are still open, and the first error.
   struct OpTrack {
     EngineOp* op = nullptr;
-    bool waits_ahead = false;        // Counted in waits_ahead_ until the op completes.
+    JobLoad* load = nullptr;
+    bool waits_ahead = false;        // Counted in its job's load until the op completes.
     uint64_t issue_order = 0;        // 1, 2, ... in Issue's order; 0: no share to issue.
     std::atomic<int> unenqueued{0};  // Shares not enqueued yet.
     std::atomic<int> open{0};
@@ -152,11 +161,25 @@ class GpuEngine : public CopyEngine {
     std::atomic<uint64_t> posted{0};
     std::thread thread;
   };
-  struct Device {
-    int ordinal = 0;
+  // A job's streams on one device. Each job has its own, so a ready wait
+  // parked for one job never has another job's commands queued behind it
+  // (its ranks may order the two jobs' ops either way round: two process
+  // groups of one process). docs/CUDA.md, "Locks and waits".
+  struct Lane {
+    uint64_t job = 0;
     std::vector<GpuStream> streams;
     GpuEvent gate = nullptr;      // Recorded on streams[0] after the ready waits.
     std::vector<GpuEvent> joins;  // Per stream: its copies, joined into streams[0].
+    std::atomic<int> open{0};     // Shares enqueued on it whose end the completion thread has not seen.
+  };
+  struct Device {
+    int ordinal = 0;
+    // The lanes (touched by whoever issues this device's shares; `open` by
+    // its completion thread too). A job takes a lane at its first share
+    // on the device: its own, an idle one (no share open), or a new one;
+    // idle lanes beyond kLanesKept are destroyed.
+    std::vector<std::unique_ptr<Lane>> lanes;
+    Lane* lane = nullptr;  // The lane of the share being issued.
     // Issuing scratch, used only by whoever issues this device's shares
     // (its issuer thread, or the one thread that issues every device).
     std::vector<CopyCmd> copies;  // This device's copies of the op.
@@ -170,6 +193,7 @@ class GpuEngine : public CopyEngine {
   struct Share {
     OpTrack* track = nullptr;
     GpuEvent end = nullptr;
+    Lane* lane = nullptr;
   };
   // A device's FIFO of shares and the thread that completes them.
   struct Completion {
@@ -185,6 +209,7 @@ class GpuEngine : public CopyEngine {
     // skips the notify.
     bool sleeping ABSL_GUARDED_BY(mu) = false;
     std::atomic<uint64_t> posted{0};
+    std::atomic<size_t> in_hand{0};  // Shares the thread took off the FIFO and has not ended yet.
     std::thread thread;
   };
   static constexpr uint64_t kCompletionSpinNs = 200'000;
@@ -192,6 +217,7 @@ class GpuEngine : public CopyEngine {
   static constexpr size_t kTracks = 4096;
   static constexpr size_t kGateSlots = 4096;
   static constexpr size_t kIssueSlots = 4096;
+  static constexpr size_t kLanesKept = 16;
 
   GpuEngine(std::unique_ptr<GpuRuntime> runtime, const Options& options);
   absl::Status Init();
@@ -224,8 +250,14 @@ class GpuEngine : public CopyEngine {
   static bool RanksReady(const EngineOp& op);
   // The op may be issued now: its ranks are ready, or device waits may
   // take it (below the max_waits_ahead bound).
-  bool MayIssue(const EngineOp& op) const;
+  bool MayIssue(const EngineOp& op) ABSL_LOCKS_EXCLUDED(loads_mu_);
   GpuEvent TakeEndEvent(Device& dev) ABSL_LOCKS_EXCLUDED(pool_mu_);
+  // The op's job's lane on `dev` (sets dev.lane), made when it has none.
+  absl::Status TakeLane(Device& dev, uint64_t job);
+  void DestroyLane(int device, Lane& lane);
+  // The job's load (made at its first op); loads of idle jobs are dropped
+  // when there are many.
+  JobLoad* LoadOf(uint64_t job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loads_mu_);
   OpTrack* TakeTrack() ABSL_LOCKS_EXCLUDED(tracks_mu_);
   // Records `st` (if an error) and closes one share of the track; the last
   // close completes the op.
@@ -258,9 +290,8 @@ class GpuEngine : public CopyEngine {
   // CPU gating (runtimes without device waits, or ops over the
   // max_waits_ahead bound): ops waiting for their ranks' ready flags, in
   // order.
-  std::vector<EngineOp*> gate_ring_ ABSL_GUARDED_BY(issue_mu_);
-  uint64_t gate_head_ ABSL_GUARDED_BY(issue_mu_) = 0;
-  uint64_t gate_tail_ ABSL_GUARDED_BY(issue_mu_) = 0;
+  // In order within each job; jobs pass each other.
+  std::deque<EngineOp*> gate_ ABSL_GUARDED_BY(issue_mu_);
   absl::CondVar gate_cv_;  // An op was gated / left the gate / stopping.
   std::thread gate_thread_;
 
@@ -290,8 +321,8 @@ class GpuEngine : public CopyEngine {
   // Where the daemon hop goes (logged at Stop).
   common::LatencyHistogram execute_ns_, memops_ns_, copies_ns_, complete_ns_;
   std::atomic<uint64_t> ready_seen_{0};  // Device waits skipped: the CPU saw every flag at the op.
-  std::atomic<int> waits_ahead_{0};      // Ops in flight issued ahead of their ready flags.
-  std::atomic<int> in_flight_{0};        // Ops issued and not completed.
+  absl::Mutex loads_mu_;  // Taken after issue_mu_.
+  std::map<uint64_t, std::unique_ptr<JobLoad>> loads_ ABSL_GUARDED_BY(loads_mu_);
   std::atomic<uint64_t> held_ahead_{0};  // Ops the max_waits_ahead bound held on the CPU.
   std::once_flag same_device_logged_;
   mutable std::once_flag ordinal_trusted_logged_;

@@ -83,13 +83,15 @@ absl::Status GpuEngine::WaitReady(Device& dev, const EngineOp& op) {
     if (addr != 0) dev.flags.push_back(addr);
   }
   if (dev.flags.empty()) return absl::OkStatus();
-  return runtime_->WaitValues(dev.ordinal, dev.streams[0], dev.flags.data(), dev.flags.size(), op.seq);
+  return runtime_->WaitValues(dev.ordinal, dev.lane->streams[0], dev.flags.data(), dev.flags.size(), op.seq);
 }
 
 absl::Status GpuEngine::EnqueueDevice(Device& dev, const EngineOp& op, GpuEvent* end) {
   GpuRuntime& rt = *runtime_;
   *end = nullptr;
   DMAG_RETURN_IF_ERROR(rt.SetDevice(dev.ordinal));
+  DMAG_RETURN_IF_ERROR(TakeLane(dev, op.job_id));
+  Lane& lane = *dev.lane;
   WavePlanOptions wo;
   wo.chunk_bytes = chunk_bytes_;
   // Small ops stay on stream 0 (fewer calls = lower hop latency); a stream
@@ -114,7 +116,7 @@ absl::Status GpuEngine::EnqueueDevice(Device& dev, const EngineOp& op, GpuEvent*
   std::vector<CopyCmd>& chunks = dev.chunks;
   PlanWaves(dev.copies, wo, &chunks, &dev.batches);
   chunks_stat_.fetch_add(chunks.size(), std::memory_order_relaxed);
-  GpuStream s0 = dev.streams[0];
+  GpuStream s0 = lane.streams[0];
   const uint64_t t_plan = common::MonotonicNs();
   absl::Status st = WaitReady(dev, op);
   const uint64_t t_waits = common::MonotonicNs();
@@ -126,23 +128,23 @@ absl::Status GpuEngine::EnqueueDevice(Device& dev, const EngineOp& op, GpuEvent*
     bool fan_out = false;
     for (size_t s = 1; s < used.size(); ++s) fan_out |= used[s] != 0;
     if (fan_out) {
-      st.Update(rt.RecordEvent(dev.gate, s0));
+      st.Update(rt.RecordEvent(lane.gate, s0));
       for (size_t s = 1; st.ok() && s < used.size(); ++s) {
-        if (used[s]) st.Update(rt.StreamWaitEvent(dev.streams[s], dev.gate));
+        if (used[s]) st.Update(rt.StreamWaitEvent(lane.streams[s], lane.gate));
       }
     }
     const uint64_t t_copies = common::MonotonicNs();
     for (const WaveBatch& b : dev.batches) {
       if (!st.ok()) break;
-      st.Update(CopyInOrder(dev, dev.streams[b.stream], chunks.data() + b.begin, b.end - b.begin, !fan_out));
+      st.Update(CopyInOrder(dev, lane.streams[b.stream], chunks.data() + b.begin, b.end - b.begin, !fan_out));
     }
     copies_ns_.Record(common::MonotonicNs() - t_copies);
     // Join every stream back into stream 0 (also after an error: the end
     // event must follow everything that was enqueued).
     for (size_t s = 1; fan_out && s < used.size(); ++s) {
       if (!used[s]) continue;
-      st.Update(rt.RecordEvent(dev.joins[s], dev.streams[s]));
-      st.Update(rt.StreamWaitEvent(s0, dev.joins[s]));
+      st.Update(rt.RecordEvent(lane.joins[s], lane.streams[s]));
+      st.Update(rt.StreamWaitEvent(s0, lane.joins[s]));
     }
   }
   GpuEvent e = TakeEndEvent(dev);
@@ -172,20 +174,21 @@ void GpuEngine::Execute(EngineOp* op) {
     Issue(op);
     return;
   }
-  // CPU gating: issue now when nothing waits before it and its ranks are
-  // ready (or device waits may take it); else queue it for the gate thread
-  // (in order).
+  // CPU gating: issue now when no op of its job waits before it and its
+  // ranks are ready (or device waits may take it); else queue it for the
+  // gate thread (in order within its job; other jobs' ops pass it).
   {
     absl::MutexLock lock(&issue_mu_);
-    if (gate_head_ == gate_tail_ && MayIssue(*op) && !abandon_.load()) {
+    bool behind = false;
+    for (const EngineOp* g : gate_) behind |= g->job_id == op->job_id;
+    if (!behind && MayIssue(*op) && !abandon_.load()) {
       Issue(op);
       return;
     }
     if (runtime_->device_waits()) held_ahead_.fetch_add(1, std::memory_order_relaxed);
     // Back-pressure: wait while the gate is full.
-    while (gate_tail_ - gate_head_ >= kGateSlots) gate_cv_.Wait(&issue_mu_);
-    gate_ring_[gate_tail_ % kGateSlots] = op;
-    ++gate_tail_;
+    while (gate_.size() >= kGateSlots) gate_cv_.Wait(&issue_mu_);
+    gate_.push_back(op);
   }
   gate_cv_.SignalAll();
 }
@@ -195,20 +198,31 @@ void GpuEngine::GateLoop() {
   pthread_setname_np(pthread_self(), "dmag-gate");
   absl::MutexLock lock(&issue_mu_);
   uint64_t t0 = 0;
+  std::vector<uint64_t> held;  // Jobs whose first gated op may not go yet.
   for (;;) {
-    while (gate_head_ == gate_tail_ && !stopping_.load()) gate_cv_.Wait(&issue_mu_);
-    if (gate_head_ == gate_tail_) return;  // Stopping and drained.
-    EngineOp* op = gate_ring_[gate_head_ % kGateSlots];
+    while (gate_.empty() && !stopping_.load()) gate_cv_.Wait(&issue_mu_);
+    if (gate_.empty()) return;  // Stopping and drained.
     if (abandon_.load()) {
-      ++gate_head_;
+      EngineOp* op = gate_.front();
+      gate_.pop_front();
       gate_cv_.SignalAll();
       issue_mu_.Unlock();
       op->OnEngineDone(absl::UnavailableError("dmagatherd stopped while the op waited for its ranks' ready flags"));
       issue_mu_.Lock();
       continue;
     }
-    if (MayIssue(*op)) {
-      ++gate_head_;
+    // The first op of each job, in gate order: the first that may go, goes.
+    held.clear();
+    auto it = gate_.begin();
+    for (; it != gate_.end(); ++it) {
+      const uint64_t job = (*it)->job_id;
+      if (std::find(held.begin(), held.end(), job) != held.end()) continue;
+      if (MayIssue(**it)) break;
+      held.push_back(job);
+    }
+    if (it != gate_.end()) {
+      EngineOp* op = *it;
+      gate_.erase(it);
       gate_cv_.SignalAll();
       Issue(op);
       t0 = 0;
@@ -274,8 +288,12 @@ void GpuEngine::Issue(EngineOp* op) {
   t->op = op;
   // Issued ahead of its ready flags under the bound: counted until it ends.
   t->waits_ahead = options_.max_waits_ahead > 0 && runtime_->device_waits() && !RanksReady(*op);
-  if (t->waits_ahead) waits_ahead_.fetch_add(1, std::memory_order_acq_rel);
-  in_flight_.fetch_add(1, std::memory_order_acq_rel);
+  {
+    absl::MutexLock lock(&loads_mu_);
+    t->load = LoadOf(op->job_id);
+    if (t->waits_ahead) t->load->waits_ahead.fetch_add(1, std::memory_order_acq_rel);
+    t->load->in_flight.fetch_add(1, std::memory_order_acq_rel);
+  }
   t->issue_order = 0;
   {
     absl::MutexLock lock(&t->mu);
@@ -331,14 +349,20 @@ void GpuEngine::IssueShare(Device& dev, OpTrack* t) {
     }
   }
   ShareEnqueued(t);
+  if (end == nullptr && dev.lane != nullptr && dev.lane->job == op.job_id && !st.ok()) {
+    // Something may be queued on the lane with no end to see it done: it
+    // is never handed to another job.
+    dev.lane->open.fetch_add(1, std::memory_order_acq_rel);
+  }
   if (end != nullptr) {
     Completion& c = *completions_[dev.ordinal];
     t->open.fetch_add(1, std::memory_order_acq_rel);
+    dev.lane->open.fetch_add(1, std::memory_order_acq_rel);
     bool wake = false;
     {
       absl::MutexLock lock(&c.mu);
       while (c.tail - c.head >= kShareSlots) c.space_cv.Wait(&c.mu);
-      c.ring[c.tail % kShareSlots] = Share{t, end};
+      c.ring[c.tail % kShareSlots] = Share{t, end, dev.lane};
       ++c.tail;
       c.posted.store(c.tail, std::memory_order_release);
       wake = c.sleeping;
@@ -402,8 +426,11 @@ void GpuEngine::CloseShare(OpTrack* t, const absl::Status& st) {
     status = std::move(t->status);
     t->status = absl::OkStatus();
   }
-  if (t->waits_ahead) waits_ahead_.fetch_sub(1, std::memory_order_acq_rel);  // The gate polls it.
-  in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+  // The gate polls these; in_flight's decrement is the last touch of the
+  // load (LoadOf may then drop it).
+  if (t->waits_ahead) t->load->waits_ahead.fetch_sub(1, std::memory_order_acq_rel);
+  t->load->in_flight.fetch_sub(1, std::memory_order_acq_rel);
+  t->load = nullptr;
   {
     absl::MutexLock lock(&tracks_mu_);
     free_tracks_.push_back(t);
@@ -419,51 +446,73 @@ void GpuEngine::CompletionLoop(int device) {
   pthread_setname_np(pthread_self(), ("dmag-done-" + std::to_string(device)).c_str());  // In stacks of a hang.
   runtime_->BindThread(device);
   Completion& c = *completions_[device];
+  // The shares taken off the FIFO and not seen done yet. Each is polled on
+  // its own: shares of one lane end in order anyway, and a share parked on
+  // its job's ready flags must not hold up another job's (docs/CUDA.md,
+  // "Locks and waits").
+  std::vector<Share> pending;
+  pending.reserve(64);
+  uint64_t t0 = 0;
   uint64_t head = 0;  // c.head, as this thread (its only writer) last set it.
   for (;;) {
-    // Ops come in bursts: poll a while for the next share so that the
-    // issuer need not wake this thread (kCompletionSpinNs), yielding the
-    // core between polls (on a busy machine the copies' own threads, or the
-    // ranks, need it more), then sleep.
-    const uint64_t idle_since = common::MonotonicNs();
-    while (c.posted.load(std::memory_order_acquire) == head && !stopping_.load(std::memory_order_relaxed) &&
-           common::MonotonicNs() - idle_since < kCompletionSpinNs) {
-      sched_yield();
-    }
-    Share sh;
-    {
+    if (pending.empty()) {
+      // Ops come in bursts: poll a while for the next share so that the
+      // issuer need not wake this thread (kCompletionSpinNs), yielding the
+      // core between polls (on a busy machine the copies' own threads, or
+      // the ranks, need it more), then sleep.
+      const uint64_t idle_since = common::MonotonicNs();
+      while (c.posted.load(std::memory_order_acquire) == head && !stopping_.load(std::memory_order_relaxed) &&
+             common::MonotonicNs() - idle_since < kCompletionSpinNs) {
+        sched_yield();
+      }
       absl::MutexLock lock(&c.mu);
       c.sleeping = true;
       while (c.head == c.tail && !stopping_.load()) c.cv.Wait(&c.mu);
       c.sleeping = false;
       if (c.head == c.tail) return;  // Stopping and drained.
-      sh = c.ring[c.head % kShareSlots];
     }
-    absl::Status st;
-    const uint64_t t0 = common::MonotonicNs();
-    for (;;) {
+    bool took = false;
+    {
+      absl::MutexLock lock(&c.mu);
+      while (c.head != c.tail && pending.size() < kShareSlots) {
+        pending.push_back(c.ring[c.head % kShareSlots]);
+        ++c.head;
+        took = true;
+      }
+      head = c.head;
+      c.in_hand.store(pending.size(), std::memory_order_release);
+    }
+    if (took) c.space_cv.SignalAll();
+    bool progress = false;
+    for (size_t i = 0; i < pending.size();) {
+      const Share sh = pending[i];
+      absl::Status st;
       absl::StatusOr<bool> done = runtime_->QueryEvent(sh.end);
       if (!done.ok()) {
         st = done.status();
-        break;
-      }
-      if (*done) break;
-      if (abandon_.load(std::memory_order_relaxed)) {
+      } else if (!*done) {
+        if (!abandon_.load(std::memory_order_relaxed)) {
+          ++i;
+          continue;
+        }
         st = absl::UnavailableError("dmagatherd stopped while the op's copies were still queued");
-        break;
       }
+      pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+      {
+        absl::MutexLock lock(&pool_mu_);
+        free_end_[device].push_back(sh.end);
+      }
+      sh.lane->open.fetch_sub(1, std::memory_order_acq_rel);  // The last touch of the lane.
+      c.in_hand.store(pending.size(), std::memory_order_release);
+      CloseShare(sh.track, st);
+      progress = true;
+    }
+    if (pending.empty() || progress) {
+      t0 = 0;
+    } else {
+      if (t0 == 0) t0 = common::MonotonicNs();
       Backoff(common::MonotonicNs() - t0);
     }
-    {
-      absl::MutexLock lock(&pool_mu_);
-      free_end_[device].push_back(sh.end);
-    }
-    {
-      absl::MutexLock lock(&c.mu);
-      head = ++c.head;
-    }
-    c.space_cv.Signal();
-    CloseShare(sh.track, st);
   }
 }
 

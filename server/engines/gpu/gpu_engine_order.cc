@@ -32,12 +32,93 @@ void Pause(uint64_t waited_ns) {
 // With device waits: any op while fewer than max_waits_ahead are in flight;
 // beyond that only an op whose flags are met, and only while no wait is
 // parked (nothing it could queue behind). docs/CUDA.md, "Locks and waits".
-bool GpuEngine::MayIssue(const EngineOp& op) const {
+bool GpuEngine::MayIssue(const EngineOp& op) {
   if (!runtime_->device_waits()) return RanksReady(op);
-  if (options_.max_waits_ahead <= 0 || in_flight_.load(std::memory_order_acquire) < options_.max_waits_ahead) {
-    return true;
+  if (options_.max_waits_ahead <= 0) return true;
+  absl::MutexLock lock(&loads_mu_);
+  const JobLoad& load = *LoadOf(op.job_id);
+  if (load.in_flight.load(std::memory_order_acquire) < options_.max_waits_ahead) return true;
+  return RanksReady(op) && load.waits_ahead.load(std::memory_order_acquire) == 0;
+}
+
+GpuEngine::JobLoad* GpuEngine::LoadOf(uint64_t job) {
+  auto it = loads_.find(job);
+  if (it != loads_.end()) return it->second.get();
+  if (loads_.size() >= 1024) {  // Drop the idle ones (CloseShare's last touch is in_flight's decrement).
+    for (auto i = loads_.begin(); i != loads_.end();) {
+      if (i->second->in_flight.load(std::memory_order_acquire) == 0) {
+        i = loads_.erase(i);
+      } else {
+        ++i;
+      }
+    }
   }
-  return RanksReady(op) && waits_ahead_.load(std::memory_order_acquire) == 0;
+  return loads_.emplace(job, std::make_unique<JobLoad>()).first->second.get();
+}
+
+// A job's streams on a device: its own lane, else an idle one (no share
+// open: everything enqueued on it has ended), else a new one.
+absl::Status GpuEngine::TakeLane(Device& dev, uint64_t job) {
+  if (dev.lane != nullptr && dev.lane->job == job) return absl::OkStatus();
+  Lane* idle = nullptr;
+  for (auto& l : dev.lanes) {
+    if (l->job == job) {
+      dev.lane = l.get();
+      return absl::OkStatus();
+    }
+    if (idle == nullptr && l->open.load(std::memory_order_acquire) == 0) idle = l.get();
+  }
+  if (idle != nullptr) {
+    idle->job = job;
+    dev.lane = idle;
+    return absl::OkStatus();
+  }
+  GpuRuntime& rt = *runtime_;
+  auto lane = std::make_unique<Lane>();
+  lane->job = job;
+  const int ns = streams_per_device_;
+  lane->streams.assign(ns, nullptr);
+  lane->joins.assign(ns, nullptr);
+  absl::Status st;
+  for (int s = 0; s < ns && st.ok(); ++s) {
+    auto stream = rt.CreateStream(dev.ordinal);
+    auto join = rt.CreateEvent(dev.ordinal);
+    if (stream.ok()) lane->streams[s] = *stream;
+    if (join.ok()) lane->joins[s] = *join;
+    st.Update(stream.status());
+    st.Update(join.status());
+  }
+  if (st.ok()) {
+    auto gate = rt.CreateEvent(dev.ordinal);
+    if (gate.ok()) lane->gate = *gate;
+    st.Update(gate.status());
+  }
+  if (!st.ok()) {
+    DestroyLane(dev.ordinal, *lane);
+    return st;
+  }
+  // Idle lanes beyond what is kept go (their streams have nothing queued).
+  for (size_t i = 0; dev.lanes.size() >= kLanesKept && i < dev.lanes.size();) {
+    if (dev.lanes[i]->open.load(std::memory_order_acquire) == 0 && dev.lanes[i].get() != dev.lane) {
+      DestroyLane(dev.ordinal, *dev.lanes[i]);
+      dev.lanes.erase(dev.lanes.begin() + i);
+    } else {
+      ++i;
+    }
+  }
+  dev.lane = lane.get();
+  dev.lanes.push_back(std::move(lane));
+  return absl::OkStatus();
+}
+
+void GpuEngine::DestroyLane(int device, Lane& lane) {
+  for (GpuStream s : lane.streams) {
+    if (s != nullptr) runtime_->DestroyStream(device, s);
+  }
+  for (GpuEvent e : lane.joins) {
+    if (e != nullptr) runtime_->DestroyEvent(device, e);
+  }
+  if (lane.gate != nullptr) runtime_->DestroyEvent(device, lane.gate);
 }
 
 // Ops go out in lockstep across devices: no device enqueues anything of

@@ -106,6 +106,7 @@ struct Job {
   void Plan(TestOp* op, uint32_t seq) {
     const int w = static_cast<int>(ranks.size());
     op->seq = seq;
+    op->job_id = static_cast<uint64_t>(id) + 1;
     op->plan.Clear();
     op->ranks.clear();
     for (auto& r : ranks) op->ranks.push_back(r->er.get());

@@ -68,8 +68,14 @@ class DeadlockTest : public enginetest::GpuEngineTest {
   // Runs `ops` ops of every job, each handed to the engine at once; the
   // ranks (one thread each) write ready k once op k-1 is done and checked.
   // `during` runs on a thread of its own while the ranks run, until `stop`.
+  //
+  // shared_ranks: rank r of every job is one thread (one process in several
+  // jobs, e.g. two process groups), doing op k of each job in turn, in the
+  // jobs' order; the ops are then handed to the engine in the reverse job
+  // order (ingress matches each job on its own, so a later job's op k can
+  // be complete first).
   Outcome Run(std::vector<Job*> jobs, uint32_t ops,
-              const std::function<void(const std::atomic<bool>& stop)>& during = nullptr) {
+              const std::function<void(const std::atomic<bool>& stop)>& during = nullptr, bool shared_ranks = false) {
     Outcome out;
     std::vector<std::vector<std::unique_ptr<TestOp>>> all(jobs.size());
     for (size_t j = 0; j < jobs.size(); ++j) {
@@ -87,11 +93,16 @@ class DeadlockTest : public enginetest::GpuEngineTest {
     std::atomic<uint64_t> progress{0}, wrong{0};
     std::atomic<uint32_t> checked{0}, failed{0};
     std::vector<std::thread> threads;
-    for (size_t j = 0; j < jobs.size(); ++j) {
+    Counts counts{stop, progress, wrong, checked, failed};
+    for (size_t j = 0; j < (shared_ranks ? 1 : jobs.size()); ++j) {
       for (size_t r = 0; r < jobs[j]->ranks.size(); ++r) {
         threads.emplace_back([&, j, r] {
           pthread_setname_np(pthread_self(), absl::StrCat("rank", r, "job", jobs[j]->id).c_str());
-          RankLoop(*jobs[j], static_cast<int>(r), all[j], stop, progress, wrong, checked, failed);
+          for (uint32_t seq = 1; seq <= ops && !stop.load(); ++seq) {
+            for (size_t i = shared_ranks ? 0 : j; i < (shared_ranks ? jobs.size() : j + 1); ++i) {
+              if (!RankOp(*jobs[i], static_cast<int>(r), seq, *all[i][seq - 1], counts)) return;
+            }
+          }
         });
       }
     }
@@ -99,7 +110,9 @@ class DeadlockTest : public enginetest::GpuEngineTest {
     if (during) side = std::thread([&] { during(stop); });
     // Hand every op to the engine, job by job interleaved, as ingress does.
     for (uint32_t k = 0; k < ops; ++k) {
-      for (size_t j = 0; j < jobs.size(); ++j) engine_->Execute(all[j][k].get());
+      for (size_t j = 0; j < jobs.size(); ++j) {
+        engine_->Execute(all[shared_ranks ? jobs.size() - 1 - j : j][k].get());
+      }
     }
     // The watchdog: progress or a stall, never a hang.
     const uint64_t want = [&] {
@@ -138,31 +151,38 @@ class DeadlockTest : public enginetest::GpuEngineTest {
     return out;
   }
 
-  static void RankLoop(Job& job, int r, std::vector<std::unique_ptr<TestOp>>& ops, const std::atomic<bool>& stop,
-                       std::atomic<uint64_t>& progress, std::atomic<uint64_t>& wrong, std::atomic<uint32_t>& checked,
-                       std::atomic<uint32_t>& failed) {
+  struct Counts {
+    const std::atomic<bool>& stop;
+    std::atomic<uint64_t>& progress;
+    std::atomic<uint64_t>& wrong;
+    std::atomic<uint32_t>& checked;
+    std::atomic<uint32_t>& failed;
+  };
+
+  // Rank r's op `seq` of `job`, as a blocking dmagather_allgather drives
+  // it: fill the input, write ready, wait for done, check the output byte
+  // for byte. False: stopped.
+  static bool RankOp(Job& job, int r, uint32_t seq, TestOp& op, Counts& c) {
     enginetest::Rank& k = *job.ranks[r];
     const int w = static_cast<int>(job.ranks.size());
-    for (uint32_t seq = 1; seq <= ops.size() && !stop.load(); ++seq) {
-      for (uint64_t i = 0; i < job.shard; ++i) k.send[i] = Job::Byte(job.id, seq, r, i);
-      std::memcpy(k.recv.data() + r * job.shard, k.send.data(), job.shard);
-      k.SetReady(seq);
-      TestOp& op = *ops[seq - 1];
-      while (!op.Wait(50)) {
-        if (stop.load()) return;
-      }
-      progress.fetch_add(1);
-      if (!op.result.ok()) {
-        failed.fetch_add(1);
-        continue;
-      }
-      uint64_t bad = 0;
-      for (int s = 0; s < w; ++s) {
-        for (uint64_t i = 0; i < job.shard; ++i) bad += k.recv[s * job.shard + i] != Job::Byte(job.id, seq, s, i);
-      }
-      wrong.fetch_add(bad);
-      checked.fetch_add(1);
+    for (uint64_t i = 0; i < job.shard; ++i) k.send[i] = Job::Byte(job.id, seq, r, i);
+    std::memcpy(k.recv.data() + r * job.shard, k.send.data(), job.shard);
+    k.SetReady(seq);
+    while (!op.Wait(50)) {
+      if (c.stop.load()) return false;
     }
+    c.progress.fetch_add(1);
+    if (!op.result.ok()) {
+      c.failed.fetch_add(1);
+      return true;
+    }
+    uint64_t bad = 0;
+    for (int s = 0; s < w; ++s) {
+      for (uint64_t i = 0; i < job.shard; ++i) bad += k.recv[s * job.shard + i] != Job::Byte(job.id, seq, s, i);
+    }
+    c.wrong.fetch_add(bad);
+    c.checked.fetch_add(1);
+    return true;
   }
 
   // The verdict every test asserts: no lock-order cycle, no stall, every
@@ -268,6 +288,25 @@ TEST_P(DeadlockTest, TwoJobs) {
   constexpr uint32_t kOps = 80;
   Outcome o = Run({a.get(), b.get()}, kOps);
   ExpectDeadlockFree(o, 8 * kOps);
+}
+
+// One process per GPU in two jobs (two process groups over the same two
+// GPUs, as DeepSpeed's expert and dense parameter groups): each rank does
+// op k of job A, then op k of job B, and writes B's ready flag only once A's
+// op k is done; ingress completes B's op k first. If B's ready wait parks a
+// stream (or the CPU gate) that A's op k then queues behind, A waits for B,
+// which waits for the ranks, which wait for A.
+TEST_P(DeadlockTest, TwoJobsInOneProcessPerGpu) {
+  GpuEngine::Options eo;
+  eo.chunk_bytes = 16 << 10;
+  StartModel(2, 32, eo);
+  auto a = MakeJob({0, 1}, 16 << 10);
+  auto b = MakeJob({0, 1}, 24 << 10);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  constexpr uint32_t kOps = 60;
+  Outcome o = Run({a.get(), b.get()}, kOps, nullptr, /*shared_ranks=*/true);
+  ExpectDeadlockFree(o, 4 * kOps);
 }
 
 // The lockstep on its own: with device 0's calls slowed and every op ready
