@@ -321,7 +321,7 @@ class GpuEngine : public CopyEngine {
   // Where the daemon hop goes (logged at Stop).
   common::LatencyHistogram execute_ns_, memops_ns_, copies_ns_, complete_ns_;
   std::atomic<uint64_t> ready_seen_{0};  // Device waits skipped: the CPU saw every flag at the op.
-  absl::Mutex loads_mu_;  // Taken after issue_mu_.
+  absl::Mutex loads_mu_;                 // Taken after issue_mu_.
   std::map<uint64_t, std::unique_ptr<JobLoad>> loads_ ABSL_GUARDED_BY(loads_mu_);
   std::atomic<uint64_t> held_ahead_{0};  // Ops the max_waits_ahead bound held on the CPU.
   std::once_flag same_device_logged_;
