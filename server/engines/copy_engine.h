@@ -63,6 +63,7 @@ struct RankAttach {
   void* flag_pages = nullptr;
   uint64_t flag_bytes = 0;
   const uint32_t* ready_word = nullptr;
+  const uint32_t* done_word = nullptr;  // In the same pages as ready_word.
 };
 
 // What a client asks the daemon to import.
@@ -122,6 +123,12 @@ class EngineOp {
   // are ordered among themselves; an engine never makes one job's op wait
   // behind another job's (their ranks may order the jobs' ops either way).
   uint64_t job_id = 0;
+  // The engine writes every rank's done flag (seq) on the device once the
+  // op's copies are done, where it can (writes_done()); the scheduler still
+  // ends the op (OnEngineDone) and never lets the flag go backwards. Set
+  // by the scheduler only where that cannot show a failed op as done
+  // (Job::Dispatch, "done on the device").
+  bool gpu_done = false;
   // The ranks' inputs are known to be ready already (a persistent op's
   // replay: the daemon saw every rank's graph ready flag), so the engine
   // does not wait on the ready_seq flags.
@@ -171,6 +178,9 @@ class CopyEngine {
   // True when rank memory is plain memory of the daemon (host backend): the
   // ring lands received bytes in the outputs directly.
   virtual bool host_addressable() const { return false; }
+  // True when the engine can write the ranks' done flags from the device
+  // after an op's copies (EngineOp::gpu_done), with no CPU in between.
+  virtual bool writes_done() const { return false; }
   // Otherwise the ring stages through pinned host memory of the daemon and
   // these synchronous copies between it and a rank's memory, on the DMA
   // copy engines (host<->device, never a kernel). Called from ring threads.

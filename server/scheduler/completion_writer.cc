@@ -21,9 +21,18 @@ void RecordError(abi::CompletionV1* c, uint32_t seq, int32_t api_status, int32_t
   abi::StoreRelease(&c->error_count, n + 1);
 }
 
-void PublishDone(abi::CompletionV1* c, uint32_t seq) {
-  abi::StoreSeqCst(&c->done_seq, seq);
+bool PublishDone(abi::CompletionV1* c, uint32_t seq) {
+  // Never backwards: a device may have written a later op's seq already.
+  uint32_t cur = abi::LoadAcquire(&c->done_seq);
+  bool moved = false;
+  while (static_cast<int32_t>(seq - cur) > 0) {
+    if (__atomic_compare_exchange_n(&c->done_seq, &cur, seq, false, __ATOMIC_SEQ_CST, __ATOMIC_ACQUIRE)) {
+      moved = true;
+      break;
+    }
+  }
   if (abi::LoadSeqCst(&c->done_waiters) != 0) common::FutexWakeAll(&c->done_seq);
+  return moved;
 }
 
 }  // namespace dmagather::server::scheduler

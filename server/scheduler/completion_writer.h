@@ -18,6 +18,8 @@ namespace dmagather::server::scheduler {
 void RecordError(abi::CompletionV1* c, uint32_t seq, int32_t api_status, int32_t failed_rank,
                  absl::string_view message);
 
-void PublishDone(abi::CompletionV1* c, uint32_t seq);
+// Moves done_seq to `seq` unless it is there or beyond already (a device
+// wrote it: EngineOp::gpu_done); false then. Never moves it backwards.
+bool PublishDone(abi::CompletionV1* c, uint32_t seq);
 
 }  // namespace dmagather::server::scheduler

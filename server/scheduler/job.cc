@@ -167,12 +167,29 @@ void Job::Fail(const absl::Status& status, int failed_rank) {
   if (remote_ != nullptr && all_joined_.load()) remote_->Abort(status);
 }
 
-void Job::FailAfter(const absl::Status& status, uint32_t spare) {
+void Job::FailAfter(const absl::Status& status, uint32_t spare, int failed_rank) {
   if (!failed()) {
     spare_.store(spare, std::memory_order_release);
     has_spare_.store(true, std::memory_order_release);
   }
-  Fail(status, -1);
+  Fail(status, failed_rank);
+}
+
+void Job::CloseDeviceDone(const absl::Status& status, int failed_rank, const uint32_t* spare) {
+  absl::MutexLock lock(&completion_mu_);
+  device_done_closed_ = true;
+  const int32_t code = common::ToApiStatus(status);
+  for (Op& op : slots_) {
+    if (op.state.load(std::memory_order_acquire) != Op::kRunning || !op.gpu_done) continue;
+    if (spare != nullptr && int32_t(op.seq - *spare) <= 0) continue;
+    for (int r = 0; r < world_size_; ++r) {
+      RankPart& p = op.parts[r];
+      Rank* k = ranks_[r].get();
+      if (!p.started || p.error_recorded || k == nullptr || k->completion() == nullptr) continue;
+      RecordError(k->completion(), op.seq, code, failed_rank, status.message());
+      p.error_recorded = true;
+    }
+  }
 }
 
 absl::Status Job::failure() const {
@@ -229,6 +246,7 @@ void Job::Dispatch(Op* op, engines::CopyEngine* engine) {
   if (common::IsFallback(verdict) && (remote_ == nullptr || failed_rank >= 0)) {
     counters.fallback_ops.fetch_add(1, std::memory_order_relaxed);
   }
+  op->gpu_done = false;
   if (remote_ != nullptr) {
     // Every node hears every node's verdict through the ring and ends the
     // op the same way; the engine copies only when this node's is OK.
@@ -274,6 +292,15 @@ void Job::Dispatch(Op* op, engines::CopyEngine* engine) {
     return;
   }
   BuildPlan(op);
+  if (engine->writes_done()) {
+    // Done on the device: the engine writes the ranks' done flags after the
+    // copies. Decided under completion_mu_ with CloseDeviceDone, which runs
+    // before a gone rank's ready flags are released: an op either sees the
+    // job closed, or is running when it runs (and gets its error record
+    // before any device can pass that rank's flags).
+    absl::MutexLock lock(&completion_mu_);
+    op->gpu_done = !device_done_closed_;
+  }
   op->open_parts.store(1, std::memory_order_release);
   op->state.store(Op::kRunning, std::memory_order_release);
   engine->Execute(op);
@@ -409,7 +436,10 @@ void Job::FinishOp(Op* op, const absl::Status& status, int failed_rank) {
         const int32_t code = common::ToApiStatus(st);
         // Under completion_mu_: error_count is a read-modify-write, and two
         // threads may finish failed ops of this rank at once.
-        RecordError(k->completion(), op->seq, code, p.status.ok() ? failed_rank : r, st.message());
+        if (!p.error_recorded) {
+          RecordError(k->completion(), op->seq, code, p.status.ok() ? failed_rank : r, st.message());
+          p.error_recorded = true;
+        }
         k->counters.errors[code].fetch_add(1, std::memory_order_relaxed);
         counters.errors[code].fetch_add(1, std::memory_order_relaxed);
       } else {
@@ -429,11 +459,14 @@ void Job::FinishOp(Op* op, const absl::Status& status, int failed_rank) {
         // Count the ops out before the client can see them done: a client
         // that frees a buffer right after its wait must find it unused.
         k->inflight.fetch_sub(published, std::memory_order_acq_rel);
-        PublishDone(k->completion(), k->next_publish - 1);
+        if (!PublishDone(k->completion(), k->next_publish - 1)) {
+          counters.done_before_cpu.fetch_add(1, std::memory_order_relaxed);
+        }
       }
     }
   }
   if (all_ok) {
+    if (op->gpu_done) counters.device_done_ops.fetch_add(1, std::memory_order_relaxed);
     counters.ops.fetch_add(1, std::memory_order_relaxed);
     counters.bytes.fetch_add(op_bytes, std::memory_order_relaxed);
     counters.latency.Record(now - op->first_arrival_ns);

@@ -43,6 +43,11 @@ struct JobCounters {
   common::LatencyHistogram latency;       // First descriptor seen -> all done flags written.
   common::LatencyHistogram hop_latency;   // Last descriptor seen -> copies enqueued on the engine.
   std::atomic<uint64_t> fallback_ops{0};  // Ops the ranks' refusals turned into FALLBACK.
+  // Ops whose done flags a device wrote after the copies; and rank-ops
+  // whose done flag the CPU found already written when it came to publish
+  // it (the rank's stream went on with no CPU in between).
+  std::atomic<uint64_t> device_done_ops{0};
+  std::atomic<uint64_t> done_before_cpu{0};
 };
 
 class Job {
@@ -88,12 +93,21 @@ class Job {
   void Fail(const absl::Status& status, int failed_rank) ABSL_LOCKS_EXCLUDED(mu_);
   // As Fail, for a failure that started on another node after its op
   // `spare` ended there: ops up to `spare` still complete normally here.
-  void FailAfter(const absl::Status& status, uint32_t spare) ABSL_LOCKS_EXCLUDED(mu_);
+  void FailAfter(const absl::Status& status, uint32_t spare, int failed_rank = -1) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether op `seq` is spared by a FailAfter.
   bool Spared(uint32_t seq) const {
     return has_spare_.load(std::memory_order_acquire) && int32_t(seq - spare_.load(std::memory_order_acquire)) <= 0;
   }
   bool failed() const { return failed_.load(std::memory_order_acquire); }
+  // Before the ready flags of a rank that is gone are released (which lets
+  // a device finish the job's ops on whatever the rank left, and write
+  // their done flags): records `status` for every op whose done flags a
+  // device writes and that has not ended, except those up to `spare` (ops
+  // the leaving rank saw done), and from then on no op of the job has its
+  // done flags written by a device. So no rank sees such an op done before
+  // its error ("done on the device", Dispatch).
+  void CloseDeviceDone(const absl::Status& status, int failed_rank, const uint32_t* spare)
+      ABSL_LOCKS_EXCLUDED(completion_mu_);
   absl::Status failure() const ABSL_LOCKS_EXCLUDED(mu_);
   int failed_rank() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -166,6 +180,7 @@ class Job {
   // then done flags, each Rank's finished/next_publish) between the threads
   // that finish ops.
   absl::Mutex completion_mu_;
+  bool device_done_closed_ ABSL_GUARDED_BY(completion_mu_) = false;
 };
 
 }  // namespace dmagather::server::scheduler

@@ -64,9 +64,10 @@ struct Item {
 
 // What one rank asked for in one op.
 struct RankPart {
-  bool started = false;  // The first item has been read (the op counts in the rank's inflight).
-  bool arrived = false;  // Every item of the op has been read.
-  absl::Status status;   // First problem with this rank's part (refusal or validation).
+  bool started = false;         // The first item has been read (the op counts in the rank's inflight).
+  bool arrived = false;         // Every item of the op has been read.
+  bool error_recorded = false;  // The op's error record is in the rank's block (under completion_mu_).
+  absl::Status status;          // First problem with this rank's part (refusal or validation).
   uint64_t submit_ns = 0;
   uint32_t items_expected = 0;  // From the first descriptor's items_following + 1.
   std::vector<Item> items;
@@ -81,6 +82,7 @@ struct RankPart {
     holds.clear();
     started = false;
     arrived = false;
+    error_recorded = false;
     status = absl::OkStatus();
     submit_ns = 0;
     items_expected = 0;

@@ -71,6 +71,11 @@ void WriteJobFamilies(const v1::StatsReply& stats, Writer* w) {
   w->Family("dmagather_job_bytes_total", "counter", "Bytes written into outputs, per job.");
   for (const auto& j : stats.jobs())
     w->Sample("dmagather_job_bytes_total", absl::StrCat("job=\"", Label(j.job_key()), "\""), j.bytes());
+  w->Family("dmagather_job_device_done_ops_total", "counter",
+            "Ops whose done flags a GPU wrote after the copies, per job (no CPU on the op's path).");
+  for (const auto& j : stats.jobs())
+    w->Sample("dmagather_job_device_done_ops_total", absl::StrCat("job=\"", Label(j.job_key()), "\""),
+              j.device_done_ops());
   w->Family("dmagather_job_latency_microseconds", "gauge", "Op latency (first descriptor seen to last done flag).");
   for (const auto& j : stats.jobs()) {
     std::string job = absl::StrCat("job=\"", Label(j.job_key()), "\"");

@@ -5,6 +5,7 @@
 #include "abi/fd_channel_v1.h"
 #include "abi/ring_v1.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status.h"
 
 namespace dmagather::server::service {
@@ -130,19 +131,25 @@ void RegistryCore::EndSession(const Joined& j) {
     if (it != jobs_.end() && it->second.job == j.job && it->second.sessions[k.rank()] == j.session) {
       it->second.sessions[k.rank()].reset();
     }
-  } else if (clean) {
-    k.ReleaseReadyWaiters();
-    j.job->Fail(
-        absl::AbortedError(absl::StrCat("rank ", k.rank(), " (pid ", k.pid(), ") left job '", j.job->key(), "'")),
-        k.rank());
   } else {
-    k.set_state(Rank::State::kGone);
+    // The ops the rank saw done ended on every rank with real inputs (a
+    // device wrote done after all their copies, or the CPU published it):
+    // they are spared. The rest get their error records before the rank's
+    // ready flags are released (which lets the devices run them on whatever
+    // the rank left), so no rank sees one done before its error.
+    const absl::Status why =
+        absl::AbortedError(clean ? absl::StrCat("rank ", k.rank(), " (pid ", k.pid(), ") left job '", j.job->key(), "'")
+                                 : absl::StrCat("rank ", k.rank(), " (pid ", k.pid(), ") of job '", j.job->key(),
+                                                "' exited or was killed"));
+    const uint32_t spare = k.completion() != nullptr ? abi::LoadAcquire(&k.completion()->done_seq) : 0;
+    if (!clean) {
+      k.set_state(Rank::State::kGone);
+      LOG(WARNING) << "job '" << j.job->key() << "': rank " << k.rank() << " (pid " << k.pid()
+                   << ") went away without leaving; failing the job's pending operations";
+    }
+    j.job->CloseDeviceDone(why, k.rank(), &spare);
     k.ReleaseReadyWaiters();
-    LOG(WARNING) << "job '" << j.job->key() << "': rank " << k.rank() << " (pid " << k.pid()
-                 << ") went away without leaving; failing the job's pending operations";
-    j.job->Fail(absl::AbortedError(absl::StrCat("rank ", k.rank(), " (pid ", k.pid(), ") of job '", j.job->key(),
-                                                "' exited or was killed")),
-                k.rank());
+    j.job->FailAfter(why, spare, k.rank());
   }
   SessionEntry ended;  // Its quota goes back once the lock is released.
   absl::MutexLock lock(&mu_);
@@ -204,7 +211,15 @@ absl::Status RegistryCore::Deregister(uint64_t session_id, const std::string& se
   auto s = FindSession(session_id, secret);
   if (s == nullptr) return NoSession(session_id);
   absl::MutexLock reg_lock(&s->register_mu);
-  DMAG_RETURN_IF_ERROR(s->input()->regions.Remove(region_id, s->rank()->inflight));
+  // A device may have written an op's done flag a little before the CPU
+  // counts the op out (Job::FinishOp): give the count that long to fall.
+  absl::Status removed;
+  for (int i = 0; i < 500; ++i) {
+    removed = s->input()->regions.Remove(region_id, s->rank()->inflight);
+    if (!absl::IsFailedPrecondition(removed)) break;
+    absl::SleepFor(absl::Microseconds(100));
+  }
+  DMAG_RETURN_IF_ERROR(removed);
   auto it = s->registered.find(region_id);
   if (it != s->registered.end()) {
     // Un-charged when the last holder (a captured or running op) lets go.

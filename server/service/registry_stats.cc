@@ -93,6 +93,8 @@ v1::JobStats JobStatsOf(const Job& job, const std::vector<std::shared_ptr<Sessio
   js.set_ops(job.counters.ops.load());
   js.set_bytes(job.counters.bytes.load());
   js.set_fallback_ops(job.counters.fallback_ops.load());
+  js.set_device_done_ops(job.counters.device_done_ops.load());
+  js.set_done_before_cpu(job.counters.done_before_cpu.load());
   FillErrors(job.counters.errors, &js);
   FillLatency(job.counters.latency, js.mutable_latency());
   FillLatency(job.counters.hop_latency, js.mutable_hop_latency());

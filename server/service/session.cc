@@ -53,6 +53,7 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(uint64_t id, const JoinSp
   attach.flag_pages = v.completion;
   attach.flag_bytes = abi::SegmentLayoutV1::kRingOffset - abi::SegmentLayoutV1::kCompletionOffset;
   attach.ready_word = &v.completion->ready_seq;
+  attach.done_word = &v.completion->done_seq;
   auto engine_rank = engine->AttachRank(attach);
   if (!engine_rank.ok()) {
     return common::Annotate(engine_rank.status(), absl::StrCat("rank ", req.rank, ": "));

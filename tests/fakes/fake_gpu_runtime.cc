@@ -33,7 +33,7 @@ struct FakeRuntime::Event {
 // records (then cleared: later work proceeds, as after a failed op).
 struct FakeRuntime::Stream {
   struct Cmd {
-    enum Kind { kWait, kCopy, kRecord, kWaitEvent } kind;
+    enum Kind { kWait, kCopy, kRecord, kWaitEvent, kWrite } kind;
     std::vector<uint64_t> flags;
     uint32_t value = 0;
     std::vector<CopyCmd> chunks;
@@ -117,6 +117,12 @@ struct FakeRuntime::Stream {
             std::lock_guard<std::mutex> lock(mu);
             parked_flag = 0;
           }
+          break;
+        case Cmd::kWrite:
+          // After failed work nothing is written (a real context is dead by
+          // then): the engine's completion reports the error instead.
+          if (Aborted() || !error.ok()) break;
+          for (uint64_t f : c.flags) __atomic_store_n(reinterpret_cast<uint32_t*>(f), c.value, __ATOMIC_RELEASE);
           break;
         case Cmd::kCopy:
           if (Aborted()) break;
@@ -524,6 +530,19 @@ absl::Status FakeRuntime::WaitValues(int device, GpuStream stream, const uint64_
   return absl::OkStatus();
 }
 
+absl::Status FakeRuntime::WriteValues(int device, GpuStream stream, const uint64_t* flags, size_t n, uint32_t value) {
+  if (!device_writes()) return absl::FailedPreconditionError("this fake runtime has no device writes");
+  CallDelay(device);
+  CallLocks l(this, {device}, absl::StrCat("WriteValues on device ", device, ": ", n, " done flag(s) = ", value));
+  if (!l.ok()) return CallLocks::Aborted();
+  write_calls_.fetch_add(1);
+  Stream::Cmd c{Stream::Cmd::kWrite};
+  c.flags.assign(flags, flags + n);
+  c.value = value;
+  if (!static_cast<Stream*>(stream)->Push(std::move(c))) return CallLocks::Aborted();
+  return absl::OkStatus();
+}
+
 absl::Status FakeRuntime::Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n, bool sole_stream) {
   {
     DeviceState& s = state_[device];
@@ -626,6 +645,7 @@ absl::StatusOr<bool> FakeRuntime::QueryEvent(GpuEvent event) {
   if (options_.driver_model) locks_.SetRole(absl::StrCat("completion thread of device ", e->device));
   CallLocks l(this, {e->device}, absl::StrCat("QueryEvent on device ", e->device));
   if (!l.ok()) return CallLocks::Aborted();
+  if (queries_held_.load()) return false;
   std::lock_guard<std::mutex> lock(e->mu);
   if (e->completed < e->recorded) return false;
   if (!e->error.ok()) return e->error;

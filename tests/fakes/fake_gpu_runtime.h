@@ -70,7 +70,8 @@ class FakeRuntime : public GpuRuntime {
  public:
   struct Options {
     int devices = 2;
-    bool device_waits = true;  // false: the engine gates ops on the CPU (as with hip).
+    bool device_waits = true;   // false: the engine gates ops on the CPU (as with hip).
+    bool device_writes = true;  // With device_waits: streams write flags (WriteValues).
     uint64_t max_transfer_bytes = kCudaMaxTransferBytes;
     uint64_t default_chunk_bytes = kCudaDefaultChunkBytes;
     std::string kind = "fake";  // name(), device_kind() and the IPC memory kind's prefix.
@@ -132,6 +133,10 @@ class FakeRuntime : public GpuRuntime {
   // Every WaitValues and Copy call on `device` first sleeps `us`
   // microseconds (outside any lock): one device's issue lags the others'.
   void SetCallDelayUs(int device, uint32_t us);
+  // While held, QueryEvent reports every event not yet complete: the
+  // engine's completion threads see nothing end (the ranks' done flags can
+  // still move, written by the streams).
+  void HoldQueries(bool held) { queries_held_.store(held); }
   // Names the writer of a flag (a rank's ready word) in wait-for reports:
   // e.g. "rank 1 of job 1 (writes ready k once op k-1 is done)".
   void DeclareFlagWriter(const uint32_t* word, const std::string& writer);
@@ -152,7 +157,8 @@ class FakeRuntime : public GpuRuntime {
   int ipc_opens() const { return ipc_opens_.load(); }
   int ipc_open_now() const { return ipc_open_now_.load(); }
   int flags_registered() const { return flags_registered_.load(); }
-  int wait_calls() const { return wait_calls_.load(); }  // WaitValues calls: device waits enqueued.
+  int wait_calls() const { return wait_calls_.load(); }    // WaitValues calls: device waits enqueued.
+  int write_calls() const { return write_calls_.load(); }  // WriteValues calls: done writes enqueued.
   int live_streams() const;
   std::vector<ChunkRecord> chunk_log() const;
   std::vector<CallRecord> call_log() const;
@@ -170,6 +176,8 @@ class FakeRuntime : public GpuRuntime {
   uint64_t max_transfer_bytes() const override { return options_.max_transfer_bytes; }
   uint64_t default_chunk_bytes() const override { return options_.default_chunk_bytes; }
   bool device_waits() const override { return options_.device_waits; }
+  bool device_writes() const override { return options_.device_waits && options_.device_writes; }
+  absl::Status WriteValues(int device, GpuStream stream, const uint64_t* flags, size_t n, uint32_t value) override;
   std::string Describe() const override { return "fake runtime (CPU threads, memcpy)"; }
 
   absl::Status SetDevice(int device) override;
@@ -253,7 +261,8 @@ class FakeRuntime : public GpuRuntime {
   std::map<uint64_t, std::string> flag_writers_;  // By flag address; under log_mu_.
   std::vector<std::vector<int>> released_;        // Per device: owners of memory closed since its last Copy.
   std::atomic<bool> aborted_{false};
-  std::atomic<int> ipc_opens_{0}, ipc_open_now_{0}, flags_registered_{0}, wait_calls_{0};
+  std::atomic<int> ipc_opens_{0}, ipc_open_now_{0}, flags_registered_{0}, wait_calls_{0}, write_calls_{0};
+  std::atomic<bool> queries_held_{false};
 };
 
 }  // namespace dmagather::server::engines::gpu::testing

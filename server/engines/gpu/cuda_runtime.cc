@@ -311,6 +311,36 @@ class CudaRuntime : public GpuRuntime {
     return absl::OkStatus();
   }
 
+  bool device_writes() const override { return device_waits_; }
+  absl::Status WriteValues(int device, GpuStream stream, const uint64_t* flags, size_t n, uint32_t value) override {
+    Issuing& is = *issuing_[device];
+    std::vector<CUstreamBatchMemOpParams>& memops = is.memops;
+    CUstream s = static_cast<CUstream>(stream);
+    memops.clear();
+    for (size_t i = 0; i < n; ++i) {
+      CUstreamBatchMemOpParams p;
+      std::memset(&p, 0, sizeof(p));
+      p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+      p.writeValue.address = static_cast<CUdeviceptr>(flags[i]);
+      p.writeValue.value = value;
+      p.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;  // A fence first: the copies before are visible.
+      memops.push_back(p);
+    }
+    if (is.batch_memops_ok) {
+      CUresult r = api_->cuStreamBatchMemOp(s, static_cast<unsigned>(memops.size()), memops.data(), 0);
+      if (r == CUDA_SUCCESS) return absl::OkStatus();
+      LOG(WARNING) << "device " << device << ": " << CuStatus("cuStreamBatchMemOp", r).message()
+                   << "; using one cuStreamWriteValue32 per rank on this device";
+      is.batch_memops_ok = false;
+    }
+    for (const CUstreamBatchMemOpParams& p : memops) {
+      CUresult r =
+          api_->cuStreamWriteValue32(s, p.writeValue.address, p.writeValue.value, CU_STREAM_WRITE_VALUE_DEFAULT);
+      if (r != CUDA_SUCCESS) return CuStatus("cuStreamWriteValue32(done flag)", r);
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n, bool sole_stream) override {
     const uint64_t t0 = common::MonotonicNs();
     Issuing& is = *issuing_[device];

@@ -330,8 +330,13 @@ absl::StatusOr<std::unique_ptr<EngineRank>> GpuEngine::AttachRank(const RankAtta
     flag = runtime_->RegisterFlags(device, a.flag_pages, a.flag_bytes, a.ready_word);
   }
   DMAG_RETURN_IF_ERROR(flag.status());
+  // The done flag: the same registration, at its offset from the ready flag.
+  const uint64_t done_flag = a.done_word == nullptr
+                                 ? 0
+                                 : *flag + static_cast<uint64_t>(reinterpret_cast<const char*>(a.done_word) -
+                                                                 reinterpret_cast<const char*>(a.ready_word));
   return std::unique_ptr<EngineRank>(
-      new GpuRank(runtime_, order_, device, a.device.ordinal, a.flag_pages, *flag, a.ready_word));
+      new GpuRank(runtime_, order_, device, a.device.ordinal, a.flag_pages, *flag, a.ready_word, done_flag));
 }
 
 void GpuEngine::Stop() {

@@ -116,6 +116,7 @@ class GpuEngine : public CopyEngine {
   absl::Status StageIn(char* dst, const void* host, uint64_t bytes, const EngineRank* rank) override;
   absl::Status WaitRankReady(const EngineRank* rank, uint32_t seq, const std::atomic<bool>& cancel) override;
   int worker_threads() const override { return streams_per_device_ * num_devices_; }
+  bool writes_done() const override { return runtime_->device_writes(); }
   absl::StatusOr<std::unique_ptr<EngineRank>> AttachRank(const RankAttach& attach) override;
 
   int num_devices() const { return num_devices_; }
@@ -136,15 +137,29 @@ class GpuEngine : public CopyEngine {
   struct JobLoad {
     std::atomic<int> in_flight{0};
     std::atomic<int> waits_ahead{0};
+    // The device that writes the job's done flags (the first op's lowest
+    // issuing device; set under loads_mu_): one lane of one device writes
+    // them all, so they never go backwards.
+    int finisher = -1;
+    // Ops of the job whose share failed at issue and that have not ended
+    // yet (their error records not written): while any, no device writes
+    // the job's done flags, so no later op shows done before that error.
+    std::atomic<int> unsettled_errors{0};
   };
   // One op in flight on the engine: how many device shares (plus the
   // issuer's own guard) are still open, and the first error.
   struct OpTrack {
     EngineOp* op = nullptr;
     JobLoad* load = nullptr;
-    bool waits_ahead = false;        // Counted in its job's load until the op completes.
-    uint64_t issue_order = 0;        // 1, 2, ... in Issue's order; 0: no share to issue.
-    std::atomic<int> unenqueued{0};  // Shares not enqueued yet.
+    bool waits_ahead = false;  // Counted in its job's load until the op completes.
+    uint64_t issue_order = 0;  // 1, 2, ... in Issue's order; 0: no share to issue.
+    // The device that writes the ranks' done flags after every share's
+    // copies (-1: the CPU publishes them), and each device's end event,
+    // set before its share counts as enqueued.
+    int finisher = -1;
+    std::vector<GpuEvent> ends;
+    std::atomic<bool> issue_failed{false};  // Counted in its load's unsettled_errors.
+    std::atomic<int> unenqueued{0};         // Shares not enqueued yet.
     std::atomic<int> open{0};
     absl::Mutex mu;
     absl::Status status ABSL_GUARDED_BY(mu);
@@ -243,7 +258,10 @@ class GpuEngine : public CopyEngine {
   // Enqueues one device's share of `op`; sets *end to the end event when
   // one was recorded (also after an error, so completion waits for what
   // was already enqueued).
-  absl::Status EnqueueDevice(Device& dev, const EngineOp& op, GpuEvent* end);
+  absl::Status EnqueueDevice(Device& dev, OpTrack* t, GpuEvent* end);
+  // The finisher's part, on its stream 0 before its end event: wait for
+  // every other device's share of the op, then write the ranks' done flags.
+  absl::Status WriteDone(Device& dev, OpTrack* t);
   absl::Status WaitReady(Device& dev, const EngineOp& op);
   void IssuerLoop(int device) ABSL_LOCKS_EXCLUDED(issue_mu_);
   // Every rank's ready flag has reached op.seq (read on the CPU).
@@ -320,8 +338,9 @@ class GpuEngine : public CopyEngine {
   std::unique_ptr<std::atomic<uint64_t>[]> issued_bytes_;
   // Where the daemon hop goes (logged at Stop).
   common::LatencyHistogram execute_ns_, memops_ns_, copies_ns_, complete_ns_;
-  std::atomic<uint64_t> ready_seen_{0};  // Device waits skipped: the CPU saw every flag at the op.
-  absl::Mutex loads_mu_;                 // Taken after issue_mu_.
+  std::atomic<uint64_t> ready_seen_{0};    // Device waits skipped: the CPU saw every flag at the op.
+  std::atomic<uint64_t> done_written_{0};  // Ops whose done flags a device wrote.
+  absl::Mutex loads_mu_;                   // Taken after issue_mu_.
   std::map<uint64_t, std::unique_ptr<JobLoad>> loads_ ABSL_GUARDED_BY(loads_mu_);
   std::atomic<uint64_t> held_ahead_{0};  // Ops the max_waits_ahead bound held on the CPU.
   std::once_flag same_device_logged_;

@@ -86,7 +86,39 @@ absl::Status GpuEngine::WaitReady(Device& dev, const EngineOp& op) {
   return runtime_->WaitValues(dev.ordinal, dev.lane->streams[0], dev.flags.data(), dev.flags.size(), op.seq);
 }
 
-absl::Status GpuEngine::EnqueueDevice(Device& dev, const EngineOp& op, GpuEvent* end) {
+absl::Status GpuEngine::WriteDone(Device& dev, OpTrack* t) {
+  // Every other share enqueued (its end event in t->ends): they wait for
+  // nothing of this op's finisher (WaitForEarlierOps looks at op n - 1).
+  const uint64_t t0 = common::MonotonicNs();
+  while (t->unenqueued.load(std::memory_order_acquire) > 1) {
+    if (abandon_.load(std::memory_order_relaxed)) return absl::UnavailableError("dmagatherd stopped");
+    Backoff(common::MonotonicNs() - t0);
+  }
+  {
+    absl::MutexLock lock(&t->mu);
+    if (!t->status.ok()) return absl::OkStatus();  // A share failed: the CPU publishes, with the error.
+  }
+  // An earlier op of the job failed at issue and has not ended: its error
+  // record must come before any later done flag (every earlier op is
+  // enqueued by now: WaitForEarlierOps).
+  if (t->load->unsettled_errors.load(std::memory_order_acquire) != 0) return absl::OkStatus();
+  GpuStream s0 = dev.lane->streams[0];
+  for (int d = 0; d < num_devices_; ++d) {
+    if (d == dev.ordinal || t->ends[d] == nullptr) continue;
+    DeviceOrder::Hold hold(*order_, DeviceOrder::Of(dev.ordinal) | DeviceOrder::Of(d));  // Two contexts.
+    DMAG_RETURN_IF_ERROR(runtime_->StreamWaitEvent(s0, t->ends[d]));
+  }
+  dev.flags.clear();
+  for (const EngineRank* r : t->op->ranks) {
+    if (r != nullptr) dev.flags.push_back(AsGpu(r)->done_flag());
+  }
+  DMAG_RETURN_IF_ERROR(runtime_->WriteValues(dev.ordinal, s0, dev.flags.data(), dev.flags.size(), t->op->seq));
+  done_written_.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status GpuEngine::EnqueueDevice(Device& dev, OpTrack* t, GpuEvent* end) {
+  const EngineOp& op = *t->op;
   GpuRuntime& rt = *runtime_;
   *end = nullptr;
   DMAG_RETURN_IF_ERROR(rt.SetDevice(dev.ordinal));
@@ -146,6 +178,7 @@ absl::Status GpuEngine::EnqueueDevice(Device& dev, const EngineOp& op, GpuEvent*
       st.Update(rt.RecordEvent(lane.joins[s], lane.streams[s]));
       st.Update(rt.StreamWaitEvent(s0, lane.joins[s]));
     }
+    if (st.ok() && t->finisher == dev.ordinal) st.Update(WriteDone(dev, t));
   }
   GpuEvent e = TakeEndEvent(dev);
   if (e == nullptr) {
@@ -300,13 +333,28 @@ void GpuEngine::Issue(EngineOp* op) {
     t->status = st;
   }
   t->open.store(1, std::memory_order_relaxed);
+  t->finisher = -1;
+  t->ends.assign(num_devices_, nullptr);
+  if (st.ok() && op->gpu_done && runtime_->device_writes()) {
+    int first = 0;
+    while (first < num_devices_ && !involved_[first]) ++first;
+    bool flags = true;
+    for (const EngineRank* r : op->ranks) flags &= r == nullptr || AsGpu(r)->done_flag() != 0;
+    absl::MutexLock lock(&loads_mu_);
+    if (t->load->finisher < 0) t->load->finisher = first;
+    if (flags && first < num_devices_ && t->load->finisher == first) t->finisher = first;
+  }
   if (st.ok()) {
     int shares = 0;
     for (int d = 0; d < num_devices_; ++d) shares += involved_[d] ? 1 : 0;
     t->open.fetch_add(shares, std::memory_order_relaxed);
     t->unenqueued.store(shares, std::memory_order_relaxed);
     t->issue_order = ++next_issue_order_;
-    for (Device& dev : devices_) {
+    for (int i = 0; i < num_devices_; ++i) {
+      // One thread issuing every share issues the finisher's last (it waits
+      // for the others to be enqueued).
+      const int d = t->finisher < 0 ? i : (t->finisher + 1 + i) % num_devices_;
+      Device& dev = devices_[d];
       if (!involved_[dev.ordinal]) continue;
       if (!parallel_issue_) {
         IssueShare(dev, t);
@@ -341,12 +389,20 @@ void GpuEngine::IssueShare(Device& dev, OpTrack* t) {
   if (abandon_.load(std::memory_order_relaxed)) {
     st = absl::UnavailableError("dmagatherd stopped before the op's copies were issued");
   } else {
-    st = EnqueueDevice(dev, op, &end);
+    st = EnqueueDevice(dev, t, &end);
     if (st.ok()) {
       uint64_t bytes = 0;
       for (const CopyCmd& c : dev.copies) bytes += c.bytes;
       issued_bytes_[dev.ordinal].fetch_add(bytes, std::memory_order_relaxed);
     }
+  }
+  t->ends[dev.ordinal] = end;  // Before the share counts as enqueued (WriteDone reads it).
+  if (!st.ok()) {
+    {
+      absl::MutexLock lock(&t->mu);  // The finisher must see it failed before it counts as enqueued.
+      t->status.Update(st);
+    }
+    if (!t->issue_failed.exchange(true)) t->load->unsettled_errors.fetch_add(1, std::memory_order_acq_rel);
   }
   ShareEnqueued(t);
   if (end == nullptr && dev.lane != nullptr && dev.lane->job == op.job_id && !st.ok()) {
@@ -426,10 +482,9 @@ void GpuEngine::CloseShare(OpTrack* t, const absl::Status& st) {
     status = std::move(t->status);
     t->status = absl::OkStatus();
   }
-  // The gate polls these; in_flight's decrement is the last touch of the
-  // load (LoadOf may then drop it).
-  if (t->waits_ahead) t->load->waits_ahead.fetch_sub(1, std::memory_order_acq_rel);
-  t->load->in_flight.fetch_sub(1, std::memory_order_acq_rel);
+  JobLoad* load = t->load;
+  const bool waits_ahead = t->waits_ahead;
+  const bool issue_failed = t->issue_failed.exchange(false);
   t->load = nullptr;
   {
     absl::MutexLock lock(&tracks_mu_);
@@ -439,6 +494,12 @@ void GpuEngine::CloseShare(OpTrack* t, const absl::Status& st) {
   const uint64_t t_seen = common::MonotonicNs();
   op->OnEngineDone(status);
   complete_ns_.Record(common::MonotonicNs() - t_seen);
+  // After OnEngineDone: an op that failed at issue has its error record
+  // written now. The gate polls these; in_flight's decrement is the last
+  // touch of the load (LoadOf may then drop it).
+  if (issue_failed) load->unsettled_errors.fetch_sub(1, std::memory_order_acq_rel);
+  if (waits_ahead) load->waits_ahead.fetch_sub(1, std::memory_order_acq_rel);
+  load->in_flight.fetch_sub(1, std::memory_order_acq_rel);
 }
 
 void GpuEngine::CompletionLoop(int device) {

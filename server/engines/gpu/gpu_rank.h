@@ -13,19 +13,21 @@ namespace dmagather::server::engines::gpu {
 
 // A rank on this engine: its device (the daemon's number, and the rank's
 // own), its completion block registered with the runtime (streams read the
-// ready flag at `ready_flag`; the CPU gate reads `ready_word`);
+// ready flag at `ready_flag`; the CPU gate reads `ready_word`; a device
+// writes the done flag at `done_flag`);
 // unregistered when the rank is released.
 class GpuRank : public EngineRank {
  public:
   GpuRank(std::shared_ptr<GpuRuntime> rt, std::shared_ptr<DeviceOrder> order, int device, int rank_ordinal, void* pages,
-          uint64_t ready_flag, const uint32_t* ready_word)
+          uint64_t ready_flag, const uint32_t* ready_word, uint64_t done_flag)
       : rt_(std::move(rt)),
         order_(std::move(order)),
         device_(device),
         rank_ordinal_(rank_ordinal),
         pages_(pages),
         ready_flag_(ready_flag),
-        ready_word_(ready_word) {}
+        ready_word_(ready_word),
+        done_flag_(done_flag) {}
   ~GpuRank() override {
     DeviceOrder::Hold hold(*order_, order_->all());  // Portable: unregistered from every device.
     rt_->UnregisterFlags(pages_);
@@ -34,6 +36,7 @@ class GpuRank : public EngineRank {
   int rank_ordinal() const { return rank_ordinal_; }
   uint64_t ready_flag() const { return ready_flag_; }
   const uint32_t* ready_word() const { return ready_word_; }
+  uint64_t done_flag() const { return done_flag_; }  // 0: not known (the engine does not write it).
 
  private:
   const std::shared_ptr<GpuRuntime> rt_;
@@ -43,6 +46,7 @@ class GpuRank : public EngineRank {
   void* const pages_;
   const uint64_t ready_flag_;
   const uint32_t* const ready_word_;
+  const uint64_t done_flag_;
 };
 
 inline const GpuRank* AsGpu(const EngineRank* r) { return static_cast<const GpuRank*>(r); }

@@ -134,6 +134,14 @@ class GpuRuntime {
   // Makes `stream` wait until every flags[i] (device addresses from
   // RegisterFlags) is >= value (32-bit wrapping compare). device_waits() only.
   virtual absl::Status WaitValues(int device, GpuStream stream, const uint64_t* flags, size_t n, uint32_t value) = 0;
+  // Makes `stream` write `value` into every flags[i] (device addresses of
+  // registered flag pages) once everything before it on the stream is done
+  // and visible (a fence first). device_writes() only.
+  virtual bool device_writes() const { return false; }
+  virtual absl::Status WriteValues(int device, GpuStream stream, const uint64_t* flags, size_t n, uint32_t value) {
+    (void)device, (void)stream, (void)flags, (void)n, (void)value;
+    return absl::UnimplementedError("this runtime cannot write flags from a stream");
+  }
   // Enqueues the chunks (each <= max_transfer_bytes; issued on `device`,
   // which reaches both ends of each: src_device and dst_device) on `stream`.
   // `sole_stream`: every copy of this op on `device` goes out on this one

@@ -74,11 +74,13 @@ struct Rank {
   int device = 0;
   void* page = nullptr;
   uint32_t* ready = nullptr;
+  uint32_t* done = nullptr;  // Written by a device where the op asks for it (EngineOp::gpu_done).
   std::vector<char> send, recv;
   std::unique_ptr<EngineRank> er;
   std::shared_ptr<ImportedRegion> send_region, recv_region;
   ~Rank() { std::free(page); }
   void SetReady(uint32_t v) { __atomic_store_n(ready, v, __ATOMIC_RELEASE); }
+  uint32_t Done() const { return __atomic_load_n(done, __ATOMIC_ACQUIRE); }
 };
 
 // A job: world ranks, shard bytes each, out-of-place inputs, in-place own
@@ -87,6 +89,7 @@ struct Job {
   std::vector<std::unique_ptr<Rank>> ranks;
   uint64_t shard = 0;
   int id = 0;
+  bool gpu_done = true;  // Ops ask the engine to write the ranks' done flags (where it can).
 
   static char Byte(int job, uint32_t seq, int rank, uint64_t i) {
     return static_cast<char>((job * 131 + seq * 17 + rank * 29 + i * 7 + (i >> 12)) & 0xff);
@@ -107,6 +110,7 @@ struct Job {
     const int w = static_cast<int>(ranks.size());
     op->seq = seq;
     op->job_id = static_cast<uint64_t>(id) + 1;
+    op->gpu_done = gpu_done;
     op->plan.Clear();
     op->ranks.clear();
     for (auto& r : ranks) op->ranks.push_back(r->er.get());
@@ -196,6 +200,7 @@ class GpuEngineTest : public ::testing::TestWithParam<Flavor> {
       k->page = std::aligned_alloc(4096, 4096);
       std::memset(k->page, 0, 4096);
       k->ready = static_cast<uint32_t*>(k->page);
+      k->done = k->ready + 16;  // Its own cache line, as in the segment.
       k->send.resize(shard);
       k->recv.resize(shard * w);
       RankAttach a;
@@ -204,6 +209,7 @@ class GpuEngineTest : public ::testing::TestWithParam<Flavor> {
       a.flag_pages = k->page;
       a.flag_bytes = 4096;
       a.ready_word = k->ready;
+      a.done_word = k->done;
       auto er = engine_->AttachRank(a);
       EXPECT_TRUE(er.ok()) << er.status();
       if (!er.ok()) return nullptr;

@@ -306,6 +306,83 @@ TEST_P(GpuEngineTest, StopFinishesWorkInFlight) {
   EXPECT_EQ(job->Wrong(1), 0u);
 }
 
+// The design case's steady state: the ranks' done flags are written by the
+// devices after the copies, so ranks go from op to op with the engine's
+// completion threads seeing nothing end (no CPU on the data path). Two GPUs
+// pulling from each other: the finisher (device 0) waits for device 1's
+// share before it writes. The CPU then ends every op as before. On the
+// hip-like runtime (no device writes) the flags stay the CPU's.
+TEST_P(GpuEngineTest, DevicesWriteDoneFlagsWithoutTheCpu) {
+  Start(2);
+  auto job = MakeJob({0, 1}, 64 << 10);
+  ASSERT_NE(job, nullptr);
+  constexpr uint32_t kOps = 20;
+  std::vector<std::unique_ptr<TestOp>> ops;
+  if (!GetParam().device_waits) {
+    job->Fill(1);
+    job->SetReady(1);
+    ops.push_back(std::make_unique<TestOp>(&log_, 0));
+    job->Plan(ops.back().get(), 1);
+    engine_->Execute(ops.back().get());
+    ASSERT_TRUE(ops.back()->Wait());
+    EXPECT_TRUE(ops.back()->result.ok()) << ops.back()->result;
+    EXPECT_EQ(job->Wrong(1), 0u);
+    EXPECT_EQ(fake_->write_calls(), 0);
+    for (auto& k : job->ranks) EXPECT_EQ(k->Done(), 0u) << "no device writes: the scheduler publishes done";
+    return;
+  }
+  fake_->HoldQueries(true);
+  for (uint32_t k = 1; k <= kOps; ++k) {
+    job->Fill(k);
+    job->SetReady(k);
+    ops.push_back(std::make_unique<TestOp>(&log_, 0));
+    job->Plan(ops.back().get(), k);
+    engine_->Execute(ops.back().get());
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    for (auto& r : job->ranks) {
+      while (static_cast<int32_t>(r->Done() - k) < 0 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      ASSERT_EQ(r->Done(), k) << "op " << k << ": the rank's done flag did not move";
+    }
+    ASSERT_EQ(job->Wrong(k), 0u) << "op " << k << ": done written before the copies ended";
+  }
+  EXPECT_EQ(fake_->write_calls(), int(kOps)) << "one write per op, by one device";
+  for (auto& op : ops) EXPECT_FALSE(op->Done()) << "the CPU saw an op end while its queries were held";
+  fake_->HoldQueries(false);
+  for (auto& op : ops) {
+    ASSERT_TRUE(op->Wait());
+    EXPECT_TRUE(op->result.ok()) << op->result;
+  }
+}
+
+// A share that fails, refused at its copy call or in a chunk on the
+// device: no device writes that op's done flags (the scheduler publishes
+// them after the error record), and the next op's are written.
+TEST_P(GpuEngineTest, AFailedShareWritesNoDoneFlag) {
+  Start(2);
+  auto job = MakeJob({0, 1}, 16 << 10);
+  ASSERT_NE(job, nullptr);
+  auto run = [&](uint32_t k) {
+    job->Fill(k);
+    job->SetReady(k);
+    auto op = std::make_unique<TestOp>(&log_, 0);
+    job->Plan(op.get(), k);
+    engine_->Execute(op.get());
+    EXPECT_TRUE(op->Wait());
+    return op->result;
+  };
+  fake_->FailCopyCall(1, 1, absl::InternalError("injected: copy call refused"));
+  EXPECT_FALSE(run(1).ok());
+  fake_->FailChunk(1, 1, absl::DataLossError("injected: descriptor error"));
+  EXPECT_FALSE(run(2).ok());
+  for (auto& k : job->ranks) EXPECT_EQ(k->Done(), 0u) << "a failed op's done flag was written by a device";
+  EXPECT_TRUE(run(3).ok());
+  EXPECT_EQ(job->Wrong(3), 0u);
+  const uint32_t want = GetParam().device_waits ? 3u : 0u;  // hip-like: no device writes at all.
+  for (auto& k : job->ranks) EXPECT_EQ(k->Done(), want);
+}
+
 TEST_P(GpuEngineTest, StopFailsWorkThatCannotFinish) {
   GpuEngine::Options eo;
   eo.stop_drain_ms = 100;
