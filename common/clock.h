@@ -4,14 +4,14 @@
 // MonotonicNs() is CLOCK_MONOTONIC, shared by all processes of the node (client
 // submit stamps and daemon stamps compare). Code that decides on time (op
 // timeouts, ticket expiry, reaper sweeps, ring heartbeats) takes a `Clock&`
-// (RealClock() in production); tests pass a FakeClock and Advance() it.
+// (RealClock() in production); tests pass a FakeClock (tests/fakes/fake_clock.h)
+// and Advance() it.
 // Latency figures may keep reading MonotonicNs() directly: they are measured,
 // never decided on.
 #pragma once
 
 #include <time.h>
 
-#include <atomic>
 #include <cstdint>
 
 #include "absl/time/time.h"
@@ -46,18 +46,5 @@ inline Clock& RealClock() {
   static SystemClock* clock = new SystemClock;
   return *clock;
 }
-
-// A clock that moves only when told. Starts at a non-zero instant so "0 means
-// unset" stamps stay distinguishable.
-class FakeClock final : public Clock {
- public:
-  explicit FakeClock(uint64_t start_ns = 1'000'000'000ull) : now_(start_ns) {}
-  uint64_t NowNs() const override { return now_.load(std::memory_order_acquire); }
-  void Advance(absl::Duration d) { now_.fetch_add(uint64_t(absl::ToInt64Nanoseconds(d)), std::memory_order_acq_rel); }
-  void AdvanceNs(uint64_t ns) { now_.fetch_add(ns, std::memory_order_acq_rel); }
-
- private:
-  std::atomic<uint64_t> now_;
-};
 
 }  // namespace dmagather::common
