@@ -12,6 +12,7 @@
 
 #include <time.h>
 
+#include <chrono>
 #include <cstdint>
 
 #include "absl/time/time.h"
@@ -30,8 +31,10 @@ class Clock {
   virtual ~Clock() = default;
   // Monotonic nanoseconds (an arbitrary epoch).
   virtual uint64_t NowNs() const = 0;
-  // The same instant as an absl::Time (for absl::Mutex/CondVar deadlines and
-  // code written in absl time). Only differences are meaningful.
+  // The same instant as an absl::Time (for deadlines written in absl time).
+  // Only differences are meaningful: it is no wall-clock time, so never an
+  // absl::Mutex/CondVar deadline; a thread that sleeps until a deadline
+  // waits with a timeout (real time) and decides on the clock when it wakes.
   absl::Time Now() const { return absl::UnixEpoch() + absl::Nanoseconds(int64_t(NowNs())); }
 };
 
@@ -45,6 +48,13 @@ class SystemClock final : public Clock {
 inline Clock& RealClock() {
   static SystemClock* clock = new SystemClock;
   return *clock;
+}
+
+// A gRPC deadline (a call's, the server's Shutdown) `d` from now. gRPC's own
+// timers enforce it on the system clock, so no Clock can move it: use it for
+// how long gRPC may take, never for a verdict of ours.
+inline std::chrono::system_clock::time_point GrpcDeadlineIn(absl::Duration d) {
+  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
 }
 
 }  // namespace dmagather::common
