@@ -21,9 +21,7 @@ namespace {
 // Binary error details by which the daemon marks a FAILED_PRECONDITION as FALLBACK.
 constexpr char kGrpcFallbackDetails[] = "dmagather.fallback";
 
-std::chrono::system_clock::time_point In(int ms) {
-  return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
-}
+std::chrono::system_clock::time_point In(int ms) { return common::GrpcDeadlineIn(absl::Milliseconds(ms)); }
 
 v1::JoinRequest JoinRequestOf(const JoinParams& p) {
   v1::JoinRequest req;
@@ -70,7 +68,7 @@ absl::StatusOr<std::string> CreateJobId(const std::string& socket_path) {
   }
   auto stub = v1::Control::NewStub(grpc::CreateChannel("unix:" + path, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  ctx.set_deadline(In(10000));
   v1::CreateJobIdRequest req;
   v1::CreateJobIdReply reply;
   grpc::Status st = stub->CreateJobId(&ctx, req, &reply);
@@ -78,12 +76,17 @@ absl::StatusOr<std::string> CreateJobId(const std::string& socket_path) {
   return reply.job_id();
 }
 
-ControlChannel::ControlChannel(std::string socket_path, std::shared_ptr<grpc::Channel> channel)
-    : socket_path_(std::move(socket_path)), channel_(std::move(channel)), stub_(v1::Control::NewStub(channel_)) {}
+ControlChannel::ControlChannel(std::string socket_path, std::shared_ptr<grpc::Channel> channel,
+                               const common::Clock& clock)
+    : socket_path_(std::move(socket_path)),
+      clock_(&clock),
+      channel_(std::move(channel)),
+      stub_(v1::Control::NewStub(channel_)) {}
 
 ControlChannel::~ControlChannel() { EndStream(); }
 
-absl::StatusOr<std::unique_ptr<ControlChannel>> ControlChannel::Connect(const std::string& socket_path) {
+absl::StatusOr<std::unique_ptr<ControlChannel>> ControlChannel::Connect(const std::string& socket_path,
+                                                                        const common::Clock& clock) {
   // Connecting to a Unix socket needs write permission on it: say so,
   // rather than "stale socket", when this user lacks it.
   if (access(socket_path.c_str(), R_OK | W_OK) != 0 && (errno == EACCES || errno == EPERM)) {
@@ -101,7 +104,7 @@ absl::StatusOr<std::unique_ptr<ControlChannel>> ControlChannel::Connect(const st
     return absl::UnavailableError(absl::StrCat("cannot connect to dmagatherd at ", socket_path,
                                                " within 1 s (stale socket of a daemon that is not running?)"));
   }
-  return std::unique_ptr<ControlChannel>(new ControlChannel(socket_path, std::move(channel)));
+  return std::unique_ptr<ControlChannel>(new ControlChannel(socket_path, std::move(channel), clock));
 }
 
 absl::StatusOr<common::FdExchangeResult> ControlChannel::HandOverSegment(int fd, uint64_t bytes, int rank) {
@@ -137,11 +140,10 @@ absl::StatusOr<JoinAnswer> ControlChannel::ReadAnswer(const JoinParams& p) {
     absl::CondVar cv;
     bool answered = false;  // Under mu (a local: no annotation).
     std::thread watchdog([&] {
-      const absl::Time deadline = absl::Now() + absl::Milliseconds(int64_t{p.join_timeout_ms} + 10000);
+      const common::Clock& clock = *clock_;
+      const absl::Time deadline = clock.Now() + absl::Milliseconds(int64_t{p.join_timeout_ms} + 10000);
       absl::MutexLock lock(&mu);
-      while (!answered) {
-        if (cv.WaitWithDeadline(&mu, deadline)) break;  // Timed out.
-      }
+      while (!answered && clock.Now() < deadline) cv.WaitWithTimeout(&mu, deadline - clock.Now());
       if (!answered) {
         no_answer = true;
         join_ctx_->TryCancel();

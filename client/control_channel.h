@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/backend.h"
+#include "common/clock.h"
 #include "common/fd_exchange.h"
 #include "dmagather/v1/control.grpc.pb.h"
 
@@ -55,8 +56,10 @@ struct JoinAnswer {
 class ControlChannel {
  public:
   // Connects to the daemon at `socket_path` (1 s), saying so when this user
-  // may not (permissions) or nobody answers (a stale socket).
-  static absl::StatusOr<std::unique_ptr<ControlChannel>> Connect(const std::string& socket_path);
+  // may not (permissions) or nobody answers (a stale socket). `clock`
+  // decides when a Join's answer is given up on.
+  static absl::StatusOr<std::unique_ptr<ControlChannel>> Connect(const std::string& socket_path,
+                                                                 const common::Clock& clock = common::RealClock());
   ~ControlChannel();
 
   const std::string& socket_path() const { return socket_path_; }
@@ -87,13 +90,14 @@ class ControlChannel {
   absl::Status Deregister(uint32_t region_id);
 
  private:
-  ControlChannel(std::string socket_path, std::shared_ptr<grpc::Channel> channel);
+  ControlChannel(std::string socket_path, std::shared_ptr<grpc::Channel> channel, const common::Clock& clock);
   // Waits for the first event of the stream (the Join's answer).
   absl::StatusOr<JoinAnswer> ReadAnswer(const JoinParams& p);
   // The fd-channel tickets of `e`'s memory, put into `req`.
   absl::Status HandOverExport(const MemoryExport& e, int rank, v1::RegisterRequest* req);
 
   const std::string socket_path_;
+  const common::Clock* const clock_;
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<v1::Control::Stub> stub_;
   uint64_t session_id_ = 0;

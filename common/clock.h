@@ -4,14 +4,15 @@
 // MonotonicNs() is CLOCK_MONOTONIC, shared by all processes of the node (client
 // submit stamps and daemon stamps compare). Code that decides on time (op
 // timeouts, ticket expiry, reaper sweeps, ring heartbeats) takes a `Clock&`
-// (RealClock() in production); tests pass a FakeClock and Advance() it.
+// (RealClock() in production); tests pass a FakeClock (tests/fakes/fake_clock.h)
+// and Advance() it.
 // Latency figures may keep reading MonotonicNs() directly: they are measured,
 // never decided on.
 #pragma once
 
 #include <time.h>
 
-#include <atomic>
+#include <chrono>
 #include <cstdint>
 
 #include "absl/time/time.h"
@@ -30,8 +31,10 @@ class Clock {
   virtual ~Clock() = default;
   // Monotonic nanoseconds (an arbitrary epoch).
   virtual uint64_t NowNs() const = 0;
-  // The same instant as an absl::Time (for absl::Mutex/CondVar deadlines and
-  // code written in absl time). Only differences are meaningful.
+  // The same instant as an absl::Time (for deadlines written in absl time).
+  // Only differences are meaningful: it is no wall-clock time, so never an
+  // absl::Mutex/CondVar deadline; a thread that sleeps until a deadline
+  // waits with a timeout (real time) and decides on the clock when it wakes.
   absl::Time Now() const { return absl::UnixEpoch() + absl::Nanoseconds(int64_t(NowNs())); }
 };
 
@@ -47,17 +50,11 @@ inline Clock& RealClock() {
   return *clock;
 }
 
-// A clock that moves only when told. Starts at a non-zero instant so "0 means
-// unset" stamps stay distinguishable.
-class FakeClock final : public Clock {
- public:
-  explicit FakeClock(uint64_t start_ns = 1'000'000'000ull) : now_(start_ns) {}
-  uint64_t NowNs() const override { return now_.load(std::memory_order_acquire); }
-  void Advance(absl::Duration d) { now_.fetch_add(uint64_t(absl::ToInt64Nanoseconds(d)), std::memory_order_acq_rel); }
-  void AdvanceNs(uint64_t ns) { now_.fetch_add(ns, std::memory_order_acq_rel); }
-
- private:
-  std::atomic<uint64_t> now_;
-};
+// A gRPC deadline (a call's, the server's Shutdown) `d` from now. gRPC's own
+// timers enforce it on the system clock, so no Clock can move it: use it for
+// how long gRPC may take, never for a verdict of ours.
+inline std::chrono::system_clock::time_point GrpcDeadlineIn(absl::Duration d) {
+  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
+}
 
 }  // namespace dmagather::common

@@ -108,7 +108,7 @@ void Daemon::FillHealth(v1::HealthReply* h) const {
   h->set_backend(engine_->name());
   h->set_backend_reason(engine_reason_);
   for (const std::string& b : engines::BuiltBackends()) h->add_built_backends(b);
-  h->set_uptime_s(absl::ToDoubleSeconds(absl::Now() - started_));
+  h->set_uptime_s(absl::ToDoubleSeconds(options_.clock->Now() - started_));
   h->set_worker_threads(engine_->worker_threads());
   if (peers_ != nullptr) {
     const cluster::PeerStats ps = peers_->stats();
@@ -125,34 +125,43 @@ void Daemon::FillHealth(v1::HealthReply* h) const {
   }
 }
 
-absl::Status Daemon::Start() {
-  const std::string& path = options_.socket_path;
-  const std::string fd_path = common::FdChannelPath(path);
-  DMAG_RETURN_IF_ERROR(ClaimSocketsAndDoorbell(path, fd_path));
-  auto* db = static_cast<abi::DoorbellV1*>(doorbell_.data());
+absl::Status Daemon::StartFdChannel(const std::string& fd_path) {
   service::TicketTable::Options to;
   to.ttl = options_.ticket_ttl;
+  to.clock = options_.clock;
   tickets_ = std::make_unique<service::TicketTable>(to);
   service::FdChannel::Options fo;
   fo.path = fd_path;
   fo.mode = options_.socket_mode;
   fo.timeout = options_.fd_timeout;
+  fo.clock = options_.clock;
   fo.max_connections_per_uid = options_.fd_max_connections_per_uid;
   fo.device_memory = !engine_->host_addressable();
   DMAG_ASSIGN_OR_RETURN(fd_channel_, service::FdChannel::Listen(fo, tickets_.get(), doorbell_.fd()));
   fd_channel_->Start();
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Start() {
+  const std::string& path = options_.socket_path;
+  const std::string fd_path = common::FdChannelPath(path);
+  DMAG_RETURN_IF_ERROR(ClaimSocketsAndDoorbell(path, fd_path));
+  auto* db = static_cast<abi::DoorbellV1*>(doorbell_.data());
+  DMAG_RETURN_IF_ERROR(StartFdChannel(fd_path));
 
   service::Limits limits;
   limits.max_jobs_per_uid = options_.max_jobs_per_uid;
   limits.max_sessions_per_uid = options_.max_sessions_per_uid;
   limits.max_regions_per_uid = options_.max_regions_per_uid;
   limits.max_mapped_bytes_per_uid = options_.max_mapped_bytes_per_uid;
-  registry_ = std::make_unique<service::Registry>(engine_.get(), tickets_.get(), limits);
+  registry_ = std::make_unique<service::Registry>(engine_.get(), tickets_.get(), limits, options_.clock);
   struct stat bell_st;
   if (fstat(doorbell_.fd(), &bell_st) == 0) registry_->SetDoorbellIdentity(bell_st.st_dev, bell_st.st_ino);
   service::Registry* reg = registry_.get();
   if (!options_.peers.listen.empty()) {
-    auto peers = cluster::PeerService::Create(options_.peers, engine_.get());
+    cluster::PeerOptions po = options_.peers;
+    po.clock = options_.clock;
+    auto peers = cluster::PeerService::Create(po, engine_.get());
     if (!peers.ok()) {
       fd_channel_->Stop();
       return common::Annotate(peers.status(), "--peer_listen: ");
@@ -163,6 +172,7 @@ absl::Status Daemon::Start() {
   ingress::Ingress::Options io;
   io.op_timeout = options_.op_timeout;
   io.spin_iterations = options_.ingress_spin;
+  io.clock = options_.clock;
   ingress_ = std::make_unique<ingress::Ingress>(
       io, engine_.get(), db,
       ingress::Ingress::Hooks{[reg] { return reg->version(); }, [reg] { return reg->Snapshot(); }});
@@ -180,9 +190,9 @@ absl::Status Daemon::Start() {
   }
   listener_ = *std::move(listener);
   service::ControlListener* lis = listener_.get();
-  control_ = std::make_unique<service::ControlService>(reg, Version(), engine_->name(),
-                                                       [lis](const std::string& peer) { return lis->PeerOf(peer); });
-  started_ = absl::Now();
+  control_ = std::make_unique<service::ControlService>(
+      reg, Version(), engine_->name(), [lis](const std::string& peer) { return lis->PeerOf(peer); }, options_.clock);
+  started_ = options_.clock->Now();
   telemetry_ = std::make_unique<service::TelemetryService>(reg, tickets_.get(), operator_gid_,
                                                            [this](v1::HealthReply* h) { FillHealth(h); });
 
@@ -213,13 +223,15 @@ void Daemon::Stop(const std::string& reason) {
   registry_->FailAll(absl::UnavailableError(absl::StrCat("dmagatherd is shutting down (", reason, ")")));
   control_->Wake();                       // Open Joins get their Shutdown event now.
   if (peers_ != nullptr) peers_->Stop();  // Bootstraps end; running rings were failed above.
-  absl::Time deadline = absl::Now() + options_.drain_timeout;
-  while (registry_->total_ops_in_flight() != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  const absl::Time deadline = options_.clock->Now() + options_.drain_timeout;
+  while (registry_->total_ops_in_flight() != 0 && options_.clock->Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
   if (registry_->total_ops_in_flight() != 0) {
     LOG(WARNING) << registry_->total_ops_in_flight() << " op(s) still in flight after the drain timeout";
   }
   listener_->Stop();  // No new connections; removes the socket.
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server_->Shutdown(common::GrpcDeadlineIn(absl::Seconds(2)));
   registry_->StopReaper();
   ingress_->Stop();
   engine_->Stop();

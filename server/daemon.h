@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/memfd.h"
 #include "server/cluster/peer_service.h"
 #include "server/engines/factory.h"
@@ -64,6 +65,10 @@ struct DaemonOptions {
   std::string metrics_listen;
   // Multi-node jobs: the peer listener (peers.listen empty = none).
   cluster::PeerOptions peers;
+  // Every decision on time (op timeouts, Join deadlines, ticket expiry, the
+  // fd channel's silent connections, the drain on Stop, the peers' and
+  // rings' deadlines and heartbeats) reads this clock.
+  common::Clock* clock = &common::RealClock();
 };
 
 class Daemon {
@@ -90,6 +95,8 @@ class Daemon {
   // Start: refuses a socket another daemon serves, removes what a dead one
   // left, and creates the doorbell.
   absl::Status ClaimSocketsAndDoorbell(const std::string& path, const std::string& fd_path);
+  // Start: the ticket table and the fd channel on `fd_path`, serving.
+  absl::Status StartFdChannel(const std::string& fd_path);
   // The Health reply's fields (a Telemetry Health call's thread).
   void FillHealth(v1::HealthReply* h) const;
   // --metrics_listen: logs (and goes on without it) when it cannot listen.

@@ -5,7 +5,9 @@
 # toolkit: one case), tools/check_unit.sh (systemd-analyze verify of the
 # unit: one case), tools/check_thread_safety.sh (every CPU target built with
 # clang's -Wthread-safety -Werror: one case), tools/check_sizes.sh (product
-# files and functions within their size limits: one case), tools/check_docs.sh
+# files and functions within their size limits: one case), tools/check_clock.sh
+# (no direct clock read outside its allow-list: one case; its own test,
+# //tools:check_clock_test, runs with the Bazel tests), tools/check_docs.sh
 # (README.md at most 200 lines, docs/PERFORMANCE.md at most 400, every
 # relative markdown link resolves: one case),
 # tools/check_format.sh (the C/C++ sources as .clang-format lays them out:
@@ -77,13 +79,14 @@ run_counted() {
   echo "== $name: $((SECONDS - t0)) s"
 }
 # Clang's thread-safety analysis over every CPU target (one case; skipped
-# where clang-14 is missing), the product files' sizes and the sources'
-# layout (one case each), the CPU
+# where clang-14 is missing), the product files' sizes, the clock seam and
+# the sources' layout (one case each), the CPU
 # unit tests under ThreadSanitizer, every CPU test under ASan+UBSan, and the
 # fuzz targets for a bounded time each.
 run_counted check_thread_safety tools/check_thread_safety.sh
 run_counted check_sizes tools/check_sizes.sh
 run_counted check_knobs tools/check_knobs.sh
+run_counted check_clock tools/check_clock.sh
 run_counted check_docs tools/check_docs.sh
 run_counted check_format tools/check_format.sh
 run_counted test_tsan tools/test_tsan.sh

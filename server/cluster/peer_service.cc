@@ -122,7 +122,7 @@ void PeerService::Forget(const std::shared_ptr<Pending>& p) {
 }
 
 absl::Status PeerService::AddRank(const std::shared_ptr<scheduler::Job>& job, const std::string& job_id,
-                                  absl::Time deadline) {
+                                  absl::Duration timeout) {
   DMAG_ASSIGN_OR_RETURN(JobId id, ParseJobId(job_id));
   std::shared_ptr<Pending> p;
   bool start = false;
@@ -140,7 +140,7 @@ absl::Status PeerService::AddRank(const std::shared_ptr<scheduler::Job>& job, co
       p = std::make_shared<Pending>();
       p->id = id;
       p->job = job;
-      p->deadline = deadline;
+      p->deadline = options_.clock->Now() + timeout;
       p->coordinator = id.address == address_;
       pending_[id.tag] = p;
       start = true;
@@ -307,7 +307,7 @@ void PeerService::ServeCoordinator(const std::shared_ptr<Pending>& p, transport:
       (void)WriteMessage(conn, t);
       return;
     }
-    if (absl::Now() > p->deadline) return;
+    if (options_.clock->Now() > p->deadline) return;
     if (stopping()) return;
     if (!Readable(conn, 50)) continue;
     v1::NodeUpdate u;
@@ -332,9 +332,9 @@ absl::StatusOr<std::unique_ptr<transport::Connection>> PeerService::Dial(const P
                                                                          v1::PeerHello hello) {
   hello.set_job_tag(p.id.tag);
   absl::Status last = absl::DeadlineExceededError("not tried");
-  while (absl::Now() < p.deadline) {
+  while (options_.clock->Now() < p.deadline) {
     if (stopping()) return absl::UnavailableError("dmagatherd is shutting down");
-    auto conn = tcp_->Connect(address, std::min(absl::Seconds(2), p.deadline - absl::Now()));
+    auto conn = tcp_->Connect(address, std::min(absl::Seconds(2), p.deadline - options_.clock->Now()));
     if (conn.ok()) {
       SetRecvTimeout(**conn, options_.handshake_timeout);
       bool retry = false;
@@ -398,7 +398,7 @@ absl::StatusOr<v1::NodeTable> PeerService::AwaitTable(Pending& p, const std::sha
       return table;
     }
     if (job->failed()) return job->failure();
-    if (absl::Now() > p.deadline) {
+    if (options_.clock->Now() > p.deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat("job '", job->key(), "': not every rank of the world (", job->world_size(),
                        ") joined some node's daemon before the join timeout (the coordinator at ", p.id.address,
@@ -440,7 +440,9 @@ absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<schedul
   std::vector<std::unique_ptr<transport::Connection>> from_prev;
   {
     absl::MutexLock lock(&p.mu);
-    while (p.prev_count != int(table.links()) && !p.cv.WaitWithDeadline(&p.mu, p.deadline)) {
+    const common::Clock& clock = *options_.clock;
+    while (p.prev_count != int(table.links()) && clock.Now() < p.deadline) {
+      p.cv.WaitWithTimeout(&p.mu, p.deadline - clock.Now());
     }
     if (p.prev_count != int(table.links())) {
       return absl::DeadlineExceededError(absl::StrCat("job '", job->key(), "': only ", p.prev_count, " of ",
@@ -461,6 +463,7 @@ absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<schedul
   ro.transit_bytes = options_.transit_bytes;
   ro.force_staging = options_.force_staging;
   ro.peer_timeout = options_.peer_timeout;
+  ro.clock = options_.clock;
   ro.heartbeat_interval = std::max(absl::Milliseconds(10), options_.peer_timeout / 5);
   if (options_.peer_timeout <= absl::ZeroDuration()) ro.heartbeat_interval = absl::ZeroDuration();
   ro.transport = data->name();

@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "dmagather/v1/peer.pb.h"
 #include "server/cluster/job_id.h"
 #include "server/engines/copy_engine.h"
@@ -59,6 +60,8 @@ struct PeerOptions {
   // --peer_timeout_ms: a next node silent this long is failed; heartbeats go
   // back every fifth of it (zero: none).
   absl::Duration peer_timeout = absl::Seconds(5);
+  // Join deadlines of the bootstrap; each job's ring runs on it too.
+  common::Clock* clock = &common::RealClock();
 };
 
 struct PeerStats {
@@ -77,9 +80,10 @@ class PeerService {
   const std::string& address() const { return address_; }
   // A fresh job id naming this daemon as coordinator.
   absl::StatusOr<std::string> NewJobId() const;
-  // A rank of `job` joined here with `job_id`; `deadline` bounds the
-  // bootstrap. The job completes (or fails) asynchronously.
-  absl::Status AddRank(const std::shared_ptr<scheduler::Job>& job, const std::string& job_id, absl::Time deadline)
+  // A rank of `job` joined here with `job_id`; the bootstrap must be done
+  // within `timeout` of the first rank's call (on options.clock). The job
+  // completes (or fails) asynchronously.
+  absl::Status AddRank(const std::shared_ptr<scheduler::Job>& job, const std::string& job_id, absl::Duration timeout)
       ABSL_LOCKS_EXCLUDED(mu_);
   PeerStats stats() const;
 

@@ -89,9 +89,10 @@ void Ring::Close() {
     for (Link& l : next_) l.cv.SignalAll();
     tick_cv_.SignalAll();
     // The abort frames go out first (briefly: a cut link cannot hold us).
-    const absl::Time deadline = absl::Now() + absl::Seconds(1);
-    while (AbortFramesPendingLocked() && !close_cv_.WaitWithDeadline(&mu_, deadline)) {
-    }
+    const common::Clock& clock = *options_.clock;
+    const absl::Time deadline = clock.Now() + absl::Seconds(1);
+    while (AbortFramesPendingLocked() && clock.Now() < deadline)
+      close_cv_.WaitWithTimeout(&mu_, deadline - clock.Now());
     closed_.store(true);
   }
   close_cv_.SignalAll();
@@ -364,8 +365,10 @@ void Ring::TickLoop() {
     }
     const uint64_t due = state_.NextTickNs(), now = state_.NowNs();
     const uint64_t wait_ns = due == 0 ? 100'000'000 : std::min<uint64_t>(due > now ? due - now : 0, 100'000'000);
-    const absl::Time deadline = absl::Now() + absl::Nanoseconds(std::max<uint64_t>(wait_ns, 1'000'000));
-    while (!closed_.load() && !send_abort_prev_ && !tick_cv_.WaitWithDeadline(&mu_, deadline)) {
+    const common::Clock& clock = *options_.clock;
+    const absl::Time deadline = clock.Now() + absl::Nanoseconds(std::max<uint64_t>(wait_ns, 1'000'000));
+    while (!closed_.load() && !send_abort_prev_ && clock.Now() < deadline) {
+      tick_cv_.WaitWithTimeout(&mu_, deadline - clock.Now());
     }
   }
 }
@@ -385,9 +388,9 @@ void Ring::Abort(const absl::Status& why) {
     abort_thread_ = std::thread([this] {
       {
         absl::MutexLock lock(&mu_);
-        const absl::Time deadline = absl::Now() + absl::Seconds(1);
-        while (!closed_.load() && !close_cv_.WaitWithDeadline(&mu_, deadline)) {
-        }
+        const common::Clock& clock = *options_.clock;
+        const absl::Time deadline = clock.Now() + absl::Seconds(1);
+        while (!closed_.load() && clock.Now() < deadline) close_cv_.WaitWithTimeout(&mu_, deadline - clock.Now());
       }
       for (Link& l : next_) l.conn->Shutdown();
       for (auto& c : prev_) c->Shutdown();

@@ -125,17 +125,6 @@ void Job::RemoveRank(const Rank* rank) {
   }
 }
 
-bool Job::WaitAllJoined(absl::Time deadline, const std::function<bool()>& cancelled) {
-  absl::MutexLock lock(&mu_);
-  for (;;) {
-    if (all_joined_.load()) return true;
-    if (absl::Now() >= deadline || cancelled()) return false;
-    mu_.AwaitWithDeadline(absl::Condition(
-                              +[](std::atomic<bool>* b) { return b->load(); }, &all_joined_),
-                          std::min(deadline, absl::Now() + absl::Milliseconds(50)));
-  }
-}
-
 int Job::joined() const {
   absl::MutexLock lock(&mu_);
   return joined_;

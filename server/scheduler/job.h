@@ -17,7 +17,6 @@
 
 #include <array>
 #include <atomic>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,9 +63,6 @@ class Job {
   // --- Join (gRPC threads) ---
   absl::Status AddRank(std::shared_ptr<Rank> rank) ABSL_LOCKS_EXCLUDED(mu_);
   void RemoveRank(const Rank* rank) ABSL_LOCKS_EXCLUDED(mu_);
-  // Blocks until every rank has joined, `deadline` passes or cancelled()
-  // returns true (polled every 50 ms). Returns whether all joined.
-  bool WaitAllJoined(absl::Time deadline, const std::function<bool()>& cancelled) ABSL_LOCKS_EXCLUDED(mu_);
   bool all_joined() const { return all_joined_.load(std::memory_order_acquire); }
   int joined() const ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<int> missing_ranks() const ABSL_LOCKS_EXCLUDED(mu_);

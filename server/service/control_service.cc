@@ -121,8 +121,10 @@ void ControlService::WatcherLoop() {
   for (;;) {
     // Open Joins are polled every 20 ms (a job completing, a session the
     // daemon ends); with none, only Wake() or a second passing wakes it.
-    const absl::Time until = absl::Now() + (reactors_.empty() ? absl::Seconds(1) : absl::Milliseconds(20));
-    while (!wake_ && !stop_ && !cv_.WaitWithDeadline(&mu_, until)) {
+    // The pause is real time (a poll's cadence, not a verdict): Step decides
+    // each Join's deadline on clock_.
+    const absl::Duration pause = reactors_.empty() ? absl::Seconds(1) : absl::Milliseconds(20);
+    while (!wake_ && !stop_ && !cv_.WaitWithTimeout(&mu_, pause)) {
     }
     if (stop_) break;
     wake_ = false;

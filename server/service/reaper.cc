@@ -71,11 +71,13 @@ void ReaperThread::Loop() {
       // Every 20 ms while there are jobs or frees waiting; an idle daemon
       // wakes once a second (or at Wake()). The predicate is read here, after
       // the wait re-acquired mu_ (not in an absl::Condition: see
-      // third_party/system/absl_tsan.cc).
+      // third_party/system/absl_tsan.cc). The pause is real time (the
+      // passes' cadence); what a pass frees, and when the heap is trimmed,
+      // is decided on the clock (HeapTrimmer, the ingress epoch).
       absl::MutexLock lock(&mu_);
-      const absl::Time deadline = absl::Now() + (idle ? absl::Seconds(1) : absl::Milliseconds(20));
+      const absl::Duration pause = idle ? absl::Seconds(1) : absl::Milliseconds(20);
       while (!stop_ && !wake_) {
-        if (cv_.WaitWithDeadline(&mu_, deadline)) break;  // Timed out.
+        if (cv_.WaitWithTimeout(&mu_, pause)) break;  // Timed out.
       }
       if (stop_) return;
       wake_ = false;

@@ -14,7 +14,7 @@ class Registry::PeerServiceJoiner final : public PeerJoiner {
   explicit PeerServiceJoiner(cluster::PeerService* peers) : peers_(peers) {}
   absl::Status CheckJobId(const std::string& job_id) override { return cluster::ParseJobId(job_id).status(); }
   absl::Status AddRank(const std::shared_ptr<scheduler::Job>& job, const std::string& job_id, int timeout_ms) override {
-    return peers_->AddRank(job, job_id, absl::Now() + absl::Milliseconds(timeout_ms));
+    return peers_->AddRank(job, job_id, absl::Milliseconds(timeout_ms));
   }
 
  private:
@@ -49,8 +49,8 @@ RegisterSpec RegisterSpecOf(const v1::RegisterRequest& req) {
   return s;
 }
 
-Registry::Registry(engines::CopyEngine* engine, TicketTable* tickets, Limits limits)
-    : engine_(engine), core_(engine, tickets, limits), reaper_([this] { return ReaperPass(); }) {
+Registry::Registry(engines::CopyEngine* engine, TicketTable* tickets, Limits limits, common::Clock* clock)
+    : engine_(engine), core_(engine, tickets, limits), trimmer_(clock), reaper_([this] { return ReaperPass(); }) {
   core_.SetJobCreatedHook([this] { reaper_.Wake(); });
 }
 

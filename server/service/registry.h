@@ -55,8 +55,10 @@ RegisterSpec RegisterSpecOf(const v1::RegisterRequest& req);
 
 class Registry {
  public:
-  // `tickets`: the fd channel's hand-overs, claimed by Join and Register.
-  Registry(engines::CopyEngine* engine, TicketTable* tickets, Limits limits = Limits{});
+  // `tickets`: the fd channel's hand-overs, claimed by Join and Register;
+  // `clock`: when the reaper trims the heap.
+  Registry(engines::CopyEngine* engine, TicketTable* tickets, Limits limits = Limits{},
+           common::Clock* clock = &common::RealClock());
   ~Registry();
 
   // The daemon's doorbell memfd (st_dev, st_ino): never registrable as a buffer.

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/status.h"
 
 namespace dmagather::server::transport {
@@ -56,7 +57,7 @@ constexpr uint32_t kVersion = 1;
 constexpr uint32_t kInfo = 1, kReady = 2;
 
 // How long a closing link waits for its posted writes to complete.
-constexpr auto kDrainTimeout = std::chrono::seconds(1);
+constexpr absl::Duration kDrainTimeout = absl::Seconds(1);
 
 absl::Status IbverbsConnection::Modify(ibv_qp_attr* attr, int mask, const char* to) {
   if (int rc = api_->ModifyQp(qp_, attr, mask); rc != 0) {
@@ -462,10 +463,10 @@ absl::Status IbverbsConnection::Recv(void* dst, size_t len) {
 
 void IbverbsConnection::Drain() {
   absl::MutexLock lk(&mu_);
-  const auto deadline = std::chrono::steady_clock::now() + kDrainTimeout;
+  const absl::Time deadline = clock_->Now() + kDrainTimeout;
   for (;;) {
     Progress();
-    if (sq_outstanding_ == 0 || !error_.ok() || std::chrono::steady_clock::now() > deadline) return;
+    if (sq_outstanding_ == 0 || !error_.ok() || clock_->Now() > deadline) return;
     mu_.Unlock();
     std::this_thread::sleep_for(std::chrono::microseconds(50));
     mu_.Lock();

@@ -39,6 +39,7 @@ class IbverbsConnection : public Connection {
         api_(dev_->api),
         bootstrap_(std::move(bootstrap)),
         peer_(bootstrap_->peer()),
+        clock_(o.clock),
         slots_(static_cast<uint32_t>(o.slots)),
         slot_bytes_(o.slot_bytes),
         credit_batch_(std::max<uint32_t>(1, slots_ / 4)) {
@@ -96,6 +97,7 @@ class IbverbsConnection : public Connection {
   VerbsApi* const api_;
   std::unique_ptr<Connection> bootstrap_;
   const std::string peer_;
+  const common::Clock* const clock_;  // Drain's deadline.
 
   // Local receive ring.
   const uint32_t slots_;

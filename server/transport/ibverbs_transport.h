@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/clock.h"
 #include "server/transport/transport.h"
 #include "server/transport/verbs_api.h"
 
@@ -29,6 +30,8 @@ struct IbverbsOptions {
   // Receive staging ring of each link: `slots` slots of `slot_bytes`.
   int slots = 16;
   size_t slot_bytes = 256 + (size_t{1} << 20);
+  // How long a closing link waits for its last sends (tests pass a FakeClock).
+  const common::Clock* clock = &common::RealClock();
 };
 
 // Limits on IbverbsOptions (checked by MakeIbverbsTransport).

@@ -160,6 +160,10 @@ struct Checker {
   int Compare(const void* p, size_t bytes, uint64_t seed, int rank, cudaStream_t s) {
     return dmagather::kernels::ComparePattern(p, bytes, seed, rank, d, d + 1, s);
   }
+  // Compares each rank's shard of `recv` against that rank's pattern.
+  void CompareShards(const char* recv, size_t shard, int world, uint64_t seed, cudaStream_t s, int rank_offset = 0) {
+    for (int r = 0; r < world; ++r) Compare(recv + r * shard, shard, seed, r + rank_offset, s);
+  }
   // Syncs the stream and returns the mismatch count (first offset in *first).
   unsigned long long Read(cudaStream_t s, unsigned long long* first) {
     unsigned long long h[2] = {~0ull, ~0ull};
@@ -170,100 +174,167 @@ struct Checker {
   }
 };
 
+// --- What every mode's rank starts from, and the checks they share ---
+
+// A rank of a mode: its Comm (job gputest-<mode>-<pid>), and where the mode
+// asks for them (ModeSpec::setup) a non-blocking stream and a checker.
+struct Env {
+  dmagather::Comm& c;
+  int rank, world;
+  cudaStream_t s = nullptr;
+  Checker ck;
+  std::string Rank() const { return "rank " + std::to_string(rank); }
+};
+
+// Fails the check with "rank R: what"; returns 1 (a failed rank's exit code).
+int FailRank(const Env& e, const std::string& what) {
+  Fail(e.Rank() + ": " + what);
+  return 1;
+}
+
 bool Ok(dmagather::Comm& c, dmagather_status_t st, const std::string& what) {
   if (st == DMAGATHER_OK) return true;
   Fail("rank " + std::to_string(c.rank()) + " " + what + ": " + dmagather_status_string(st) + ": " + c.error());
   return false;
 }
 
-// One checked AllGather. variant 0: out of place, 1: in place, 2: list.
-// recv holds world*bytes; send holds bytes (unused in place).
-int CheckOne(dmagather::Comm& c, Checker& ck, cudaStream_t s, char* send, char* recv, dmagather_dtype_t dt,
-             size_t count, int variant, uint64_t seed, const std::string& label) {
-  const int world = c.size(), rank = c.rank();
-  const size_t shard = count * dmagather_dtype_size(dt);
-  char* own = recv + rank * shard;
-  char* in = variant == 1 ? own : send;
-  CK(cudaMemsetAsync(recv, 0xA5, shard * world, s));  // Poison.
-  if (dmagather::kernels::FillPattern(in, shard, seed, rank, s) != 0) {
+// dmagather_alloc'ed device memory; nullptr (the check failed) on error.
+char* Alloc(Env& e, size_t bytes) {
+  char* p = static_cast<char*>(e.c.Alloc(bytes));
+  if (p == nullptr) Fail("alloc: " + e.c.error());
+  return p;
+}
+
+// Every rank stores 1 in its step and waits until all have: a start line.
+void StartLine(const Env& e) {
+  sh->step[e.rank].store(1);
+  for (int r = 0; r < e.world; ++r)
+    while (sh->step[r].load() < 1) usleep(100);
+}
+
+// Waits until every op on `s` is done (cudaSuccess), or `limit` passes.
+cudaError_t DrainWithin(cudaStream_t s, std::chrono::seconds limit) {
+  const auto t0 = Clock::now();
+  cudaError_t q;
+  while ((q = cudaStreamQuery(s)) == cudaErrorNotReady && Clock::now() - t0 < limit) usleep(1000);
+  return q;
+}
+
+// The verdict of the checks read from a Checker: none wrong, or the check fails.
+int NoWrongWords(const Env& e, unsigned long long bad, unsigned long long first, const std::string& where) {
+  if (bad == 0) return 0;
+  return FailRank(e, std::to_string(bad) + " wrong words " + where + ", first at byte " + std::to_string(first));
+}
+
+// One checked AllGather: the output poisoned (and this rank's shard with
+// another value when the input is elsewhere), the input filled with this
+// rank's pattern, gathered (flat, or as a list of shard pointers), every
+// shard compared bit-exact on the GPU, the op waited for.
+struct Gather {
+  char* in;    // This rank's input: its shard of recv (in place) or elsewhere.
+  char* recv;  // world shards.
+  size_t count;
+  dmagather_dtype_t dt;
+  bool list;
+  uint64_t seed;
+  std::string label;
+};
+int CheckGather(Env& e, const Gather& g) {
+  const size_t shard = g.count * dmagather_dtype_size(g.dt);
+  char* own = g.recv + e.rank * shard;
+  CK(cudaMemsetAsync(g.recv, 0xA5, shard * e.world, e.s));  // Poison.
+  if (g.in != own) CK(cudaMemsetAsync(own, 0x5A, shard, e.s));
+  if (dmagather::kernels::FillPattern(g.in, shard, g.seed, e.rank, e.s) != 0) {
     Fail("fill");
     return 1;
   }
   dmagather_status_t st;
-  if (variant == 2) {
-    std::vector<void*> outs(world);
-    for (int r = 0; r < world; ++r) outs[r] = recv + r * shard;
-    st = c.AllGatherList(in, outs, count, dt, s);
+  if (g.list) {
+    std::vector<void*> outs(e.world);
+    for (int r = 0; r < e.world; ++r) outs[r] = g.recv + r * shard;
+    st = e.c.AllGatherList(g.in, outs, g.count, g.dt, e.s);
   } else {
-    st = c.AllGather(in, recv, count, dt, s);
+    st = e.c.AllGather(g.in, g.recv, g.count, g.dt, e.s);
   }
-  if (!Ok(c, st, label + " submit")) return 1;
-  for (int r = 0; r < world; ++r) ck.Compare(recv + r * shard, shard, seed, r, s);
+  if (!Ok(e.c, st, g.label + " submit")) return 1;
+  e.ck.CompareShards(g.recv, shard, e.world, g.seed, e.s);
   unsigned long long first = 0;
-  unsigned long long bad = ck.Read(s, &first);
-  if (!Ok(c, c.Wait(), label + " wait")) return 1;
-  if (bad != 0) {
-    Fail("rank " + std::to_string(rank) + " " + label + ": " + std::to_string(bad) + " wrong words, first at byte " +
-         std::to_string(first) + " (shard of rank " + std::to_string(shard ? first / shard : 0) + ")");
-    ck.Reset(s);
+  const unsigned long long bad = e.ck.Read(e.s, &first);
+  if (!Ok(e.c, e.c.Wait(), g.label + " wait")) return 1;
+  if (bad == 0) return 0;
+  e.ck.Reset(e.s);
+  return NoWrongWords(e, bad, first, g.label + " (shard of rank " + std::to_string(shard ? first / shard : 0) + ")");
+}
+
+// The three layouts of a flat AllGather: out of place, in place, list.
+struct Variant {
+  const char* name;
+  bool in_place, list;
+};
+constexpr Variant kVariants[] = {{"out-of-place", false, false}, {"in-place", true, false}, {"list", false, true}};
+
+int CheckVariant(Env& e, char* send, char* recv, dmagather_dtype_t dt, size_t count, const Variant& v, uint64_t seed,
+                 const std::string& label) {
+  char* in = v.in_place ? recv + e.rank * count * dmagather_dtype_size(dt) : send;
+  return CheckGather(e, Gather{in, recv, count, dt, v.list, seed, label});
+}
+
+// An op that rank 1 cannot have served (its output is memory the backend
+// cannot reach): rank 1's submit says FALLBACK at once, and every rank's op
+// completes FALLBACK naming rank 1 (and `reason_names`, if given), its
+// stream not held. `poisoned` (device memory) was set to 0x33 first.
+int ExpectFallbackOfRank1(Env& e, char* send, char* poisoned, void* out, size_t bytes, uint64_t seed,
+                          const std::string& rank1_output, const std::string& reason_names, std::string* why) {
+  CK(cudaMemsetAsync(poisoned, 0x33, bytes * e.world, e.s));
+  dmagather::kernels::FillPattern(send, bytes, seed, e.rank, e.s);
+  dmagather_op_t op = 0;
+  dmagather_status_t st = dmagather_allgather_async(e.c.get(), send, out, bytes, DMAGATHER_UINT8, e.s, &op);
+  if (e.rank == 1 && st != DMAGATHER_FALLBACK) {
+    Fail("rank 1 (" + rank1_output + ") submit returned " + dmagather_status_string(st) + ": " + e.c.error());
     return 1;
+  }
+  if (op == 0) return FailRank(e, "no op handle");
+  dmagather_op_wait_stream(e.c.get(), op, e.s);
+  st = dmagather_op_wait(e.c.get(), op);
+  *why = e.c.error();
+  if (st != DMAGATHER_FALLBACK || why->find("rank 1") == std::string::npos ||
+      (!reason_names.empty() && why->find(reason_names) == std::string::npos)) {
+    return FailRank(e, std::string("op_wait returned ") + dmagather_status_string(st) + " (" + *why +
+                           "), expected FALLBACK naming rank 1" +
+                           (reason_names.empty() ? "" : " and the missing " + reason_names + " type"));
   }
   return 0;
 }
 
-int ModeDtypes(int rank, int world) {
-  dmagather::Comm c(nullptr, Job("dtypes"), world, rank);
-  if (!c.ok()) {
-    Fail("init: " + c.error());
-    return 1;
-  }
-  if (c.backend() != "cuda") {
-    Fail("backend is " + c.backend());
+// --- The modes: each a function of one rank ---
+
+int ModeDtypes(Env& e) {
+  if (e.c.backend() != "cuda") {
+    Fail("backend is " + e.c.backend());
     return 1;
   }
   const size_t max_shard = size_t(256) << 20;
-  char* send = static_cast<char*>(c.Alloc(max_shard));
-  char* recv = static_cast<char*>(c.Alloc(max_shard * world));
-  if (!send || !recv) {
-    Fail("alloc: " + c.error());
-    return 1;
-  }
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  Checker ck;
-  if (ck.Init()) {
-    Fail("checker");
-    return 1;
-  }
+  char* send = Alloc(e, max_shard);
+  char* recv = Alloc(e, max_shard * e.world);
+  if (!send || !recv) return 1;
   int bad = 0;
   uint64_t seed = 1000;
   for (int d = 0; d < DMAGATHER_NUM_DTYPES; ++d) {
     const auto dt = static_cast<dmagather_dtype_t>(d);
     const size_t es = dmagather_dtype_size(dt);
     for (size_t count : {size_t(1), size_t(3), size_t(4095), size_t((1 << 20) + 7), max_shard / es}) {
-      for (int v = 0; v < 3; ++v) {
-        std::string label = std::string(dmagather_dtype_name(dt)) + " count=" + std::to_string(count) +
-                            (v == 0   ? " out-of-place"
-                             : v == 1 ? " in-place"
-                                      : " list");
-        bad += CheckOne(c, ck, s, send, recv, dt, count, v, ++seed, label);
+      for (const Variant& v : kVariants) {
+        const std::string label =
+            std::string(dmagather_dtype_name(dt)) + " count=" + std::to_string(count) + " " + v.name;
+        bad += CheckVariant(e, send, recv, dt, count, v, ++seed, label);
       }
     }
   }
-  if (rank == 0) printf("  dtypes: %d checks per rank, %d failed on rank 0\n", DMAGATHER_NUM_DTYPES * 5 * 3, bad);
+  if (e.rank == 0) printf("  dtypes: %d checks per rank, %d failed on rank 0\n", DMAGATHER_NUM_DTYPES * 5 * 3, bad);
   return bad != 0;
 }
 
-int ModeSuballoc(int rank, int world) {
-  dmagather::Comm c(nullptr, Job("suballoc"), world, rank);
-  if (!c.ok()) {
-    Fail("init: " + c.error());
-    return 1;
-  }
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  Checker ck;
-  if (ck.Init()) return 1;
+int ModeSuballoc(Env& e) {
   const size_t count = 300007;  // int8: odd sizes everywhere
   const size_t arena_bytes = 16 << 20;
   int bad = 0;
@@ -274,11 +345,12 @@ int ModeSuballoc(int rank, int world) {
     // opens at the allocation base, so offsets must be applied.
     char* send = arena + 1000003 + 2 * round;
     char* recv = arena + 5000011 + round;
-    if (!Ok(c, c.Register(send, count), "register send") || !Ok(c, c.Register(recv, count * world), "register recv"))
+    if (!Ok(e.c, e.c.Register(send, count), "register send") ||
+        !Ok(e.c, e.c.Register(recv, count * e.world), "register recv"))
       return 1;
     for (int v = 0; v < 3; ++v) {
-      bad += CheckOne(c, ck, s, send, recv, DMAGATHER_INT8, count, v, 7000 + round * 10 + v,
-                      "suballoc round " + std::to_string(round) + " variant " + std::to_string(v));
+      bad += CheckVariant(e, send, recv, DMAGATHER_INT8, count, kVariants[v], 7000 + round * 10 + v,
+                          "suballoc round " + std::to_string(round) + " variant " + std::to_string(v));
     }
     // Free and allocate again: the address range is often reused, and the
     // client must notice (buffer id) and register the new allocation.
@@ -287,340 +359,221 @@ int ModeSuballoc(int rank, int world) {
   return bad != 0;
 }
 
-int ModeStream(int rank, int world) {
-  dmagather::Comm c(nullptr, Job("stream"), world, rank);
-  if (!c.ok()) {
-    Fail("init: " + c.error());
-    return 1;
-  }
+int ModeStream(Env& e) {
   const size_t count = (4 << 20) / 4 + 5;  // float32
   const size_t shard = count * 4;
-  char* send = static_cast<char*>(c.Alloc(shard));
-  char* recv = static_cast<char*>(c.Alloc(shard * world));
-  if (!send || !recv) {
-    Fail("alloc: " + c.error());
-    return 1;
-  }
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  Checker ck;
-  if (ck.Init()) return 1;
+  char* send = Alloc(e, shard);
+  char* recv = Alloc(e, shard * e.world);
+  if (!send || !recv) return 1;
   const int iters = 300;
   // Everything below is enqueued without a host synchronisation: the
   // producer writes this iteration's shard, the allgather's ready write
   // follows it on the stream, the consumer checks after the done wait.
   for (int i = 0; i < iters; ++i) {
-    const bool in_place = (i % 2) == 1;
-    char* in = in_place ? recv + rank * shard : send;
-    if (i % 7 == 0) dmagather::kernels::Delay(50'000 * (rank + 1), s);  // Ready comes late, unevenly.
-    dmagather::kernels::FillPattern(in, shard, 90000 + i, rank, s);
-    if (!Ok(c, c.AllGather(in, recv, count, DMAGATHER_FLOAT32, s), "allgather " + std::to_string(i))) return 1;
-    for (int r = 0; r < world; ++r) ck.Compare(recv + r * shard, shard, 90000 + i, r, s);
+    char* in = (i % 2) == 1 ? recv + e.rank * shard : send;                 // Odd iterations in place.
+    if (i % 7 == 0) dmagather::kernels::Delay(50'000 * (e.rank + 1), e.s);  // Ready comes late, unevenly.
+    dmagather::kernels::FillPattern(in, shard, 90000 + i, e.rank, e.s);
+    if (!Ok(e.c, e.c.AllGather(in, recv, count, DMAGATHER_FLOAT32, e.s), "allgather " + std::to_string(i))) return 1;
+    e.ck.CompareShards(recv, shard, e.world, 90000 + i, e.s);
   }
   unsigned long long first = 0;
-  unsigned long long bad = ck.Read(s, &first);
-  if (!Ok(c, c.Wait(), "wait")) return 1;
-  if (rank == 0) printf("  stream: %d iterations x %d shards, %llu wrong words (rank 0)\n", iters, world, bad);
-  if (bad != 0) {
-    Fail("rank " + std::to_string(rank) + ": " + std::to_string(bad) + " wrong words with stream ordering");
-    return 1;
-  }
-  return 0;
+  const unsigned long long bad = e.ck.Read(e.s, &first);
+  if (!Ok(e.c, e.c.Wait(), "wait")) return 1;
+  if (e.rank == 0) printf("  stream: %d iterations x %d shards, %llu wrong words (rank 0)\n", iters, e.world, bad);
+  return NoWrongWords(e, bad, first, "with stream ordering");
 }
 
-int ModeEight(int rank, int world) {
-  dmagather::Comm c(nullptr, Job("eight"), world, rank);
-  if (!c.ok()) {
-    Fail("init: " + c.error());
-    return 1;
-  }
+int ModeEight(Env& e) {
   const size_t count = (1 << 20) + 7;
-  char* send = static_cast<char*>(c.Alloc(count * 4));
-  char* recv = static_cast<char*>(c.Alloc(count * 4 * world));
-  if (!send || !recv) {
-    Fail("alloc: " + c.error());
-    return 1;
-  }
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  Checker ck;
-  if (ck.Init()) return 1;
+  char* send = Alloc(e, count * 4);
+  char* recv = Alloc(e, count * 4 * e.world);
+  if (!send || !recv) return 1;
+  struct Check {
+    dmagather_dtype_t dt;
+    const Variant& v;
+    uint64_t seed;
+    const char* label;
+  };
+  const Check checks[] = {{DMAGATHER_FLOAT32, kVariants[0], 51, "eight float32 out-of-place"},
+                          {DMAGATHER_BFLOAT16, kVariants[1], 52, "eight bfloat16 in-place"},
+                          {DMAGATHER_FLOAT32, kVariants[2], 53, "eight float32 list"}};
   int bad = 0;
-  bad += CheckOne(c, ck, s, send, recv, DMAGATHER_FLOAT32, count, 0, 51, "eight float32 out-of-place");
-  bad += CheckOne(c, ck, s, send, recv, DMAGATHER_BFLOAT16, count, 1, 52, "eight bfloat16 in-place");
-  bad += CheckOne(c, ck, s, send, recv, DMAGATHER_FLOAT32, count, 2, 53, "eight float32 list");
+  for (const Check& k : checks) bad += CheckVariant(e, send, recv, k.dt, count, k.v, k.seed, k.label);
   return bad != 0;
 }
 
-int ModeKill(int rank, int world) {
-  dmagather::Comm c(nullptr, Job("kill"), world, rank);
-  if (!c.ok()) {
-    Fail("init: " + c.error());
-    return 1;
-  }
+double NowMs() { return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count(); }
+
+int ModeKill(Env& e) {
   const size_t count = 1 << 20;
-  char* recv = static_cast<char*>(c.Alloc(count * world));
-  if (!recv) {
-    Fail("alloc: " + c.error());
-    return 1;
-  }
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  char* recv = Alloc(e, count * e.world);
+  if (!recv) return 1;
+  char* own = recv + e.rank * count;
   for (int i = 0; i < 2; ++i) {
-    if (!Ok(c, c.AllGather(recv + rank * count, recv, count, DMAGATHER_UINT8, s), "warm-up")) return 1;
+    if (!Ok(e.c, e.c.AllGather(own, recv, count, DMAGATHER_UINT8, e.s), "warm-up")) return 1;
   }
-  CK(cudaStreamSynchronize(s));
-  if (!Ok(c, c.Wait(), "warm-up wait")) return 1;
-  if (rank == world - 1) {
+  CK(cudaStreamSynchronize(e.s));
+  if (!Ok(e.c, e.c.Wait(), "warm-up wait")) return 1;
+  if (e.rank == e.world - 1) {
     // Hold the stream back so the op's ready write never happens, submit,
     // then die with the daemon's streams waiting on this rank.
-    dmagather::kernels::Delay(20'000'000'000ull, s);
-    c.AllGather(recv + rank * count, recv, count, DMAGATHER_UINT8, s);
+    dmagather::kernels::Delay(20'000'000'000ull, e.s);
+    e.c.AllGather(own, recv, count, DMAGATHER_UINT8, e.s);
     sh->step[0].store(1);
     usleep(200'000);
-    sh->kill_to_error_ms[7] = std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
+    sh->kill_to_error_ms[7] = NowMs();
     raise(SIGKILL);
   }
   while (sh->step[0].load() == 0) usleep(1000);
-  if (!Ok(c, c.AllGather(recv + rank * count, recv, count, DMAGATHER_UINT8, s), "op 3 submit")) return 1;
-  dmagather_status_t st = c.Wait();
-  const double now = std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
+  if (!Ok(e.c, e.c.AllGather(own, recv, count, DMAGATHER_UINT8, e.s), "op 3 submit")) return 1;
+  dmagather_status_t st = e.c.Wait();
+  const double now = NowMs();
   while (sh->kill_to_error_ms[7] == 0) usleep(100);
-  sh->kill_to_error_ms[rank] = now - sh->kill_to_error_ms[7];
-  sh->status_seen[rank] = st;
+  double& ms = sh->kill_to_error_ms[e.rank];
+  ms = now - sh->kill_to_error_ms[7];
+  sh->status_seen[e.rank] = st;
   // The stream must drain (done was published with the error).
-  auto t0 = Clock::now();
-  cudaError_t q;
-  while ((q = cudaStreamQuery(s)) == cudaErrorNotReady && Clock::now() - t0 < std::chrono::seconds(10)) usleep(1000);
-  if (q != cudaSuccess) {
-    Fail("rank " + std::to_string(rank) + ": stream still blocked 10 s after the peer died (" + cudaGetErrorName(q) +
-         ")");
-    return 1;
+  if (cudaError_t q = DrainWithin(e.s, std::chrono::seconds(10)); q != cudaSuccess) {
+    return FailRank(e, std::string("stream still blocked 10 s after the peer died (") + cudaGetErrorName(q) + ")");
   }
   if (st != DMAGATHER_PEER_FAILED) {
-    Fail("rank " + std::to_string(rank) + ": wait returned " + dmagather_status_string(st) + " (" + c.error() +
-         "), expected DMAGATHER_PEER_FAILED");
-    return 1;
+    return FailRank(e, std::string("wait returned ") + dmagather_status_string(st) + " (" + e.c.error() +
+                           "), expected DMAGATHER_PEER_FAILED");
   }
-  printf("  kill: rank %d got %s %.0f ms after the kill: %s\n", rank, dmagather_status_string(st),
-         sh->kill_to_error_ms[rank], c.error().c_str());
-  if (sh->kill_to_error_ms[rank] > 1000) {
-    Fail("rank " + std::to_string(rank) + ": peer failure reported after " +
-         std::to_string(sh->kill_to_error_ms[rank]) + " ms (> 1 s)");
-    return 1;
-  }
+  printf("  kill: rank %d got %s %.0f ms after the kill: %s\n", e.rank, dmagather_status_string(st), ms,
+         e.c.error().c_str());
+  if (ms > 1000) return FailRank(e, "peer failure reported after " + std::to_string(ms) + " ms (> 1 s)");
   return 0;
 }
 
-int ModeMismatch(int rank, int world) {
-  dmagather::Comm c(nullptr, Job("mismatch"), world, rank);
-  if (!c.ok()) {
-    Fail("init: " + c.error());
-    return 1;
-  }
-  char* recv = static_cast<char*>(c.Alloc(4096 * world));
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  const size_t count = rank == 0 ? 100 : 101;
-  if (!Ok(c, c.AllGather(recv + rank * count, recv, count, DMAGATHER_UINT8, s), "submit")) return 1;
-  auto t0 = Clock::now();
-  cudaError_t q;
-  while ((q = cudaStreamQuery(s)) == cudaErrorNotReady && Clock::now() - t0 < std::chrono::seconds(10)) usleep(1000);
-  if (q != cudaSuccess) {
+int ModeMismatch(Env& e) {
+  char* recv = Alloc(e, 4096 * e.world);
+  if (!recv) return 1;
+  const size_t count = e.rank == 0 ? 100 : 101;
+  if (!Ok(e.c, e.c.AllGather(recv + e.rank * count, recv, count, DMAGATHER_UINT8, e.s), "submit")) return 1;
+  if (DrainWithin(e.s, std::chrono::seconds(10)) != cudaSuccess) {
     Fail("stream blocked after a failed op");
     return 1;
   }
-  dmagather_status_t st = c.Wait();
+  dmagather_status_t st = e.c.Wait();
   if (st != DMAGATHER_INVALID_ARGUMENT) {
-    Fail("rank " + std::to_string(rank) + ": wait returned " + dmagather_status_string(st) +
-         ", expected INVALID_ARGUMENT");
-    return 1;
+    return FailRank(e, std::string("wait returned ") + dmagather_status_string(st) + ", expected INVALID_ARGUMENT");
   }
-  if (rank == 0) printf("  mismatch: %s: %s\n", dmagather_status_string(st), c.error().c_str());
+  if (e.rank == 0) printf("  mismatch: %s: %s\n", dmagather_status_string(st), e.c.error().c_str());
   return 0;
 }
 
-int ModeOpHandles(int rank, int world) {
-  dmagather::Comm c(nullptr, Job("ophandles"), world, rank);
-  if (!c.ok()) {
-    Fail("init: " + c.error());
-    return 1;
-  }
+int ModeOpHandles(Env& e) {
   const size_t count = (2 << 20) + 3;  // bfloat16
   const size_t shard = count * 2;
-  char* send = static_cast<char*>(c.Alloc(shard));
-  char* recv = static_cast<char*>(c.Alloc(shard * world));
-  if (!send || !recv) {
-    Fail("alloc: " + c.error());
-    return 1;
-  }
+  char* send = Alloc(e, shard);
+  char* recv = Alloc(e, shard * e.world);
+  if (!send || !recv) return 1;
   cudaStream_t producer, consumer;
   CK(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
   CK(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking));
   cudaEvent_t checked;
   CK(cudaEventCreateWithFlags(&checked, cudaEventDisableTiming));
-  Checker ck;
-  if (ck.Init()) return 1;
   const int iters = 100;
   std::vector<dmagather_op_t> ops;
   for (int i = 0; i < iters; ++i) {
-    const bool in_place = (i % 2) == 1;
-    char* in = in_place ? recv + rank * shard : send;
+    char* in = (i % 2) == 1 ? recv + e.rank * shard : send;  // Odd iterations in place.
     // The producer may not overwrite the output before the last check read it.
     CK(cudaStreamWaitEvent(producer, checked, 0));
-    if (i % 9 == 0) dmagather::kernels::Delay(30'000 * (rank + 1), producer);
-    dmagather::kernels::FillPattern(in, shard, 31000 + i, rank, producer);
+    if (i % 9 == 0) dmagather::kernels::Delay(30'000 * (e.rank + 1), producer);
+    dmagather::kernels::FillPattern(in, shard, 31000 + i, e.rank, producer);
     dmagather_op_t op = 0;
-    if (!Ok(c, dmagather_allgather_async(c.get(), in, recv, count, DMAGATHER_BFLOAT16, producer, &op), "async"))
+    if (!Ok(e.c, dmagather_allgather_async(e.c.get(), in, recv, count, DMAGATHER_BFLOAT16, producer, &op), "async"))
       return 1;
-    if (!Ok(c, dmagather_op_wait_stream(c.get(), op, consumer), "op_wait_stream")) return 1;
-    for (int r = 0; r < world; ++r) ck.Compare(recv + r * shard, shard, 31000 + i, r, consumer);
+    if (!Ok(e.c, dmagather_op_wait_stream(e.c.get(), op, consumer), "op_wait_stream")) return 1;
+    e.ck.CompareShards(recv, shard, e.world, 31000 + i, consumer);
     // The next fill overwrites inputs and outputs: it waits for this check
     // (which itself followed the done wait, so the daemon has read them).
     CK(cudaEventRecord(checked, consumer));
     ops.push_back(op);
   }
   unsigned long long first = 0;
-  unsigned long long bad = ck.Read(consumer, &first);
+  const unsigned long long bad = e.ck.Read(consumer, &first);
   for (dmagather_op_t op : ops) {
     int done = 0;
-    dmagather_status_t st = dmagather_op_test(c.get(), op, &done);
+    dmagather_status_t st = dmagather_op_test(e.c.get(), op, &done);
     if (st != DMAGATHER_OK || done != 1) {
-      Fail("rank " + std::to_string(rank) + ": op_test(" + std::to_string(op) + ") = " + dmagather_status_string(st) +
-           " done=" + std::to_string(done));
-      return 1;
+      return FailRank(
+          e, "op_test(" + std::to_string(op) + ") = " + dmagather_status_string(st) + " done=" + std::to_string(done));
     }
   }
-  if (!Ok(c, dmagather_op_wait(c.get(), ops.back()), "op_wait")) return 1;
-  if (rank == 0)
+  if (!Ok(e.c, dmagather_op_wait(e.c.get(), ops.back()), "op_wait")) return 1;
+  if (e.rank == 0)
     printf("  ophandles: %d ops, consumer stream != producer stream, %llu wrong words (rank 0)\n", iters, bad);
-  if (bad != 0) {
-    Fail("rank " + std::to_string(rank) + ": " + std::to_string(bad) + " wrong words with op handles, first at " +
-         std::to_string(first));
-    return 1;
-  }
-  return 0;
+  return NoWrongWords(e, bad, first, "with op handles");
 }
 
-int ModeCoalesced(int rank, int world) {
-  dmagather::Comm c(nullptr, Job("coalesced"), world, rank);
-  if (!c.ok()) {
-    Fail("init: " + c.error());
-    return 1;
-  }
+int ModeCoalesced(Env& e) {
   struct T {
     dmagather_dtype_t dt;
     size_t count;
     bool in_place;
+    char *send, *recv;
+    size_t shard() const { return count * dmagather_dtype_size(dt); }
   };
-  const T ts[4] = {{DMAGATHER_BFLOAT16, (1 << 20) + 1, true},
-                   {DMAGATHER_FLOAT32, 4095, false},
-                   {DMAGATHER_UINT8, 3, true},
-                   {DMAGATHER_FLOAT64, (1 << 18) + 7, false}};
-  char* send[4];
-  char* recv[4];
-  for (int k = 0; k < 4; ++k) {
-    const size_t shard = ts[k].count * dmagather_dtype_size(ts[k].dt);
-    send[k] = static_cast<char*>(c.Alloc(shard));
-    recv[k] = static_cast<char*>(c.Alloc(shard * world));
-    if (!send[k] || !recv[k]) {
-      Fail("alloc: " + c.error());
-      return 1;
-    }
+  T ts[4] = {{DMAGATHER_BFLOAT16, (1 << 20) + 1, true},
+             {DMAGATHER_FLOAT32, 4095, false},
+             {DMAGATHER_UINT8, 3, true},
+             {DMAGATHER_FLOAT64, (1 << 18) + 7, false}};
+  for (T& t : ts) {
+    t.send = Alloc(e, t.shard());
+    t.recv = Alloc(e, t.shard() * e.world);
+    if (!t.send || !t.recv) return 1;
   }
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  Checker ck;
-  if (ck.Init()) return 1;
   for (int i = 0; i < 20; ++i) {
     dmagather_gather_t items[4];
     for (int k = 0; k < 4; ++k) {
-      const size_t shard = ts[k].count * dmagather_dtype_size(ts[k].dt);
-      char* in = ts[k].in_place ? recv[k] + rank * shard : send[k];
-      CK(cudaMemsetAsync(recv[k], 0x5A, shard * world, s));
-      dmagather::kernels::FillPattern(in, shard, 50000 + 10 * i + k, rank, s);
-      items[k] = dmagather_gather_t{in, recv[k], ts[k].count, ts[k].dt};
+      char* in = ts[k].in_place ? ts[k].recv + e.rank * ts[k].shard() : ts[k].send;
+      CK(cudaMemsetAsync(ts[k].recv, 0x5A, ts[k].shard() * e.world, e.s));
+      dmagather::kernels::FillPattern(in, ts[k].shard(), 50000 + 10 * i + k, e.rank, e.s);
+      items[k] = dmagather_gather_t{in, ts[k].recv, ts[k].count, ts[k].dt};
     }
     dmagather_op_t op = 0;
-    if (!Ok(c, dmagather_allgather_coalesced(c.get(), items, 4, s, &op), "coalesced")) return 1;
-    if (!Ok(c, dmagather_op_wait_stream(c.get(), op, s), "op_wait_stream")) return 1;
-    for (int k = 0; k < 4; ++k) {
-      const size_t shard = ts[k].count * dmagather_dtype_size(ts[k].dt);
-      for (int r = 0; r < world; ++r) ck.Compare(recv[k] + r * shard, shard, 50000 + 10 * i + k, r, s);
-    }
+    if (!Ok(e.c, dmagather_allgather_coalesced(e.c.get(), items, 4, e.s, &op), "coalesced")) return 1;
+    if (!Ok(e.c, dmagather_op_wait_stream(e.c.get(), op, e.s), "op_wait_stream")) return 1;
+    for (int k = 0; k < 4; ++k) e.ck.CompareShards(ts[k].recv, ts[k].shard(), e.world, 50000 + 10 * i + k, e.s);
   }
   unsigned long long first = 0;
-  unsigned long long bad = ck.Read(s, &first);
-  if (!Ok(c, c.Wait(), "wait")) return 1;
-  if (rank == 0) printf("  coalesced: 20 ops x 4 tensors, %llu wrong words (rank 0)\n", bad);
-  if (bad != 0) {
-    Fail("rank " + std::to_string(rank) + ": " + std::to_string(bad) + " wrong words in coalesced ops");
-    return 1;
-  }
-  return 0;
+  const unsigned long long bad = e.ck.Read(e.s, &first);
+  if (!Ok(e.c, e.c.Wait(), "wait")) return 1;
+  if (e.rank == 0) printf("  coalesced: 20 ops x 4 tensors, %llu wrong words (rank 0)\n", bad);
+  return NoWrongWords(e, bad, first, "in coalesced ops");
 }
 
-int ModeFallback(int rank, int world) {
-  dmagather::Comm c(nullptr, Job("fallback"), world, rank);
-  if (!c.ok()) {
-    Fail("init: " + c.error());
-    return 1;
-  }
+int ModeFallback(Env& e) {
   const size_t count = 1 << 16;
-  char* send = static_cast<char*>(c.Alloc(count));
-  char* recv = static_cast<char*>(c.Alloc(count * world));
-  if (!send || !recv) {
-    Fail("alloc: " + c.error());
-    return 1;
-  }
-  std::vector<char> host(count * world, 7);
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  Checker ck;
-  if (ck.Init()) return 1;
-  CK(cudaMemsetAsync(recv, 0x33, count * world, s));
-  dmagather::kernels::FillPattern(send, count, 777, rank, s);
-  dmagather_op_t op = 0;
-  void* out = rank == 1 ? static_cast<void*>(host.data()) : recv;
+  char* send = Alloc(e, count);
+  char* recv = Alloc(e, count * e.world);
+  if (!send || !recv) return 1;
+  std::vector<char> host(count * e.world, 7);
+  void* out = e.rank == 1 ? static_cast<void*>(host.data()) : recv;
   const auto t0 = Clock::now();
-  dmagather_status_t st = dmagather_allgather_async(c.get(), send, out, count, DMAGATHER_UINT8, s, &op);
-  if (rank == 1 && st != DMAGATHER_FALLBACK) {
-    Fail(std::string("rank 1 (host output) submit returned ") + dmagather_status_string(st) + ": " + c.error());
-    return 1;
-  }
-  if (op == 0) {
-    Fail("rank " + std::to_string(rank) + ": no op handle");
-    return 1;
-  }
-  dmagather_op_wait_stream(c.get(), op, s);
-  st = dmagather_op_wait(c.get(), op);
+  std::string why;
+  if (ExpectFallbackOfRank1(e, send, recv, out, count, 777, "host output", "", &why)) return 1;
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  if (st != DMAGATHER_FALLBACK || c.error().find("rank 1") == std::string::npos) {
-    Fail("rank " + std::to_string(rank) + ": op_wait returned " + dmagather_status_string(st) + " (" + c.error() +
-         "), expected FALLBACK naming rank 1");
-    return 1;
-  }
   if (ms > 1000) {
     Fail("fallback verdict took " + std::to_string(ms) + " ms");
     return 1;
   }
   // Nothing was copied: every other rank's shard of the output is still
   // the 0x33 sentinel (the daemon never ran the op).
-  std::vector<unsigned char> got(count * world);
-  CK(cudaStreamSynchronize(s));
+  std::vector<unsigned char> got(count * e.world);
+  CK(cudaStreamSynchronize(e.s));
   CK(cudaMemcpy(got.data(), recv, got.size(), cudaMemcpyDeviceToHost));
-  for (int r = 0; r < world && rank != 1; ++r) {
-    if (r == rank) continue;
+  for (int r = 0; r < e.world && e.rank != 1; ++r) {
+    if (r == e.rank) continue;
     for (size_t i = 0; i < count; ++i) {
-      if (got[r * count + i] != 0x33) {
-        Fail("rank " + std::to_string(rank) + ": shard " + std::to_string(r) + " was written by a failed op");
-        return 1;
-      }
+      if (got[r * count + i] != 0x33) return FailRank(e, "shard " + std::to_string(r) + " was written by a failed op");
     }
   }
-  if (rank == 0) printf("  fallback: every rank got FALLBACK in %.1f ms: %s\n", ms, c.error().c_str());
+  if (e.rank == 0) printf("  fallback: every rank got FALLBACK in %.1f ms: %s\n", ms, why.c_str());
   // The job goes on: the next op is bit-exact.
-  return CheckOne(c, ck, s, send, recv, DMAGATHER_UINT8, count, 0, 778, "after fallback");
+  return CheckGather(e, Gather{send, recv, count, DMAGATHER_UINT8, false, 778, "after fallback"});
 }
 
 // --- VMM memory ---
@@ -700,37 +653,13 @@ struct VmmArena {
   char* at(size_t off) const { return reinterpret_cast<char*>(va) + off; }
 };
 
-// One flat AllGather between arbitrary device pointers, checked bit-exact.
-int GatherChecked(dmagather::Comm& c, Checker& ck, cudaStream_t s, char* in, char* recv, size_t shard, uint64_t seed,
-                  const std::string& label) {
-  const int world = c.size(), rank = c.rank();
-  CK(cudaMemsetAsync(recv, 0xA5, shard * world, s));
-  if (in != recv + rank * shard) CK(cudaMemsetAsync(recv + rank * shard, 0x5A, shard, s));
-  dmagather::kernels::FillPattern(in, shard, seed, rank, s);
-  if (!Ok(c, c.AllGather(in, recv, shard, DMAGATHER_UINT8, s), label)) return 1;
-  for (int r = 0; r < world; ++r) ck.Compare(recv + r * shard, shard, seed, r, s);
-  unsigned long long first = 0;
-  const unsigned long long bad = ck.Read(s, &first);
-  if (!Ok(c, c.Wait(), label + " wait")) return 1;
-  if (bad != 0) {
-    Fail("rank " + std::to_string(rank) + " " + label + ": " + std::to_string(bad) + " wrong words, first at byte " +
-         std::to_string(first));
-    ck.Reset(s);
-    return 1;
-  }
-  return 0;
+// One flat uint8 AllGather of `shard` bytes between arbitrary device
+// pointers, checked bit-exact.
+int GatherBytes(Env& e, char* in, char* recv, size_t shard, uint64_t seed, const std::string& label) {
+  return CheckGather(e, Gather{in, recv, shard, DMAGATHER_UINT8, false, seed, label});
 }
 
-int ModeVmm(int rank, int world) {
-  dmagather::Comm c(nullptr, Job("vmm"), world, rank);
-  if (!c.ok()) {
-    Fail("init: " + c.error());
-    return 1;
-  }
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  Checker ck;
-  if (ck.Init()) return 1;
+int ModeVmm(Env& e) {
   const size_t chunk = 2 << 20;
   VmmArena in, out;
   // Inputs: 4 chunks; outputs: up to 12 chunks, 8 mapped at first.
@@ -738,128 +667,121 @@ int ModeVmm(int rank, int world) {
   const size_t shard = (3 << 20) + 12345;   // Spans 2-3 chunks wherever it starts.
   const size_t in_off = (1 << 20) + 333;    // Inside chunk 0, runs into chunk 2.
   const size_t out_off = (1 << 20) + 4097;  // Output: world * shard from here.
-  if (out_off + world * shard > 8 * chunk) {
+  if (out_off + e.world * shard > 8 * chunk) {
     Fail("layout");
     return 1;
   }
   int bad = 0;
   for (int i = 0; i < 20; ++i) {  // Out of place, then in place, alternating.
     char* recv = out.at(out_off);
-    char* src = (i % 2 == 0) ? in.at(in_off) : recv + rank * shard;
-    bad += GatherChecked(c, ck, s, src, recv, shard, 5000 + i, "vmm step " + std::to_string(i));
+    char* src = (i % 2 == 0) ? in.at(in_off) : recv + e.rank * shard;
+    bad += GatherBytes(e, src, recv, shard, 5000 + i, "vmm step " + std::to_string(i));
   }
   // Host cost of the per-submit validity check of a registration (one
   // pointer attribute per chunk under the range): dmagather_register of
   // already registered VMM memory vs cudaMalloc memory.
-  char* plain = static_cast<char*>(c.Alloc(world * shard));
-  if (plain == nullptr) {
-    Fail("alloc: " + c.error());
-    return 1;
-  }
+  char* plain = Alloc(e, e.world * shard);
+  if (plain == nullptr) return 1;
   auto time_register = [&](char* p) {
     const auto t0 = Clock::now();
-    for (int k = 0; k < 2000; ++k) c.Register(p, world * shard);
+    for (int k = 0; k < 2000; ++k) e.c.Register(p, e.world * shard);
     return std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / 2000;
   };
   const double us_plain = time_register(plain), us_vmm = time_register(out.at(out_off));
   // Remap: the chunk under rank 1's output shard gets new physical memory at
   // the same address (what an allocator does after empty_cache and regrowth).
-  cudaStreamSynchronize(s);
-  sh->step[rank].store(1);
-  for (int r = 0; r < world; ++r)
-    while (sh->step[r].load() < 1) usleep(100);
+  cudaStreamSynchronize(e.s);
+  StartLine(e);
   const size_t remap_chunk = (out_off + 1 * shard) / chunk;
   if (out.Unmap(remap_chunk) || out.Map(remap_chunk)) return 1;
   for (int i = 0; i < 4; ++i) {
-    bad += GatherChecked(c, ck, s, in.at(in_off), out.at(out_off), shard, 6000 + i, "after remap " + std::to_string(i));
+    bad += GatherBytes(e, in.at(in_off), out.at(out_off), shard, 6000 + i, "after remap " + std::to_string(i));
   }
   // Growth: map chunks 8..11 and gather into a range that reaches them.
   for (size_t k = 8; k < 12; ++k) {
     if (out.Map(k)) return 1;
   }
   const size_t grown_off = 6 * chunk + 777;
-  const size_t grown_shard = (12 * chunk - grown_off) / world - 5;
+  const size_t grown_shard = (12 * chunk - grown_off) / e.world - 5;
   VmmArena big_in;
   if (big_in.Create(5, chunk, 5, true)) return 1;
-  bad += GatherChecked(c, ck, s, big_in.at(3), out.at(grown_off), grown_shard, 7000, "grown range");
-  bad += GatherChecked(c, ck, s, big_in.at(3), out.at(grown_off), grown_shard, 7001, "grown range again");
-  if (rank == 0) {
+  bad += GatherBytes(e, big_in.at(3), out.at(grown_off), grown_shard, 7000, "grown range");
+  bad += GatherBytes(e, big_in.at(3), out.at(grown_off), grown_shard, 7001, "grown range again");
+  if (e.rank == 0) {
     printf(
         "  vmm: 2 MiB chunks, shard %zu B spanning chunks; 20 steps + 4 after a remap + 2 over grown range, %d "
         "failed on rank 0; per-submit registration check: %.2f us (VMM, %zu chunks) vs %.2f us (cudaMalloc)\n",
-        shard, bad, us_vmm, (out_off % chunk + world * shard + chunk - 1) / chunk, us_plain);
+        shard, bad, us_vmm, (out_off % chunk + e.world * shard + chunk - 1) / chunk, us_plain);
   }
   return bad != 0;
 }
 
-int ModeVmmUnshareable(int rank, int world) {
-  dmagather::Comm c(nullptr, Job("vmm_unshareable"), world, rank);
-  if (!c.ok()) {
-    Fail("init: " + c.error());
-    return 1;
-  }
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  Checker ck;
-  if (ck.Init()) return 1;
+int ModeVmmUnshareable(Env& e) {
   const size_t chunk = 2 << 20, shard = (1 << 20) + 99;
   VmmArena out;
-  if (out.Create(4, chunk, 4, /*share=*/rank != 1)) return 1;
-  char* send = static_cast<char*>(c.Alloc(shard));
-  if (send == nullptr) {
-    Fail("alloc: " + c.error());
+  if (out.Create(4, chunk, 4, /*share=*/e.rank != 1)) return 1;
+  char* send = Alloc(e, shard);
+  if (send == nullptr) return 1;
+  std::string why;
+  if (ExpectFallbackOfRank1(e, send, out.at(0), out.at(0), shard, 31, "unshareable VMM output", "shareable handle",
+                            &why))
     return 1;
-  }
-  CK(cudaMemsetAsync(out.at(0), 0x33, shard * world, s));
-  dmagather::kernels::FillPattern(send, shard, 31, rank, s);
-  dmagather_op_t op = 0;
-  dmagather_status_t st = dmagather_allgather_async(c.get(), send, out.at(0), shard, DMAGATHER_UINT8, s, &op);
-  if (rank == 1 && st != DMAGATHER_FALLBACK) {
-    Fail(std::string("rank 1 (unshareable VMM output) submit returned ") + dmagather_status_string(st) + ": " +
-         c.error());
-    return 1;
-  }
-  if (op == 0) {
-    Fail("rank " + std::to_string(rank) + ": no op handle");
-    return 1;
-  }
-  dmagather_op_wait_stream(c.get(), op, s);
-  st = dmagather_op_wait(c.get(), op);
-  const std::string why = c.error();
-  if (st != DMAGATHER_FALLBACK || why.find("rank 1") == std::string::npos ||
-      why.find("shareable handle") == std::string::npos) {
-    Fail("rank " + std::to_string(rank) + ": op_wait returned " + dmagather_status_string(st) + " (" + why +
-         "), expected FALLBACK naming rank 1 and the missing shareable handle type");
-    return 1;
-  }
-  CK(cudaStreamSynchronize(s));
-  if (rank == 0) printf("  vmm_unshareable: every rank got FALLBACK: %s\n", why.c_str());
-  char* recv = static_cast<char*>(c.Alloc(shard * world));
-  if (recv == nullptr) {
-    Fail("alloc: " + c.error());
-    return 1;
-  }
-  return GatherChecked(c, ck, s, send, recv, shard, 32, "after fallback");
+  CK(cudaStreamSynchronize(e.s));
+  if (e.rank == 0) printf("  vmm_unshareable: every rank got FALLBACK: %s\n", why.c_str());
+  char* recv = Alloc(e, shard * e.world);
+  if (recv == nullptr) return 1;
+  return GatherBytes(e, send, recv, shard, 32, "after fallback");
 }
 
 // --- CUDA graph capture ---
 
-int ModeGraph(int rank, int world) {
-  dmagather::Comm c(nullptr, Job("graph"), world, rank);
-  if (!c.ok()) {
-    Fail("init: " + c.error());
-    return 1;
+// Ends the capture on e.s and instantiates it; fails ("rank R: what: the
+// error") when the captured AllGather(s) did not return OK, or CUDA refused.
+int EndCaptureAndInstantiate(Env& e, bool captured_ok, const std::string& what, cudaGraph_t* graph,
+                             cudaGraphExec_t* exec) {
+  cudaError_t end = cudaStreamEndCapture(e.s, graph);
+  if (!captured_ok) return FailRank(e, what + ": " + e.c.error());
+  CK(end);
+  CK(cudaGraphInstantiate(exec, *graph, 0));
+  return 0;
+}
+
+// Graph slots come back when their graphs are destroyed: `graphs` graphs
+// (more than the 32 slots) captured, replayed twice, checked and destroyed
+// in turn.
+int GraphSlotsComeBack(Env& e, char* recv_b, size_t shard_b, int graphs) {
+  for (int k = 0; k < graphs; ++k) {
+    const uint64_t seed = 9000 + k;
+    char* own = recv_b + e.rank * shard_b;
+    CK(cudaStreamBeginCapture(e.s, cudaStreamCaptureModeGlobal));
+    dmagather::kernels::FillPattern(own, shard_b, seed, e.rank, e.s);
+    dmagather_status_t st = e.c.AllGather(own, recv_b, shard_b, DMAGATHER_UINT8, e.s);
+    e.ck.CompareShards(recv_b, shard_b, e.world, seed, e.s);
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t x = nullptr;
+    const std::string what = "capture " + std::to_string(k) + ": " + dmagather_status_string(st);
+    if (EndCaptureAndInstantiate(e, st == DMAGATHER_OK, what, &g, &x)) return 1;
+    CK(cudaGraphLaunch(x, e.s));
+    CK(cudaGraphLaunch(x, e.s));
+    unsigned long long first = 0;
+    const unsigned long long wrong = e.ck.Read(e.s, &first);
+    if (wrong != 0) return FailRank(e, "graph " + std::to_string(k) + ": " + std::to_string(wrong) + " wrong words");
+    CK(cudaGraphExecDestroy(x));
+    CK(cudaGraphDestroy(g));
+    CK(cudaDeviceSynchronize());
+    usleep(2000);  // The slot's user object is released on a CUDA thread.
   }
+  return 0;
+}
+
+int ModeGraph(Env& e) {
+  const int rank = e.rank, world = e.world;
+  cudaStream_t s = e.s;
   const size_t shard_a = (2 << 20) + 4104, shard_b = 65536 + 40;  // Bytes (uint8 / float32 counts below).
-  char* send = static_cast<char*>(c.Alloc(shard_a));
-  char* recv_a = static_cast<char*>(c.Alloc(shard_a * world));
-  char* recv_b = static_cast<char*>(c.Alloc(shard_b * world));
-  if (!send || !recv_a || !recv_b) {
-    Fail("alloc: " + c.error());
-    return 1;
-  }
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  char* send = Alloc(e, shard_a);
+  char* recv_a = Alloc(e, shard_a * world);
+  char* recv_b = Alloc(e, shard_b * world);
+  if (!send || !recv_a || !recv_b) return 1;
   unsigned long long* d = nullptr;  // [0] step, [1] mismatches, [2] first bad
   CK(cudaMalloc(&d, 24));
   unsigned long long init[3] = {1000, 0, ~0ull};
@@ -870,27 +792,20 @@ int ModeGraph(int rank, int world) {
   dmagather::kernels::Increment(d, s);
   dmagather::kernels::FillPatternDeviceSeed(send, shard_a, d, rank, s);
   dmagather::kernels::FillPatternDeviceSeed(recv_b + rank * shard_b, shard_b, d, rank + 100, s);
-  dmagather_status_t st_a = c.AllGather(send, recv_a, shard_a, DMAGATHER_UINT8, s);
-  dmagather_status_t st_b = c.AllGather(recv_b + rank * shard_b, recv_b, shard_b / 4, DMAGATHER_FLOAT32, s);
+  dmagather_status_t st_a = e.c.AllGather(send, recv_a, shard_a, DMAGATHER_UINT8, s);
+  dmagather_status_t st_b = e.c.AllGather(recv_b + rank * shard_b, recv_b, shard_b / 4, DMAGATHER_FLOAT32, s);
   for (int r = 0; r < world; ++r) {
     dmagather::kernels::ComparePatternDeviceSeed(recv_a + r * shard_a, shard_a, d, r, d + 1, d + 2, s);
     dmagather::kernels::ComparePatternDeviceSeed(recv_b + r * shard_b, shard_b, d, r + 100, d + 1, d + 2, s);
   }
   cudaGraph_t graph = nullptr;
-  cudaError_t end = cudaStreamEndCapture(s, &graph);
-  if (st_a != DMAGATHER_OK || st_b != DMAGATHER_OK) {
-    Fail("rank " + std::to_string(rank) + ": captured allgather returned " + dmagather_status_string(st_a) + "/" +
-         dmagather_status_string(st_b) + ": " + c.error());
-    return 1;
-  }
-  CK(end);
   cudaGraphExec_t exec = nullptr;
-  CK(cudaGraphInstantiate(&exec, graph, 0));
+  const std::string captured =
+      std::string("captured allgather returned ") + dmagather_status_string(st_a) + "/" + dmagather_status_string(st_b);
+  if (EndCaptureAndInstantiate(e, st_a == DMAGATHER_OK && st_b == DMAGATHER_OK, captured, &graph, &exec)) return 1;
   // Every rank holds off until all have instantiated (no host sync of the
   // stream below, only this start line).
-  sh->step[rank].store(1);
-  for (int r = 0; r < world; ++r)
-    while (sh->step[r].load() < 1) usleep(100);
+  StartLine(e);
   const int replays = 100;
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
@@ -907,10 +822,8 @@ int ModeGraph(int rank, int world) {
   unsigned long long h[3];
   CK(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost));
   if (h[0] != 1000 + replays || h[1] != 0) {
-    Fail("rank " + std::to_string(rank) + ": after " + std::to_string(replays) +
-         " replays step=" + std::to_string(h[0]) + ", " + std::to_string(h[1]) + " wrong words (first at byte " +
-         std::to_string(h[2]) + ")");
-    return 1;
+    return FailRank(e, "after " + std::to_string(replays) + " replays step=" + std::to_string(h[0]) + ", " +
+                           std::to_string(h[1]) + " wrong words (first at byte " + std::to_string(h[2]) + ")");
   }
   if (rank == 0) {
     printf(
@@ -921,95 +834,96 @@ int ModeGraph(int rank, int world) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   // The ordinary path still works after the graph.
-  Checker ck;
-  if (ck.Init()) return 1;
-  if (GatherChecked(c, ck, s, send, recv_a, shard_a, 8080, "ordinary op after the graph")) return 1;
-  // Graph slots come back when their graphs are destroyed: 40 graphs (more
-  // than the 32 slots) captured, replayed twice, checked and destroyed in turn.
+  if (e.ck.Init()) return 1;
+  if (GatherBytes(e, send, recv_a, shard_a, 8080, "ordinary op after the graph")) return 1;
   const int graphs = 40;
-  for (int k = 0; k < graphs; ++k) {
-    const uint64_t seed = 9000 + k;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    dmagather::kernels::FillPattern(recv_b + rank * shard_b, shard_b, seed, rank, s);
-    dmagather_status_t st = c.AllGather(recv_b + rank * shard_b, recv_b, shard_b, DMAGATHER_UINT8, s);
-    for (int r = 0; r < world; ++r) ck.Compare(recv_b + r * shard_b, shard_b, seed, r, s);
-    cudaGraph_t g = nullptr;
-    cudaError_t e = cudaStreamEndCapture(s, &g);
-    if (st != DMAGATHER_OK) {
-      Fail("rank " + std::to_string(rank) + ": capture " + std::to_string(k) + ": " + dmagather_status_string(st) +
-           ": " + c.error());
-      return 1;
-    }
-    CK(e);
-    cudaGraphExec_t x = nullptr;
-    CK(cudaGraphInstantiate(&x, g, 0));
-    CK(cudaGraphLaunch(x, s));
-    CK(cudaGraphLaunch(x, s));
-    unsigned long long first = 0;
-    const unsigned long long wrong = ck.Read(s, &first);
-    if (wrong != 0) {
-      Fail("rank " + std::to_string(rank) + ": graph " + std::to_string(k) + ": " + std::to_string(wrong) +
-           " wrong words");
-      return 1;
-    }
-    CK(cudaGraphExecDestroy(x));
-    CK(cudaGraphDestroy(g));
-    CK(cudaDeviceSynchronize());
-    usleep(2000);  // The slot's user object is released on a CUDA thread.
-  }
+  if (GraphSlotsComeBack(e, recv_b, shard_b, graphs)) return 1;
   if (rank == 0) printf("  graph: %d more graphs captured, replayed and destroyed in turn (32 slots)\n", graphs);
   return 0;
+}
+
+// --- The table: each mode, its ranks, what its ranks start with ---
+
+enum Setup : unsigned { kStream = 1, kChecker = 2 };
+
+struct ModeSpec {
+  const char* name;
+  int world;
+  unsigned setup;    // kStream | kChecker: made before the mode runs.
+  int (*run)(Env&);  // One rank.
+};
+
+const ModeSpec kModes[] = {
+    {"dtypes", 4, kStream | kChecker, ModeDtypes},
+    {"suballoc", 3, kStream | kChecker, ModeSuballoc},
+    {"stream", 4, kStream | kChecker, ModeStream},
+    {"eight", 8, kStream | kChecker, ModeEight},
+    {"kill", 3, kStream, ModeKill},
+    {"mismatch", 2, kStream, ModeMismatch},
+    {"ophandles", 3, kChecker, ModeOpHandles},
+    {"coalesced", 3, kStream | kChecker, ModeCoalesced},
+    {"fallback", 3, kStream | kChecker, ModeFallback},
+    {"vmm", 3, kStream | kChecker, ModeVmm},
+    {"vmm_unshareable", 3, kStream | kChecker, ModeVmmUnshareable},
+    {"graph", 3, kStream, ModeGraph},  // Its checker is made after the graph.
+};
+
+// One rank of `m` (in its own process): joins the mode's job, makes what
+// the mode starts with, runs it.
+int RunRank(const ModeSpec& m, int rank, int world) {
+  dmagather::Comm c(nullptr, Job(m.name), world, rank);
+  if (!c.ok()) {
+    Fail("init: " + c.error());
+    return 1;
+  }
+  Env e{c, rank, world};
+  if (m.setup & kStream) CK(cudaStreamCreateWithFlags(&e.s, cudaStreamNonBlocking));
+  if ((m.setup & kChecker) && e.ck.Init()) {
+    Fail("checker");
+    return 1;
+  }
+  return m.run(e);
+}
+
+const ModeSpec* FindMode(const std::string& name) {
+  for (const ModeSpec& m : kModes) {
+    if (name == m.name) return &m;
+  }
+  return nullptr;
+}
+
+// kill: exactly the killed rank ends abnormally; then the daemon serves a
+// new job (2 ranks of "eight").
+int KillVerdict(int dead) {
+  int bad = dead == 1 ? 0 : 1;
+  if (dead != 1 && sh->failures.load() == 0) Fail(std::to_string(dead) + " rank(s) ended abnormally, expected 1");
+  if (bad == 0) {
+    int second = Launch(2, [](int r, int w) { return RunRank(*FindMode("eight"), r, w); });
+    if (second != 0) {
+      bad = 1;
+      Fail("second job after the kill failed");
+    } else {
+      printf("  kill: a second job ran correctly afterwards\n");
+    }
+  }
+  return bad;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "";
-  sh = static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  new (sh) Shared();
-  int bad = 0;
-  if (mode == "dtypes") {
-    bad = Launch(4, ModeDtypes);
-  } else if (mode == "suballoc") {
-    bad = Launch(3, ModeSuballoc);
-  } else if (mode == "stream") {
-    bad = Launch(4, ModeStream);
-  } else if (mode == "eight") {
-    bad = Launch(8, ModeEight);
-  } else if (mode == "kill") {
-    int dead = Launch(3, ModeKill);
-    bad = dead == 1 ? 0 : 1;  // Exactly the killed rank exits abnormally.
-    if (dead != 1 && sh->failures.load() == 0) Fail(std::to_string(dead) + " rank(s) ended abnormally, expected 1");
-    if (bad == 0) {
-      // The daemon serves a new job afterwards.
-      int second = Launch(2, [](int r, int w) { return ModeEight(r, w); });
-      if (second != 0) {
-        bad = 1;
-        Fail("second job after the kill failed");
-      } else {
-        printf("  kill: a second job ran correctly afterwards\n");
-      }
-    }
-  } else if (mode == "mismatch") {
-    bad = Launch(2, ModeMismatch);
-  } else if (mode == "ophandles") {
-    bad = Launch(3, ModeOpHandles);
-  } else if (mode == "coalesced") {
-    bad = Launch(3, ModeCoalesced);
-  } else if (mode == "fallback") {
-    bad = Launch(3, ModeFallback);
-  } else if (mode == "vmm") {
-    bad = Launch(3, ModeVmm);
-  } else if (mode == "vmm_unshareable") {
-    bad = Launch(3, ModeVmmUnshareable);
-  } else if (mode == "graph") {
-    bad = Launch(3, ModeGraph);
-  } else {
-    fprintf(stderr,
-            "usage: allgather_gpu_test "
-            "dtypes|suballoc|stream|eight|kill|mismatch|ophandles|coalesced|fallback|vmm|vmm_unshareable|graph\n");
+  const ModeSpec* m = FindMode(mode);
+  if (m == nullptr) {
+    std::string names;
+    for (const ModeSpec& k : kModes) names += (names.empty() ? "" : "|") + std::string(k.name);
+    fprintf(stderr, "usage: allgather_gpu_test %s\n", names.c_str());
     return 2;
   }
+  sh = static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  new (sh) Shared();
+  int bad = Launch(m->world, [m](int r, int w) { return RunRank(*m, r, w); });
+  if (mode == "kill") bad = KillVerdict(bad);
   if (bad != 0 || sh->failures.load() != 0) {
     printf("FAIL %s: %s\n", mode.c_str(), sh->why[0] ? sh->why : "a rank failed");
     return 1;

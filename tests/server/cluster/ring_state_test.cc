@@ -6,8 +6,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/clock.h"
 #include "gtest/gtest.h"
+#include "tests/fakes/fake_clock.h"
 #include "tests/server/cluster/sim_ring.h"
 
 namespace dmagather::server::cluster::testing {
@@ -43,7 +43,7 @@ std::set<int> AllBut(int n, std::set<int> out) {
 }
 
 TEST(RingStateTest, OpsCompleteOnEveryNode) {
-  common::FakeClock clock;
+  common::testing::FakeClock clock;
   SimRing net(4, 2, clock);
   for (uint32_t seq = 1; seq <= 5; ++seq) {
     net.StartAll(seq, kChunks);
@@ -58,7 +58,7 @@ TEST(RingStateTest, OpsCompleteOnEveryNode) {
 
 TEST(RingStateTest, OpsStartedOutOfStepStillComplete) {
   // Node 0's ranks submit late: its receivers wait for the op, then go on.
-  common::FakeClock clock;
+  common::testing::FakeClock clock;
   SimRing net(3, 2, clock);
   net.StartOp(1, 1, kChunks);
   net.StartOp(2, 1, kChunks);
@@ -73,7 +73,7 @@ TEST(RingStateTest, OpsStartedOutOfStepStillComplete) {
 }
 
 TEST(RingStateTest, ARefusalIsEveryNodesVerdict) {
-  common::FakeClock clock;
+  common::testing::FakeClock clock;
   SimRing net(3, 2, clock);
   net.StartOp(0, 1, kChunks);
   net.StartOp(1, 1, kChunks, /*code=*/1);  // FALLBACK
@@ -99,7 +99,7 @@ TEST_P(KillSweepTest, EveryNodeLearnsAtOnceAndBlamesTheDeadOne) {
   // How many rounds an undisturbed op takes.
   int op_rounds;
   {
-    common::FakeClock clock;
+    common::testing::FakeClock clock;
     SimRing net(kc.nodes, kc.links, clock);
     net.StartAll(1, kChunks);
     op_rounds = net.Pump();
@@ -107,7 +107,7 @@ TEST_P(KillSweepTest, EveryNodeLearnsAtOnceAndBlamesTheDeadOne) {
   for (int victim = 0; victim < kc.nodes; ++victim) {
     for (int rounds = 0; rounds <= op_rounds + 2; ++rounds) {
       SCOPED_TRACE(absl::StrCat("victim node ", victim, " killed after ", rounds, " rounds"));
-      common::FakeClock clock;
+      common::testing::FakeClock clock;
       SimRing net(kc.nodes, kc.links, clock);
       net.StartAll(1, kChunks);
       for (int r = 0; r < rounds; ++r) net.Round();
@@ -128,7 +128,7 @@ INSTANTIATE_TEST_SUITE_P(Rings, KillSweepTest,
 
 TEST(RingStateTest, KilledRightAfterTheRingCameUp) {
   // Bootstrap's last step: the ring is up, no op has started anywhere.
-  common::FakeClock clock;
+  common::testing::FakeClock clock;
   SimRing net(3, 2, clock);
   net.Kill(1);
   net.Pump();
@@ -141,7 +141,7 @@ TEST(RingStateTest, KilledRightAfterTheRingCameUp) {
 }
 
 TEST(RingStateTest, KilledAfterAnOpEndedEverywhere) {
-  common::FakeClock clock;
+  common::testing::FakeClock clock;
   SimRing net(3, 2, clock);
   net.StartAll(1, kChunks);
   net.Pump();
@@ -155,7 +155,7 @@ TEST(RingStateTest, ASuccessorThatIsNotReadingStillLearnsAtOnce) {
   // Node 0's ranks have not submitted op 2: its receivers wait, so the end
   // of node 2's links queues behind frames node 0 does not read. It learns
   // from node 1, backwards.
-  common::FakeClock clock;
+  common::testing::FakeClock clock;
   SimRing net(3, 2, clock);
   net.StartAll(1, kChunks);
   net.Pump();
@@ -174,7 +174,7 @@ TEST(RingStateTest, ASuccessorThatIsNotReadingStillLearnsAtOnce) {
 TEST(RingStateTest, APredecessorWithNothingToSendStillLearnsAtOnce) {
   // Node 1 has sent everything of op 1 and waits for its ranks: only its
   // control reader can notice node 2's end of the link closing.
-  common::FakeClock clock;
+  common::testing::FakeClock clock;
   SimRing net(3, 2, clock);
   net.StartAll(1, kChunks);
   net.Pump();
@@ -186,7 +186,7 @@ TEST(RingStateTest, APredecessorWithNothingToSendStillLearnsAtOnce) {
 TEST(RingStateTest, TwoDaemonsKilledAtOnce) {
   for (int rounds = 0; rounds < 30; rounds += 3) {
     SCOPED_TRACE(absl::StrCat("killed after ", rounds, " rounds"));
-    common::FakeClock clock;
+    common::testing::FakeClock clock;
     SimRing net(5, 2, clock);
     net.StartAll(1, kChunks);
     for (int r = 0; r < rounds; ++r) net.Round();
@@ -198,7 +198,7 @@ TEST(RingStateTest, TwoDaemonsKilledAtOnce) {
 }
 
 TEST(RingStateTest, NeighboursKilledAtOnce) {
-  common::FakeClock clock;
+  common::testing::FakeClock clock;
   SimRing net(4, 2, clock);
   net.StartAll(1, kChunks);
   for (int r = 0; r < 5; ++r) net.Round();
@@ -209,7 +209,7 @@ TEST(RingStateTest, NeighboursKilledAtOnce) {
 }
 
 TEST(RingStateTest, AResetLinkFailsEveryNode) {
-  common::FakeClock clock;
+  common::testing::FakeClock clock;
   SimRing net(3, 2, clock);
   net.StartAll(1, kChunks);
   for (int r = 0; r < 3; ++r) net.Round();
@@ -226,7 +226,7 @@ class SilenceTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(SilenceTest, ASilentHostIsFailedAfterThePeerTimeout) {
   const absl::Duration timeout = absl::Seconds(GetParam()), beat = timeout / 5, step = beat / 4;
-  common::FakeClock clock;
+  common::testing::FakeClock clock;
   SimRing net(3, 2, clock, timeout, beat);
   net.StartAll(1, kChunks);
   net.Pump();
@@ -247,7 +247,7 @@ TEST(RingStateTest, ASilentHostMidOpSparesNothing) {
   // Node 1 ended op 1; node 0 still waits for node 1's block, which had to
   // pass through node 2 - whose host then loses power. The abort names a
   // dead node, so node 0 does not wait for op 1 to end first: it never would.
-  common::FakeClock clock;
+  common::testing::FakeClock clock;
   SimRing net(3, 2, clock, absl::Seconds(5), absl::Seconds(1));
   net.StartAll(1, kChunks);
   int guard = 0;
@@ -261,7 +261,7 @@ TEST(RingStateTest, ASilentHostMidOpSparesNothing) {
 
 TEST(RingStateTest, OneSilentLinkIsFailedAfterThePeerTimeout) {
   // One connection of two stalls (both hosts up): its sender notices.
-  common::FakeClock clock;
+  common::testing::FakeClock clock;
   SimRing net(3, 2, clock, absl::Seconds(5), absl::Seconds(1));
   net.StartAll(1, kChunks);
   for (int r = 0; r < 4; ++r) net.Round();
@@ -271,7 +271,7 @@ TEST(RingStateTest, OneSilentLinkIsFailedAfterThePeerTimeout) {
 }
 
 TEST(RingStateTest, SilenceDetectionCanBeTurnedOff) {
-  common::FakeClock clock;
+  common::testing::FakeClock clock;
   SimRing net(3, 1, clock, absl::ZeroDuration(), absl::ZeroDuration());
   net.StartAll(1, kChunks);
   net.Pump();
@@ -284,7 +284,7 @@ TEST(RingStateTest, SilenceDetectionCanBeTurnedOff) {
 TEST(RingStateTest, DelayedDataIsNotAFailure) {
   // Forward frames held far past the peer timeout: the heartbeats go the
   // other way, so nobody is failed, and the op completes once they move.
-  common::FakeClock clock;
+  common::testing::FakeClock clock;
   SimRing net(3, 2, clock, absl::Seconds(5), absl::Seconds(1));
   net.StartAll(1, kChunks);
   net.Round();
@@ -308,7 +308,7 @@ class JobEndTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(JobEndTest, AJobEndingOnOneNodeLosesNothing) {
   const bool slow = GetParam();
-  common::FakeClock clock;
+  common::testing::FakeClock clock;
   SimRing net(3, 2, clock);
   net.StartAll(1, kChunks);
   int guard = 0;
@@ -333,7 +333,7 @@ INSTANTIATE_TEST_SUITE_P(Speeds, JobEndTest, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "slow" : "fast"; });
 
 TEST(RingStateTest, AMalformedFrameFailsTheJobNamingItsSender) {
-  common::FakeClock clock;
+  common::testing::FakeClock clock;
   SimRing net(3, 1, clock);
   net.StartAll(1, kChunks);
   RingFrameV1 junk = NewRingFrame(kFrameData, 1, 0);
@@ -345,7 +345,7 @@ TEST(RingStateTest, AMalformedFrameFailsTheJobNamingItsSender) {
 }
 
 TEST(RingStateTest, PendingNamesWhatAnOpWaitsFor) {
-  common::FakeClock clock;
+  common::testing::FakeClock clock;
   SimRing net(3, 1, clock);
   net.StartOp(0, 1, kChunks);
   net.Pump();

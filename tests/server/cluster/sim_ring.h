@@ -26,9 +26,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "common/clock.h"
 #include "gtest/gtest.h"
 #include "server/cluster/ring_state.h"
+#include "tests/fakes/fake_clock.h"
 
 namespace dmagather::server::cluster::testing {
 
@@ -61,7 +61,7 @@ struct SimNode {
 
 class SimRing {
  public:
-  SimRing(int nodes, int links, common::FakeClock& clock, absl::Duration peer_timeout = absl::Seconds(5),
+  SimRing(int nodes, int links, common::testing::FakeClock& clock, absl::Duration peer_timeout = absl::Seconds(5),
           absl::Duration heartbeat = absl::Seconds(1))
       : n_(nodes), links_(links), clock_(clock), nodes_(nodes), conns_(nodes * links) {
     for (int i = 0; i < nodes; ++i) {
@@ -310,7 +310,7 @@ class SimRing {
   }
 
   const int n_, links_;
-  common::FakeClock& clock_;
+  common::testing::FakeClock& clock_;
   std::vector<SimNode> nodes_;
   std::vector<SimConn> conns_;
 };

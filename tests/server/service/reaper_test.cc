@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "common/clock.h"
+#include "tests/fakes/fake_clock.h"
 
 namespace dmagather::server::service {
 namespace {
@@ -72,7 +72,7 @@ TEST(DeferredFreesTest, WithoutAnIngressThreadEverythingIsDueAtOnceOldestFirst) 
 }
 
 TEST(HeapTrimmerTest, TrimsAfterFreesAtMostOncePerPeriod) {
-  common::FakeClock clock;
+  common::testing::FakeClock clock;
   int trims = 0;
   HeapTrimmer trimmer(
       &clock, [&] { ++trims; }, absl::Seconds(1));

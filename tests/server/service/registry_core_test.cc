@@ -14,6 +14,7 @@
 #include "abi/ring_v1.h"
 #include "common/clock.h"
 #include "common/memfd.h"
+#include "tests/fakes/fake_clock.h"
 #include "tests/fakes/fake_copy_engine.h"
 #include "tests/server/service/handovers.h"
 
@@ -95,7 +96,7 @@ class RegistryCoreTest : public ::testing::Test {
 
   static Limits NoLimits() { return Limits{0, 0, 0, 0}; }
 
-  common::FakeClock clock_;
+  common::testing::FakeClock clock_;
   TicketTable tickets_;
   Engine engine_;
   Handovers handovers_;

@@ -11,6 +11,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "tests/fakes/fake_clock.h"
 #include "tests/fakes/fake_copy_engine.h"
 #include "tests/server/service/handovers.h"
 
@@ -45,7 +46,7 @@ class RegistryTest : public ::testing::Test {
     return registry_.Join(JoinReq(job, world, rank), PeerCred{kUid, 0, kPid});
   }
 
-  common::FakeClock clock_;
+  common::testing::FakeClock clock_;
   TicketTable tickets_;
   Handovers handovers_;
   engines::testing::FakeCopyEngine engine_;

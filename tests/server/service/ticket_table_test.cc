@@ -5,7 +5,7 @@
 #include <unistd.h>
 
 #include "abi/fd_channel_v1.h"
-#include "common/clock.h"
+#include "tests/fakes/fake_clock.h"
 
 namespace dmagather::server::service {
 namespace {
@@ -20,7 +20,7 @@ Handover Segment(uid_t uid, pid_t pid) {
 }
 
 TEST(TicketTableTest, ATicketLivesExactlyItsTtl) {
-  common::FakeClock clock;
+  common::testing::FakeClock clock;
   TicketTable::Options o;
   o.ttl = absl::Seconds(5);
   o.clock = &clock;
@@ -39,7 +39,7 @@ TEST(TicketTableTest, ATicketLivesExactlyItsTtl) {
 }
 
 TEST(TicketTableTest, ExpireDropsOnlyExpiredOnes) {
-  common::FakeClock clock;
+  common::testing::FakeClock clock;
   TicketTable::Options o;
   o.ttl = absl::Seconds(2);
   o.clock = &clock;
@@ -55,7 +55,7 @@ TEST(TicketTableTest, ExpireDropsOnlyExpiredOnes) {
 }
 
 TEST(TicketTableTest, ExpiredTicketsDoNotCountAgainstTheUserLimit) {
-  common::FakeClock clock;
+  common::testing::FakeClock clock;
   TicketTable::Options o;
   o.ttl = absl::Seconds(1);
   o.max_per_uid = 2;
