@@ -4,6 +4,7 @@
 #   1. bench/gpu/consumer_wait.py: a rank's GEMMs beside a gather it does not
 #      consume yet, the done-wait at submit against at the consumer, with
 #      CUDA_DEVICE_MAX_CONNECTIONS unset and 1 (2 ranks on the one GPU);
+#      and the daemon's counts of done flags the GPU wrote;
 #   2. the trainer checks on the cuda backend (tests/gpu/trainers_cuda.sh run,
 #      4 ranks on the one GPU) with this tree's Python package, and FSDP2 and
 #      ZeRO-3 once more with CUDA_DEVICE_MAX_CONNECTIONS=1.
@@ -27,6 +28,16 @@ for c in unset 1; do
   echo "consumer_wait connections=$c rc=$?"
   grep '^{' "$out/consumer_wait_$c.log"
 done
+# The ops' done flags: written by the GPU (device_done_ops) and seen there
+# before the CPU came to publish them (done_before_cpu).
+"$kit/bin/dmagatherctl" --socket="$sock" --json stats >"$out/consumer_wait_stats.json" 2>&1
+python3 - "$out/consumer_wait_stats.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for j in d.get("jobs", []):
+    print("job", j.get("jobKey", j.get("job_key")), "ops", j.get("ops"), "device_done_ops",
+          j.get("deviceDoneOps", j.get("device_done_ops")), "done_before_cpu", j.get("doneBeforeCpu", j.get("done_before_cpu")))
+PY
 kill "$dpid"; wait "$dpid" 2>/dev/null
 DMAGATHER_FROM_CHECKOUT=1 timeout -k 5 330 "$kit/run.sh" run "$out/trainers" 4 >"$out/trainers.log" 2>&1
 echo "trainers rc=$?"
