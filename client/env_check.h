@@ -36,7 +36,6 @@ inline constexpr std::string_view kKnownVariables[] = {
     "DMAGATHER_CUDA_GRAPHS",
     "DMAGATHER_CUDA_GRAPH_MAX_KIB",
     "DMAGATHER_CUDA_GRAPH_SOLE_MAX_KIB",
-    "DMAGATHER_CUDA_GRAPH_LANES",
     "DMAGATHER_CUDA_GRAPH_PER_SHAPE",
     "DMAGATHER_CUDA_CHUNK_MIB",
     // dmagatherd: hip backend.

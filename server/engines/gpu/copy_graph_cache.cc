@@ -31,21 +31,16 @@ bool CopyGraphCache::Replay(int device, void* stream, const CopyCmd* chunks, siz
   if (!enabled() || n == 0) return false;
   const uint64_t chain_cap =
       sole_stream ? std::max(options_.max_chunk_bytes, options_.max_sole_chunk_bytes) : options_.max_chunk_bytes;
-  size_t lanes = 1;
   for (size_t i = 0; i < n; ++i) {
-    if (chunks[i].bytes > chain_cap) lanes = options_.lanes;
+    if (chunks[i].bytes > chain_cap) return false;  // Large chunks: the batch path.
   }
-  if (lanes == 0) return false;  // Large chunks without lanes: the batch path.
-  lanes = std::min(lanes, n);
   DropReleased();
-  // key_: 'C', device, lanes (the same call, one chain or side by side),
-  // every chunk's size and addresses; shape_: 'S', the same without the
+  // key_: 'C', device, every chunk's size and addresses; shape_: 'S', the same without the
   // addresses, and the stream: launches of one graph run one after another
   // (CUDA orders each launch after the graph's previous one), so a graph
   // that follows new addresses stays on one stream, where they would anyway.
   key_.assign(1, 'C');
   key_.append(reinterpret_cast<const char*>(&device), sizeof(device));
-  key_.append(reinterpret_cast<const char*>(&lanes), sizeof(lanes));
   shape_ = key_;
   shape_[0] = 'S';
   shape_.append(reinterpret_cast<const char*>(&stream), sizeof(stream));
@@ -77,7 +72,7 @@ bool CopyGraphCache::Replay(int device, void* stream, const CopyCmd* chunks, siz
     } else {
       seen_.erase(key_);
       seen_.erase(shape_);
-      e = Build(chunks, n, lanes);
+      e = Build(chunks, n);
       served = Served::kBuilt;
     }
     if (e == nullptr) return false;
@@ -93,8 +88,8 @@ bool CopyGraphCache::Replay(int device, void* stream, const CopyCmd* chunks, siz
   return true;
 }
 
-CopyGraphCache::Entry* CopyGraphCache::Build(const CopyCmd* chunks, size_t n, size_t lanes) {
-  absl::StatusOr<Graph> graph = ops_.build(chunks, n, lanes);
+CopyGraphCache::Entry* CopyGraphCache::Build(const CopyCmd* chunks, size_t n) {
+  absl::StatusOr<Graph> graph = ops_.build(chunks, n);
   if (!graph.ok()) {
     LOG(WARNING) << "copy graph not built (" << graph.status().message()
                  << "); this copy call is issued without one from now on";

@@ -13,7 +13,7 @@
 // every unshard, so the same op comes back with the same sizes at other
 // addresses. A cache with an `update` op (the cuda runtime's: one
 // cudaGraphExecMemcpyNodeSetParams1D per node, ~0.7-1.1 us, against ~2-4 us
-// a node to build and ~4 us a copy in a batch) therefore also keys calls by their *shape* (device, lanes,
+// a node to build and ~4 us a copy in a batch) therefore also keys calls by their *shape* (device,
 // every chunk's size, and the stream: a graph's launches run one after
 // another, so one graph must not serve two streams that would overlap):
 // a call of a known shape at new addresses points
@@ -37,11 +37,8 @@
 // copies lose nothing by running in turn). So is a call of chunks up to
 // `max_sole_chunk_bytes` that is its op's sole stream on the device (the
 // engine fanned nothing out beside it, so a chain serialises nothing that
-// would have overlapped; docs/PERFORMANCE.md, "Medium ops"). A larger call,
-// with `lanes` > 0, is `lanes` chains side by side (chunk i in chain
-// i % lanes): its launch costs about one chain head per lane, and its copies
-// still overlap as the batch path's do. lanes = 0: larger calls are not
-// replayed.
+// would have overlapped; docs/PERFORMANCE.md, "Medium ops"). A larger call is
+// not replayed (the batch path: its copies overlap).
 //
 // Bounded: at most `max_graphs` (least recently used out) and
 // `max_seen` keys (calls and shapes) seen once. A call that fails to build is not tried again;
@@ -91,8 +88,8 @@ class CopyGraphCache {
  public:
   using Graph = void*;
   struct Ops {
-    // Chunk i after chunk i - lanes (lanes = 1: one chain).
-    std::function<absl::StatusOr<Graph>(const CopyCmd* chunks, size_t n, size_t lanes)> build;
+    // One chain: chunk i after chunk i - 1.
+    std::function<absl::StatusOr<Graph>(const CopyCmd* chunks, size_t n)> build;
     std::function<absl::Status(Graph graph, void* stream)> launch;
     std::function<void(Graph graph)> destroy;  // May be called while a launch is in flight.
     // Points node i (chunk i of the call it was built from) of `graph` at
@@ -105,7 +102,6 @@ class CopyGraphCache {
     // Calls that are their op's sole stream on the device, of chunks up to
     // this: one chain too (0: as any other call).
     uint64_t max_sole_chunk_bytes = 0;
-    size_t lanes = 0;  // Calls with larger chunks: this many chains; 0: not replayed.
     // Graphs kept per call shape when `update` is given (0: exact addresses
     // only).
     size_t max_per_shape = 4;
@@ -135,7 +131,6 @@ class CopyGraphCache {
   bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
   uint64_t max_chunk_bytes() const { return options_.max_chunk_bytes; }
   uint64_t max_sole_chunk_bytes() const { return options_.max_sole_chunk_bytes; }
-  size_t lanes() const { return options_.lanes; }
   uint64_t replays() const { return replays_.load(std::memory_order_relaxed); }
   uint64_t built() const { return built_.load(std::memory_order_relaxed); }
   uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
@@ -155,7 +150,7 @@ class CopyGraphCache {
   };
   using Graphs = absl::flat_hash_map<std::string, std::unique_ptr<Entry>>;
   // A graph for the call under key_ / shape_ (null: not built).
-  Entry* Build(const CopyCmd* chunks, size_t n, size_t lanes);
+  Entry* Build(const CopyCmd* chunks, size_t n);
   // `e` pointed at the call's addresses, filed under key_ (null: the update
   // failed; `e` is gone and updates are off).
   Entry* Update(Entry* e, const CopyCmd* chunks, size_t n);

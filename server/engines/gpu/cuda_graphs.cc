@@ -19,7 +19,6 @@ using ::dmagather::common::cuda::CudaStatus;
 
 // Chains side by side for copy calls with chunks above the chain cap
 // (docs/PERFORMANCE.md, "Medium ops"); 0: those calls are issued as a batch.
-constexpr size_t kGraphLanes = 0;
 
 // Calls that are their op's sole stream on the device: chains of chunks up to
 // this (DMAGATHER_CUDA_GRAPH_SOLE_MAX_KIB; 0: the cap above for them too).
@@ -45,18 +44,17 @@ struct CudaCopyGraph {
 
 CudaCopyGraph* Of(CopyGraphCache::Graph g) { return static_cast<CudaCopyGraph*>(g); }
 
-// A graph of the chunks as memcpy nodes in `lanes` chains, chunk i after
-// chunk i - lanes: a chain launches in ~1.2-2.3 us whatever its length,
-// where independent nodes cost ~1 us each (the driver fans them out over
-// internal streams), so lanes = 1 is cheapest and more lanes let large
-// copies overlap.
-absl::StatusOr<CopyGraphCache::Graph> BuildGraph(const CopyCmd* chunks, size_t n, size_t lanes) {
+// A graph of the chunks as memcpy nodes in one chain, chunk i after chunk
+// i - 1: a chain launches in ~1.2-2.3 us whatever its length, where
+// independent nodes cost ~1 us each (the driver fans them out over internal
+// streams).
+absl::StatusOr<CopyGraphCache::Graph> BuildGraph(const CopyCmd* chunks, size_t n) {
   auto g = std::make_unique<CudaCopyGraph>();
   DMAG_CUDA_RETURN_IF_ERROR(cudaGraphCreate(&g->graph, 0));
   g->nodes.assign(n, nullptr);
   cudaError_t err = cudaSuccess;
   for (size_t i = 0; i < n && err == cudaSuccess; ++i) {
-    const cudaGraphNode_t* dep = i >= lanes ? &g->nodes[i - lanes] : nullptr;
+    const cudaGraphNode_t* dep = i >= 1 ? &g->nodes[i - 1] : nullptr;
     err = cudaGraphAddMemcpyNode1D(&g->nodes[i], g->graph, dep, dep != nullptr ? 1 : 0, chunks[i].dst, chunks[i].src,
                                    chunks[i].bytes, cudaMemcpyDeviceToDevice);
   }
@@ -106,12 +104,6 @@ CopyGraphCache::Options CudaGraphOptions() {
   if (const char* e = std::getenv("DMAGATHER_CUDA_GRAPH_SOLE_MAX_KIB"); e != nullptr && *e != '\0') {
     o.max_sole_chunk_bytes = uint64_t(std::max(0LL, std::atoll(e))) << 10;
   }
-  // Calls with larger chunks: replayed as this many chains side by side
-  // (DMAGATHER_CUDA_GRAPH_LANES; 0: issued as a batch, docs/CUDA.md).
-  o.lanes = kGraphLanes;
-  if (const char* e = std::getenv("DMAGATHER_CUDA_GRAPH_LANES"); e != nullptr && *e != '\0') {
-    o.lanes = size_t(std::max(0LL, std::atoll(e)));
-  }
   // Graphs per call shape, pointed at new addresses in place
   // (DMAGATHER_CUDA_GRAPH_PER_SHAPE; 0: a graph serves its exact addresses
   // only, a call at new addresses builds one).
@@ -123,7 +115,7 @@ CopyGraphCache::Options CudaGraphOptions() {
 
 std::string DescribeCopyGraphs(const std::vector<const CopyGraphCache*>& caches) {
   int on = 0;
-  uint64_t replays = 0, built = 0, dropped = 0, updated = 0, nodes_updated = 0, max_chunk = 0, max_sole = 0, lanes = 0;
+  uint64_t replays = 0, built = 0, dropped = 0, updated = 0, nodes_updated = 0, max_chunk = 0, max_sole = 0;
   bool updates_on = false;
   for (const CopyGraphCache* c : caches) {
     on += c->enabled() ? 1 : 0;
@@ -135,17 +127,15 @@ std::string DescribeCopyGraphs(const std::vector<const CopyGraphCache*>& caches)
     updates_on = updates_on || c->updates_on();
     max_chunk = c->max_chunk_bytes();
     max_sole = c->max_sole_chunk_bytes();
-    lanes = c->lanes();
   }
   if (on == 0) return "copy graphs off";
-  const std::string larger =
-      lanes == 0 ? "larger chunks issued as a batch" : absl::StrCat("larger chunks as ", lanes, " chains side by side");
   return absl::StrCat(
       "copy graphs (a copy call seen twice is replayed as a CUDA graph, one cache per device: ", "chunks <= ",
       max_chunk >> 10, " KiB as one chain",
       max_sole > max_chunk ? absl::StrCat(" (<= ", max_sole >> 10, " KiB where the op has one stream)") : std::string(),
-      ", ", larger, updates_on ? "; a known shape at new addresses updates a graph in place" : "", "): ", replays,
-      " replays, ", built, " built, ", updated, " updated in place (", nodes_updated, " nodes), ", dropped,
+      ", larger chunks issued as a batch",
+      updates_on ? "; a known shape at new addresses updates a graph in place" : "", "): ", replays, " replays, ",
+      built, " built, ", updated, " updated in place (", nodes_updated, " nodes), ", dropped,
       " dropped by import releases");
 }
 

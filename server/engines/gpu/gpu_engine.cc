@@ -87,6 +87,7 @@ GpuEngine::GpuEngine(std::unique_ptr<GpuRuntime> runtime, const Options& options
     : runtime_(std::move(runtime)),
       order_(std::make_shared<DeviceOrder>(runtime_->num_devices(), runtime_)),
       options_(options),
+      clock_(options.clock != nullptr ? *options.clock : common::RealClock()),
       num_devices_(runtime_->num_devices()),
       streams_per_device_(options.streams_per_device > 0 ? options.streams_per_device
                                                          : std::min(64, std::max(4, num_devices_ - 1))),
@@ -119,6 +120,11 @@ absl::Status GpuEngine::Init() {
   DMAG_RETURN_IF_ERROR(MapDevices());
   rt.UsePeers(peers_);
   involved_.resize(num_devices_);
+  watch_ = std::make_unique<IssueWatch>(num_devices_, clock_, [](const EngineRank* r) {
+    const GpuRank* g = AsGpu(r);
+    return IssueWatch::Words{g->ready_word(), g->done_word()};
+  });
+  watch_->StartThread();
   tracks_ = std::vector<OpTrack>(kTracks);
   {
     absl::MutexLock lock(&tracks_mu_);
@@ -335,8 +341,8 @@ absl::StatusOr<std::unique_ptr<EngineRank>> GpuEngine::AttachRank(const RankAtta
                                  ? 0
                                  : *flag + static_cast<uint64_t>(reinterpret_cast<const char*>(a.done_word) -
                                                                  reinterpret_cast<const char*>(a.ready_word));
-  return std::unique_ptr<EngineRank>(
-      new GpuRank(runtime_, order_, device, a.device.ordinal, a.flag_pages, *flag, a.ready_word, done_flag));
+  return std::unique_ptr<EngineRank>(new GpuRank(runtime_, order_, device, a.device.ordinal, a.flag_pages, *flag,
+                                                 a.ready_word, done_flag, a.done_word));
 }
 
 void GpuEngine::Stop() {
@@ -358,10 +364,10 @@ void GpuEngine::Stop() {
   }
   // Give gated and queued work stop_drain_ms to finish; after that, report
   // it failed.
-  const uint64_t deadline = common::MonotonicNs() + options_.stop_drain_ms * 1'000'000ull;
+  const uint64_t deadline = clock_.NowNs() + options_.stop_drain_ms * 1'000'000ull;
   auto drained = [&](auto&& empty) {
     while (!empty()) {
-      if (common::MonotonicNs() > deadline) {
+      if (clock_.NowNs() > deadline) {
         abandon_.store(true);
         return;
       }

@@ -71,9 +71,11 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "common/latency_histogram.h"
 #include "server/engines/copy_engine.h"
 #include "server/engines/gpu/device_order.h"
+#include "server/engines/gpu/issue_watch.h"
 #include "server/engines/gpu/peer_table.h"
 #include "server/engines/gpu/runtime.h"
 #include "server/engines/gpu/wave_plan.h"
@@ -100,6 +102,9 @@ class GpuEngine : public CopyEngine {
     // a full stream queue, and no driver call blocks on one (docs/CUDA.md,
     // "Locks and waits"). 0: no bound (tests only: it can deadlock).
     int max_waits_ahead = 2;
+    // Every time the engine reads (polling back-off, the stop's drain, the
+    // issue watch, its latency figures). Null: common::RealClock().
+    common::Clock* clock = nullptr;
   };
   static absl::StatusOr<std::unique_ptr<GpuEngine>> Create(std::unique_ptr<GpuRuntime> runtime, const Options& options);
   ~GpuEngine() override;
@@ -244,6 +249,12 @@ class GpuEngine : public CopyEngine {
   // Routes the op (fills every copy's devices) and hands each issuing
   // device its share.
   void Issue(EngineOp* op);
+  // Fills every copy's devices and involved_ (the issuing devices).
+  absl::Status Route(EngineOp* op);
+  // The device that writes the op's done flags (-1: the CPU publishes).
+  int ChooseFinisher(const OpTrack* t) ABSL_LOCKS_EXCLUDED(loads_mu_);
+  // Hands `dev` its share of the op (its issuer, or issues it here).
+  void PostShare(Device& dev, OpTrack* t);
   // Counts an op's same-device copies (logged once) and pushes.
   void CountRouting(uint64_t same, uint64_t pushes);
   // Issues `dev`'s share of the op behind `t` and posts it for completion;
@@ -262,6 +273,8 @@ class GpuEngine : public CopyEngine {
   // The finisher's part, on its stream 0 before its end event: wait for
   // every other device's share of the op, then write the ranks' done flags.
   absl::Status WriteDone(Device& dev, OpTrack* t);
+  // Records the share's end event on the lane's stream 0 (*end: it).
+  absl::Status EndShare(Device& dev, GpuEvent* end);
   absl::Status WaitReady(Device& dev, const EngineOp& op);
   void IssuerLoop(int device) ABSL_LOCKS_EXCLUDED(issue_mu_);
   // Every rank's ready flag has reached op.seq (read on the CPU).
@@ -287,6 +300,7 @@ class GpuEngine : public CopyEngine {
   const std::shared_ptr<GpuRuntime> runtime_;
   const std::shared_ptr<DeviceOrder> order_;
   const Options options_;
+  common::Clock& clock_;
   const int num_devices_;
   const int streams_per_device_;
   const bool parallel_issue_;
@@ -343,6 +357,7 @@ class GpuEngine : public CopyEngine {
   absl::Mutex loads_mu_;                   // Taken after issue_mu_.
   std::map<uint64_t, std::unique_ptr<JobLoad>> loads_ ABSL_GUARDED_BY(loads_mu_);
   std::atomic<uint64_t> held_ahead_{0};  // Ops the max_waits_ahead bound held on the CPU.
+  std::unique_ptr<IssueWatch> watch_;    // Set by Init, before any issue.
   std::once_flag same_device_logged_;
   mutable std::once_flag ordinal_trusted_logged_;
 };

@@ -1,7 +1,8 @@
 // GpuEngine (gpu_engine.h): the per-op path - the CPU gate, routing an op's
 // copies to their issuing devices, issuing each device's share (ready
-// waits, copies, end event), and the completion threads that end ops.
-// Set-up, imports and stop are in gpu_engine.cc.
+// waits, copies, the finisher's done write, end event). The completion
+// threads are in gpu_engine_complete.cc; set-up, imports and stop in
+// gpu_engine.cc; the cross-device order and the lanes in gpu_engine_order.cc.
 #include <glog/logging.h>
 #include <pthread.h>
 #include <sched.h>
@@ -15,28 +16,15 @@
 #include "common/clock.h"
 #include "common/cpu_relax.h"
 #include "common/status.h"
+#include "server/engines/gpu/backoff.h"
 #include "server/engines/gpu/gpu_engine.h"
 #include "server/engines/gpu/gpu_rank.h"
 
 namespace dmagather::server::engines::gpu {
 namespace {
 
-using common::CpuRelax;
-
 // The other end of a copy issued on `device` (its link), or `device` itself.
 int LinkPeer(const CopyCmd& c, int device) { return c.src_device == device ? c.dst_device : c.src_device; }
-
-// Backs off while polling: spin (latency: a sleep costs ~60 us of timer
-// slack), yield after 200 us, sleep between polls only after 5 ms.
-void Backoff(uint64_t waited_ns) {
-  if (waited_ns < 200'000) {
-    for (int i = 0; i < 32; ++i) CpuRelax();
-  } else if (waited_ns < 5'000'000) {
-    sched_yield();
-  } else {
-    usleep(50);
-  }
-}
 
 }  // namespace
 
@@ -89,10 +77,11 @@ absl::Status GpuEngine::WaitReady(Device& dev, const EngineOp& op) {
 absl::Status GpuEngine::WriteDone(Device& dev, OpTrack* t) {
   // Every other share enqueued (its end event in t->ends): they wait for
   // nothing of this op's finisher (WaitForEarlierOps looks at op n - 1).
-  const uint64_t t0 = common::MonotonicNs();
+  watch_->Begin(dev.ordinal, t->op, "waiting for the op's other shares to be enqueued");
+  const uint64_t t0 = clock_.NowNs();
   while (t->unenqueued.load(std::memory_order_acquire) > 1) {
     if (abandon_.load(std::memory_order_relaxed)) return absl::UnavailableError("dmagatherd stopped");
-    Backoff(common::MonotonicNs() - t0);
+    Backoff(clock_.NowNs() - t0);
   }
   {
     absl::MutexLock lock(&t->mu);
@@ -103,6 +92,7 @@ absl::Status GpuEngine::WriteDone(Device& dev, OpTrack* t) {
   // enqueued by now: WaitForEarlierOps).
   if (t->load->unsettled_errors.load(std::memory_order_acquire) != 0) return absl::OkStatus();
   GpuStream s0 = dev.lane->streams[0];
+  watch_->Begin(dev.ordinal, t->op, "waits on the other devices' shares, done write");
   for (int d = 0; d < num_devices_; ++d) {
     if (d == dev.ordinal || t->ends[d] == nullptr) continue;
     DeviceOrder::Hold hold(*order_, DeviceOrder::Of(dev.ordinal) | DeviceOrder::Of(d));  // Two contexts.
@@ -149,9 +139,10 @@ absl::Status GpuEngine::EnqueueDevice(Device& dev, OpTrack* t, GpuEvent* end) {
   PlanWaves(dev.copies, wo, &chunks, &dev.batches);
   chunks_stat_.fetch_add(chunks.size(), std::memory_order_relaxed);
   GpuStream s0 = lane.streams[0];
-  const uint64_t t_plan = common::MonotonicNs();
+  const uint64_t t_plan = clock_.NowNs();
+  watch_->Begin(dev.ordinal, &op, "ready waits");
   absl::Status st = WaitReady(dev, op);
-  const uint64_t t_waits = common::MonotonicNs();
+  const uint64_t t_waits = clock_.NowNs();
   memops_ns_.Record(t_waits - t_plan);
   if (st.ok()) {
     std::vector<char>& used = dev.stream_used;
@@ -165,12 +156,13 @@ absl::Status GpuEngine::EnqueueDevice(Device& dev, OpTrack* t, GpuEvent* end) {
         if (used[s]) st.Update(rt.StreamWaitEvent(lane.streams[s], lane.gate));
       }
     }
-    const uint64_t t_copies = common::MonotonicNs();
+    const uint64_t t_copies = clock_.NowNs();
+    watch_->Begin(dev.ordinal, &op, "copy calls");
     for (const WaveBatch& b : dev.batches) {
       if (!st.ok()) break;
       st.Update(CopyInOrder(dev, lane.streams[b.stream], chunks.data() + b.begin, b.end - b.begin, !fan_out));
     }
-    copies_ns_.Record(common::MonotonicNs() - t_copies);
+    copies_ns_.Record(clock_.NowNs() - t_copies);
     // Join every stream back into stream 0 (also after an error: the end
     // event must follow everything that was enqueued).
     for (size_t s = 1; fan_out && s < used.size(); ++s) {
@@ -180,6 +172,17 @@ absl::Status GpuEngine::EnqueueDevice(Device& dev, OpTrack* t, GpuEvent* end) {
     }
     if (st.ok() && t->finisher == dev.ordinal) st.Update(WriteDone(dev, t));
   }
+  watch_->Begin(dev.ordinal, &op, "end event");
+  absl::Status ended = EndShare(dev, end);
+  watch_->End(dev.ordinal);
+  st.Update(ended);
+  return st;
+}
+
+absl::Status GpuEngine::EndShare(Device& dev, GpuEvent* end) {
+  GpuRuntime& rt = *runtime_;
+  GpuStream s0 = dev.lane->streams[0];
+  absl::Status st;
   GpuEvent e = TakeEndEvent(dev);
   if (e == nullptr) {
     st.Update(absl::ResourceExhaustedError("no event for the end of an op"));
@@ -261,9 +264,9 @@ void GpuEngine::GateLoop() {
       t0 = 0;
       continue;
     }
-    if (t0 == 0) t0 = common::MonotonicNs();
+    if (t0 == 0) t0 = clock_.NowNs();
     issue_mu_.Unlock();
-    Backoff(common::MonotonicNs() - t0);
+    Backoff(clock_.NowNs() - t0);
     issue_mu_.Lock();
   }
 }
@@ -280,13 +283,11 @@ void GpuEngine::CountRouting(uint64_t same, uint64_t pushes) {
   if (pushes != 0) pushes_.fetch_add(pushes, std::memory_order_relaxed);
 }
 
-void GpuEngine::Issue(EngineOp* op) {
-  const uint64_t t_start = common::MonotonicNs();
-  absl::Status st;
+absl::Status GpuEngine::Route(EngineOp* op) {
   std::fill(involved_.begin(), involved_.end(), 0);
   uint64_t same = 0, pushes = 0;
+  absl::Status st;
   const int n = static_cast<int>(op->ranks.size());
-  // Route: every copy's devices, and the device that issues it.
   for (CopyCmd& c : op->plan.copies) {
     const int dd = c.dst_rank < n && op->ranks[c.dst_rank] != nullptr ? AsGpu(op->ranks[c.dst_rank])->device() : -1;
     const int sd = c.src_rank < n && op->ranks[c.src_rank] != nullptr ? AsGpu(op->ranks[c.src_rank])->device() : -1;
@@ -314,6 +315,25 @@ void GpuEngine::Issue(EngineOp* op) {
     }
   }
   CountRouting(same, pushes);
+  return st;
+}
+
+int GpuEngine::ChooseFinisher(const OpTrack* t) {
+  const EngineOp& op = *t->op;
+  if (!op.gpu_done || !runtime_->device_writes()) return -1;
+  int first = 0;
+  while (first < num_devices_ && !involved_[first]) ++first;
+  bool flags = true;
+  for (const EngineRank* r : op.ranks) flags &= r == nullptr || AsGpu(r)->done_flag() != 0;
+  absl::MutexLock lock(&loads_mu_);
+  if (t->load->finisher < 0) t->load->finisher = first;
+  return flags && first < num_devices_ && t->load->finisher == first ? first : -1;
+}
+
+void GpuEngine::Issue(EngineOp* op) {
+  const uint64_t t_start = clock_.NowNs();
+  // Route: every copy's devices, and the device that issues it.
+  const absl::Status st = Route(op);
   // Track the op (back-pressure if completions lag); the caller holds one
   // share of it, and each issuing device one, until its copies are
   // enqueued (then its completion holds it).
@@ -333,17 +353,8 @@ void GpuEngine::Issue(EngineOp* op) {
     t->status = st;
   }
   t->open.store(1, std::memory_order_relaxed);
-  t->finisher = -1;
   t->ends.assign(num_devices_, nullptr);
-  if (st.ok() && op->gpu_done && runtime_->device_writes()) {
-    int first = 0;
-    while (first < num_devices_ && !involved_[first]) ++first;
-    bool flags = true;
-    for (const EngineRank* r : op->ranks) flags &= r == nullptr || AsGpu(r)->done_flag() != 0;
-    absl::MutexLock lock(&loads_mu_);
-    if (t->load->finisher < 0) t->load->finisher = first;
-    if (flags && first < num_devices_ && t->load->finisher == first) t->finisher = first;
-  }
+  t->finisher = st.ok() ? ChooseFinisher(t) : -1;
   if (st.ok()) {
     int shares = 0;
     for (int d = 0; d < num_devices_; ++d) shares += involved_[d] ? 1 : 0;
@@ -354,27 +365,29 @@ void GpuEngine::Issue(EngineOp* op) {
       // One thread issuing every share issues the finisher's last (it waits
       // for the others to be enqueued).
       const int d = t->finisher < 0 ? i : (t->finisher + 1 + i) % num_devices_;
-      Device& dev = devices_[d];
-      if (!involved_[dev.ordinal]) continue;
-      if (!parallel_issue_) {
-        IssueShare(dev, t);
-        continue;
-      }
-      Issuer& q = *dev.issuer;
-      bool wake = false;
-      {
-        absl::MutexLock lock(&q.mu);
-        while (q.tail - q.head >= kIssueSlots) q.space_cv.Wait(&q.mu);
-        q.ring[q.tail % kIssueSlots] = t;
-        ++q.tail;
-        q.posted.store(q.tail, std::memory_order_release);
-        wake = q.sleeping;
-      }
-      if (wake) q.cv.Signal();
+      if (involved_[d]) PostShare(devices_[d], t);
     }
   }
-  execute_ns_.Record(common::MonotonicNs() - t_start);
+  execute_ns_.Record(clock_.NowNs() - t_start);
   CloseShare(t, absl::OkStatus());  // The caller's own share: may complete the op here.
+}
+
+void GpuEngine::PostShare(Device& dev, OpTrack* t) {
+  if (!parallel_issue_) {
+    IssueShare(dev, t);
+    return;
+  }
+  Issuer& q = *dev.issuer;
+  bool wake = false;
+  {
+    absl::MutexLock lock(&q.mu);
+    while (q.tail - q.head >= kIssueSlots) q.space_cv.Wait(&q.mu);
+    q.ring[q.tail % kIssueSlots] = t;
+    ++q.tail;
+    q.posted.store(q.tail, std::memory_order_release);
+    wake = q.sleeping;
+  }
+  if (wake) q.cv.Signal();
 }
 
 void GpuEngine::IssueShare(Device& dev, OpTrack* t) {
@@ -438,9 +451,9 @@ void GpuEngine::IssuerLoop(int device) {
   for (;;) {
     // As CompletionLoop: poll a while before sleeping, so that the router
     // need not wake this thread between the ops of a burst.
-    const uint64_t idle_since = common::MonotonicNs();
+    const uint64_t idle_since = clock_.NowNs();
     while (q.posted.load(std::memory_order_acquire) == head && !stopping_.load(std::memory_order_relaxed) &&
-           common::MonotonicNs() - idle_since < kCompletionSpinNs) {
+           clock_.NowNs() - idle_since < kCompletionSpinNs) {
       sched_yield();
     }
     OpTrack* t = nullptr;
@@ -458,122 +471,6 @@ void GpuEngine::IssuerLoop(int device) {
       head = ++q.head;
     }
     q.space_cv.Signal();
-  }
-}
-
-GpuEngine::OpTrack* GpuEngine::TakeTrack() {
-  absl::MutexLock lock(&tracks_mu_);
-  while (free_tracks_.empty()) tracks_cv_.Wait(&tracks_mu_);
-  OpTrack* t = free_tracks_.back();
-  free_tracks_.pop_back();
-  return t;
-}
-
-void GpuEngine::CloseShare(OpTrack* t, const absl::Status& st) {
-  if (!st.ok()) {
-    absl::MutexLock lock(&t->mu);
-    t->status.Update(st);
-  }
-  if (t->open.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  EngineOp* op = t->op;
-  absl::Status status;
-  {
-    absl::MutexLock lock(&t->mu);
-    status = std::move(t->status);
-    t->status = absl::OkStatus();
-  }
-  JobLoad* load = t->load;
-  const bool waits_ahead = t->waits_ahead;
-  const bool issue_failed = t->issue_failed.exchange(false);
-  t->load = nullptr;
-  {
-    absl::MutexLock lock(&tracks_mu_);
-    free_tracks_.push_back(t);
-  }
-  tracks_cv_.Signal();
-  const uint64_t t_seen = common::MonotonicNs();
-  op->OnEngineDone(status);
-  complete_ns_.Record(common::MonotonicNs() - t_seen);
-  // After OnEngineDone: an op that failed at issue has its error record
-  // written now. The gate polls these; in_flight's decrement is the last
-  // touch of the load (LoadOf may then drop it).
-  if (issue_failed) load->unsettled_errors.fetch_sub(1, std::memory_order_acq_rel);
-  if (waits_ahead) load->waits_ahead.fetch_sub(1, std::memory_order_acq_rel);
-  load->in_flight.fetch_sub(1, std::memory_order_acq_rel);
-}
-
-void GpuEngine::CompletionLoop(int device) {
-  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // 1 us: short sleeps stay short.
-  pthread_setname_np(pthread_self(), ("dmag-done-" + std::to_string(device)).c_str());  // In stacks of a hang.
-  runtime_->BindThread(device);
-  Completion& c = *completions_[device];
-  // The shares taken off the FIFO and not seen done yet. Each is polled on
-  // its own: shares of one lane end in order anyway, and a share parked on
-  // its job's ready flags must not hold up another job's (docs/CUDA.md,
-  // "Locks and waits").
-  std::vector<Share> pending;
-  pending.reserve(64);
-  uint64_t t0 = 0;
-  uint64_t head = 0;  // c.head, as this thread (its only writer) last set it.
-  for (;;) {
-    if (pending.empty()) {
-      // Ops come in bursts: poll a while for the next share so that the
-      // issuer need not wake this thread (kCompletionSpinNs), yielding the
-      // core between polls (on a busy machine the copies' own threads, or
-      // the ranks, need it more), then sleep.
-      const uint64_t idle_since = common::MonotonicNs();
-      while (c.posted.load(std::memory_order_acquire) == head && !stopping_.load(std::memory_order_relaxed) &&
-             common::MonotonicNs() - idle_since < kCompletionSpinNs) {
-        sched_yield();
-      }
-      absl::MutexLock lock(&c.mu);
-      c.sleeping = true;
-      while (c.head == c.tail && !stopping_.load()) c.cv.Wait(&c.mu);
-      c.sleeping = false;
-      if (c.head == c.tail) return;  // Stopping and drained.
-    }
-    bool took = false;
-    {
-      absl::MutexLock lock(&c.mu);
-      while (c.head != c.tail && pending.size() < kShareSlots) {
-        pending.push_back(c.ring[c.head % kShareSlots]);
-        ++c.head;
-        took = true;
-      }
-      head = c.head;
-      c.in_hand.store(pending.size(), std::memory_order_release);
-    }
-    if (took) c.space_cv.SignalAll();
-    bool progress = false;
-    for (size_t i = 0; i < pending.size();) {
-      const Share sh = pending[i];
-      absl::Status st;
-      absl::StatusOr<bool> done = runtime_->QueryEvent(sh.end);
-      if (!done.ok()) {
-        st = done.status();
-      } else if (!*done) {
-        if (!abandon_.load(std::memory_order_relaxed)) {
-          ++i;
-          continue;
-        }
-        st = absl::UnavailableError("dmagatherd stopped while the op's copies were still queued");
-      }
-      pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-      {
-        absl::MutexLock lock(&pool_mu_);
-        free_end_[device].push_back(sh.end);
-      }
-      sh.lane->open.fetch_sub(1, std::memory_order_acq_rel);  // The last touch of the lane.
-      c.in_hand.store(pending.size(), std::memory_order_release);
-      CloseShare(sh.track, st);
-      progress = true;
-    }
-    if (pending.empty() || progress) {
-      t0 = 0;
-    } else {
-      if (t0 == 0) t0 = common::MonotonicNs();
-      Backoff(common::MonotonicNs() - t0);
-    }
   }
 }
 

@@ -11,23 +11,10 @@
 
 #include "common/clock.h"
 #include "common/cpu_relax.h"
+#include "server/engines/gpu/backoff.h"
 #include "server/engines/gpu/gpu_engine.h"
 
 namespace dmagather::server::engines::gpu {
-namespace {
-
-// As the issue path's polling: spin, then yield, then short sleeps.
-void Pause(uint64_t waited_ns) {
-  if (waited_ns < 200'000) {
-    for (int i = 0; i < 32; ++i) common::CpuRelax();
-  } else if (waited_ns < 5'000'000) {
-    sched_yield();
-  } else {
-    usleep(50);
-  }
-}
-
-}  // namespace
 
 // With device waits: any op while fewer than max_waits_ahead are in flight;
 // beyond that only an op whose flags are met, and only while no wait is
@@ -128,10 +115,10 @@ void GpuEngine::DestroyLane(int device, Lane& lane) {
 // itself; with an issuer per device each waits here, holding nothing.
 void GpuEngine::WaitForEarlierOps(const OpTrack* t) {
   if (t->issue_order <= 1) return;
-  const uint64_t t0 = common::MonotonicNs();
+  const uint64_t t0 = clock_.NowNs();
   while (enqueued_through_.load(std::memory_order_acquire) < t->issue_order - 1 &&
          !abandon_.load(std::memory_order_relaxed)) {
-    Pause(common::MonotonicNs() - t0);
+    Backoff(clock_.NowNs() - t0);
   }
 }
 

@@ -19,7 +19,7 @@ namespace dmagather::server::engines::gpu {
 class GpuRank : public EngineRank {
  public:
   GpuRank(std::shared_ptr<GpuRuntime> rt, std::shared_ptr<DeviceOrder> order, int device, int rank_ordinal, void* pages,
-          uint64_t ready_flag, const uint32_t* ready_word, uint64_t done_flag)
+          uint64_t ready_flag, const uint32_t* ready_word, uint64_t done_flag, const uint32_t* done_word)
       : rt_(std::move(rt)),
         order_(std::move(order)),
         device_(device),
@@ -27,7 +27,8 @@ class GpuRank : public EngineRank {
         pages_(pages),
         ready_flag_(ready_flag),
         ready_word_(ready_word),
-        done_flag_(done_flag) {}
+        done_flag_(done_flag),
+        done_word_(done_word) {}
   ~GpuRank() override {
     DeviceOrder::Hold hold(*order_, order_->all());  // Portable: unregistered from every device.
     rt_->UnregisterFlags(pages_);
@@ -37,6 +38,7 @@ class GpuRank : public EngineRank {
   uint64_t ready_flag() const { return ready_flag_; }
   const uint32_t* ready_word() const { return ready_word_; }
   uint64_t done_flag() const { return done_flag_; }  // 0: not known (the engine does not write it).
+  const uint32_t* done_word() const { return done_word_; }
 
  private:
   const std::shared_ptr<GpuRuntime> rt_;
@@ -47,6 +49,7 @@ class GpuRank : public EngineRank {
   const uint64_t ready_flag_;
   const uint32_t* const ready_word_;
   const uint64_t done_flag_;
+  const uint32_t* const done_word_;
 };
 
 inline const GpuRank* AsGpu(const EngineRank* r) { return static_cast<const GpuRank*>(r); }

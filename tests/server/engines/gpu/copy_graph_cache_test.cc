@@ -21,7 +21,6 @@ namespace {
 struct FakeGraphs {
   int next = 1;
   std::map<int, std::vector<CopyCmd>> built;
-  std::map<int, size_t> lanes;  // Of each graph built.
   std::vector<std::pair<int, void*>> launches;
   std::vector<std::vector<CopyCmd>> copied;  // At each launch.
   std::vector<int> destroyed;
@@ -33,11 +32,10 @@ struct FakeGraphs {
 
   CopyGraphCache::Ops Ops() {
     CopyGraphCache::Ops ops;
-    ops.build = [this](const CopyCmd* c, size_t n, size_t l) -> absl::StatusOr<CopyGraphCache::Graph> {
+    ops.build = [this](const CopyCmd* c, size_t n) -> absl::StatusOr<CopyGraphCache::Graph> {
       if (fail_build) return absl::InternalError("no graph today");
       const int id = next++;
       built[id] = std::vector<CopyCmd>(c, c + n);
-      lanes[id] = l;
       return reinterpret_cast<CopyGraphCache::Graph>(static_cast<intptr_t>(id));
     };
     ops.launch = [this](CopyGraphCache::Graph g, void* s) {
@@ -137,48 +135,23 @@ TEST(CopyGraphCacheTest, LargeChunksAreNeverReplayed) {
   EXPECT_TRUE(f.built.empty());
 }
 
-TEST(CopyGraphCacheTest, LargeChunksWithLanesAreChainsSideBySide) {
-  FakeGraphs f;
-  CopyGraphCache::Options o;
-  o.max_chunk_bytes = 8192;
-  o.lanes = 4;
-  CopyGraphCache cache(f.Ops(), o);
-  auto small = Call(0, 6, 4096);         // All chunks under the cap: one chain.
-  auto large = Call(64 << 10, 6, 8192);  // At the cap: still one chain.
-  auto mixed = Call(256 << 10, 6, 4096);
-  mixed[3].bytes = 8193;                 // One chunk over the cap: lanes.
-  auto two = Call(512 << 10, 2, 16384);  // Fewer chunks than lanes: one lane per chunk.
-  for (auto* c : {&small, &large, &mixed, &two}) {
-    EXPECT_FALSE(cache.Replay(0, kStream, c->data(), c->size(), false));
-    EXPECT_TRUE(cache.Replay(0, kStream, c->data(), c->size(), false));
-  }
-  EXPECT_EQ(f.lanes, (std::map<int, size_t>{{1, 1}, {2, 1}, {3, 4}, {4, 2}}));
-  EXPECT_EQ(f.built[3].size(), 6u);
-  EXPECT_EQ(f.built[3][3].bytes, 8193u);
-  EXPECT_EQ(cache.replays(), 4u);
-}
-
 TEST(CopyGraphCacheTest, ASoleStreamCallChainsLargerChunks) {
   FakeGraphs f;
   CopyGraphCache::Options o;
   o.max_chunk_bytes = 8192;
   o.max_sole_chunk_bytes = 32768;
-  o.lanes = 4;
   CopyGraphCache cache(f.Ops(), o);
   auto mid = Call(0, 6, 16384);          // Over the cap, under the sole-stream cap.
   auto big = Call(256 << 10, 6, 65536);  // Over both.
-  // The op's sole stream: one chain; the same call fanned out: lanes, its own graph.
-  for (bool sole : {true, false}) {
-    EXPECT_FALSE(cache.Replay(0, kStream, mid.data(), mid.size(), sole));
-    EXPECT_TRUE(cache.Replay(0, kStream, mid.data(), mid.size(), sole));
-  }
-  EXPECT_EQ(f.lanes, (std::map<int, size_t>{{1, 1}, {2, 4}}));
-  EXPECT_FALSE(cache.Replay(0, kStream, big.data(), big.size(), true));
-  EXPECT_TRUE(cache.Replay(0, kStream, big.data(), big.size(), true));
-  EXPECT_EQ(f.lanes.at(3), 4u);  // Over the sole-stream cap: lanes as any call.
+  // The op's sole stream: one chain; the same call fanned out: the batch path.
+  EXPECT_FALSE(cache.Replay(0, kStream, mid.data(), mid.size(), true));
+  EXPECT_TRUE(cache.Replay(0, kStream, mid.data(), mid.size(), true));
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(cache.Replay(0, kStream, mid.data(), mid.size(), false));
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(cache.Replay(0, kStream, big.data(), big.size(), true));
+  EXPECT_EQ(f.built.size(), 1u);
+  EXPECT_EQ(f.built[1].size(), 6u);
 
   o.max_sole_chunk_bytes = 0;  // Off: a sole stream's call is as any other.
-  o.lanes = 0;
   CopyGraphCache off(f.Ops(), o);
   for (int i = 0; i < 3; ++i) EXPECT_FALSE(off.Replay(0, kStream, mid.data(), mid.size(), true));
   EXPECT_EQ(off.built(), 0u);

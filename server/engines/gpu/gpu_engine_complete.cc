@@ -1,0 +1,134 @@
+// GpuEngine (gpu_engine.h): the completion threads - each device's FIFO of
+// shares, polled share by share (a share parked on its job's flags delays no
+// other), and the end of an op once its last share has ended.
+#include <glog/logging.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/prctl.h>
+
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "server/engines/gpu/backoff.h"
+#include "server/engines/gpu/gpu_engine.h"
+
+namespace dmagather::server::engines::gpu {
+
+GpuEngine::OpTrack* GpuEngine::TakeTrack() {
+  absl::MutexLock lock(&tracks_mu_);
+  while (free_tracks_.empty()) tracks_cv_.Wait(&tracks_mu_);
+  OpTrack* t = free_tracks_.back();
+  free_tracks_.pop_back();
+  return t;
+}
+
+void GpuEngine::CloseShare(OpTrack* t, const absl::Status& st) {
+  if (!st.ok()) {
+    absl::MutexLock lock(&t->mu);
+    t->status.Update(st);
+  }
+  if (t->open.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  EngineOp* op = t->op;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&t->mu);
+    status = std::move(t->status);
+    t->status = absl::OkStatus();
+  }
+  JobLoad* load = t->load;
+  const bool waits_ahead = t->waits_ahead;
+  const bool issue_failed = t->issue_failed.exchange(false);
+  t->load = nullptr;
+  {
+    absl::MutexLock lock(&tracks_mu_);
+    free_tracks_.push_back(t);
+  }
+  tracks_cv_.Signal();
+  const uint64_t t_seen = clock_.NowNs();
+  op->OnEngineDone(status);
+  complete_ns_.Record(clock_.NowNs() - t_seen);
+  // After OnEngineDone: an op that failed at issue has its error record
+  // written now. The gate polls these; in_flight's decrement is the last
+  // touch of the load (LoadOf may then drop it).
+  if (issue_failed) load->unsettled_errors.fetch_sub(1, std::memory_order_acq_rel);
+  if (waits_ahead) load->waits_ahead.fetch_sub(1, std::memory_order_acq_rel);
+  load->in_flight.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+void GpuEngine::CompletionLoop(int device) {
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // 1 us: short sleeps stay short.
+  pthread_setname_np(pthread_self(), ("dmag-done-" + std::to_string(device)).c_str());  // In stacks of a hang.
+  runtime_->BindThread(device);
+  Completion& c = *completions_[device];
+  // The shares taken off the FIFO and not seen done yet. Each is polled on
+  // its own: shares of one lane end in order anyway, and a share parked on
+  // its job's ready flags must not hold up another job's (docs/CUDA.md,
+  // "Locks and waits").
+  std::vector<Share> pending;
+  pending.reserve(64);
+  uint64_t t0 = 0;
+  uint64_t head = 0;  // c.head, as this thread (its only writer) last set it.
+  for (;;) {
+    if (pending.empty()) {
+      // Ops come in bursts: poll a while for the next share so that the
+      // issuer need not wake this thread (kCompletionSpinNs), yielding the
+      // core between polls (on a busy machine the copies' own threads, or
+      // the ranks, need it more), then sleep.
+      const uint64_t idle_since = clock_.NowNs();
+      while (c.posted.load(std::memory_order_acquire) == head && !stopping_.load(std::memory_order_relaxed) &&
+             clock_.NowNs() - idle_since < kCompletionSpinNs) {
+        sched_yield();
+      }
+      absl::MutexLock lock(&c.mu);
+      c.sleeping = true;
+      while (c.head == c.tail && !stopping_.load()) c.cv.Wait(&c.mu);
+      c.sleeping = false;
+      if (c.head == c.tail) return;  // Stopping and drained.
+    }
+    bool took = false;
+    {
+      absl::MutexLock lock(&c.mu);
+      while (c.head != c.tail && pending.size() < kShareSlots) {
+        pending.push_back(c.ring[c.head % kShareSlots]);
+        ++c.head;
+        took = true;
+      }
+      head = c.head;
+      c.in_hand.store(pending.size(), std::memory_order_release);
+    }
+    if (took) c.space_cv.SignalAll();
+    bool progress = false;
+    for (size_t i = 0; i < pending.size();) {
+      const Share sh = pending[i];
+      absl::Status st;
+      absl::StatusOr<bool> done = runtime_->QueryEvent(sh.end);
+      if (!done.ok()) {
+        st = done.status();
+      } else if (!*done) {
+        if (!abandon_.load(std::memory_order_relaxed)) {
+          ++i;
+          continue;
+        }
+        st = absl::UnavailableError("dmagatherd stopped while the op's copies were still queued");
+      }
+      pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+      {
+        absl::MutexLock lock(&pool_mu_);
+        free_end_[device].push_back(sh.end);
+      }
+      sh.lane->open.fetch_sub(1, std::memory_order_acq_rel);  // The last touch of the lane.
+      c.in_hand.store(pending.size(), std::memory_order_release);
+      CloseShare(sh.track, st);
+      progress = true;
+    }
+    if (pending.empty() || progress) {
+      t0 = 0;
+    } else {
+      if (t0 == 0) t0 = clock_.NowNs();
+      Backoff(clock_.NowNs() - t0);
+    }
+  }
+}
+
+}  // namespace dmagather::server::engines::gpu

@@ -1,0 +1,76 @@
+// IssueWatch: the GPU engine's watchdog over its own driver calls. Each
+// issuing thread marks the call it is in (the op, the step); a thread of
+// the watch checks every 200 ms and, when one call has lasted over a second,
+// logs once per call what every device's issuer is doing and every rank's
+// ready and done words of the op it is stuck in - the report a hang on the
+// real driver needs (docs/CUDA.md, "Locks and waits"; tools/nvidia/
+// first_contact.sh, the stall A/B).
+//
+// Threads: Begin/End on the device's issuing thread (one writer per
+// device); Check on the watch thread (or a test). The op a device is in
+// stays alive while its issuer is inside the call (its share is open).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "server/engines/copy_engine.h"
+
+namespace dmagather::server::engines::gpu {
+
+class IssueWatch {
+ public:
+  // `words(rank)`: the rank's ready and done words (host addresses; null
+  // where unknown), for the report.
+  struct Words {
+    const uint32_t* ready = nullptr;
+    const uint32_t* done = nullptr;
+  };
+  using WordsOf = Words (*)(const EngineRank* rank);
+
+  IssueWatch(int devices, common::Clock& clock, WordsOf words, uint64_t limit_ns = 1'000'000'000ull);
+  ~IssueWatch();
+
+  // The watch thread (Check every 200 ms of real time) until destruction.
+  void StartThread();
+
+  // Device `device`'s issuer enters a driver call of `op` (`what`: a
+  // string literal) / leaves it.
+  void Begin(int device, const EngineOp* op, const char* what) {
+    Slot& s = slots_[device];
+    s.op.store(op, std::memory_order_relaxed);
+    s.what.store(what, std::memory_order_relaxed);
+    s.since_ns.store(clock_.NowNs(), std::memory_order_release);
+  }
+  void End(int device) { slots_[device].since_ns.store(0, std::memory_order_release); }
+
+  // One pass: the report of a call over the limit (each call reported
+  // once), or "" when none is.
+  std::string Check();
+  uint64_t reports() const { return reports_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Slot {
+    std::atomic<uint64_t> since_ns{0};  // 0: not in a call.
+    std::atomic<const EngineOp*> op{nullptr};
+    std::atomic<const char*> what{""};
+    uint64_t reported_since = 0;  // Check's own: the call last reported.
+  };
+  common::Clock& clock_;
+  const WordsOf words_;
+  const uint64_t limit_ns_;
+  std::unique_ptr<Slot[]> slots_;
+  const int devices_;
+  std::atomic<uint64_t> reports_{0};
+  absl::Mutex mu_;  // Check's passes, one at a time.
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace dmagather::server::engines::gpu
