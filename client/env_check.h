@@ -38,6 +38,7 @@ inline constexpr std::string_view kKnownVariables[] = {
     "DMAGATHER_CUDA_GRAPH_SOLE_MAX_KIB",
     "DMAGATHER_CUDA_GRAPH_PER_SHAPE",
     "DMAGATHER_CUDA_CHUNK_MIB",
+    "DMAGATHER_CUDA_DONE_ON_DEVICE",
     // dmagatherd: hip backend.
     "DMAGATHER_HIP_LIB",
     "DMAGATHER_HSA_LIB",

@@ -41,7 +41,13 @@ run() {
   if [ -n "${OUT:-}" ]; then mkdir -p "$OUT"; fi  # the daemons' logs are kept there
   local tmp; tmp="$(mktemp -d)"
   export DMAGATHER_SOCKET="$tmp/dmagatherd.sock"
-  "$here/bin/dmagatherd" --socket="$DMAGATHER_SOCKET" --backend=cuda --socket_mode=0666 >"$tmp/daemon.log" 2>&1 &
+  # The daemon's log goes straight to $OUT when set (a run killed on a stall keeps it).
+  local dlog="$tmp/daemon.log"
+  [ -n "${OUT:-}" ] && dlog="$OUT/daemon_tests.log"
+  # DMAGATHERD_FLAGS: extra flags for every daemon of the run (first_contact.sh's stall A/B).
+  # shellcheck disable=SC2086
+  "$here/bin/dmagatherd" --socket="$DMAGATHER_SOCKET" --backend=cuda --socket_mode=0666 ${DMAGATHERD_FLAGS:-} \
+    >"$dlog" 2>&1 &
   local dpid=$!
   for _ in $(seq 1 100); do [ -S "$DMAGATHER_SOCKET" ] && break; sleep 0.1; done
   local passed=0 failed=0
@@ -65,7 +71,7 @@ run() {
     echo "=== per-rank visibility: skipped (nvidia-smi lists no GPU UUID)"
   else
     "$here/bin/dmagatherctl" --socket="$DMAGATHER_SOCKET" --json stats >"$tmp/stats_before.json" 2>/dev/null
-    local before_maps; before_maps="$(grep -c "is dmagatherd's device" "$tmp/daemon.log")"
+    local before_maps; before_maps="$(grep -c "is dmagatherd's device" "$dlog")"
     for mode in ${GPU_VISIBILITY_TESTS:-dtypes stream coalesced vmm}; do
       echo "=== allgather_gpu_test $mode, each rank seeing one GPU by UUID ($ngpu GPU(s))"
       if DMAGATHER_TEST_RANK_VISIBLE="$uuids" timeout 300 "$here/bin/allgather_gpu_test" "$mode"; then
@@ -74,8 +80,8 @@ run() {
         failed=$((failed + 1))
       fi
     done
-    local maps; maps="$(($(grep -c "is dmagatherd's device" "$tmp/daemon.log") - before_maps))"
-    grep "is dmagatherd's device" "$tmp/daemon.log" | tail -n 4
+    local maps; maps="$(($(grep -c "is dmagatherd's device" "$dlog") - before_maps))"
+    grep "is dmagatherd's device" "$dlog" | tail -n 4
     "$here/bin/dmagatherctl" --socket="$DMAGATHER_SOCKET" --json stats >"$tmp/stats_after.json" 2>/dev/null
     local same_before same_after
     same_before="$(grep -o '"same_device_copies": *"\?[0-9]*' "$tmp/stats_before.json" | grep -o '[0-9]*$')"
@@ -91,16 +97,16 @@ run() {
   fi
   kill -TERM "$dpid"; wait "$dpid"
   echo "=== dmagatherd log (last 40 lines)"
-  tail -n 40 "$tmp/daemon.log"
-  [ -n "${OUT:-}" ] && cp "$tmp/daemon.log" "$OUT/daemon_tests.log"
+  tail -n 40 "$dlog"
 
   # Multi-node on one GPU: ${GPU_NODES:-3} daemons (simulated nodes, tcp
   # between them on 127.0.0.1, ring staged through pinned host memory with
   # copy-engine H2D/D2H), ranks interleaved over them, a fresh job id per mode.
   local socks="" pids="" n
   for n in $(seq 0 $((${GPU_NODES:-3} - 1))); do
+    # shellcheck disable=SC2086
     "$here/bin/dmagatherd" --socket="$tmp/node$n.sock" --backend=cuda --socket_mode=0666 --metrics_listen= \
-      --peer_listen=127.0.0.1:0 >"$tmp/node$n.log" 2>&1 &
+      --peer_listen=127.0.0.1:0 ${DMAGATHERD_FLAGS:-} >"${OUT:-$tmp}/multinode_node$n.log" 2>&1 &
     pids="$pids $!"
     socks="$socks${socks:+,}$tmp/node$n.sock"
   done
@@ -122,8 +128,7 @@ run() {
   done
   kill -TERM $pids; wait $pids
   for n in $(seq 0 $((${GPU_NODES:-3} - 1))); do
-    echo "=== node $n dmagatherd log (last 15 lines)"; tail -n 15 "$tmp/node$n.log"
-    [ -n "${OUT:-}" ] && cp "$tmp/node$n.log" "$OUT/multinode_node$n.log"
+    echo "=== node $n dmagatherd log (last 15 lines)"; tail -n 15 "${OUT:-$tmp}/multinode_node$n.log"
   done
   echo "$passed passed, $failed failed"
   [ "$failed" -eq 0 ]

@@ -23,9 +23,18 @@
 #                 stats: bytes per issuing GPU)
 #   latency sweep 64 KiB and 1/2/4 MiB per rank, p50/p99, and the daemon's issue p50/p99, with
 #                 copy graphs on/off, graph caps 256/1024/4096 KiB, 1/4/8 streams per GPU
+#   stall A/B     the GPU suite's `stream` mode (300 ops queued ahead of late ready flags)
+#                 FC_STALL_RUNS (20) times per arm, each with fresh daemons: the defaults (lanes
+#                 per job, lockstep, done written by the GPU), serial issue (--parallel_issue=false),
+#                 done published by the CPU (DMAGATHER_CUDA_DONE_ON_DEVICE=0), and the defaults
+#                 with CUDA_DEVICE_MAX_CONNECTIONS=1 and =32; stalls out of runs per arm, and for
+#                 each stall the daemon's issue-watch lines (every issuer's op and step, every
+#                 rank's ready and done words, once a driver call has lasted 1 s; stall_*.log).
+#                 The code before lanes and device-written done is no longer selectable.
+#   latency       64 KiB..64 MiB per rank, p50/p99, against NCCL in the same run
 #   16 on 8       twice as many ranks as GPUs (a gloo group: NCCL refuses shared GPUs), bit-exact
 #   vs NCCL       busbw 1 MiB..1 GiB and a bf16 GEMM's TF/s beside the all-gathers, NCCL alongside
-# FC_STEPS="pairs suite pairjobs sweep shared nccl" runs a subset (default: all; gpus and
+# FC_STEPS="pairs suite pairjobs stall sweep latency shared nccl" runs a subset (default: all; gpus and
 # topology always run), e.g. to split the run over calls of a bounded length; FC_SWEEP
 # replaces the sweep's settings (space-separated NAME[:ENV=VALUE|:--daemon_flag]).
 set -uo pipefail
@@ -103,6 +112,55 @@ print(",".join("GPU-" + str(torch.cuda.get_device_properties(i).uuid) for i in r
     pass "GPU suite" "$line; $(grep '=== per-rank visibility' "$out/gpu_suite.log" | tail -n 1 | sed 's/^=== //')"
   else
     fail "GPU suite" "${line:-no result line} (gpu_suite.log)"
+  fi
+
+  # --- stall A/B ------------------------------------------------------------------
+  run_bounded() {  # SECONDS COMMAND...: in a process group of its own, all of it killed past the limit
+    local limit="$1" pid tenths=0; shift
+    setsid "$@" &
+    pid=$!
+    while kill -0 "$pid" 2>/dev/null; do
+      if [ "$tenths" -ge $((limit * 10)) ]; then
+        kill -TERM -- "-$pid" 2>/dev/null; sleep 2; kill -KILL -- "-$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+        echo "run_bounded: killed after $limit s"
+        return 124
+      fi
+      sleep 0.1; tenths=$((tenths + 1))
+    done
+    wait "$pid"
+  }
+  if want stall; then
+    local arm runs_per="${FC_STALL_RUNS:-20}" stall_table="$out/stall_ab.txt" k
+    echo "arm,runs,passed,stalled_or_failed,watch_reports" >"$out/stall_ab.csv"
+    for arm in "defaults:" "serial:--parallel_issue=false" "cpu_done:DMAGATHER_CUDA_DONE_ON_DEVICE=0" \
+               "conn1:CUDA_DEVICE_MAX_CONNECTIONS=1" "conn32:CUDA_DEVICE_MAX_CONNECTIONS=32"; do
+      local aname="${arm%%:*}" aset="${arm#*:}" aflags="" aenv=() ok=0 bad=0 watch=0
+      case "$aset" in --*) aflags="$aset" ;; ?*) aenv=("$aset") ;; esac
+      for k in $(seq 1 "$runs_per"); do
+        mkdir -p "$out/stall_${aname}_$k"
+        if env "${aenv[@]}" DMAGATHERD_FLAGS="$aflags" GPU_TESTS=stream GPU_VISIBILITY_TESTS=stream \
+            GPU_MULTINODE_TESTS=stream OUT="$out/stall_${aname}_$k" run_bounded 150 "$here/run.sh" run \
+            >"$out/stall_${aname}_$k.log" 2>&1; then
+          ok=$((ok + 1))
+        else
+          bad=$((bad + 1))
+        fi
+        # The issue watch's reports, in any daemon log of the run.
+        local w; w="$(cat "$out/stall_${aname}_$k"/*.log 2>/dev/null | grep -c 'issue watch:' || true)"
+        watch=$((watch + ${w:-0}))
+        [ "${w:-0}" -gt 0 ] && grep -h -A 10 'issue watch:' "$out/stall_${aname}_$k"/*.log \
+          >>"$out/stall_${aname}_watch.txt" 2>/dev/null
+      done
+      echo "$aname,$runs_per,$ok,$bad,$watch" >>"$out/stall_ab.csv"
+    done
+    column -t -s, "$out/stall_ab.csv" >"$stall_table" 2>/dev/null || cp "$out/stall_ab.csv" "$stall_table"
+    if ! awk -F, 'NR > 1 && $4 != 0 { bad = 1 } END { exit bad }' "$out/stall_ab.csv"; then
+      fail "stall A/B" "a run stalled or failed (stall_ab.csv, stall_*_watch.txt)"
+    else
+      pass "stall A/B" "$(tail -n +2 "$out/stall_ab.csv" | wc -l) arms x $runs_per runs of the stream mode, none stalled"
+    fi
+    cat "$stall_table" >>"$report"
   fi
 
   # One daemon for the steps below, seeing every GPU by index.
@@ -202,6 +260,24 @@ print(",".join(str(d) for d in sorted(moved - {i, j})) if moved == {i, j} or mov
     column -t -s, "$out/latency_sweep.csv" 2>/dev/null | head -n 60 >>"$report"
   else
     fail "latency sweep" "a setting failed (sweep_*.log, daemon_sweep_*.log)"
+  fi
+
+  # --- latency 64 KiB..64 MiB against NCCL ---------------------------------------
+  if ! want latency; then
+    :
+  elif [ "$ngpu" -lt 2 ]; then
+    skip "latency" "one GPU: NCCL refuses two ranks on one GPU"
+  else
+    start_daemon "$out/daemon_latency.log" || fail "latency" "dmagatherd did not start"
+    if bench --ranks="$ngpu" --parts=latency --latency_iters=200 \
+        --latency_kib=64,256,1024,2048,4096,8192,16384,32768,65536 --out="$out/latency" --job=latency \
+        >"$out/latency.log" 2>&1; then
+      pass "latency" "$ngpu ranks, 64 KiB..64 MiB per rank, p50/p99 against NCCL (latency/latency.csv)"
+      column -t -s, "$out/latency/latency.csv" >>"$report" 2>/dev/null
+    else
+      fail "latency" "see latency.log"
+    fi
+    stop_daemon
   fi
 
   # --- 16 on 8 ---------------------------------------------------------------

@@ -94,6 +94,7 @@ class CudaRuntime : public GpuRuntime {
                                             : absl::StrCat("cudaMemcpyBatchAsync on ", batched, " of ", num_devices_,
                                                            " devices, cudaMemcpyAsync on the others");
     if (!device_waits_) absl::StrAppend(&d, "; ", no_device_waits_why_);
+    absl::StrAppend(&d, device_writes() ? "; done flags written by the GPU" : "; done flags published by the CPU");
     return absl::StrCat(d, "; ", DescribeCopyGraphs(caches), paths_.Describe());
   }
 
@@ -286,7 +287,7 @@ class CudaRuntime : public GpuRuntime {
   absl::Status WaitValues(int device, GpuStream stream, const uint64_t* flags, size_t n, uint32_t value) override {
     return MemOps(device, stream, flags, n, value, /*write=*/false);
   }
-  bool device_writes() const override { return device_waits_; }
+  bool device_writes() const override { return device_waits_ && done_on_device_; }
   absl::Status WriteValues(int device, GpuStream stream, const uint64_t* flags, size_t n, uint32_t value) override {
     return MemOps(device, stream, flags, n, value, /*write=*/true);
   }
@@ -472,6 +473,12 @@ class CudaRuntime : public GpuRuntime {
   // Where import releases are reported: every device's graph cache.
   std::vector<std::shared_ptr<ReleaseLog>> releases_;
   bool device_waits_ = true;
+  // DMAGATHER_CUDA_DONE_ON_DEVICE=0: the CPU publishes every done flag (the
+  // A/B of the handshake's cost; docs/CUDA.md, "Completion").
+  const bool done_on_device_ = [] {
+    const char* e = std::getenv("DMAGATHER_CUDA_DONE_ON_DEVICE");
+    return e == nullptr || std::string(e) != "0";
+  }();
   std::string no_device_waits_why_;
 };
 
