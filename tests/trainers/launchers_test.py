@@ -23,6 +23,17 @@ it found them), 2 nodes x 2 ranks.
       DeepSpeed's launch.py sets LOCAL_SIZE (not LOCAL_WORLD_SIZE); the
       adapter's nodes come from the daemons the ranks reach: 2.
 
+  SlurmSrunTest  SLURM 22.05 from Debian (simnodes.SlurmCluster: slurmctld on
+      node0, a slurmd on each node, munged), `srun -N 2 --ntasks-per-node 2
+      srun_rank.sh python zero3_train.py` from node0; srun_rank.sh makes
+      torch's RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR of SLURM's variables.
+      off:  the variable nowhere: nothing set up.
+      on:   DMAGATHER_ALLGATHER=1 exported in the submitting shell only:
+            srun's default --export=ALL gives it to every rank; the same bytes
+            as `off`, every gather served, both daemons counted the job's ops.
+      Nothing tells a rank how many ranks share its node; the adapter finds
+      2 nodes.
+
 Where network namespaces or mounts cannot be made (no root), the classes are
 skipped; a launcher that is not installed fails the test (tests/trainers/run.sh
 installs them).

@@ -49,12 +49,11 @@ class SimNodes:
     def __init__(self, tag, n, work_dir):
         self.tag, self.n, self.dir = tag, n, work_dir
         self.created, self.daemons = [], []
-        self.made_run_dir = False
         self.node_dirs = [os.path.join(work_dir, f"node{i}-run") for i in range(n)]
         try:
-            if not os.path.isdir(RUN_DIR):
-                os.makedirs(RUN_DIR)
-                self.made_run_dir = True
+            # The mount point (left in place: another instance may be using it;
+            # an empty directory under /run, which a boot clears).
+            os.makedirs(RUN_DIR, exist_ok=True)
             netns_bridge.build(tag, n, self.created)
             # Every node's /etc/hosts names the nodes (`ip netns exec` mounts
             # /etc/netns/NS/hosts over /etc/hosts).
@@ -151,12 +150,6 @@ class SimNodes:
             os.rmdir(ETC_NETNS)  # only where nothing else is in it
         except OSError:
             pass
-        if self.made_run_dir:
-            try:
-                os.rmdir(RUN_DIR)
-            except OSError:
-                pass
-            self.made_run_dir = False
 
 
 SSH_TEMPLATE = r"""#!/bin/bash
