@@ -169,7 +169,21 @@ class LauncherCase(unittest.TestCase):
             self.assertEqual(len(jobs), 1, f"node {i}: job {key} not in {r['daemons'][i]['jobs']}")
             self.assertEqual(int(jobs[0]["ops"]), n, f"node {i}")
             self.assertEqual(jobs[0].get("errors", []), [], f"node {i}")
-        print(f"  {label}: {n} ops per rank served, both daemons counted {n}", file=sys.stderr)
+            # The node decision, seen from the daemons: node i's daemon had
+            # node i's ranks joined (a pid each) and every other rank on the
+            # node it is on, and is node i of the job's ring of NODES.
+            where = {int(x.get("rank", 0)): (x.get("state", ""), int(x.get("pid", 0)))
+                     for x in jobs[0].get("ranks", [])}
+            self.assertEqual(sorted(where), list(range(WORLD)), f"node {i}: {where}")
+            for rank, (state, pid) in where.items():
+                if rank // PER_NODE == i:
+                    self.assertTrue(pid > 0 and not state.startswith("remote"), f"node {i}, rank {rank}: {state}")
+                else:
+                    self.assertEqual(state, f"remote (node {rank // PER_NODE})", f"node {i}, rank {rank}")
+            ring = jobs[0].get("ring", {})
+            self.assertEqual((int(ring.get("nodes", 0)), int(ring.get("node", 0))), (NODES, i), f"node {i}: {ring}")
+        print(f"  {label}: {n} ops per rank served, both daemons counted {n}, each with its node's "
+              f"{PER_NODE} ranks", file=sys.stderr)
         return r
 
 
