@@ -5,7 +5,19 @@
 #   tools/install_deps.sh [--mpi]    --mpi: also Open MPI, matplotlib and
 #                                    iperf3, for the benchmarks that compare
 #                                    with Open MPI and the link rate
+#   tools/install_deps.sh --launchers    only the launchers of
+#                                    tests/trainers/launchers_test.py (pdsh,
+#                                    SLURM, munge; tests/trainers/run.sh
+#                                    calls it as root)
 set -euo pipefail
+
+# The multi-node launchers the trainer tests run for real: DeepSpeed's runner
+# starts the nodes through pdsh; SLURM's srun through slurmctld, one slurmd
+# per node, munge for authentication. The tests run daemons of their own,
+# with their own configuration and key; the packages' services do not start
+# without /etc/slurm/slurm.conf (slurmd, slurmctld), and munged's, on a booted
+# host, is not used.
+LAUNCHERS=(pdsh slurmctld slurmd slurm-client munge)
 
 PKGS=(
   bazel-bootstrap bazel-platforms bazel-rules-java   # Bazel 4.2.3, offline
@@ -22,11 +34,13 @@ PKGS=(
   python3 python3-numpy python3-grpcio python3-protobuf
   python3-yaml                                       # tests/deploy:k8s_test (the Kubernetes files)
   python3-torch                                      # tests/python:torch_adapter_test (torch 1.13 CPU, gloo)
+  "${LAUNCHERS[@]}"                                  # tests/trainers/launchers_test.py
 )
 case "${1:-}" in
   "") ;;
   --mpi) PKGS+=(openmpi-bin libopenmpi-dev python3-matplotlib iperf3) ;;
-  *) echo "usage: $0 [--mpi]" >&2; exit 2 ;;
+  --launchers) PKGS=("${LAUNCHERS[@]}") ;;
+  *) echo "usage: $0 [--mpi|--launchers]" >&2; exit 2 ;;
 esac
 
 missing=()

@@ -76,7 +76,11 @@ def main():
     p.add_argument("--hpz", type=int, default=0, metavar="N",
                    help="ZeRO++ hpZ: zero_hpz_partition_size N (a secondary partition over groups of N ranks)")
     p.add_argument("--local_rank", type=int, default=-1)  # the deepspeed launcher passes it
+    p.add_argument("--record-env", action="store_true",
+                   help="each rank writes DIR/env.RANK.json: what its launcher set (LAUNCH_ENV) as it found it")
     args = p.parse_args()
+    if args.record_env:
+        record_env(args.out)
 
     acc = deepspeed.get_accelerator()
     ds_args = None
@@ -222,6 +226,20 @@ class Profile:
                                  "kernels_by_name": {k: [n, kernel_us[k]] for k, n in kernels.most_common()},
                                  "memcpy_by_kind": dict(memcpy)}},
                   open(path, "w"), indent=1)
+
+
+# What a launcher may set for a rank (torchrun, DeepSpeed's launch.py, SLURM)
+# and the switch itself: recorded by --record-env before anything reads them.
+LAUNCH_ENV = ("DMAGATHER_ALLGATHER", "DMAGATHER_SOCKET", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+              "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "GROUP_RANK", "MASTER_ADDR", "SLURM_PROCID", "SLURM_LOCALID",
+              "SLURM_NTASKS", "SLURM_NODEID", "SLURMD_NODENAME")
+
+
+def record_env(out):
+    rank = os.environ.get("RANK", "x")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"env.{rank}.json"), "w") as f:
+        json.dump({k: os.environ.get(k) for k in LAUNCH_ENV}, f, indent=1)
 
 
 def remove_shm_buffers():
