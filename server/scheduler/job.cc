@@ -322,6 +322,7 @@ absl::Status Job::DefinePersistent(Op* op) {
   auto p = std::make_unique<PersistentOp>(this, std::move(ranks), std::move(slots));
   p->plan = op->plan;
   p->ranks = op->ranks;
+  p->job_id = op->job_id;  // Its replays go out on the job's own streams.
   for (RankPart& part : op->parts) {
     for (auto& h : part.holds) p->holds.push_back(std::move(h));
     part.holds.clear();
