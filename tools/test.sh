@@ -30,24 +30,32 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 tools/install_deps.sh || exit 1
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+stages=$(mktemp)
+trap 'rm -f "$log" "$stages"' EXIT
+test_started=$SECONDS
+# One row a stage (name, seconds, its passed/failed/skipped), printed as a
+# table before the closing line.
+stage_row() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >>"$stages"; }
+t0=$SECONDS
 bazel test //... --test_tag_filters=-gpu,-manual "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 read -r passed failed skipped < <(tools/count_test_cases.sh "$log" "$(bazel info bazel-testlogs 2>/dev/null)")
 if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi
+stage_row "bazel test //..." $((SECONDS - t0)) "$passed" "$failed" "$skipped"
 
 # A one-case script: exit 0 passed, 77 skipped (it prints why), else failed.
 run_case() {
-  local name=$1
+  local name=$1 t0=$SECONDS p=0 f=0 s=0
   shift
   echo "== $name"
   "$@"
   local case_rc=$?
   case $case_rc in
-    0) passed=$((passed + 1)) ;;
-    77) skipped=$((skipped + 1)); echo "== $name: skipped" ;;
-    *) failed=$((failed + 1)); rc=1 ;;
+    0) passed=$((passed + 1)); p=1 ;;
+    77) skipped=$((skipped + 1)); s=1; echo "== $name: skipped" ;;
+    *) failed=$((failed + 1)); f=1; rc=1 ;;
   esac
+  stage_row "$name" $((SECONDS - t0)) "$p" "$f" "$s"
 }
 # The build without CUDA (own output directory; the normal tree is untouched).
 run_case check_no_cuda_build tools/check_no_cuda_build.sh
@@ -66,17 +74,20 @@ run_counted() {
   local sub_rc=${PIPESTATUS[0]}
   local sp sf ss
   read -r sp sf ss < <(sed -nE 's/^([0-9]+) passed, ([0-9]+) failed(, ([0-9]+) skipped)?$/\1 \2 \4/p' "$log" | tail -1)
+  local np=0 nf=0 ns=0
   if [ -z "${sp:-}" ] && [ "$sub_rc" -eq 77 ]; then
-    skipped=$((skipped + 1))
+    ns=1
   else
-    passed=$((passed + ${sp:-0}))
-    failed=$((failed + ${sf:-1}))
-    skipped=$((skipped + ${ss:-0}))
+    np=${sp:-0}
+    nf=${sf:-1}
+    ns=${ss:-0}
     # A non-zero exit with no failed case in its line is still a failure.
-    if [ "$sub_rc" -ne 0 ] && [ "$sub_rc" -ne 77 ] && [ "${sf:-1}" -eq 0 ]; then failed=$((failed + 1)); fi
+    if [ "$sub_rc" -ne 0 ] && [ "$sub_rc" -ne 77 ] && [ "${sf:-1}" -eq 0 ]; then nf=$((nf + 1)); fi
   fi
+  passed=$((passed + np)) failed=$((failed + nf)) skipped=$((skipped + ns))
   if [ "$sub_rc" -ne 0 ] && [ "$sub_rc" -ne 77 ]; then rc=1; fi
   echo "== $name: $((SECONDS - t0)) s"
+  stage_row "$name" $((SECONDS - t0)) "$np" "$nf" "$ns"
 }
 # Clang's thread-safety analysis over every CPU target (one case; skipped
 # where clang-14 is missing), the product files' sizes, the clock seam and
@@ -100,5 +111,11 @@ run_counted trainers tests/trainers/run.sh
 # says, python3 -m dmagather.check; the DaemonSet's OCI image.
 run_counted packaging tests/packaging/run.sh
 
+echo "== stages (seconds; passed, failed, skipped)"
+{
+  printf 'stage\ts\tpassed\tfailed\tskipped\n'
+  cat "$stages"
+  printf 'total\t%s\t%s\t%s\t%s\n' $((SECONDS - test_started)) "$passed" "$failed" "$skipped"
+} | awk -F'\t' '{ printf "%-28s %6s %7s %7s %8s\n", $1, $2, $3, $4, $5 }'
 echo "$passed passed, $failed failed, $skipped skipped"
 exit $rc
