@@ -177,6 +177,7 @@ absl::Status Daemon::Start() {
       io, engine_.get(), db,
       ingress::Ingress::Hooks{[reg] { return reg->version(); }, [reg] { return reg->Snapshot(); }});
   ingress::Ingress* ing = ingress_.get();
+  registry_->SetIngressSleeps([ing] { return ing->sleeps(); });
   registry_->StartReaper([ing] { return ing->epoch(); }, [ing] { ing->Kick(); });
   service::ControlListener::Options lo;
   lo.path = path;

@@ -226,6 +226,13 @@ int main(int argc, char** argv) {
         }
         std::printf("copy engines:%s\n", ce.c_str());
       }
+      uint64_t device_done = 0, before_cpu = 0;
+      for (const auto& j : s.jobs()) device_done += j.device_done_ops(), before_cpu += j.done_before_cpu();
+      std::printf(
+          "cpu: ingress slept %llu times, engine threads woken %llu times; done flags a GPU wrote: %llu ops "
+          "(%llu rank-ops before the CPU came to publish)\n",
+          (unsigned long long)s.ingress_sleeps(), (unsigned long long)s.engine_wakeups(),
+          (unsigned long long)device_done, (unsigned long long)before_cpu);
     }
     return 0;
   }

@@ -153,6 +153,10 @@ struct EngineStats {
   uint64_t bytes = 0;
   uint64_t chunks = 0;
   uint64_t same_device_copies = 0;
+  // Times an engine thread asleep was woken to take work (a per-device
+  // issuer or completion thread, the gate): what an op costs in wake-ups
+  // beside the ingress thread's.
+  uint64_t thread_wakeups = 0;
   std::vector<CopyEngineBytes> copy_engines;  // GPU engines; engine -1 per GPU where the runtime picks.
 };
 

@@ -259,6 +259,7 @@ void Ingress::Loop() {
       const uint64_t timeout_ns = persistent      ? PersistentPollNs(options_.clock->NowNs() - last_work)
                                   : jobs_.empty() ? kIdlePollNs
                                                   : 10'000'000;
+      sleeps_.fetch_add(1, std::memory_order_relaxed);
       common::FutexWait(&doorbell_->seq, bell, timeout_ns);
     }
     epoch_.fetch_add(1, std::memory_order_acq_rel);  // Asleep: no snapshot was being read.

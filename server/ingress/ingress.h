@@ -78,6 +78,9 @@ class Ingress {
   // Poll passes completed (the reaper frees a retired rank's segment only
   // once a pass that began after the retirement has ended).
   uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
+  // Times the thread slept on the doorbell (each a wake-up: a rank's
+  // doorbell, a Kick, or the sweep's timeout).
+  uint64_t sleeps() const { return sleeps_.load(std::memory_order_relaxed); }
   // Wakes the thread for one pass (the reaper waits for an epoch).
   void Kick();
 
@@ -98,6 +101,7 @@ class Ingress {
   std::thread thread_;
   std::vector<JobFeed> jobs_;  // Ingress thread only.
   std::atomic<uint64_t> epoch_{0};
+  std::atomic<uint64_t> sleeps_{0};
   uint64_t version_ = ~uint64_t{0};
 };
 

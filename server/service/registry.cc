@@ -117,6 +117,7 @@ void Registry::FillStats(const std::string& job_key, const Viewer& viewer, v1::S
   NodeStatsInput in;
   in.held = core_.held_regions();
   in.engine = engine_->stats();
+  in.ingress_sleeps = ingress_sleeps_ ? ingress_sleeps_() : 0;
   absl::MutexLock lock(&recent_mu_);
   RegistryCore::View view = core_.view();
   in.live = std::move(view.jobs);

@@ -72,6 +72,8 @@ class Registry {
   // completed poll passes (nullptr: no ingress thread, free at once).
   // `kick` (may be empty) wakes the ingress thread for a pass while frees wait.
   void StartReaper(std::function<uint64_t()> ingress_epoch, std::function<void()> kick = nullptr);
+  // The ingress thread's sleeps, for the stats (set before serving).
+  void SetIngressSleeps(std::function<uint64_t()> sleeps) { ingress_sleeps_ = std::move(sleeps); }
   void StopReaper() { reaper_.Stop(); }
 
   // RegistryCore::Join after the request checks (backend, ABI version).
@@ -118,6 +120,7 @@ class Registry {
 
   // Reaper: set by StartReaper before its thread starts, read-only after.
   std::function<uint64_t()> ingress_epoch_;
+  std::function<uint64_t()> ingress_sleeps_;
   std::function<void()> kick_;
   DeferredFrees frees_;
   HeapTrimmer trimmer_;  // Reap only (one pass at a time).

@@ -144,6 +144,8 @@ void FillNodeStats(const NodeStatsInput& in, const std::string& job_key, const V
   out->set_held_bytes(in.held.bytes);
   out->set_jobs_completed(in.retired.jobs_completed);
   out->set_same_device_copies(in.engine.same_device_copies);
+  out->set_ingress_sleeps(in.ingress_sleeps);
+  out->set_engine_wakeups(in.engine.thread_wakeups);
   for (const engines::CopyEngineBytes& c : in.engine.copy_engines) {
     auto* e = out->add_copy_engines();
     e->set_device(static_cast<uint32_t>(c.device));

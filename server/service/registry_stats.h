@@ -44,6 +44,7 @@ struct NodeStatsInput {
   RetiredTotals retired;
   RegionLedger::Held held;
   engines::EngineStats engine;
+  uint64_t ingress_sleeps = 0;
 };
 
 // Node totals always; per-job entries (of `job_key`, or all when empty)

@@ -126,6 +126,47 @@ TEST(TelemetryTest, MetricsEndpointServesWhatTheRanksRan) {
   EXPECT_EQ(HttpGet(port, "/metrics"), "");  // Gone with the daemon.
 }
 
+// The CPU's wake-ups: an op that comes after an idle gap finds the ingress
+// thread asleep (it spins briefly, then sleeps on the doorbell), so N ops
+// each after a 30 ms gap cost at least N sleeps; `dmagatherctl stats` shows
+// the count (and the engine threads' wake-ups) on its `cpu:` line.
+TEST(TelemetryTest, StatsCountTheIngressWakeUps) {
+  auto daemon = DaemonProcess::Start();
+  ASSERT_NE(daemon, nullptr);
+  const std::string sock = "--socket=" + daemon->socket();
+  int rc = 0;
+  const uint64_t before =
+      JsonNumber(RunProgram({"tools/dmagatherctl", sock, "--json", "stats"}, &rc), "ingress_sleeps");
+  const std::string job = UniqueJob("wakeups");
+  const int world = 2, ops = 8;
+  std::vector<std::unique_ptr<RankProcess>> ranks;
+  for (int r = 0; r < world; ++r) {
+    ranks.push_back(std::make_unique<RankProcess>(r, [&](int rank, const Reporter& rep) {
+      Comm comm(daemon->socket().c_str(), job, world, rank);
+      if (!comm.ok()) return rep.Say(comm.error()), 2;
+      char* buf = static_cast<char*>(comm.Alloc(1 << 20));
+      for (int i = 0; i < ops; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        if (comm.AllGather(buf + rank * 4096, buf, 1024, DMAGATHER_FLOAT32) != DMAGATHER_OK) return 1;
+        if (comm.Wait() != DMAGATHER_OK) return rep.Say(comm.error()), 1;
+      }
+      return 0;
+    }));
+  }
+  for (auto& r : ranks) {
+    const RankReport rep = r->Reap();
+    EXPECT_EQ(rep.exit_code, 0) << rep.message;
+  }
+  const std::string json = RunProgram({"tools/dmagatherctl", sock, "--json", "stats"}, &rc);
+  ASSERT_EQ(rc, 0) << json;
+  const uint64_t after = JsonNumber(json, "ingress_sleeps");
+  ASSERT_NE(before, ~0ull) << "no ingress_sleeps in the stats";
+  ASSERT_NE(after, ~0ull) << json;
+  EXPECT_GE(after - before, uint64_t(ops)) << "each op after an idle gap wakes the ingress thread";
+  const std::string table = RunProgram({"tools/dmagatherctl", sock, "stats"}, &rc);
+  EXPECT_NE(table.find("cpu: ingress slept "), std::string::npos) << table;
+}
+
 TEST(TelemetryTest, CtlShowsWhatTheRanksRan) {
   auto daemon = DaemonProcess::Start();
   ASSERT_NE(daemon, nullptr);

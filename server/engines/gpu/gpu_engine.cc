@@ -358,7 +358,9 @@ void GpuEngine::Stop() {
               << (parallel_issue_ ? "route and hand-off " : "issue ") << us(execute_ns_)
               << "; ready waits (per device) " << us(memops_ns_) << " (" << ready_seen_.load(std::memory_order_relaxed)
               << " skipped: flags already seen; " << held_ahead_.load(std::memory_order_relaxed)
-              << " ops held on the CPU by --max_waits_ahead)"
+              << " ops held on the CPU by --max_waits_ahead); done flags written by a GPU for "
+              << done_written_.load(std::memory_order_relaxed) << " ops; engine threads woken "
+              << wakeups_.load(std::memory_order_relaxed) << " times"
               << "; copy calls (per device) " << us(copies_ns_) << "; completion: last share seen -> OnEngineDone done "
               << us(complete_ns_) << "; copy path " << runtime_->Describe();
   }
@@ -419,6 +421,7 @@ EngineStats GpuEngine::stats() const {
   s.bytes = bytes_.load(std::memory_order_relaxed);
   s.chunks = chunks_stat_.load(std::memory_order_relaxed);
   s.same_device_copies = same_device_.load(std::memory_order_relaxed);
+  s.thread_wakeups = wakeups_.load(std::memory_order_relaxed);
   s.copy_engines = runtime_->CopyEngineCounters();
   if (s.copy_engines.empty() && issued_bytes_ != nullptr) {
     // The runtime picks the engine: bytes per issuing GPU (engine -1).

@@ -354,6 +354,7 @@ class GpuEngine : public CopyEngine {
   common::LatencyHistogram execute_ns_, memops_ns_, copies_ns_, complete_ns_;
   std::atomic<uint64_t> ready_seen_{0};    // Device waits skipped: the CPU saw every flag at the op.
   std::atomic<uint64_t> done_written_{0};  // Ops whose done flags a device wrote.
+  std::atomic<uint64_t> wakeups_{0};       // Issuer, completion and gate threads woken from sleep.
   absl::Mutex loads_mu_;                   // Taken after issue_mu_.
   std::map<uint64_t, std::unique_ptr<JobLoad>> loads_ ABSL_GUARDED_BY(loads_mu_);
   std::atomic<uint64_t> held_ahead_{0};  // Ops the max_waits_ahead bound held on the CPU.

@@ -236,7 +236,12 @@ void GpuEngine::GateLoop() {
   uint64_t t0 = 0;
   std::vector<uint64_t> held;  // Jobs whose first gated op may not go yet.
   for (;;) {
-    while (gate_.empty() && !stopping_.load()) gate_cv_.Wait(&issue_mu_);
+    bool slept = false;
+    while (gate_.empty() && !stopping_.load()) {
+      slept = true;
+      gate_cv_.Wait(&issue_mu_);
+    }
+    if (slept && !gate_.empty()) wakeups_.fetch_add(1, std::memory_order_relaxed);
     if (gate_.empty()) return;  // Stopping and drained.
     if (abandon_.load()) {
       EngineOp* op = gate_.front();
@@ -387,7 +392,10 @@ void GpuEngine::PostShare(Device& dev, OpTrack* t) {
     q.posted.store(q.tail, std::memory_order_release);
     wake = q.sleeping;
   }
-  if (wake) q.cv.Signal();
+  if (wake) {
+    wakeups_.fetch_add(1, std::memory_order_relaxed);
+    q.cv.Signal();
+  }
 }
 
 void GpuEngine::IssueShare(Device& dev, OpTrack* t) {
@@ -436,7 +444,10 @@ void GpuEngine::IssueShare(Device& dev, OpTrack* t) {
       c.posted.store(c.tail, std::memory_order_release);
       wake = c.sleeping;
     }
-    if (wake) c.cv.Signal();
+    if (wake) {
+      wakeups_.fetch_add(1, std::memory_order_relaxed);
+      c.cv.Signal();
+    }
   }
   CloseShare(t, st);
 }
