@@ -9,7 +9,12 @@ peer: what dmagatherd does for a pair reachable only that way). No kernel is
 launched. Every pair's copy is checked bit-exact once, then timed with CUDA
 events on the issuing stream (median of --iters).
 
-    pair_bw.py [--mib 256] [--iters 20] [--csv results/pair_bw.csv]
+    pair_bw.py [--mib 256] [--iters 20] [--csv results/pair_bw.csv] [--memory local,ipc]
+
+--memory: where the source lives. `local`: cudaMalloc in this process.
+`ipc`: allocated by another process and mapped here through CUDA IPC
+(cudaIpcOpenMemHandle, as torch shares a CUDA tensor), as dmagatherd reads
+the ranks' buffers: the ceiling dmagather's peer copies are held to.
 
 With one GPU it measures the device-to-device copy on that GPU (the same
 call, both ends on one device) so the script is exercised anywhere.
@@ -39,6 +44,7 @@ def main():
     p.add_argument("--mib", type=int, default=256)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--csv", default="results/pair_bw.csv")
+    p.add_argument("--memory", default="local,ipc", help="source memory, comma-separated: local, ipc")
     args = p.parse_args()
     n = torch.cuda.device_count()
     if n == 0:
@@ -50,9 +56,11 @@ def main():
     nbytes = args.mib << 20
     bufs = []
     for d in range(n):
-        g = torch.Generator(device=f"cuda:{d}").manual_seed(1000 + d)
-        bufs.append((torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=f"cuda:{d}", generator=g),
-                     torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{d}")))
+        bufs.append((_source(d, nbytes), torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{d}")))
+    memories = [m for m in args.memory.split(",") if m]
+    owner = None
+    if "ipc" in memories:
+        owner, ipc_sources = _ipc_sources(n, nbytes)
     for a in range(n):
         for b in range(n):
             if a != b and torch.cuda.can_device_access_peer(a, b):
@@ -61,48 +69,78 @@ def main():
                     rt.cudaDeviceEnablePeerAccess(ctypes.c_int(b), ctypes.c_uint(0))
     pairs = [(s, d) for s in range(n) for d in range(n) if s != d] or [(0, 0)]
     rows, bad = [], 0
-    for s, d in pairs:
+    for memory, s, d, mode in [(m, s, d, mode) for m in memories for s, d in pairs for mode in ("pull", "push")]:
         peer = s == d or torch.cuda.can_device_access_peer(d, s)
-        for mode in ("pull", "push"):
-            on = d if mode == "pull" else s
-            src, dst = bufs[s][0], bufs[d][1]
-            with torch.cuda.device(on):
-                stream = torch.cuda.Stream()
-                dst.fill_(0xA5)
-                torch.cuda.synchronize(d)
-                rc = rt.cudaMemcpyPeerAsync(ctypes.c_void_p(dst.data_ptr()), d, ctypes.c_void_p(src.data_ptr()), s,
-                                            nbytes, ctypes.c_void_p(stream.cuda_stream))
-                stream.synchronize()
-                ok = rc == 0 and torch.equal(dst.cpu(), src.cpu())
-                bad += 0 if ok else 1
-                times = []
-                for _ in range(args.iters):
-                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    e0.record(stream)
-                    rt.cudaMemcpyPeerAsync(ctypes.c_void_p(dst.data_ptr()), d, ctypes.c_void_p(src.data_ptr()), s,
-                                           nbytes, ctypes.c_void_p(stream.cuda_stream))
-                    e1.record(stream)
-                    e1.synchronize()
-                    times.append(e0.elapsed_time(e1))
-            ms = statistics.median(times)
-            rows.append([s, d, mode, int(peer), args.mib, round(ms, 4), round(nbytes / (ms / 1e3) / 1e9, 1),
-                         "PASSED" if ok else f"FAILED(rc={rc})"])
+        on = d if mode == "pull" else s
+        src, dst = (ipc_sources[s] if memory == "ipc" else bufs[s][0]), bufs[d][1]
+        expect = bufs[s][0]
+        with torch.cuda.device(on):
+            stream = torch.cuda.Stream()
+            dst.fill_(0xA5)
+            torch.cuda.synchronize(d)
+            rc = rt.cudaMemcpyPeerAsync(ctypes.c_void_p(dst.data_ptr()), d, ctypes.c_void_p(src.data_ptr()), s,
+                                        nbytes, ctypes.c_void_p(stream.cuda_stream))
+            stream.synchronize()
+            ok = rc == 0 and torch.equal(dst.cpu(), expect.cpu())
+            bad += 0 if ok else 1
+            times = []
+            for _ in range(args.iters):
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record(stream)
+                rt.cudaMemcpyPeerAsync(ctypes.c_void_p(dst.data_ptr()), d, ctypes.c_void_p(src.data_ptr()), s,
+                                       nbytes, ctypes.c_void_p(stream.cuda_stream))
+                e1.record(stream)
+                e1.synchronize()
+                times.append(e0.elapsed_time(e1))
+        ms = statistics.median(times)
+        rows.append([s, d, mode, memory, int(peer), args.mib, round(ms, 4), round(nbytes / (ms / 1e3) / 1e9, 1),
+                     "PASSED" if ok else f"FAILED(rc={rc})"])
     os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
     with open(args.csv, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["src", "dst", "mode", "peer_access", "MiB", "ms", "GBps", "bit_exact"])
+        w.writerow(["src", "dst", "mode", "memory", "peer_access", "MiB", "ms", "GBps", "bit_exact"])
         w.writerows(rows)
-    for mode in ("pull", "push"):
-        print(f"{mode} GB/s (row: source GPU, column: destination GPU)")
-        print("      " + "".join(f"{d:>8}" for d in range(n)))
-        for s in range(n):
-            cells = []
-            for d in range(n):
-                r = [x for x in rows if x[0] == s and x[1] == d and x[2] == mode]
-                cells.append(f"{r[0][6]:>8}" if r else f"{'-':>8}")
-            print(f"{s:>6}" + "".join(cells))
+    for memory in memories:
+        for mode in ("pull", "push"):
+            print(f"{mode} GB/s, {memory} source memory (row: source GPU, column: destination GPU)")
+            print("      " + "".join(f"{d:>8}" for d in range(n)))
+            for s in range(n):
+                cells = []
+                for d in range(n):
+                    r = [x for x in rows if x[0] == s and x[1] == d and x[2] == mode and x[3] == memory]
+                    cells.append(f"{r[0][7]:>8}" if r else f"{'-':>8}")
+                print(f"{s:>6}" + "".join(cells))
+    if owner is not None:
+        owner[1].set()
+        owner[0].join(timeout=30)
     print(f"pair_bw: {len(rows)} copies, {bad} not bit-exact")
     return 1 if bad else 0
+
+
+def _source(d, nbytes):
+    """GPU d's source bytes (the same in every process: seeded per GPU)."""
+    g = torch.Generator(device=f"cuda:{d}").manual_seed(1000 + d)
+    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=f"cuda:{d}", generator=g)
+
+
+def _owner(n, nbytes, queue, done):
+    """Another process: allocates every GPU's source and shares it over CUDA
+    IPC (torch sends a CUDA tensor as an IPC handle), then keeps it until done."""
+    tensors = [_source(d, nbytes) for d in range(n)]
+    torch.cuda.synchronize()
+    queue.put(tensors)
+    done.wait()
+
+
+def _ipc_sources(n, nbytes):
+    """The sources of another process, mapped here through CUDA IPC."""
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    queue, done = ctx.Queue(), ctx.Event()
+    proc = ctx.Process(target=_owner, args=(n, nbytes, queue, done), daemon=True)
+    proc.start()
+    tensors = queue.get(timeout=300)
+    return (proc, done), tensors
 
 
 if __name__ == "__main__":

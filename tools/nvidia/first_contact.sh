@@ -15,7 +15,8 @@
 #   gpus          GPUs this run sees (CUDA_VISIBLE_DEVICES honoured), no MIG partitions
 #   topology      nvidia-smi topo -m (kept in topology.txt)
 #   pair copies   copy-engine GB/s for every ordered pair, pull (on the destination) and push
-#                 (on the source), each copy bit-exact: the baseline (pair_bw.csv)
+#                 (on the source), each copy bit-exact, from local and from IPC-mapped memory
+#                 (another process's, as dmagatherd reads the ranks'): the baseline (pair_bw.csv)
 #   GPU suite     tests/gpu/run.sh: every mode bit-exact; then each rank seeing only its GPU by
 #                 UUID while the daemon sees all, mapping logged, same_device_copies unchanged
 #   pair jobs     a 2-rank job on every GPU pair, cudaMalloc (IPC) and expandable segments
