@@ -7,7 +7,8 @@
 #   2. the GPU suite (every mode, per-rank visibility, 3 daemons) with lanes
 #      per job, device-written done and the table-driven test;
 #   3. the stream mode (300 ops queued ahead of late ready flags) REPEATS
-#      more times per arm (defaults; done by the CPU), each with fresh daemons.
+#      more times per arm (defaults; done by the CPU), each with fresh daemons;
+#   4. bench/gpu/pair_bw.py from local and IPC-mapped memory.
 # Logs to $OUT. Ranks share the one GPU: a harness for correctness and for
 # the CPU's part of the hop, not a one-rank-per-GPU figure.
 set -u
@@ -39,4 +40,7 @@ for arm in defaults cpu_done; do
   echo "stream repeats ($arm): $ok passed, $bad failed or stalled"
 done
 grep -h "done flags\|issue watch" "$out"/suite/daemon_tests.log 2>/dev/null | head -5
+# pair_bw.py from local and from IPC-mapped memory (one GPU: the same-device copy, to exercise it).
+timeout -k 5 120 python3 bench/gpu/pair_bw.py --mib 256 --iters 10 --csv "$out/pair_bw.csv" >"$out/pair_bw.log" 2>&1
+echo "pair_bw rc=$?"; tail -n 12 "$out/pair_bw.log"
 tar czf "$out/logs.tgz" -C "$out" . --exclude=logs.tgz 2>/dev/null

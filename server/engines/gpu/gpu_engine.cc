@@ -109,6 +109,7 @@ absl::Status GpuEngine::Init() {
     Device& dev = devices_[d];
     dev.ordinal = d;
     DMAG_RETURN_IF_ERROR(rt.SetDevice(d));
+    dev.lanes = std::make_unique<LaneSet>(runtime_.get(), d, ns, kLanesKept);
     for (int i = 0; i < 64; ++i) {
       DMAG_ASSIGN_OR_RETURN(GpuEvent e, rt.CreateEvent(d));
       absl::MutexLock lock(&pool_mu_);
@@ -275,7 +276,7 @@ GpuEngine::~GpuEngine() {
   Stop();
   for (Device& dev : devices_) {
     runtime_->SetDevice(dev.ordinal).IgnoreError();
-    for (auto& lane : dev.lanes) DestroyLane(dev.ordinal, *lane);
+    dev.lanes.reset();
     for (GpuEvent e : free_end_[dev.ordinal]) runtime_->DestroyEvent(dev.ordinal, e);
   }
 }

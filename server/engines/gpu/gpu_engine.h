@@ -76,6 +76,7 @@
 #include "server/engines/copy_engine.h"
 #include "server/engines/gpu/device_order.h"
 #include "server/engines/gpu/issue_watch.h"
+#include "server/engines/gpu/lanes.h"
 #include "server/engines/gpu/peer_table.h"
 #include "server/engines/gpu/runtime.h"
 #include "server/engines/gpu/wave_plan.h"
@@ -181,24 +182,12 @@ class GpuEngine : public CopyEngine {
     std::atomic<uint64_t> posted{0};
     std::thread thread;
   };
-  // A job's streams on one device. Each job has its own, so a ready wait
-  // parked for one job never has another job's commands queued behind it
-  // (its ranks may order the two jobs' ops either way round: two process
-  // groups of one process). docs/CUDA.md, "Locks and waits".
-  struct Lane {
-    uint64_t job = 0;
-    std::vector<GpuStream> streams;
-    GpuEvent gate = nullptr;      // Recorded on streams[0] after the ready waits.
-    std::vector<GpuEvent> joins;  // Per stream: its copies, joined into streams[0].
-    std::atomic<int> open{0};     // Shares enqueued on it whose end the completion thread has not seen.
-  };
+  using Lane = LaneSet::Lane;
   struct Device {
     int ordinal = 0;
-    // The lanes (touched by whoever issues this device's shares; `open` by
-    // its completion thread too). A job takes a lane at its first share
-    // on the device: its own, an idle one (no share open), or a new one;
-    // idle lanes beyond kLanesKept are destroyed.
-    std::vector<std::unique_ptr<Lane>> lanes;
+    // Each job's streams on this device (lanes.h: touched by whoever issues
+    // this device's shares; a lane's `open` by its completion thread too).
+    std::unique_ptr<LaneSet> lanes;
     Lane* lane = nullptr;  // The lane of the share being issued.
     // Issuing scratch, used only by whoever issues this device's shares
     // (its issuer thread, or the one thread that issues every device).
@@ -283,9 +272,6 @@ class GpuEngine : public CopyEngine {
   // take it (below the max_waits_ahead bound).
   bool MayIssue(const EngineOp& op) ABSL_LOCKS_EXCLUDED(loads_mu_);
   GpuEvent TakeEndEvent(Device& dev) ABSL_LOCKS_EXCLUDED(pool_mu_);
-  // The op's job's lane on `dev` (sets dev.lane), made when it has none.
-  absl::Status TakeLane(Device& dev, uint64_t job);
-  void DestroyLane(int device, Lane& lane);
   // The job's load (made at its first op); loads of idle jobs are dropped
   // when there are many.
   JobLoad* LoadOf(uint64_t job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loads_mu_);

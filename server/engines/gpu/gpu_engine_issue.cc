@@ -112,7 +112,7 @@ absl::Status GpuEngine::EnqueueDevice(Device& dev, OpTrack* t, GpuEvent* end) {
   GpuRuntime& rt = *runtime_;
   *end = nullptr;
   DMAG_RETURN_IF_ERROR(rt.SetDevice(dev.ordinal));
-  DMAG_RETURN_IF_ERROR(TakeLane(dev, op.job_id));
+  DMAG_ASSIGN_OR_RETURN(dev.lane, dev.lanes->Take(op.job_id));
   Lane& lane = *dev.lane;
   WavePlanOptions wo;
   wo.chunk_bytes = chunk_bytes_;
