@@ -53,6 +53,7 @@
 #include "common/status.h"
 #include "server/engines/gpu/copy_graph_cache.h"
 #include "server/engines/gpu/cuda_graphs.h"
+#include "server/engines/gpu/cuda_memops.h"
 #include "server/engines/gpu/gpu_engine.h"
 #include "server/engines/gpu/runtime.h"
 #include "server/engines/gpu/vmm_import.h"
@@ -285,11 +286,13 @@ class CudaRuntime : public GpuRuntime {
   }
 
   absl::Status WaitValues(int device, GpuStream stream, const uint64_t* flags, size_t n, uint32_t value) override {
-    return MemOps(device, stream, flags, n, value, /*write=*/false);
+    return StreamMemOps(*api_, device, static_cast<CUstream>(stream), flags, n, value, /*write=*/false,
+                        &issuing_[device]->memops, &issuing_[device]->batch_memops_ok);
   }
   bool device_writes() const override { return device_waits_ && done_on_device_; }
   absl::Status WriteValues(int device, GpuStream stream, const uint64_t* flags, size_t n, uint32_t value) override {
-    return MemOps(device, stream, flags, n, value, /*write=*/true);
+    return StreamMemOps(*api_, device, static_cast<CUstream>(stream), flags, n, value, /*write=*/true,
+                        &issuing_[device]->memops, &issuing_[device]->batch_memops_ok);
   }
 
   absl::Status Copy(int device, GpuStream stream, const CopyCmd* chunks, size_t n, bool sole_stream) override {
@@ -371,45 +374,6 @@ class CudaRuntime : public GpuRuntime {
   }
 
  private:
-  // One batch of 32-bit waits (>= value) or writes (a fence first) on the flags; where refused, one call each.
-  absl::Status MemOps(int device, GpuStream stream, const uint64_t* flags, size_t n, uint32_t value, bool write) {
-    Issuing& is = *issuing_[device];
-    std::vector<CUstreamBatchMemOpParams>& memops = is.memops;
-    CUstream s = static_cast<CUstream>(stream);
-    memops.clear();
-    for (size_t i = 0; i < n; ++i) {
-      CUstreamBatchMemOpParams p;
-      std::memset(&p, 0, sizeof(p));
-      if (write) {
-        p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-        p.writeValue.address = static_cast<CUdeviceptr>(flags[i]);
-        p.writeValue.value = value;
-        p.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
-      } else {
-        p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-        p.waitValue.address = static_cast<CUdeviceptr>(flags[i]);
-        p.waitValue.value = value;
-        p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
-      }
-      memops.push_back(p);
-    }
-    if (is.batch_memops_ok) {
-      CUresult r = api_->cuStreamBatchMemOp(s, static_cast<unsigned>(memops.size()), memops.data(), 0);
-      if (r == CUDA_SUCCESS) return absl::OkStatus();
-      LOG(WARNING) << "device " << device << ": " << CuStatus("cuStreamBatchMemOp", r).message()
-                   << "; using one stream memory operation per rank on this device";
-      is.batch_memops_ok = false;
-    }
-    for (size_t i = 0; i < n; ++i) {
-      CUresult r = write ? api_->cuStreamWriteValue32(s, flags[i], value, CU_STREAM_WRITE_VALUE_DEFAULT)
-                         : api_->cuStreamWaitValue32(s, flags[i], value, CU_STREAM_WAIT_VALUE_GEQ);
-      if (r != CUDA_SUCCESS) {
-        return CuStatus(write ? "cuStreamWriteValue32(done flag)" : "cuStreamWaitValue32(ready flag)", r);
-      }
-    }
-    return absl::OkStatus();
-  }
-
   CudaRuntime(const DriverApi* api, int n) : api_(api), num_devices_(n) {
     const bool batch = ::dmagather::common::cuda::BatchCopiesEnabled();
     const char* env = std::getenv("DMAGATHER_CUDA_GRAPHS");
