@@ -76,6 +76,7 @@
 #include "server/engines/copy_engine.h"
 #include "server/engines/gpu/device_order.h"
 #include "server/engines/gpu/issue_watch.h"
+#include "server/engines/gpu/job_loads.h"
 #include "server/engines/gpu/lanes.h"
 #include "server/engines/gpu/peer_table.h"
 #include "server/engines/gpu/runtime.h"
@@ -137,21 +138,7 @@ class GpuEngine : public CopyEngine {
   int IssuingDevice(int src, int dst) const;
 
  private:
-  // A job's load on the engine: its ops in flight, and those of them
-  // issued ahead of their ranks' ready flags. The max_waits_ahead bound
-  // counts per job, so one job's parked waits never hold another's ops.
-  struct JobLoad {
-    std::atomic<int> in_flight{0};
-    std::atomic<int> waits_ahead{0};
-    // The device that writes the job's done flags (the first op's lowest
-    // issuing device; set under loads_mu_): one lane of one device writes
-    // them all, so they never go backwards.
-    int finisher = -1;
-    // Ops of the job whose share failed at issue and that have not ended
-    // yet (their error records not written): while any, no device writes
-    // the job's done flags, so no later op shows done before that error.
-    std::atomic<int> unsettled_errors{0};
-  };
+  using JobLoad = JobLoads::Load;
   // One op in flight on the engine: how many device shares (plus the
   // issuer's own guard) are still open, and the first error.
   struct OpTrack {
@@ -241,7 +228,7 @@ class GpuEngine : public CopyEngine {
   // Fills every copy's devices and involved_ (the issuing devices).
   absl::Status Route(EngineOp* op);
   // The device that writes the op's done flags (-1: the CPU publishes).
-  int ChooseFinisher(const OpTrack* t) ABSL_LOCKS_EXCLUDED(loads_mu_);
+  int ChooseFinisher(const OpTrack* t);
   // Hands `dev` its share of the op (its issuer, or issues it here).
   void PostShare(Device& dev, OpTrack* t);
   // Counts an op's same-device copies (logged once) and pushes.
@@ -270,11 +257,8 @@ class GpuEngine : public CopyEngine {
   static bool RanksReady(const EngineOp& op);
   // The op may be issued now: its ranks are ready, or device waits may
   // take it (below the max_waits_ahead bound).
-  bool MayIssue(const EngineOp& op) ABSL_LOCKS_EXCLUDED(loads_mu_);
+  bool MayIssue(const EngineOp& op);
   GpuEvent TakeEndEvent(Device& dev) ABSL_LOCKS_EXCLUDED(pool_mu_);
-  // The job's load (made at its first op); loads of idle jobs are dropped
-  // when there are many.
-  JobLoad* LoadOf(uint64_t job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loads_mu_);
   OpTrack* TakeTrack() ABSL_LOCKS_EXCLUDED(tracks_mu_);
   // Records `st` (if an error) and closes one share of the track; the last
   // close completes the op.
@@ -341,10 +325,9 @@ class GpuEngine : public CopyEngine {
   std::atomic<uint64_t> ready_seen_{0};    // Device waits skipped: the CPU saw every flag at the op.
   std::atomic<uint64_t> done_written_{0};  // Ops whose done flags a device wrote.
   std::atomic<uint64_t> wakeups_{0};       // Issuer, completion and gate threads woken from sleep.
-  absl::Mutex loads_mu_;                   // Taken after issue_mu_.
-  std::map<uint64_t, std::unique_ptr<JobLoad>> loads_ ABSL_GUARDED_BY(loads_mu_);
-  std::atomic<uint64_t> held_ahead_{0};  // Ops the max_waits_ahead bound held on the CPU.
-  std::unique_ptr<IssueWatch> watch_;    // Set by Init, before any issue.
+  JobLoads loads_;                         // Its mutex is taken after issue_mu_.
+  std::atomic<uint64_t> held_ahead_{0};    // Ops the max_waits_ahead bound held on the CPU.
+  std::unique_ptr<IssueWatch> watch_;      // Set by Init, before any issue.
   std::once_flag same_device_logged_;
   mutable std::once_flag ordinal_trusted_logged_;
 };

@@ -49,11 +49,8 @@ void GpuEngine::CloseShare(OpTrack* t, const absl::Status& st) {
   op->OnEngineDone(status);
   complete_ns_.Record(clock_.NowNs() - t_seen);
   // After OnEngineDone: an op that failed at issue has its error record
-  // written now. The gate polls these; in_flight's decrement is the last
-  // touch of the load (LoadOf may then drop it).
-  if (issue_failed) load->unsettled_errors.fetch_sub(1, std::memory_order_acq_rel);
-  if (waits_ahead) load->waits_ahead.fetch_sub(1, std::memory_order_acq_rel);
-  load->in_flight.fetch_sub(1, std::memory_order_acq_rel);
+  // written now. The gate polls the load.
+  JobLoads::End(load, waits_ahead, issue_failed);
 }
 
 void GpuEngine::CompletionLoop(int device) {

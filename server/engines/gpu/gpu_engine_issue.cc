@@ -90,7 +90,7 @@ absl::Status GpuEngine::WriteDone(Device& dev, OpTrack* t) {
   // An earlier op of the job failed at issue and has not ended: its error
   // record must come before any later done flag (every earlier op is
   // enqueued by now: WaitForEarlierOps).
-  if (t->load->unsettled_errors.load(std::memory_order_acquire) != 0) return absl::OkStatus();
+  if (JobLoads::Unsettled(t->load)) return absl::OkStatus();
   GpuStream s0 = dev.lane->streams[0];
   watch_->Begin(dev.ordinal, t->op, "waits on the other devices' shares, done write");
   for (int d = 0; d < num_devices_; ++d) {
@@ -330,9 +330,8 @@ int GpuEngine::ChooseFinisher(const OpTrack* t) {
   while (first < num_devices_ && !involved_[first]) ++first;
   bool flags = true;
   for (const EngineRank* r : op.ranks) flags &= r == nullptr || AsGpu(r)->done_flag() != 0;
-  absl::MutexLock lock(&loads_mu_);
-  if (t->load->finisher < 0) t->load->finisher = first;
-  return flags && first < num_devices_ && t->load->finisher == first ? first : -1;
+  if (!flags || first >= num_devices_) return -1;
+  return loads_.Finisher(t->load, first);
 }
 
 void GpuEngine::Issue(EngineOp* op) {
@@ -346,12 +345,7 @@ void GpuEngine::Issue(EngineOp* op) {
   t->op = op;
   // Issued ahead of its ready flags under the bound: counted until it ends.
   t->waits_ahead = options_.max_waits_ahead > 0 && runtime_->device_waits() && !RanksReady(*op);
-  {
-    absl::MutexLock lock(&loads_mu_);
-    t->load = LoadOf(op->job_id);
-    if (t->waits_ahead) t->load->waits_ahead.fetch_add(1, std::memory_order_acq_rel);
-    t->load->in_flight.fetch_add(1, std::memory_order_acq_rel);
-  }
+  t->load = loads_.Begin(op->job_id, t->waits_ahead);
   t->issue_order = 0;
   {
     absl::MutexLock lock(&t->mu);
@@ -423,7 +417,7 @@ void GpuEngine::IssueShare(Device& dev, OpTrack* t) {
       absl::MutexLock lock(&t->mu);  // The finisher must see it failed before it counts as enqueued.
       t->status.Update(st);
     }
-    if (!t->issue_failed.exchange(true)) t->load->unsettled_errors.fetch_add(1, std::memory_order_acq_rel);
+    if (!t->issue_failed.exchange(true)) JobLoads::FailedAtIssue(t->load);
   }
   ShareEnqueued(t);
   if (end == nullptr && dev.lane != nullptr && dev.lane->job == op.job_id && !st.ok()) {

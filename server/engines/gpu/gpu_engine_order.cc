@@ -21,26 +21,7 @@ namespace dmagather::server::engines::gpu {
 // parked (nothing it could queue behind). docs/CUDA.md, "Locks and waits".
 bool GpuEngine::MayIssue(const EngineOp& op) {
   if (!runtime_->device_waits()) return RanksReady(op);
-  if (options_.max_waits_ahead <= 0) return true;
-  absl::MutexLock lock(&loads_mu_);
-  const JobLoad& load = *LoadOf(op.job_id);
-  if (load.in_flight.load(std::memory_order_acquire) < options_.max_waits_ahead) return true;
-  return RanksReady(op) && load.waits_ahead.load(std::memory_order_acquire) == 0;
-}
-
-GpuEngine::JobLoad* GpuEngine::LoadOf(uint64_t job) {
-  auto it = loads_.find(job);
-  if (it != loads_.end()) return it->second.get();
-  if (loads_.size() >= 1024) {  // Drop the idle ones (CloseShare's last touch is in_flight's decrement).
-    for (auto i = loads_.begin(); i != loads_.end();) {
-      if (i->second->in_flight.load(std::memory_order_acquire) == 0) {
-        i = loads_.erase(i);
-      } else {
-        ++i;
-      }
-    }
-  }
-  return loads_.emplace(job, std::make_unique<JobLoad>()).first->second.get();
+  return loads_.MayIssue(op.job_id, RanksReady(op), options_.max_waits_ahead);
 }
 
 // Ops go out in lockstep across devices: no device enqueues anything of
