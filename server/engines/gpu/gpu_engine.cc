@@ -140,19 +140,13 @@ absl::Status GpuEngine::Init() {
                     : absl::StrCat("the device (at most ", options_.max_waits_ahead, " ops ahead, then the CPU)"))
             << ", " << (parallel_issue_ ? "one issuing thread per device" : "one issuing thread") << "; "
             << rt.Describe();
-  for (int d = 0; d < num_devices_; ++d) {
-    completions_.push_back(std::make_unique<Completion>());
-    absl::MutexLock lock(&completions_.back()->mu);
-    completions_.back()->ring.resize(kShareSlots);
-  }
+  for (int d = 0; d < num_devices_; ++d) completions_.push_back(std::make_unique<Completion>(clock_));
   for (int d = 0; d < num_devices_; ++d) completions_[d]->thread = std::thread([this, d] { CompletionLoop(d); });
   if (parallel_issue_) {
-    for (Device& dev : devices_) {
-      dev.issuer = std::make_unique<Issuer>();
-      absl::MutexLock lock(&dev.issuer->mu);
-      dev.issuer->ring.resize(kIssueSlots);
-    }
-    for (int d = 0; d < num_devices_; ++d) devices_[d].issuer->thread = std::thread([this, d] { IssuerLoop(d); });
+    // As the completion threads: a burst of ops costs the issuers no wake-up.
+    for (Device& dev : devices_)
+      dev.issuer = std::make_unique<Handoff<OpTrack*>>(kIssueSlots, clock_, kCompletionSpinNs);
+    for (int d = 0; d < num_devices_; ++d) devices_[d].issuer_thread = std::thread([this, d] { IssuerLoop(d); });
   }
   if (!rt.device_waits() || options_.max_waits_ahead > 0) {
     gate_thread_ = std::thread([this] { GateLoop(); });
@@ -360,8 +354,7 @@ void GpuEngine::Stop() {
               << "; ready waits (per device) " << us(memops_ns_) << " (" << ready_seen_.load(std::memory_order_relaxed)
               << " skipped: flags already seen; " << held_ahead_.load(std::memory_order_relaxed)
               << " ops held on the CPU by --max_waits_ahead); done flags written by a GPU for "
-              << done_written_.load(std::memory_order_relaxed) << " ops; engine threads woken "
-              << wakeups_.load(std::memory_order_relaxed) << " times"
+              << done_written_.load(std::memory_order_relaxed) << " ops; engine threads woken " << wakeups() << " times"
               << "; copy calls (per device) " << us(copies_ns_) << "; completion: last share seen -> OnEngineDone done "
               << us(complete_ns_) << "; copy path " << runtime_->Describe();
   }
@@ -385,17 +378,11 @@ void GpuEngine::Stop() {
   }
   for (Device& dev : devices_) {
     if (dev.issuer == nullptr || abandon_.load()) continue;
-    drained([&] {
-      absl::MutexLock lock(&dev.issuer->mu);
-      return dev.issuer->head == dev.issuer->tail;
-    });
+    drained([&] { return dev.issuer->Pending() == 0; });
   }
   for (auto& c : completions_) {
     if (abandon_.load()) break;
-    drained([&] {
-      absl::MutexLock lock(&c->mu);
-      return c->head == c->tail && c->in_hand.load(std::memory_order_acquire) == 0;
-    });
+    drained([&] { return c->shares.Pending() == 0; });
   }
   stopping_.store(true);
   if (gate_thread_.joinable()) {
@@ -405,15 +392,20 @@ void GpuEngine::Stop() {
   }
   for (Device& dev : devices_) {
     if (dev.issuer == nullptr) continue;
-    { absl::MutexLock lock(&dev.issuer->mu); }
-    dev.issuer->cv.SignalAll();
-    if (dev.issuer->thread.joinable()) dev.issuer->thread.join();
+    dev.issuer->Stop();
+    if (dev.issuer_thread.joinable()) dev.issuer_thread.join();
   }
   for (auto& c : completions_) {
-    { absl::MutexLock lock(&c->mu); }
-    c->cv.SignalAll();
+    c->shares.Stop();
     if (c->thread.joinable()) c->thread.join();
   }
+}
+
+uint64_t GpuEngine::wakeups() const {
+  uint64_t n = gate_wakeups_.load(std::memory_order_relaxed);
+  for (const Device& dev : devices_) n += dev.issuer != nullptr ? dev.issuer->wakeups() : 0;
+  for (const auto& c : completions_) n += c->shares.wakeups();
+  return n;
 }
 
 EngineStats GpuEngine::stats() const {
@@ -422,7 +414,7 @@ EngineStats GpuEngine::stats() const {
   s.bytes = bytes_.load(std::memory_order_relaxed);
   s.chunks = chunks_stat_.load(std::memory_order_relaxed);
   s.same_device_copies = same_device_.load(std::memory_order_relaxed);
-  s.thread_wakeups = wakeups_.load(std::memory_order_relaxed);
+  s.thread_wakeups = wakeups();
   s.copy_engines = runtime_->CopyEngineCounters();
   if (s.copy_engines.empty() && issued_bytes_ != nullptr) {
     // The runtime picks the engine: bytes per issuing GPU (engine -1).

@@ -75,6 +75,7 @@
 #include "common/latency_histogram.h"
 #include "server/engines/copy_engine.h"
 #include "server/engines/gpu/device_order.h"
+#include "server/engines/gpu/handoff.h"
 #include "server/engines/gpu/issue_watch.h"
 #include "server/engines/gpu/job_loads.h"
 #include "server/engines/gpu/lanes.h"
@@ -117,6 +118,8 @@ class GpuEngine : public CopyEngine {
   void Execute(EngineOp* op) override ABSL_LOCKS_EXCLUDED(issue_mu_);
   void Stop() override ABSL_LOCKS_EXCLUDED(issue_mu_);
   EngineStats stats() const override;
+  // Engine threads woken from sleep to take work (issuers, completion, gate).
+  uint64_t wakeups() const;
   absl::StatusOr<void*> AllocStaging(uint64_t bytes) override { return runtime_->AllocPinned(bytes); }
   void FreeStaging(void* host) override { runtime_->FreePinned(host); }
   absl::Status StageOut(void* host, const char* src, uint64_t bytes, const EngineRank* rank) override;
@@ -157,18 +160,6 @@ class GpuEngine : public CopyEngine {
     absl::Mutex mu;
     absl::Status status ABSL_GUARDED_BY(mu);
   };
-  // A device's issuing thread and its FIFO of ops to issue (parallel_issue).
-  struct Issuer {
-    absl::Mutex mu;
-    absl::CondVar cv;        // Work arrived / stop.
-    absl::CondVar space_cv;  // A slot was freed.
-    std::vector<OpTrack*> ring ABSL_GUARDED_BY(mu);
-    uint64_t head ABSL_GUARDED_BY(mu) = 0;
-    uint64_t tail ABSL_GUARDED_BY(mu) = 0;
-    bool sleeping ABSL_GUARDED_BY(mu) = false;  // As Completion::sleeping.
-    std::atomic<uint64_t> posted{0};
-    std::thread thread;
-  };
   using Lane = LaneSet::Lane;
   struct Device {
     int ordinal = 0;
@@ -183,7 +174,9 @@ class GpuEngine : public CopyEngine {
     std::vector<WaveBatch> batches;
     std::vector<uint64_t> flags;
     std::vector<char> stream_used;
-    std::unique_ptr<Issuer> issuer;  // Null without parallel issue.
+    // Its issuing thread and the shares handed to it (null without parallel issue).
+    std::unique_ptr<Handoff<OpTrack*>> issuer;
+    std::thread issuer_thread;
   };
   // One device's share of an op: done when `end` has completed.
   struct Share {
@@ -191,21 +184,12 @@ class GpuEngine : public CopyEngine {
     GpuEvent end = nullptr;
     Lane* lane = nullptr;
   };
-  // A device's FIFO of shares and the thread that completes them.
+  // A device's shares enqueued on the GPU and the thread that completes
+  // them (it polls every share it holds: a share parked on its job's flags
+  // delays no other).
   struct Completion {
-    absl::Mutex mu;
-    absl::CondVar cv;        // Work arrived / stop.
-    absl::CondVar space_cv;  // A slot was freed.
-    std::vector<Share> ring ABSL_GUARDED_BY(mu);
-    uint64_t head ABSL_GUARDED_BY(mu) = 0;
-    uint64_t tail ABSL_GUARDED_BY(mu) = 0;
-    // The thread waits on `cv` (the issuer must notify: a futex call on the
-    // hop) only after kCompletionSpinNs without work; until then it polls
-    // `posted` (tail, published), yielding between polls, and the issuer
-    // skips the notify.
-    bool sleeping ABSL_GUARDED_BY(mu) = false;
-    std::atomic<uint64_t> posted{0};
-    std::atomic<size_t> in_hand{0};  // Shares the thread took off the FIFO and has not ended yet.
+    explicit Completion(common::Clock& clock) : shares(kShareSlots, clock, kCompletionSpinNs) {}
+    Handoff<Share> shares;
     std::thread thread;
   };
   static constexpr uint64_t kCompletionSpinNs = 200'000;
@@ -324,7 +308,7 @@ class GpuEngine : public CopyEngine {
   common::LatencyHistogram execute_ns_, memops_ns_, copies_ns_, complete_ns_;
   std::atomic<uint64_t> ready_seen_{0};    // Device waits skipped: the CPU saw every flag at the op.
   std::atomic<uint64_t> done_written_{0};  // Ops whose done flags a device wrote.
-  std::atomic<uint64_t> wakeups_{0};       // Issuer, completion and gate threads woken from sleep.
+  std::atomic<uint64_t> gate_wakeups_{0};  // The gate thread woken from sleep with work.
   JobLoads loads_;                         // Its mutex is taken after issue_mu_.
   std::atomic<uint64_t> held_ahead_{0};    // Ops the max_waits_ahead bound held on the CPU.
   std::unique_ptr<IssueWatch> watch_;      // Set by Init, before any issue.

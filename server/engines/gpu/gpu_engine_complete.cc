@@ -57,44 +57,19 @@ void GpuEngine::CompletionLoop(int device) {
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // 1 us: short sleeps stay short.
   pthread_setname_np(pthread_self(), ("dmag-done-" + std::to_string(device)).c_str());  // In stacks of a hang.
   runtime_->BindThread(device);
-  Completion& c = *completions_[device];
-  // The shares taken off the FIFO and not seen done yet. Each is polled on
-  // its own: shares of one lane end in order anyway, and a share parked on
-  // its job's ready flags must not hold up another job's (docs/CUDA.md,
-  // "Locks and waits").
+  Handoff<Share>& q = completions_[device]->shares;
+  // The shares taken in hand and not seen ended yet. Each is polled on its
+  // own: shares of one lane end in order anyway, and a share parked on its
+  // job's ready flags must not hold up another job's (docs/CUDA.md, "Locks
+  // and waits").
   std::vector<Share> pending;
   pending.reserve(64);
   uint64_t t0 = 0;
-  uint64_t head = 0;  // c.head, as this thread (its only writer) last set it.
   for (;;) {
-    if (pending.empty()) {
-      // Ops come in bursts: poll a while for the next share so that the
-      // issuer need not wake this thread (kCompletionSpinNs), yielding the
-      // core between polls (on a busy machine the copies' own threads, or
-      // the ranks, need it more), then sleep.
-      const uint64_t idle_since = clock_.NowNs();
-      while (c.posted.load(std::memory_order_acquire) == head && !stopping_.load(std::memory_order_relaxed) &&
-             clock_.NowNs() - idle_since < kCompletionSpinNs) {
-        sched_yield();
-      }
-      absl::MutexLock lock(&c.mu);
-      c.sleeping = true;
-      while (c.head == c.tail && !stopping_.load()) c.cv.Wait(&c.mu);
-      c.sleeping = false;
-      if (c.head == c.tail) return;  // Stopping and drained.
-    }
-    bool took = false;
-    {
-      absl::MutexLock lock(&c.mu);
-      while (c.head != c.tail && pending.size() < kShareSlots) {
-        pending.push_back(c.ring[c.head % kShareSlots]);
-        ++c.head;
-        took = true;
-      }
-      head = c.head;
-      c.in_hand.store(pending.size(), std::memory_order_release);
-    }
-    if (took) c.space_cv.SignalAll();
+    // Ops come in bursts: with nothing in hand, wait (a while polling, so
+    // that the issuer need not wake this thread, then asleep).
+    if (pending.empty() && !q.Wait()) return;  // Stopped with nothing left.
+    q.Take(&pending, kShareSlots);
     bool progress = false;
     for (size_t i = 0; i < pending.size();) {
       const Share sh = pending[i];
@@ -115,8 +90,8 @@ void GpuEngine::CompletionLoop(int device) {
         free_end_[device].push_back(sh.end);
       }
       sh.lane->open.fetch_sub(1, std::memory_order_acq_rel);  // The last touch of the lane.
-      c.in_hand.store(pending.size(), std::memory_order_release);
       CloseShare(sh.track, st);
+      q.Done();
       progress = true;
     }
     if (pending.empty() || progress) {

@@ -241,7 +241,7 @@ void GpuEngine::GateLoop() {
       slept = true;
       gate_cv_.Wait(&issue_mu_);
     }
-    if (slept && !gate_.empty()) wakeups_.fetch_add(1, std::memory_order_relaxed);
+    if (slept && !gate_.empty()) gate_wakeups_.fetch_add(1, std::memory_order_relaxed);
     if (gate_.empty()) return;  // Stopping and drained.
     if (abandon_.load()) {
       EngineOp* op = gate_.front();
@@ -376,20 +376,7 @@ void GpuEngine::PostShare(Device& dev, OpTrack* t) {
     IssueShare(dev, t);
     return;
   }
-  Issuer& q = *dev.issuer;
-  bool wake = false;
-  {
-    absl::MutexLock lock(&q.mu);
-    while (q.tail - q.head >= kIssueSlots) q.space_cv.Wait(&q.mu);
-    q.ring[q.tail % kIssueSlots] = t;
-    ++q.tail;
-    q.posted.store(q.tail, std::memory_order_release);
-    wake = q.sleeping;
-  }
-  if (wake) {
-    wakeups_.fetch_add(1, std::memory_order_relaxed);
-    q.cv.Signal();
-  }
+  dev.issuer->Post(t);
 }
 
 void GpuEngine::IssueShare(Device& dev, OpTrack* t) {
@@ -426,22 +413,9 @@ void GpuEngine::IssueShare(Device& dev, OpTrack* t) {
     dev.lane->open.fetch_add(1, std::memory_order_acq_rel);
   }
   if (end != nullptr) {
-    Completion& c = *completions_[dev.ordinal];
     t->open.fetch_add(1, std::memory_order_acq_rel);
     dev.lane->open.fetch_add(1, std::memory_order_acq_rel);
-    bool wake = false;
-    {
-      absl::MutexLock lock(&c.mu);
-      while (c.tail - c.head >= kShareSlots) c.space_cv.Wait(&c.mu);
-      c.ring[c.tail % kShareSlots] = Share{t, end, dev.lane};
-      ++c.tail;
-      c.posted.store(c.tail, std::memory_order_release);
-      wake = c.sleeping;
-    }
-    if (wake) {
-      wakeups_.fetch_add(1, std::memory_order_relaxed);
-      c.cv.Signal();
-    }
+    completions_[dev.ordinal]->shares.Post(Share{t, end, dev.lane});
   }
   CloseShare(t, st);
 }
@@ -451,31 +425,10 @@ void GpuEngine::IssuerLoop(int device) {
   pthread_setname_np(pthread_self(), ("dmag-issue-" + std::to_string(device)).c_str());
   runtime_->BindThread(device);
   Device& dev = devices_[device];
-  Issuer& q = *dev.issuer;
-  uint64_t head = 0;  // q.head, as this thread (its only writer) last set it.
-  for (;;) {
-    // As CompletionLoop: poll a while before sleeping, so that the router
-    // need not wake this thread between the ops of a burst.
-    const uint64_t idle_since = clock_.NowNs();
-    while (q.posted.load(std::memory_order_acquire) == head && !stopping_.load(std::memory_order_relaxed) &&
-           clock_.NowNs() - idle_since < kCompletionSpinNs) {
-      sched_yield();
-    }
-    OpTrack* t = nullptr;
-    {
-      absl::MutexLock lock(&q.mu);
-      q.sleeping = true;
-      while (q.head == q.tail && !stopping_.load()) q.cv.Wait(&q.mu);
-      q.sleeping = false;
-      if (q.head == q.tail) return;  // Stopping and drained.
-      t = q.ring[q.head % kIssueSlots];
-    }
-    IssueShare(dev, t);
-    {
-      absl::MutexLock lock(&q.mu);
-      head = ++q.head;
-    }
-    q.space_cv.Signal();
+  Handoff<OpTrack*>& q = *dev.issuer;
+  while (q.Wait()) {  // Until stopped with nothing left.
+    IssueShare(dev, q.Front());
+    q.Pop();  // Pending until issued: Stop's drain waits for the issue itself.
   }
 }
 
