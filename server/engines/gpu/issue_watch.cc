@@ -34,9 +34,10 @@ std::string IssueWatch::Check() {
   int stuck = -1;
   for (int d = 0; d < devices_ && stuck < 0; ++d) {
     Slot& s = slots_[d];
-    const uint64_t since = s.since_ns.load(std::memory_order_acquire);
-    if (since != 0 && now - since > limit_ns_ && s.reported_since != since) {
-      s.reported_since = since;
+    absl::MutexLock slot(&s.mu);
+    // A call begun after `now` was read is not over anything.
+    if (s.since_ns != 0 && now > s.since_ns && now - s.since_ns > limit_ns_ && s.reported_since != s.since_ns) {
+      s.reported_since = s.since_ns;
       stuck = d;
     }
   }
@@ -45,15 +46,15 @@ std::string IssueWatch::Check() {
   std::string out = absl::StrCat("issue watch: device ", stuck, "'s issuer has been in one driver call for over ",
                                  limit_ns_ / 1'000'000, " ms; every issuer:");
   for (int d = 0; d < devices_; ++d) {
-    const Slot& s = slots_[d];
-    const uint64_t since = s.since_ns.load(std::memory_order_acquire);
-    const EngineOp* op = s.op.load(std::memory_order_relaxed);
-    if (since == 0 || op == nullptr) {
+    Slot& s = slots_[d];
+    absl::MutexLock slot(&s.mu);  // The op stays alive until this device's End.
+    if (s.since_ns == 0 || s.op == nullptr) {
       absl::StrAppend(&out, "\n  device ", d, ": not in a call");
       continue;
     }
-    absl::StrAppend(&out, "\n  device ", d, ": ", s.what.load(std::memory_order_relaxed), " of op ", op->seq, " (job ",
-                    op->job_id, ") for ", (now - since) / 1'000'000, " ms; ranks' ready/done:");
+    const EngineOp* op = s.op;
+    absl::StrAppend(&out, "\n  device ", d, ": ", s.what, " of op ", op->seq, " (job ", op->job_id, ") for ",
+                    now > s.since_ns ? (now - s.since_ns) / 1'000'000 : 0, " ms; ranks' ready/done:");
     for (size_t r = 0; r < op->ranks.size(); ++r) {
       const Words w = op->ranks[r] != nullptr ? words_(op->ranks[r]) : Words{};
       auto word = [](const uint32_t* p) {

@@ -7,8 +7,10 @@
 // first_contact.sh, the stall A/B).
 //
 // Threads: Begin/End on the device's issuing thread (one writer per
-// device); Check on the watch thread (or a test). The op a device is in
-// stays alive while its issuer is inside the call (its share is open).
+// device); Check on the watch thread (or a test). A slot's mutex is held by
+// Begin/End and by Check while it reads the op: the op a device is in (and
+// its ranks) stays alive while its issuer is inside the call (its share is
+// open), so Check reads it only between that device's Begin and End.
 #pragma once
 
 #include <atomic>
@@ -44,11 +46,18 @@ class IssueWatch {
   // string literal) / leaves it.
   void Begin(int device, const EngineOp* op, const char* what) {
     Slot& s = slots_[device];
-    s.op.store(op, std::memory_order_relaxed);
-    s.what.store(what, std::memory_order_relaxed);
-    s.since_ns.store(clock_.NowNs(), std::memory_order_release);
+    const uint64_t now = clock_.NowNs();
+    absl::MutexLock lock(&s.mu);
+    s.op = op;
+    s.what = what;
+    s.since_ns = now;
   }
-  void End(int device) { slots_[device].since_ns.store(0, std::memory_order_release); }
+  void End(int device) {
+    Slot& s = slots_[device];
+    absl::MutexLock lock(&s.mu);
+    s.since_ns = 0;
+    s.op = nullptr;
+  }
 
   // One pass: the report of a call over the limit (each call reported
   // once), or "" when none is.
@@ -57,10 +66,11 @@ class IssueWatch {
 
  private:
   struct Slot {
-    std::atomic<uint64_t> since_ns{0};  // 0: not in a call.
-    std::atomic<const EngineOp*> op{nullptr};
-    std::atomic<const char*> what{""};
-    uint64_t reported_since = 0;  // Check's own: the call last reported.
+    absl::Mutex mu;
+    uint64_t since_ns ABSL_GUARDED_BY(mu) = 0;  // 0: not in a call.
+    const EngineOp* op ABSL_GUARDED_BY(mu) = nullptr;
+    const char* what ABSL_GUARDED_BY(mu) = "";
+    uint64_t reported_since = 0;  // Check's own (under mu_): the call last reported.
   };
   common::Clock& clock_;
   const WordsOf words_;
