@@ -29,7 +29,6 @@ void IssueWatch::StartThread() {
 }
 
 std::string IssueWatch::Check() {
-  absl::MutexLock lock(&mu_);
   const uint64_t now = clock_.NowNs();
   int stuck = -1;
   for (int d = 0; d < devices_ && stuck < 0; ++d) {

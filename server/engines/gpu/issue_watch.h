@@ -7,7 +7,8 @@
 // first_contact.sh, the stall A/B).
 //
 // Threads: Begin/End on the device's issuing thread (one writer per
-// device); Check on the watch thread (or a test). A slot's mutex is held by
+// device); Check on one thread at a time (the watch thread, or a test),
+// which holds one slot's mutex at a time (never two locks at once). A slot's mutex is held by
 // Begin/End and by Check while it reads the op: the op a device is in (and
 // its ranks) stays alive while its issuer is inside the call (its share is
 // open), so Check reads it only between that device's Begin and End.
@@ -70,7 +71,7 @@ class IssueWatch {
     uint64_t since_ns ABSL_GUARDED_BY(mu) = 0;  // 0: not in a call.
     const EngineOp* op ABSL_GUARDED_BY(mu) = nullptr;
     const char* what ABSL_GUARDED_BY(mu) = "";
-    uint64_t reported_since = 0;  // Check's own (under mu_): the call last reported.
+    uint64_t reported_since ABSL_GUARDED_BY(mu) = 0;  // The call Check last reported.
   };
   common::Clock& clock_;
   const WordsOf words_;
@@ -78,7 +79,6 @@ class IssueWatch {
   std::unique_ptr<Slot[]> slots_;
   const int devices_;
   std::atomic<uint64_t> reports_{0};
-  absl::Mutex mu_;  // Check's passes, one at a time.
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
