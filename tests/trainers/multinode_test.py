@@ -28,7 +28,7 @@ import unittest
 
 from trainers_case import BIN, HERE, REPO, VENV_BIN, clean_env, free_port, rank_stats, read_bytes, start_lines
 
-sys.path.insert(0, os.path.join(REPO, "tests", "multinode"))
+sys.path.append(os.path.join(REPO, "tests", "multinode"))  # After this folder: its multinode_test is not ours
 import netns_bridge  # noqa: E402
 
 NODES = 2

@@ -19,7 +19,7 @@ import time
 
 from trainers_case import BIN, REPO
 
-sys.path.insert(0, os.path.join(REPO, "tests", "multinode"))
+sys.path.append(os.path.join(REPO, "tests", "multinode"))  # After this folder: its multinode_test is not ours
 import netns_bridge  # noqa: E402
 
 RUN_DIR = "/run/dmagather"
