@@ -29,13 +29,18 @@
 // 0 and an event marks the end. The daemon launches no kernel, ever: its
 // streams carry only copies, events and stream memory operations.
 //
-// Completion: each device has its own FIFO of enqueued shares and its own
-// completion thread, which polls the shares' end events in that device's
-// submission order - so a slow op delays only the ops behind it on the same
-// device. An op spread over several devices is tracked by an OpTrack from a
-// fixed pool; the thread that sees its last share end calls OnEngineDone,
-// and the scheduler then publishes the done flags from the CPU
-// (Job::FinishOp), in order per rank. A failed share fails the op (every
+// Done on the device (EngineOp::gpu_done, runtimes with device_writes()):
+// one device of the job, the finisher, waits on its stream for every other
+// device's share of the op and writes every rank's done flag; the ranks'
+// streams go on with no CPU in between (docs/CUDA.md, "Completion").
+//
+// Completion: each device has its own completion thread, handed the
+// device's enqueued shares (handoff.h), which polls every share it holds -
+// so a share parked on its job's ready flags delays no other. An op spread
+// over several devices is tracked by an OpTrack from a fixed pool; the
+// thread that sees its last share end calls OnEngineDone, and the scheduler
+// ends the op (Job::FinishOp: error records, and the done flags where no
+// device wrote them), in order per rank. A failed share fails the op (every
 // rank gets the error); later ops proceed.
 //
 // Same-device copies (ranks sharing one GPU) cannot use a copy engine from
@@ -54,9 +59,11 @@
 // Deadlock freedom (docs/CUDA.md, "Locks and waits"; gpu_engine_order.cc):
 // every driver call that touches several devices' memory holds their
 // device-order locks (device_order.h), taken in index order; no device
-// enqueues op n before every device has enqueued op n - 1; and while an op
-// with ready waits ahead of its flags is in flight, at most
-// max_waits_ahead ops are.
+// enqueues op n before every device has enqueued op n - 1; while an op of a
+// job with ready waits ahead of its flags is in flight, at most
+// max_waits_ahead ops of that job are (job_loads.h); and every job has its
+// own streams on each device (lanes.h), its own place in the CPU gate, and
+// completion that waits for no other job's share.
 #pragma once
 
 #include <atomic>
