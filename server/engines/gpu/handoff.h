@@ -104,6 +104,11 @@ class Handoff {
     work_.SignalAll();
   }
   bool stopping() const { return stop_.load(std::memory_order_relaxed); }
+  // The taker sleeps on the condition variable (tests).
+  bool asleep() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return sleeping_;
+  }
   uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
 
  private:
