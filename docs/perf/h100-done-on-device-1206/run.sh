@@ -28,6 +28,8 @@ grep -E "^=== |passed, |FAILED|issue watch" "$out/suite.log" | tail -45
 for arm in defaults cpu_done; do
   ok=0 bad=0
   for i in $(seq 1 "${REPEATS:-4}"); do
+    # Leave the call's last minutes to pair_bw and the logs.
+    [ "$SECONDS" -lt "${STREAM_UNTIL_S:-430}" ] || { echo "stream repeats ($arm): stopped at $i, out of time"; break; }
     e=(); [ "$arm" = cpu_done ] && e=(DMAGATHER_CUDA_DONE_ON_DEVICE=0)
     mkdir -p "$out/stream_${arm}_$i"
     if env "${e[@]}" GPU_TESTS=stream GPU_VISIBILITY_TESTS=stream GPU_MULTINODE_TESTS=stream \
