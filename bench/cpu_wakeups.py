@@ -6,11 +6,14 @@ engine's issuing, completion or gate thread was woken for work), before and
 after each arm.
 
     DMAGATHER_SOCKET=/path/dmagatherd.sock PYTHONPATH=client/python \\
-    python3 bench/cpu_wakeups.py --ctl bazel-bin/tools/dmagatherctl [--ranks 2] [--ops 2000]
+    python3 bench/cpu_wakeups.py --ctl bazel-bin/tools/dmagatherctl [--ranks 2] [--ops 2000] \\
+        [--daemon_pid PID]
 
 Arms: `burst` (ops back to back), and `gap_us=G` (each rank sleeps G us
 between ops, as compute between a trainer's layers). Prints one line per arm:
-ops, ingress sleeps and engine wake-ups per op, and the op's p50 in us. The
+ops, ingress sleeps and engine wake-ups per op, the op's p50 in us, and with
+--daemon_pid the daemon's CPU time over the arm as a share of one core (what
+threads that stay awake cost). The
 host backend (memory from the daemon, Comm.empty); on a GPU backend the
 engine_wakeups count too.
 """
@@ -28,6 +31,13 @@ def stats(ctl, socket):
     out = subprocess.run([ctl, f"--socket={socket}", "--json", "stats"], capture_output=True, text=True, check=True)
     s = json.loads(out.stdout)
     return int(s.get("ingress_sleeps", 0)), int(s.get("engine_wakeups", 0)), int(s.get("total_ops", 0))
+
+
+def cpu_seconds(pid):
+    """The process's user + system CPU time, from /proc (clock ticks)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rank_main(job, world, rank, socket, ops, gap_us, q):
@@ -54,10 +64,12 @@ def main():
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--ops", type=int, default=2000)
     ap.add_argument("--gaps_us", default="0,1000")
+    ap.add_argument("--daemon_pid", type=int, default=0)
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     for gap in (int(g) for g in args.gaps_us.split(",")):
         s0 = stats(args.ctl, args.socket)
+        c0, t0 = (cpu_seconds(args.daemon_pid) if args.daemon_pid else 0.0), time.monotonic()
         q = ctx.Queue()
         job = f"wakeups-{os.getpid()}-{gap}"
         procs = [ctx.Process(target=rank_main, args=(job, args.ranks, r, args.socket, args.ops, gap, q))
@@ -68,10 +80,13 @@ def main():
         for p in procs:
             p.join()
         s1 = stats(args.ctl, args.socket)
+        cpu = ""
+        if args.daemon_pid:
+            cpu = f", daemon CPU {(cpu_seconds(args.daemon_pid) - c0) / (time.monotonic() - t0):.2f} of a core"
         ops = s1[2] - s0[2]
         arm = "burst" if gap == 0 else f"gap_us={gap}"
         print(f"{arm}: {ops} ops, ingress sleeps {(s1[0] - s0[0]) / max(ops, 1):.3f}/op, "
-              f"engine wake-ups {(s1[1] - s0[1]) / max(ops, 1):.3f}/op, p50 {statistics.median(p50):.1f} us",
+              f"engine wake-ups {(s1[1] - s0[1]) / max(ops, 1):.3f}/op, p50 {statistics.median(p50):.1f} us{cpu}",
               flush=True)
     return 0
 

@@ -78,6 +78,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& opti
   DMAG_ASSIGN_OR_RETURN(engines::CreatedEngine e, engines::CreateEngine(options.engine));
   d->engine_ = std::move(e.engine);
   d->engine_reason_ = std::move(e.reason);
+  d->stay_awake_ns_ = e.stay_awake_ns;
   return d;
 }
 
@@ -171,7 +172,7 @@ absl::Status Daemon::Start() {
   }
   ingress::Ingress::Options io;
   io.op_timeout = options_.op_timeout;
-  io.spin_iterations = options_.ingress_spin;
+  io.stay_awake_ns = stay_awake_ns_;
   io.clock = options_.clock;
   ingress_ = std::make_unique<ingress::Ingress>(
       io, engine_.get(), db,

@@ -43,8 +43,6 @@ struct DaemonOptions {
   unsigned socket_mode = 0666;
   engines::EngineOptions engine;
   absl::Duration op_timeout = absl::Seconds(60);
-  // Polls of the rank rings (a pause each) before the ingress thread sleeps.
-  uint32_t ingress_spin = 2048;
   absl::Duration drain_timeout = absl::Seconds(10);
   // The fd channel: a connection that sends nothing is closed after this.
   absl::Duration fd_timeout = absl::Seconds(2);
@@ -105,6 +103,7 @@ class Daemon {
   DaemonOptions options_;
   std::unique_ptr<engines::CopyEngine> engine_;
   std::string engine_reason_;
+  uint64_t stay_awake_ns_ = 0;  // --stay_awake_us as resolved for the engine.
   common::MemfdMapping doorbell_;
   std::unique_ptr<service::TicketTable> tickets_;
   std::unique_ptr<service::FdChannel> fd_channel_;

@@ -45,10 +45,10 @@ bool OptionsFromFlags(dmagather::server::DaemonOptions* options) {
   o.engine.chunk_bytes = uint64_t(absl::GetFlag(FLAGS_chunk_kib)) << 10;
   o.engine.streams_per_device = absl::GetFlag(FLAGS_streams);
   o.engine.parallel_issue = absl::GetFlag(FLAGS_parallel_issue);
-  o.engine.max_waits_ahead = std::max(0, absl::GetFlag(FLAGS_max_waits_ahead));
   o.engine.host_inline_bytes = uint64_t(std::max(0, absl::GetFlag(FLAGS_host_inline_kib))) << 10;
   o.op_timeout = absl::Seconds(absl::GetFlag(FLAGS_op_timeout_s));
-  o.ingress_spin = static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_ingress_spin)));
+  const int stay_awake_us = absl::GetFlag(FLAGS_stay_awake_us);
+  o.engine.stay_awake_ns = stay_awake_us < 0 ? -1 : int64_t(stay_awake_us) * 1000;
   o.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
   o.fd_timeout = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_fd_timeout_ms)));
   o.fd_max_connections_per_uid = std::max(0, absl::GetFlag(FLAGS_fd_max_connections_per_uid));

@@ -33,6 +33,8 @@ struct EngineBackend {
   std::string unusable;
   // what the engine found, after "--backend=NAME, " / "auto: ": "2 CUDA GPU(s)".
   std::function<std::string(const CopyEngine&)> describe;
+  // EngineOptions::stay_awake_ns where the operator left it at -1.
+  int64_t default_stay_awake_ns = 0;
 };
 
 // Adds a backend. A name registered twice is a programming error (aborts).

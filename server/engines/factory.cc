@@ -29,6 +29,12 @@ const KnownBackend* FindKnown(const std::string& name) {
 
 std::string Describe(const EngineBackend& b, const CopyEngine& e) { return b.describe ? b.describe(e) : ""; }
 
+// The options as `backend` gets them: -1 settings resolved.
+EngineOptions For(const EngineBackend& backend, EngineOptions o) {
+  if (o.stay_awake_ns < 0) o.stay_awake_ns = backend.default_stay_awake_ns;
+  return o;
+}
+
 }  // namespace
 
 absl::StatusOr<CreatedEngine> CreateEngine(const EngineOptions& options) {
@@ -37,7 +43,8 @@ absl::StatusOr<CreatedEngine> CreateEngine(const EngineOptions& options) {
   if (b != "auto") {
     for (const EngineBackend& backend : backends) {
       if (backend.name != b) continue;
-      auto engine = backend.create(options);
+      const EngineOptions o = For(backend, options);
+      auto engine = backend.create(o);
       if (!engine.ok()) {
         // "--backend=cuda: cannot use CUDA: cudaGetDeviceCount: ..."
         return absl::Status(engine.status().code(),
@@ -47,6 +54,7 @@ absl::StatusOr<CreatedEngine> CreateEngine(const EngineOptions& options) {
       CreatedEngine out;
       const std::string what = Describe(backend, **engine);
       out.reason = absl::StrCat("--backend=", b, what.empty() ? "" : ", ", what);
+      out.stay_awake_ns = static_cast<uint64_t>(o.stay_awake_ns);
       out.engine = *std::move(engine);
       return out;
     }
@@ -64,7 +72,8 @@ absl::StatusOr<CreatedEngine> CreateEngine(const EngineOptions& options) {
   std::vector<std::string> why_not;
   absl::Status last = absl::NotFoundError("no copy backend is registered in this binary");
   for (const EngineBackend& backend : backends) {
-    auto engine = backend.create(options);
+    const EngineOptions o = For(backend, options);
+    auto engine = backend.create(o);
     if (!engine.ok()) {
       // "no usable CUDA GPU (cudaGetDeviceCount: cudaErrorNoDevice ...)"
       why_not.push_back(
@@ -82,6 +91,7 @@ absl::StatusOr<CreatedEngine> CreateEngine(const EngineOptions& options) {
     } else {
       out.reason = absl::StrCat("auto: using ", backend.name, " (this dmagatherd has: ", RegisteredEngineNames(), ")");
     }
+    out.stay_awake_ns = static_cast<uint64_t>(o.stay_awake_ns);
     out.engine = *std::move(engine);
     return out;
   }

@@ -23,10 +23,10 @@ struct EngineOptions {
   // issuing thread per device (false: one thread issues every device).
   int streams_per_device = 0;
   bool parallel_issue = true;
-  // GPU backends with device waits: ops in flight while one issued ahead of
-  // its ready flags is (GpuEngine::Options::max_waits_ahead; 0: no bound,
-  // which can deadlock).
-  int max_waits_ahead = 2;
+  // How long the threads on an op's path keep polling after their last work
+  // (--stay_awake_us); -1: the backend's default (GPU backends
+  // kGpuStayAwakeNs, host 0). Resolved by CreateEngine.
+  int64_t stay_awake_ns = -1;
   // Host backend: plans of at most this many bytes are copied on the
   // calling (ingress) thread - waking workers costs more than the copy.
   uint64_t host_inline_bytes = 256 << 10;
@@ -35,7 +35,14 @@ struct EngineOptions {
 struct CreatedEngine {
   std::unique_ptr<CopyEngine> engine;
   std::string reason;
+  // EngineOptions::stay_awake_ns as resolved for this backend (the ingress
+  // thread keeps it too).
+  uint64_t stay_awake_ns = 0;
 };
+
+// The GPU backends' default for EngineOptions::stay_awake_ns: longer than a
+// trainer's compute between two layers' all-gathers (docs/OPERATIONS.md).
+inline constexpr int64_t kGpuStayAwakeNs = 10'000'000;
 
 // --backend=NAME: that backend, or an error (Unimplemented when it is not
 // part of this build, naming those that are). auto: the registered backends

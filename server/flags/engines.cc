@@ -17,14 +17,12 @@ ABSL_FLAG(int, streams, 0,
 ABSL_FLAG(bool, parallel_issue, true,
           "GPU backends with several devices: each device's copies are issued by its own thread (false: one thread "
           "issues every device in turn).");
-ABSL_FLAG(int, max_waits_ahead, 2,
-          "GPU backends that wait for ready flags on the device (cuda): while an op issued ahead of its ranks' "
-          "ready flags is in flight, at most this many ops are in flight; later ones wait on the CPU until their "
-          "flags are seen or the count falls (docs/CUDA.md, \"Locks and waits\"). 0 = no bound, which can "
-          "deadlock when a stream's queue fills behind a parked wait.");
 ABSL_FLAG(int, host_inline_kib, 256,
           "Host backend: ops whose copies total at most this many KiB are copied on the ingress thread "
           "(no worker wake-up); 0 = always hand them to the workers.");
-ABSL_FLAG(int, ingress_spin, 2048,
-          "Empty polls of the ranks' rings (each a CPU pause, ~0.05 us) before the ingress thread sleeps until a "
-          "rank rings; more: lower latency while ops flow, at the cost of a busy core.");
+ABSL_FLAG(int, stay_awake_us, -1,
+          "While a job is active, the threads on an op's path (ingress; the GPU engine's issuing, gate and "
+          "completion threads) keep polling this long after their last work instead of sleeping, so an op after "
+          "a gap costs no wake-up; each such thread holds a core meanwhile (yielding it to anything runnable). "
+          "-1: the backend's default (cuda, hip 10000; host 0, which polls briefly and sleeps); 0: sleep "
+          "after a short spin.");

@@ -33,9 +33,8 @@ ABSL_DECLARE_FLAG(int, workers);
 ABSL_DECLARE_FLAG(int, chunk_kib);
 ABSL_DECLARE_FLAG(int, streams);
 ABSL_DECLARE_FLAG(bool, parallel_issue);
-ABSL_DECLARE_FLAG(int, max_waits_ahead);
 ABSL_DECLARE_FLAG(int, host_inline_kib);
-ABSL_DECLARE_FLAG(int, ingress_spin);
+ABSL_DECLARE_FLAG(int, stay_awake_us);
 
 // Cluster (server/flags/cluster.cc)
 ABSL_DECLARE_FLAG(std::string, peer_listen);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <sched.h>
 
 #include "abi/descriptor_v2.h"
 #include "abi/graph_v1.h"
@@ -247,6 +248,10 @@ void Ingress::Loop() {
       continue;
     }
     if (!backoff.Pause()) continue;
+    if (now - last_work < options_.stay_awake_ns) {  // A job is active: stay awake.
+      sched_yield();
+      continue;
+    }
     const uint32_t bell = abi::LoadSeqCst(&doorbell_->seq);
     abi::StoreSeqCst(&doorbell_->sleeping, 1u);
     // Armed persistent (graph) ops are started by a GPU write of their ready

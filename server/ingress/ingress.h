@@ -6,8 +6,10 @@
 // sweep (timeouts, failed jobs). Nothing else: teardown is the reaper's
 // (control service), copies are the engine's.
 //
-// When all rings are idle it spins briefly, then sleeps on the doorbell
-// futex; a client that sees `sleeping` rings it after publishing.
+// When all rings are idle it spins briefly, polls on (yielding the core)
+// until Options::stay_awake_ns has passed since its last work, then sleeps
+// on the doorbell futex; a client that sees `sleeping` rings it after
+// publishing.
 #pragma once
 
 #include <atomic>
@@ -55,6 +57,10 @@ class Ingress {
   struct Options {
     absl::Duration op_timeout = absl::Seconds(60);
     uint32_t spin_iterations = 2048;
+    // After its last work, the thread keeps polling (yielding the core
+    // between polls) this long before it may sleep: while a job is active
+    // an op finds it awake and the rank rings no doorbell (--stay_awake_us).
+    uint64_t stay_awake_ns = 0;
     // Op timeouts, sweeps and the persistent-op poll read time here.
     common::Clock* clock = &common::RealClock();
   };

@@ -1,6 +1,7 @@
 // GpuEngineBackend: see gpu_backend.h.
 #include "server/engines/gpu/gpu_backend.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -16,12 +17,13 @@ EngineBackend GpuEngineBackend(GpuBackendSpec spec) {
   b.priority = spec.priority;
   b.label = spec.label;
   b.unusable = spec.unusable;
+  b.default_stay_awake_ns = kGpuStayAwakeNs;
   b.create = [create_runtime = spec.create_runtime, chunk_mib_env = spec.chunk_mib_env](
                  const EngineOptions& o) -> absl::StatusOr<std::unique_ptr<CopyEngine>> {
     GpuEngine::Options go;
     go.streams_per_device = o.streams_per_device;
     go.parallel_issue = o.parallel_issue;
-    go.max_waits_ahead = o.max_waits_ahead;
+    go.stay_awake_ns = static_cast<uint64_t>(std::max<int64_t>(0, o.stay_awake_ns));
     go.chunk_bytes = o.chunk_bytes;
     if (const char* c = chunk_mib_env != nullptr ? std::getenv(chunk_mib_env) : nullptr;
         c != nullptr && std::atoi(c) > 0) {

@@ -138,14 +138,15 @@ absl::Status GpuEngine::Init() {
                 : options_.max_waits_ahead <= 0
                     ? std::string("the device")
                     : absl::StrCat("the device (at most ", options_.max_waits_ahead, " ops ahead, then the CPU)"))
-            << ", " << (parallel_issue_ ? "one issuing thread per device" : "one issuing thread") << "; "
+            << ", " << (parallel_issue_ ? "one issuing thread per device" : "one issuing thread")
+            << ", threads awake " << awake_ns() / 1000 << " us after their last work; "
             << rt.Describe();
-  for (int d = 0; d < num_devices_; ++d) completions_.push_back(std::make_unique<Completion>(clock_));
+  for (int d = 0; d < num_devices_; ++d) completions_.push_back(std::make_unique<Completion>(clock_, awake_ns()));
   for (int d = 0; d < num_devices_; ++d) completions_[d]->thread = std::thread([this, d] { CompletionLoop(d); });
   if (parallel_issue_) {
     // As the completion threads: a burst of ops costs the issuers no wake-up.
     for (Device& dev : devices_)
-      dev.issuer = std::make_unique<Handoff<OpTrack*>>(kIssueSlots, clock_, kCompletionSpinNs);
+      dev.issuer = std::make_unique<Handoff<OpTrack*>>(kIssueSlots, clock_, awake_ns());
     for (int d = 0; d < num_devices_; ++d) devices_[d].issuer_thread = std::thread([this, d] { IssuerLoop(d); });
   }
   if (!rt.device_waits() || options_.max_waits_ahead > 0) {
@@ -353,7 +354,7 @@ void GpuEngine::Stop() {
               << (parallel_issue_ ? "route and hand-off " : "issue ") << us(execute_ns_)
               << "; ready waits (per device) " << us(memops_ns_) << " (" << ready_seen_.load(std::memory_order_relaxed)
               << " skipped: flags already seen; " << held_ahead_.load(std::memory_order_relaxed)
-              << " ops held on the CPU by --max_waits_ahead); done flags written by a GPU for "
+              << " ops held on the CPU by the waits-ahead bound); done flags written by a GPU for "
               << done_written_.load(std::memory_order_relaxed) << " ops; engine threads woken " << wakeups() << " times"
               << "; copy calls (per device) " << us(copies_ns_) << "; completion: last share seen -> OnEngineDone done "
               << us(complete_ns_) << "; copy path " << runtime_->Describe();

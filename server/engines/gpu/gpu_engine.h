@@ -66,6 +66,7 @@
 // completion that waits for no other job's share.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <map>
@@ -112,6 +113,10 @@ class GpuEngine : public CopyEngine {
     // a full stream queue, and no driver call blocks on one (docs/CUDA.md,
     // "Locks and waits"). 0: no bound (tests only: it can deadlock).
     int max_waits_ahead = 2;
+    // The issuing, gate and completion threads keep polling this long after
+    // their last work before they sleep (at least kCompletionSpinNs), so
+    // that while a job is active an op costs no wake-up (--stay_awake_us).
+    uint64_t stay_awake_ns = 0;
     // Every time the engine reads (polling back-off, the stop's drain, the
     // issue watch, its latency figures). Null: common::RealClock().
     common::Clock* clock = nullptr;
@@ -195,11 +200,14 @@ class GpuEngine : public CopyEngine {
   // them (it polls every share it holds: a share parked on its job's flags
   // delays no other).
   struct Completion {
-    explicit Completion(common::Clock& clock) : shares(kShareSlots, clock, kCompletionSpinNs) {}
+    Completion(common::Clock& clock, uint64_t spin_ns) : shares(kShareSlots, clock, spin_ns) {}
     Handoff<Share> shares;
     std::thread thread;
   };
   static constexpr uint64_t kCompletionSpinNs = 200'000;
+  // How long the engine's threads poll after their last work before they
+  // sleep: Options::stay_awake_ns, at least kCompletionSpinNs.
+  uint64_t awake_ns() const { return std::max(kCompletionSpinNs, options_.stay_awake_ns); }
   static constexpr size_t kShareSlots = 4096;
   static constexpr size_t kTracks = 4096;
   static constexpr size_t kGateSlots = 4096;
@@ -285,6 +293,7 @@ class GpuEngine : public CopyEngine {
   // order.
   // In order within each job; jobs pass each other.
   std::deque<EngineOp*> gate_ ABSL_GUARDED_BY(issue_mu_);
+  std::atomic<size_t> gated_{0};  // gate_.size(), for the gate thread's polls without the lock.
   absl::CondVar gate_cv_;  // An op was gated / left the gate / stopping.
   std::thread gate_thread_;
 

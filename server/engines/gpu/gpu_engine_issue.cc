@@ -225,6 +225,7 @@ void GpuEngine::Execute(EngineOp* op) {
     // Back-pressure: wait while the gate is full.
     while (gate_.size() >= kGateSlots) gate_cv_.Wait(&issue_mu_);
     gate_.push_back(op);
+    gated_.store(gate_.size(), std::memory_order_release);
   }
   gate_cv_.SignalAll();
 }
@@ -234,10 +235,20 @@ void GpuEngine::GateLoop() {
   pthread_setname_np(pthread_self(), "dmag-gate");
   absl::MutexLock lock(&issue_mu_);
   uint64_t t0 = 0;
+  uint64_t last_work = clock_.NowNs();
   std::vector<uint64_t> held;  // Jobs whose first gated op may not go yet.
   for (;;) {
     bool slept = false;
     while (gate_.empty() && !stopping_.load()) {
+      if (clock_.NowNs() - last_work < awake_ns()) {  // A job is active: poll, unlocked.
+        issue_mu_.Unlock();
+        while (gated_.load(std::memory_order_acquire) == 0 && !stopping_.load() &&
+               clock_.NowNs() - last_work < awake_ns()) {
+          sched_yield();
+        }
+        issue_mu_.Lock();
+        continue;
+      }
       slept = true;
       gate_cv_.Wait(&issue_mu_);
     }
@@ -246,6 +257,7 @@ void GpuEngine::GateLoop() {
     if (abandon_.load()) {
       EngineOp* op = gate_.front();
       gate_.pop_front();
+      gated_.store(gate_.size(), std::memory_order_release);
       gate_cv_.SignalAll();
       issue_mu_.Unlock();
       op->OnEngineDone(absl::UnavailableError("dmagatherd stopped while the op waited for its ranks' ready flags"));
@@ -264,9 +276,11 @@ void GpuEngine::GateLoop() {
     if (it != gate_.end()) {
       EngineOp* op = *it;
       gate_.erase(it);
+      gated_.store(gate_.size(), std::memory_order_release);
       gate_cv_.SignalAll();
       Issue(op);
       t0 = 0;
+      last_work = clock_.NowNs();
       continue;
     }
     if (t0 == 0) t0 = clock_.NowNs();

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "abi/descriptor_v2.h"
@@ -16,6 +18,7 @@
 #include "common/memfd.h"
 #include "server/ingress/ingress.h"
 #include "server/scheduler/job.h"
+#include "tests/fakes/fake_clock.h"
 #include "tests/fakes/fake_copy_engine.h"
 
 namespace dmagather::testing {
@@ -131,7 +134,7 @@ class PipelineTest : public ::testing::Test {
       ASSERT_TRUE(job_->AddRank(ranks_.back()->session).ok());
     }
     ASSERT_TRUE(job_->all_joined());
-    Ingress::Options o;
+    Ingress::Options o = options_;
     o.op_timeout = op_timeout;
     ingress_ = std::make_unique<Ingress>(o, &engine_, &bell_,
                                          Ingress::Hooks{[] { return uint64_t{1}; },
@@ -146,6 +149,7 @@ class PipelineTest : public ::testing::Test {
   }
   std::string Message(FakeRank& r, uint32_t i) { return r.error(i).message; }
 
+  Ingress::Options options_;
   FakeCopyEngine engine_;
   abi::DoorbellV1 bell_{};
   std::shared_ptr<Job> job_;
@@ -418,6 +422,44 @@ TEST_F(PipelineTest, CapturedOpsAreRefusedOnHostMemorySoNothingIsPolled) {
     ASSERT_EQ(r->errors(), 1u);
     EXPECT_EQ(r->error(0).status, 2);  // INVALID_ARGUMENT
     EXPECT_NE(Message(*r, 0).find("need a GPU backend"), std::string::npos) << Message(*r, 0);
+  }
+}
+
+// While a job is active (work within stay_awake_ns on the ingress's clock)
+// the thread polls on and never sleeps, so an op after a gap rings no
+// doorbell and wakes nobody; once the window has passed it sleeps. The
+// clock is a fake that moves only when told, so the window is exact; the
+// control arm (no window) must sleep under the same clock, or the test
+// could not fail.
+TEST_F(PipelineTest, StaysAwakeWhileAJobIsActiveThenSleeps) {
+  for (const uint64_t window : {uint64_t{0}, uint64_t{50'000'000}}) {
+    SCOPED_TRACE(::testing::Message() << "stay_awake_ns " << window);
+    common::testing::FakeClock clock;
+    options_.clock = &clock;
+    options_.stay_awake_ns = window;
+    ranks_.clear();
+    Make(2);
+    ingress_->Start();
+    for (auto& r : ranks_) r->Submit(10);
+    for (int i = 0; i < 5000 && abi::LoadAcquire(&ranks_[1]->view().ring->head) != 1; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_EQ(abi::LoadAcquire(&ranks_[1]->view().ring->head), 1u) << "the op was never taken";
+    if (window == 0) {
+      // No window: the thread sleeps after its short spin though the clock stands still.
+      for (int i = 0; i < 5000 && ingress_->sleeps() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      EXPECT_GE(ingress_->sleeps(), 1u);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // Real time passes; the job's does not.
+      EXPECT_EQ(ingress_->sleeps(), 0u) << "asleep inside the window";
+      EXPECT_EQ(abi::LoadAcquire(&bell_.sleeping), 0u) << "a rank would ring the doorbell";
+      clock.AdvanceNs(window + 1);  // The job goes quiet.
+      for (int i = 0; i < 5000 && ingress_->sleeps() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      EXPECT_GE(ingress_->sleeps(), 1u) << "still awake after the window";
+    }
+    ingress_->Stop();
+    ingress_.reset();
+    engine_.pending.clear();  // Ops of this arm's job, never completed.
   }
 }
 

@@ -356,6 +356,45 @@ TEST_P(GpuEngineTest, DevicesWriteDoneFlagsWithoutTheCpu) {
   }
 }
 
+// While a job is active the engine's threads stay awake: ops that come
+// after gaps (a trainer's compute between layers) cost no thread a wake-up
+// when the gaps are inside Options::stay_awake_ns; with only the short spin
+// (the control arm, which shows the count can move) every op after a gap
+// wakes the issuers and completion threads.
+TEST_P(GpuEngineTest, OpsAfterGapsWakeNoThreadWhileTheJobIsActive) {
+  for (const uint64_t window : {uint64_t{0}, uint64_t{5'000'000'000}}) {
+    SCOPED_TRACE(::testing::Message() << "stay_awake_ns " << window);
+    GpuEngine::Options eo;
+    eo.stay_awake_ns = window;
+    Start(2, eo);
+    auto job = MakeJob({0, 1}, 16 << 10);
+    ASSERT_NE(job, nullptr);
+    constexpr uint32_t kOps = 12;
+    uint64_t woken_before = 0;
+    for (uint32_t k = 1; k <= kOps; ++k) {
+      if (k == 2) woken_before = engine_->wakeups();  // The first op may find the threads asleep.
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      job->Fill(k);
+      job->SetReady(k);
+      TestOp op(&log_, 0);
+      job->Plan(&op, k);
+      engine_->Execute(&op);
+      ASSERT_TRUE(op.Wait());
+      ASSERT_TRUE(op.result.ok()) << op.result;
+      ASSERT_EQ(job->Wrong(k), 0u) << "op " << k;
+    }
+    const uint64_t woken = engine_->wakeups() - woken_before;
+    if (window == 0) {
+      EXPECT_GE(woken, uint64_t{kOps - 1}) << "threads that sleep after 200 us are woken by every op after 5 ms";
+    } else {
+      EXPECT_EQ(woken, 0u) << "a thread slept inside the window";
+    }
+    job.reset();
+    engine_->Stop();
+    engine_.reset();
+  }
+}
+
 // A share that fails, refused at its copy call or in a chunk on the
 // device: no device writes that op's done flags (the scheduler publishes
 // them after the error record), and the next op's are written.
