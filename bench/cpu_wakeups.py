@@ -13,9 +13,9 @@ Arms: `burst` (ops back to back), and `gap_us=G` (each rank sleeps G us
 between ops, as compute between a trainer's layers). Prints one line per arm:
 ops, ingress sleeps and engine wake-ups per op, the op's p50 in us, and with
 --daemon_pid the daemon's CPU time over the arm as a share of one core (what
-threads that stay awake cost). The
-host backend (memory from the daemon, Comm.empty); on a GPU backend the
-engine_wakeups count too.
+threads that stay awake cost). With
+--device host, memory from the daemon (Comm.empty); with --device cuda, each
+rank's GPU memory on a cuda daemon, where the engine_wakeups count too.
 """
 import argparse
 import json
@@ -40,18 +40,26 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def rank_main(job, world, rank, socket, ops, gap_us, q):
+def rank_main(job, world, rank, socket, ops, gap_us, device, q):
     import dmagather
     count = 1024  # float32: 4 KiB shards
     with dmagather.Comm(job, world, rank, socket=socket) as comm:
-        out = comm.empty(world * count, "float32")
+        stream = None
+        if device == "cuda":  # The rank's GPU memory, its op ordered on its stream.
+            import torch
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+            out = torch.zeros(world * count, dtype=torch.float32, device="cuda")
+            comm.register(out)
+            stream = torch.cuda.current_stream().cuda_stream
+        else:
+            out = comm.empty(world * count, "float32")
         mine = out[rank * count:(rank + 1) * count]
         times = []
         for i in range(ops):
             if gap_us:
                 time.sleep(gap_us / 1e6)
             t = time.perf_counter()
-            comm.allgather(mine, out)
+            comm.allgather(mine, out, stream=stream)
             comm.wait()
             times.append((time.perf_counter() - t) * 1e6)
         q.put((rank, statistics.median(times)))
@@ -65,6 +73,8 @@ def main():
     ap.add_argument("--ops", type=int, default=2000)
     ap.add_argument("--gaps_us", default="0,1000")
     ap.add_argument("--daemon_pid", type=int, default=0)
+    ap.add_argument("--device", choices=("host", "cuda"), default="host",
+                    help="host: memory from the daemon; cuda: each rank's GPU memory (a cuda daemon)")
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     for gap in (int(g) for g in args.gaps_us.split(",")):
@@ -72,7 +82,7 @@ def main():
         c0, t0 = (cpu_seconds(args.daemon_pid) if args.daemon_pid else 0.0), time.monotonic()
         q = ctx.Queue()
         job = f"wakeups-{os.getpid()}-{gap}"
-        procs = [ctx.Process(target=rank_main, args=(job, args.ranks, r, args.socket, args.ops, gap, q))
+        procs = [ctx.Process(target=rank_main, args=(job, args.ranks, r, args.socket, args.ops, gap, args.device, q))
                  for r in range(args.ranks)]
         for p in procs:
             p.start()
