@@ -40,7 +40,7 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def rank_main(job, world, rank, socket, ops, gap_us, device, q):
+def rank_main(job, world, rank, socket, ops, gap_us, device, ready, go, q):
     import dmagather
     count = 1024  # float32: 4 KiB shards
     with dmagather.Comm(job, world, rank, socket=socket) as comm:
@@ -54,6 +54,10 @@ def rank_main(job, world, rank, socket, ops, gap_us, device, q):
         else:
             out = comm.empty(world * count, "float32")
         mine = out[rank * count:(rank + 1) * count]
+        comm.allgather(mine, out, stream=stream)  # Warm: the job's first op, outside the count.
+        comm.wait()
+        ready.wait()  # The counters are read between the two barriers.
+        go.wait()
         times = []
         for i in range(ops):
             if gap_us:
@@ -78,21 +82,26 @@ def main():
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     for gap in (int(g) for g in args.gaps_us.split(",")):
-        s0 = stats(args.ctl, args.socket)
-        c0, t0 = (cpu_seconds(args.daemon_pid) if args.daemon_pid else 0.0), time.monotonic()
         q = ctx.Queue()
+        ready, go = ctx.Barrier(args.ranks + 1), ctx.Barrier(args.ranks + 1)
         job = f"wakeups-{os.getpid()}-{gap}"
-        procs = [ctx.Process(target=rank_main, args=(job, args.ranks, r, args.socket, args.ops, gap, args.device, q))
+        procs = [ctx.Process(target=rank_main, args=(job, args.ranks, r, args.socket, args.ops, gap, args.device, ready, go, q))
                  for r in range(args.ranks)]
         for p in procs:
             p.start()
+        # Only the timed ops count: the ranks' start (imports, a GPU context)
+        # and the warm-up op come before the first snapshot.
+        ready.wait(timeout=600)
+        s0 = stats(args.ctl, args.socket)
+        c0, t0 = (cpu_seconds(args.daemon_pid) if args.daemon_pid else 0.0), time.monotonic()
+        go.wait(timeout=60)
         p50 = [q.get(timeout=600)[1] for _ in procs]
-        for p in procs:
-            p.join()
         s1 = stats(args.ctl, args.socket)
         cpu = ""
         if args.daemon_pid:
             cpu = f", daemon CPU {(cpu_seconds(args.daemon_pid) - c0) / (time.monotonic() - t0):.2f} of a core"
+        for p in procs:
+            p.join()
         ops = s1[2] - s0[2]
         arm = "burst" if gap == 0 else f"gap_us={gap}"
         print(f"{arm}: {ops} ops, ingress sleeps {(s1[0] - s0[0]) / max(ops, 1):.3f}/op, "

@@ -9,14 +9,15 @@
 #      threads kept awake as the default;
 #   3. bench/gpu/ab_hop.sh "bin:--stay_awake_us=0" bin, 4 KiB x 2 ranks
 #      (ops back to back: the window should change nothing there).
-# Logs to $OUT. Ranks share the one GPU.
+# Logs to $OUT. Ranks share the one GPU. PARTS picks (default: wakeups suite ab).
 set -u
 fc="$(cd "${1:-.carry/gpu34}" && pwd)"
 out="${OUT:-/tmp/out}"
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 export LD_LIBRARY_PATH="$fc/lib:${LD_LIBRARY_PATH:-}"
-for round in 1 2; do
+parts=" ${PARTS:-wakeups suite ab} "
+[ "${parts#* wakeups }" != "$parts" ] && for round in 1 2; do
   for awake in 0 default; do
     dir="$(mktemp -d)"
     flag=(); [ "$awake" = 0 ] && flag=(--stay_awake_us=0)
@@ -32,11 +33,13 @@ for round in 1 2; do
     rm -rf "$dir"
   done
 done | tee "$out/wakeups.log"
+if [ "${parts#* suite }" != "$parts" ]; then
 t0=$SECONDS
 OUT="$out/suite" timeout -k 5 300 "$fc/run.sh" run >"$out/suite.log" 2>&1
 echo "suite rc=$? ($((SECONDS - t0)) s)"
 grep -E "passed, |FAILED|issue watch" "$out/suite.log" | tail -10
 grep -h "threads awake" "$out"/suite/*.log 2>/dev/null | head -1 | cut -c1-400
-AB_SHAPES="4k_r2" OUT="$out/ab" timeout -k 5 120 "$fc/ab_hop.sh" "bin:--stay_awake_us=0" bin >"$out/ab.log" 2>&1
-echo "ab_hop rc=$?"; tail -n 6 "$out/ab.log"
+fi
+[ "${parts#* ab }" != "$parts" ] && AB_SHAPES="4k_r2" OUT="$out/ab" timeout -k 5 120 "$fc/ab_hop.sh" "bin:--stay_awake_us=0" bin >"$out/ab.log" 2>&1
+[ "${parts#* ab }" != "$parts" ] && { echo "ab_hop rc=$?"; tail -n 6 "$out/ab.log"; }
 tar czf "$out/logs.tgz" -C "$out" . --exclude=logs.tgz 2>/dev/null
