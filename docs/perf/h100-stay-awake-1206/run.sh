@@ -40,6 +40,8 @@ echo "suite rc=$? ($((SECONDS - t0)) s)"
 grep -E "passed, |FAILED|issue watch" "$out/suite.log" | tail -10
 grep -h "threads awake" "$out"/suite/*.log 2>/dev/null | head -1 | cut -c1-400
 fi
-[ "${parts#* ab }" != "$parts" ] && AB_SHAPES="4k_r2" OUT="$out/ab" timeout -k 5 120 "$fc/ab_hop.sh" "bin:--stay_awake_us=0" bin >"$out/ab.log" 2>&1
-[ "${parts#* ab }" != "$parts" ] && { echo "ab_hop rc=$?"; tail -n 6 "$out/ab.log"; }
+if [ "${parts#* ab }" != "$parts" ]; then
+  AB_SHAPES="4k_r2" OUT="$out/ab" timeout -k 5 120 "$fc/ab_hop.sh" "bin:--stay_awake_us=0" bin >"$out/ab.log" 2>&1
+  echo "ab_hop rc=$?"; tail -n 6 "$out/ab.log"
+fi
 tar czf "$out/logs.tgz" -C "$out" . --exclude=logs.tgz 2>/dev/null
