@@ -1,11 +1,11 @@
 #include "server/ingress/ingress.h"
 
 #include <glog/logging.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
-#include <sched.h>
 
 #include "abi/descriptor_v2.h"
 #include "abi/graph_v1.h"

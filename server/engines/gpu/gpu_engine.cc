@@ -138,19 +138,21 @@ absl::Status GpuEngine::Init() {
                 : options_.max_waits_ahead <= 0
                     ? std::string("the device")
                     : absl::StrCat("the device (at most ", options_.max_waits_ahead, " ops ahead, then the CPU)"))
-            << ", " << (parallel_issue_ ? "one issuing thread per device" : "one issuing thread")
-            << ", threads awake " << awake_ns() / 1000 << " us after their last work; "
-            << rt.Describe();
+            << ", " << (parallel_issue_ ? "one issuing thread per device" : "one issuing thread") << ", threads awake "
+            << awake_ns() / 1000 << " us after their last work; " << rt.Describe();
   for (int d = 0; d < num_devices_; ++d) completions_.push_back(std::make_unique<Completion>(clock_, awake_ns()));
   for (int d = 0; d < num_devices_; ++d) completions_[d]->thread = std::thread([this, d] { CompletionLoop(d); });
   if (parallel_issue_) {
     // As the completion threads: a burst of ops costs the issuers no wake-up.
-    for (Device& dev : devices_)
-      dev.issuer = std::make_unique<Handoff<OpTrack*>>(kIssueSlots, clock_, awake_ns());
+    for (Device& dev : devices_) dev.issuer = std::make_unique<Handoff<OpTrack*>>(kIssueSlots, clock_, awake_ns());
     for (int d = 0; d < num_devices_; ++d) devices_[d].issuer_thread = std::thread([this, d] { IssuerLoop(d); });
   }
   if (!rt.device_waits() || options_.max_waits_ahead > 0) {
-    gate_thread_ = std::thread([this] { GateLoop(); });
+    gate_ = std::make_unique<ReadyGate>(
+        clock_, awake_ns(), kGateSlots,
+        ReadyGate::Hooks{[this](const EngineOp& op) { return MayIssue(op); }, [this](EngineOp* op) { Issue(op); },
+                         [](EngineOp* op, const absl::Status& st) { op->OnEngineDone(st); }});
+    gate_->Start();
   }
   return absl::OkStatus();
 }
@@ -366,17 +368,13 @@ void GpuEngine::Stop() {
     while (!empty()) {
       if (clock_.NowNs() > deadline) {
         abandon_.store(true);
+        if (gate_ != nullptr) gate_->Abandon();
         return;
       }
       usleep(1000);
     }
   };
-  if (gate_thread_.joinable()) {
-    drained([&] {
-      absl::MutexLock lock(&issue_mu_);
-      return gate_.empty();
-    });
-  }
+  if (gate_ != nullptr) drained([&] { return gate_->Empty(); });
   for (Device& dev : devices_) {
     if (dev.issuer == nullptr || abandon_.load()) continue;
     drained([&] { return dev.issuer->Pending() == 0; });
@@ -386,11 +384,7 @@ void GpuEngine::Stop() {
     drained([&] { return c->shares.Pending() == 0; });
   }
   stopping_.store(true);
-  if (gate_thread_.joinable()) {
-    { absl::MutexLock lock(&issue_mu_); }
-    gate_cv_.SignalAll();
-    gate_thread_.join();
-  }
+  if (gate_ != nullptr) gate_->Stop();
   for (Device& dev : devices_) {
     if (dev.issuer == nullptr) continue;
     dev.issuer->Stop();
@@ -403,7 +397,7 @@ void GpuEngine::Stop() {
 }
 
 uint64_t GpuEngine::wakeups() const {
-  uint64_t n = gate_wakeups_.load(std::memory_order_relaxed);
+  uint64_t n = gate_ != nullptr ? gate_->wakeups() : 0;
   for (const Device& dev : devices_) n += dev.issuer != nullptr ? dev.issuer->wakeups() : 0;
   for (const auto& c : completions_) n += c->shares.wakeups();
   return n;

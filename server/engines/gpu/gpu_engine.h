@@ -51,8 +51,9 @@
 // ingress thread, which routes the op and hands each device's share to the
 // device's issuing thread (or issues it itself when the engine has one
 // device or parallel_issue is off); for an op whose ranks are not all ready
-// yet (CPU gating, or over max_waits_ahead) the gate thread does the same (issue_mu_ makes the two
-// take turns and keeps the order); OnEngineDone on a device's completion
+// yet (CPU gating, or over max_waits_ahead) the gate thread does the same
+// (ready_gate.h: the gate's lock makes the two take turns and keeps the
+// order); OnEngineDone on a device's completion
 // thread (or where the op was issued when nothing was enqueued). The
 // annotations below say which mutex guards what (clang checks them).
 //
@@ -68,7 +69,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>  // std::once_flag
@@ -88,6 +88,7 @@
 #include "server/engines/gpu/job_loads.h"
 #include "server/engines/gpu/lanes.h"
 #include "server/engines/gpu/peer_table.h"
+#include "server/engines/gpu/ready_gate.h"
 #include "server/engines/gpu/runtime.h"
 #include "server/engines/gpu/wave_plan.h"
 
@@ -127,8 +128,8 @@ class GpuEngine : public CopyEngine {
   const char* name() const override { return runtime_->name(); }
   absl::StatusOr<std::shared_ptr<ImportedRegion>> Import(const RegionSpec& spec) override
       ABSL_LOCKS_EXCLUDED(import_mu_);
-  void Execute(EngineOp* op) override ABSL_LOCKS_EXCLUDED(issue_mu_);
-  void Stop() override ABSL_LOCKS_EXCLUDED(issue_mu_);
+  void Execute(EngineOp* op) override;
+  void Stop() override;
   EngineStats stats() const override;
   // Engine threads woken from sleep to take work (issuers, completion, gate).
   uint64_t wakeups() const;
@@ -251,7 +252,7 @@ class GpuEngine : public CopyEngine {
   // Records the share's end event on the lane's stream 0 (*end: it).
   absl::Status EndShare(Device& dev, GpuEvent* end);
   absl::Status WaitReady(Device& dev, const EngineOp& op);
-  void IssuerLoop(int device) ABSL_LOCKS_EXCLUDED(issue_mu_);
+  void IssuerLoop(int device);
   // Every rank's ready flag has reached op.seq (read on the CPU).
   static bool RanksReady(const EngineOp& op);
   // The op may be issued now: its ranks are ready, or device waits may
@@ -263,7 +264,6 @@ class GpuEngine : public CopyEngine {
   // close completes the op.
   void CloseShare(OpTrack* t, const absl::Status& st) ABSL_LOCKS_EXCLUDED(tracks_mu_);
   void CompletionLoop(int device) ABSL_LOCKS_EXCLUDED(pool_mu_);
-  void GateLoop() ABSL_LOCKS_EXCLUDED(issue_mu_);
 
   // Shared with the imported regions and ranks, which may outlive the engine.
   const std::shared_ptr<GpuRuntime> runtime_;
@@ -278,24 +278,17 @@ class GpuEngine : public CopyEngine {
   std::vector<DeviceIdentity> identities_;
   PeerTable peers_;
 
-  // Routing scratch (Issue: the ingress or gate thread, under issue_mu_
-  // when the gate thread runs; so not annotated: with device waits and no
-  // max_waits_ahead there is no gate thread and Issue runs on the ingress
-  // thread alone).
-  absl::Mutex issue_mu_;
+  // Routing scratch (Issue: the ingress or gate thread, under the gate's
+  // lock; so not annotated: with device waits and no max_waits_ahead there
+  // is no gate and Issue runs on the ingress thread alone).
   std::vector<char> involved_;
   uint64_t next_issue_order_ = 0;
   // The last op whose shares are all enqueued (issuing threads).
   std::atomic<uint64_t> enqueued_through_{0};
 
   // CPU gating (runtimes without device waits, or ops over the
-  // max_waits_ahead bound): ops waiting for their ranks' ready flags, in
-  // order.
-  // In order within each job; jobs pass each other.
-  std::deque<EngineOp*> gate_ ABSL_GUARDED_BY(issue_mu_);
-  std::atomic<size_t> gated_{0};  // gate_.size(), for the gate thread's polls without the lock.
-  absl::CondVar gate_cv_;  // An op was gated / left the gate / stopping.
-  std::thread gate_thread_;
+  // max_waits_ahead bound); null with device waits and no bound.
+  std::unique_ptr<ReadyGate> gate_;
 
   // Per device: its pool of end events (taken by the issuer, returned by
   // the completion thread).
@@ -324,8 +317,7 @@ class GpuEngine : public CopyEngine {
   common::LatencyHistogram execute_ns_, memops_ns_, copies_ns_, complete_ns_;
   std::atomic<uint64_t> ready_seen_{0};    // Device waits skipped: the CPU saw every flag at the op.
   std::atomic<uint64_t> done_written_{0};  // Ops whose done flags a device wrote.
-  std::atomic<uint64_t> gate_wakeups_{0};  // The gate thread woken from sleep with work.
-  JobLoads loads_;                         // Its mutex is taken after issue_mu_.
+  JobLoads loads_;                         // Its mutex is taken after the gate's.
   std::atomic<uint64_t> held_ahead_{0};    // Ops the max_waits_ahead bound held on the CPU.
   std::unique_ptr<IssueWatch> watch_;      // Set by Init, before any issue.
   std::once_flag same_device_logged_;

@@ -1,4 +1,4 @@
-// GpuEngine (gpu_engine.h): the per-op path - the CPU gate, routing an op's
+// GpuEngine (gpu_engine.h): the per-op path - into the CPU gate, routing an op's
 // copies to their issuing devices, issuing each device's share (ready
 // waits, copies, the finisher's done write, end event). The completion
 // threads are in gpu_engine_complete.cc; set-up, imports and stop in
@@ -206,88 +206,14 @@ void GpuEngine::Execute(EngineOp* op) {
     op->OnEngineDone(absl::OkStatus());
     return;
   }
-  if (runtime_->device_waits() && options_.max_waits_ahead <= 0) {
+  // CPU gating (ready_gate.h): issue now when no op of its job waits
+  // before it and its ranks are ready (or device waits may take it); else
+  // the gate holds it (in order within its job; other jobs' ops pass it).
+  if (gate_ == nullptr) {  // Device waits with no bound (tests).
     Issue(op);
     return;
   }
-  // CPU gating: issue now when no op of its job waits before it and its
-  // ranks are ready (or device waits may take it); else queue it for the
-  // gate thread (in order within its job; other jobs' ops pass it).
-  {
-    absl::MutexLock lock(&issue_mu_);
-    bool behind = false;
-    for (const EngineOp* g : gate_) behind |= g->job_id == op->job_id;
-    if (!behind && MayIssue(*op) && !abandon_.load()) {
-      Issue(op);
-      return;
-    }
-    if (runtime_->device_waits()) held_ahead_.fetch_add(1, std::memory_order_relaxed);
-    // Back-pressure: wait while the gate is full.
-    while (gate_.size() >= kGateSlots) gate_cv_.Wait(&issue_mu_);
-    gate_.push_back(op);
-    gated_.store(gate_.size(), std::memory_order_release);
-  }
-  gate_cv_.SignalAll();
-}
-
-void GpuEngine::GateLoop() {
-  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-  pthread_setname_np(pthread_self(), "dmag-gate");
-  absl::MutexLock lock(&issue_mu_);
-  uint64_t t0 = 0;
-  uint64_t last_work = clock_.NowNs();
-  std::vector<uint64_t> held;  // Jobs whose first gated op may not go yet.
-  for (;;) {
-    bool slept = false;
-    while (gate_.empty() && !stopping_.load()) {
-      if (clock_.NowNs() - last_work < awake_ns()) {  // A job is active: poll, unlocked.
-        issue_mu_.Unlock();
-        while (gated_.load(std::memory_order_acquire) == 0 && !stopping_.load() &&
-               clock_.NowNs() - last_work < awake_ns()) {
-          sched_yield();
-        }
-        issue_mu_.Lock();
-        continue;
-      }
-      slept = true;
-      gate_cv_.Wait(&issue_mu_);
-    }
-    if (slept && !gate_.empty()) gate_wakeups_.fetch_add(1, std::memory_order_relaxed);
-    if (gate_.empty()) return;  // Stopping and drained.
-    if (abandon_.load()) {
-      EngineOp* op = gate_.front();
-      gate_.pop_front();
-      gated_.store(gate_.size(), std::memory_order_release);
-      gate_cv_.SignalAll();
-      issue_mu_.Unlock();
-      op->OnEngineDone(absl::UnavailableError("dmagatherd stopped while the op waited for its ranks' ready flags"));
-      issue_mu_.Lock();
-      continue;
-    }
-    // The first op of each job, in gate order: the first that may go, goes.
-    held.clear();
-    auto it = gate_.begin();
-    for (; it != gate_.end(); ++it) {
-      const uint64_t job = (*it)->job_id;
-      if (std::find(held.begin(), held.end(), job) != held.end()) continue;
-      if (MayIssue(**it)) break;
-      held.push_back(job);
-    }
-    if (it != gate_.end()) {
-      EngineOp* op = *it;
-      gate_.erase(it);
-      gated_.store(gate_.size(), std::memory_order_release);
-      gate_cv_.SignalAll();
-      Issue(op);
-      t0 = 0;
-      last_work = clock_.NowNs();
-      continue;
-    }
-    if (t0 == 0) t0 = clock_.NowNs();
-    issue_mu_.Unlock();
-    Backoff(clock_.NowNs() - t0);
-    issue_mu_.Lock();
-  }
+  if (gate_->Submit(op) && runtime_->device_waits()) held_ahead_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void GpuEngine::CountRouting(uint64_t same, uint64_t pushes) {

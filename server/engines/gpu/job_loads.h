@@ -9,7 +9,7 @@
 //   error record must come first).
 //
 // Threads: Begin, MayIssue and Finisher under the engine's issue order (any
-// thread; the map under its own mutex, taken after the engine's issue_mu_);
+// thread; the map under its own mutex, taken after the gate's lock, ready_gate.h);
 // End on the thread that ends the op; the counters are atomics. A load is
 // dropped once idle (End's decrement of in_flight is its last touch) when
 // there are many.

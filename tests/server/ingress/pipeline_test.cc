@@ -447,14 +447,16 @@ TEST_F(PipelineTest, StaysAwakeWhileAJobIsActiveThenSleeps) {
     ASSERT_EQ(abi::LoadAcquire(&ranks_[1]->view().ring->head), 1u) << "the op was never taken";
     if (window == 0) {
       // No window: the thread sleeps after its short spin though the clock stands still.
-      for (int i = 0; i < 5000 && ingress_->sleeps() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      for (int i = 0; i < 5000 && ingress_->sleeps() == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
       EXPECT_GE(ingress_->sleeps(), 1u);
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));  // Real time passes; the job's does not.
       EXPECT_EQ(ingress_->sleeps(), 0u) << "asleep inside the window";
       EXPECT_EQ(abi::LoadAcquire(&bell_.sleeping), 0u) << "a rank would ring the doorbell";
       clock.AdvanceNs(window + 1);  // The job goes quiet.
-      for (int i = 0; i < 5000 && ingress_->sleeps() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      for (int i = 0; i < 5000 && ingress_->sleeps() == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
       EXPECT_GE(ingress_->sleeps(), 1u) << "still awake after the window";
     }
     ingress_->Stop();
