@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call, from the repository root, with `tests/gpu/run.sh stage
-# .carry/gpu34` carried:
+# .carry/gpu35` carried:
 #   1. CPU wake-ups per op on the cuda backend (bench/cpu_wakeups.py --device
 #      cuda: 2 ranks' GPU memory, 4 KiB shards, back to back and 200 us / 1 ms
 #      apart), a daemon with --stay_awake_us=0 against the default (10 ms),
@@ -11,7 +11,7 @@
 #      (ops back to back: the window should change nothing there).
 # Logs to $OUT. Ranks share the one GPU. PARTS picks (default: wakeups suite ab).
 set -u
-fc="$(cd "${1:-.carry/gpu34}" && pwd)"
+fc="$(cd "${1:-.carry/gpu35}" && pwd)"
 out="${OUT:-/tmp/out}"
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
