@@ -63,6 +63,9 @@ class DeadlockTest : public enginetest::GpuEngineTest {
     fo.driver_model = true;
     fo.stream_depth = stream_depth;
     eo.stop_drain_ms = 2000;
+    // The daemon's threads as the cuda backend runs them: awake, polling
+    // without a lock, for 10 ms after their last work (--stay_awake_us).
+    eo.stay_awake_ns = 10'000'000;
     Start(fo, eo);
   }
 
