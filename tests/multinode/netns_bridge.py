@@ -47,3 +47,15 @@ def destroy(created):
     for ns in reversed(created):
         sh("ip", "netns", "del", ns, check=False)
     created.clear()
+
+
+def stop(procs):
+    """Stops the nodes' processes (SIGTERM, then SIGKILL after 10 s) and empties the list."""
+    for p in procs:
+        p.terminate()
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    procs.clear()

@@ -90,14 +90,7 @@ class MultiNodeTrainersTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        for d in cls.daemons:
-            d.terminate()
-            try:
-                d.wait(10)
-            except subprocess.TimeoutExpired:
-                d.kill()
-                d.wait()
-        cls.daemons = []
+        netns_bridge.stop(cls.daemons)
         netns_bridge.destroy(cls.created)
         if os.environ.get("DMAGATHER_KEEP_LOGS") != "1":
             shutil.rmtree(cls.dir, ignore_errors=True)

@@ -135,14 +135,7 @@ class SimNodes:
         return "'" + s.replace("'", "'\\''") + "'"
 
     def close(self):
-        for d in self.daemons:
-            d.terminate()
-            try:
-                d.wait(10)
-            except subprocess.TimeoutExpired:
-                d.kill()
-                d.wait()
-        self.daemons = []
+        netns_bridge.stop(self.daemons)
         netns_bridge.destroy(self.created)
         for i in range(self.n):
             shutil.rmtree(os.path.join(ETC_NETNS, self.ns(i)), ignore_errors=True)
