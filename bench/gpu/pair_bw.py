@@ -9,12 +9,17 @@ peer: what dmagatherd does for a pair reachable only that way). No kernel is
 launched. Every pair's copy is checked bit-exact once, then timed with CUDA
 events on the issuing stream (median of --iters).
 
-    pair_bw.py [--mib 256] [--iters 20] [--csv results/pair_bw.csv] [--memory local,ipc]
+    pair_bw.py [--mib 256] [--iters 20] [--csv results/pair_bw.csv] [--memory local,ipc,vmm]
 
 --memory: where the source lives. `local`: cudaMalloc in this process.
 `ipc`: allocated by another process and mapped here through CUDA IPC
 (cudaIpcOpenMemHandle, as torch shares a CUDA tensor), as dmagatherd reads
 the ranks' buffers: the ceiling dmagather's peer copies are held to.
+`vmm`: the same from memory the other process's torch allocated with
+expandable segments (cuMemCreate, shared as a file descriptor: what a rank
+with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True hands dmagatherd); the
+owner checks that its segments are expandable, and a torch that cannot
+share them is named and the kind skipped.
 
 With one GPU it measures the device-to-device copy on that GPU (the same
 call, both ends on one device) so the script is exercised anywhere.
@@ -44,7 +49,7 @@ def main():
     p.add_argument("--mib", type=int, default=256)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--csv", default="results/pair_bw.csv")
-    p.add_argument("--memory", default="local,ipc", help="source memory, comma-separated: local, ipc")
+    p.add_argument("--memory", default="local,ipc", help="source memory, comma-separated: local, ipc, vmm")
     args = p.parse_args()
     n = torch.cuda.device_count()
     if n == 0:
@@ -58,9 +63,16 @@ def main():
     for d in range(n):
         bufs.append((_source(d, nbytes), torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{d}")))
     memories = [m for m in args.memory.split(",") if m]
-    owner = None
-    if "ipc" in memories:
-        owner, ipc_sources = _ipc_sources(n, nbytes)
+    owners, shared = [], {}
+    for kind in ("ipc", "vmm"):
+        if kind not in memories:
+            continue
+        try:
+            owner, shared[kind] = _ipc_sources(n, nbytes, expandable=kind == "vmm")
+            owners.append(owner)
+        except RuntimeError as e:
+            print(f"pair_bw: {kind} skipped: {e}")
+            memories.remove(kind)
     for a in range(n):
         for b in range(n):
             if a != b and torch.cuda.can_device_access_peer(a, b):
@@ -72,7 +84,7 @@ def main():
     for memory, s, d, mode in [(m, s, d, mode) for m in memories for s, d in pairs for mode in ("pull", "push")]:
         peer = s == d or torch.cuda.can_device_access_peer(d, s)
         on = d if mode == "pull" else s
-        src, dst = (ipc_sources[s] if memory == "ipc" else bufs[s][0]), bufs[d][1]
+        src, dst = (shared[memory][s] if memory in shared else bufs[s][0]), bufs[d][1]
         expect = bufs[s][0]
         with torch.cuda.device(on):
             stream = torch.cuda.Stream()
@@ -110,9 +122,9 @@ def main():
                     r = [x for x in rows if x[0] == s and x[1] == d and x[2] == mode and x[3] == memory]
                     cells.append(f"{r[0][7]:>8}" if r else f"{'-':>8}")
                 print(f"{s:>6}" + "".join(cells))
-    if owner is not None:
-        owner[1].set()
-        owner[0].join(timeout=30)
+    for proc, done in owners:
+        done.set()
+        proc.join(timeout=30)
     print(f"pair_bw: {len(rows)} copies, {bad} not bit-exact")
     return 1 if bad else 0
 
@@ -123,24 +135,39 @@ def _source(d, nbytes):
     return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=f"cuda:{d}", generator=g)
 
 
-def _owner(n, nbytes, queue, done):
+def _owner(n, nbytes, expandable, conn, done):
     """Another process: allocates every GPU's source and shares it over CUDA
-    IPC (torch sends a CUDA tensor as an IPC handle), then keeps it until done."""
-    tensors = [_source(d, nbytes) for d in range(n)]
-    torch.cuda.synchronize()
-    queue.put(tensors)
+    IPC (torch sends a CUDA tensor as an IPC handle, or an expandable
+    segment's as a file descriptor), then keeps it until done. Puts an error
+    string instead where the memory is not what was asked for or cannot go."""
+    try:
+        if expandable:
+            torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+        tensors = [_source(d, nbytes) for d in range(n)]
+        torch.cuda.synchronize()
+        if expandable:
+            kinds = {s.get("is_expandable") for s in torch.cuda.memory._snapshot()["segments"]}
+            if kinds != {True}:
+                raise RuntimeError(f"segments not all expandable ({kinds}) with torch {torch.__version__}")
+        conn.send(tensors)  # Pickled here: a handle torch cannot make fails now, not in a feeder thread.
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which skips this kind
+        conn.send(f"{type(e).__name__}: {e}")
     done.wait()
 
 
-def _ipc_sources(n, nbytes):
+def _ipc_sources(n, nbytes, expandable=False):
     """The sources of another process, mapped here through CUDA IPC."""
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
-    queue, done = ctx.Queue(), ctx.Event()
-    proc = ctx.Process(target=_owner, args=(n, nbytes, queue, done), daemon=True)
+    (mine, theirs), done = ctx.Pipe(), ctx.Event()
+    proc = ctx.Process(target=_owner, args=(n, nbytes, expandable, theirs, done), daemon=True)
     proc.start()
-    tensors = queue.get(timeout=300)
-    return (proc, done), tensors
+    got = mine.recv() if mine.poll(300) else "the owner process sent nothing in 300 s"
+    if isinstance(got, str):
+        done.set()
+        proc.join(timeout=30)
+        raise RuntimeError(got)
+    return (proc, done), got
 
 
 if __name__ == "__main__":
