@@ -141,8 +141,6 @@ def _owner(n, nbytes, expandable, conn, done):
     segment's as a file descriptor), then keeps it until done. Puts an error
     string instead where the memory is not what was asked for or cannot go."""
     try:
-        if expandable:
-            torch.cuda.memory._set_allocator_settings("expandable_segments:True")
         tensors = [_source(d, nbytes) for d in range(n)]
         torch.cuda.synchronize()
         if expandable:
@@ -161,7 +159,17 @@ def _ipc_sources(n, nbytes, expandable=False):
     ctx = mp.get_context("spawn")
     (mine, theirs), done = ctx.Pipe(), ctx.Event()
     proc = ctx.Process(target=_owner, args=(n, nbytes, expandable, theirs, done), daemon=True)
-    proc.start()
+    # The owner's allocator reads its settings from the environment it starts with.
+    before = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    if expandable:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    try:
+        proc.start()
+    finally:
+        if before is None:
+            os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        else:
+            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = before
     got = mine.recv() if mine.poll(300) else "the owner process sent nothing in 300 s"
     if isinstance(got, str):
         done.set()
