@@ -15,7 +15,7 @@
 #   gpus          GPUs this run sees (CUDA_VISIBLE_DEVICES honoured), no MIG partitions
 #   topology      nvidia-smi topo -m (kept in topology.txt)
 #   pair copies   copy-engine GB/s for every ordered pair, pull (on the destination) and push
-#                 (on the source), each copy bit-exact, from local and from IPC-mapped memory
+#                 (on the source), each copy bit-exact, from local, IPC-mapped and VMM memory
 #                 (another process's, as dmagatherd reads the ranks'): the baseline (pair_bw.csv)
 #   GPU suite     tests/gpu/run.sh: every mode bit-exact; then each rank seeing only its GPU by
 #                 UUID while the daemon sees all, mapping logged, same_device_copies unchanged
@@ -98,7 +98,7 @@ print(",".join("GPU-" + str(torch.cuda.get_device_properties(i).uuid) for i in r
   # --- pair copies -------------------------------------------------------------
   if ! want pairs; then
     :
-  elif (cd "$out" && timeout 900 python3 "$here/pair_bw.py" --csv "$out/pair_bw.csv") >"$out/pair_bw.log" 2>&1; then
+  elif (cd "$out" && timeout 900 python3 "$here/pair_bw.py" --memory local,ipc,vmm --csv "$out/pair_bw.csv") >"$out/pair_bw.log" 2>&1; then
     pass "pair copies" "$(tail -n 1 "$out/pair_bw.log") (pair_bw.csv, matrices in pair_bw.log)"
   else
     fail "pair copies" "$(tail -n 1 "$out/pair_bw.log")"
