@@ -101,5 +101,37 @@ TEST(EngineRegistry, AutoSkipsAFailingBackendWithItsReason) {
   EXPECT_EQ(std::string(f.status().message()), "--backend=test_failing: cannot use test_failing: none plugged in");
 }
 
+// --stay_awake_us: -1 takes the chosen backend's default (GPU backends
+// 10 ms, host 0), any other value is passed as given, and CreateEngine says
+// what it resolved to (the daemon's ingress takes the same).
+TEST(EngineRegistry, StayAwakeIsTheBackendsDefaultUnlessSet) {
+  static int64_t seen = -2;
+  EngineBackend b;
+  b.name = "test_awake";
+  b.default_stay_awake_ns = 7'000'000;
+  b.create = [](const EngineOptions& o) -> absl::StatusOr<std::unique_ptr<CopyEngine>> {
+    seen = o.stay_awake_ns;
+    return absl::UnavailableError("records its options only");
+  };
+  RegisterEngine(std::move(b));
+  EngineOptions o;
+  o.backend = "test_awake";
+  EXPECT_FALSE(CreateEngine(o).ok());
+  EXPECT_EQ(seen, 7'000'000) << "-1: the backend's default";
+  o.stay_awake_ns = 0;
+  EXPECT_FALSE(CreateEngine(o).ok());
+  EXPECT_EQ(seen, 0) << "0 as given";
+
+  o.backend = "host";
+  o.stay_awake_ns = -1;
+  auto host = CreateEngine(o);
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_EQ(host->stay_awake_ns, 0u) << "the host backend sleeps between ops by default";
+  o.stay_awake_ns = 5'000;
+  host = CreateEngine(o);
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_EQ(host->stay_awake_ns, 5'000u);
+}
+
 }  // namespace
 }  // namespace dmagather::server::engines

@@ -22,6 +22,21 @@ TEST(HipBackendSelection, LoadingHipWithoutAnAmdGpuNeitherCrashesNorHangs) {
   EXPECT_EQ(::dmagather::common::hip::HipAvailable().status(), n.status());
 }
 
+// The GPU backends keep their threads awake while a job is active unless
+// the operator says otherwise (--stay_awake_us=-1 resolves to this).
+TEST(HipBackendSelection, GpuBackendsStayAwakeByDefault) {
+  int gpu = 0;
+  for (const EngineBackend& b : RegisteredEngines()) {
+    if (b.name == "host") {
+      EXPECT_EQ(b.default_stay_awake_ns, 0) << "ranks and daemon share the cores";
+    } else {
+      EXPECT_EQ(b.default_stay_awake_ns, kGpuStayAwakeNs) << b.name;
+      ++gpu;
+    }
+  }
+  EXPECT_GE(gpu, 1) << "this test's binary registers hip";
+}
+
 TEST(HipBackendSelection, HipFailsUnavailableWhenNoAmdGpu) {
   if (HaveAmdGpu()) GTEST_SKIP() << "an AMD GPU is present";
   EngineOptions o;
