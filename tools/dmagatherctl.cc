@@ -230,9 +230,9 @@ int main(int argc, char** argv) {
       for (const auto& j : s.jobs()) device_done += j.device_done_ops(), before_cpu += j.done_before_cpu();
       std::printf(
           "cpu: ingress slept %llu times, engine threads woken %llu times; done flags a GPU wrote: %llu ops "
-          "(%llu rank-ops before the CPU came to publish)\n",
+          "(%llu rank-ops before the CPU came to publish); ops held on the CPU for an earlier op: %llu\n",
           (unsigned long long)s.ingress_sleeps(), (unsigned long long)s.engine_wakeups(),
-          (unsigned long long)device_done, (unsigned long long)before_cpu);
+          (unsigned long long)device_done, (unsigned long long)before_cpu, (unsigned long long)s.ops_held_on_cpu());
     }
     return 0;
   }

@@ -157,6 +157,10 @@ struct EngineStats {
   // issuer or completion thread, the gate): what an op costs in wake-ups
   // beside the ingress thread's.
   uint64_t thread_wakeups = 0;
+  // Ops a GPU engine held on the CPU until an earlier op of their job ended
+  // (the bound on ops ahead of their ready flags): each went GPU -> CPU ->
+  // GPU, the round trip the device waits otherwise avoid.
+  uint64_t held_on_cpu = 0;
   std::vector<CopyEngineBytes> copy_engines;  // GPU engines; engine -1 per GPU where the runtime picks.
 };
 

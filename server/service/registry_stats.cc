@@ -146,6 +146,7 @@ void FillNodeStats(const NodeStatsInput& in, const std::string& job_key, const V
   out->set_same_device_copies(in.engine.same_device_copies);
   out->set_ingress_sleeps(in.ingress_sleeps);
   out->set_engine_wakeups(in.engine.thread_wakeups);
+  out->set_ops_held_on_cpu(in.engine.held_on_cpu);
   for (const engines::CopyEngineBytes& c : in.engine.copy_engines) {
     auto* e = out->add_copy_engines();
     e->set_device(static_cast<uint32_t>(c.device));

@@ -410,6 +410,7 @@ EngineStats GpuEngine::stats() const {
   s.chunks = chunks_stat_.load(std::memory_order_relaxed);
   s.same_device_copies = same_device_.load(std::memory_order_relaxed);
   s.thread_wakeups = wakeups();
+  s.held_on_cpu = held_ahead_.load(std::memory_order_relaxed);
   s.copy_engines = runtime_->CopyEngineCounters();
   if (s.copy_engines.empty() && issued_bytes_ != nullptr) {
     // The runtime picks the engine: bytes per issuing GPU (engine -1).

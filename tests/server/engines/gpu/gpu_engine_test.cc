@@ -209,6 +209,9 @@ TEST_P(GpuEngineTest, DeviceWaitsStayWithinMaxWaitsAhead) {
       EXPECT_TRUE(op->result.ok()) << op->result;
     }
     EXPECT_EQ(fake_->wait_calls(), 2 * ahead);  // The held ops went out with their flags seen.
+    if (GetParam().device_waits) {
+      EXPECT_EQ(engine_->stats().held_on_cpu, uint64_t(kOps - ahead)) << "the ops the bound held, counted";
+    }
     EXPECT_EQ(job->Wrong(1), 0u);
     std::lock_guard<std::mutex> lock(log_.mu);
     ASSERT_EQ(log_.done.size(), size_t{kOps});
