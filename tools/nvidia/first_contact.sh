@@ -23,8 +23,9 @@
 #                 (VMM) memory, bit-exact; only the pair's two GPUs ran copies (dmagatherctl
 #                 stats: bytes per issuing GPU)
 #   latency sweep 64 KiB and 1/2/4 MiB per rank, p50/p99, and the daemon's issue p50/p99, with
-#                 copy graphs on/off, graph caps 256/1024/4096 KiB, 1/4/8 streams per GPU, and the
-#                 threads asleep between ops (--stay_awake_us=0)
+#                 copy graphs on/off, graph caps 256/1024/4096 KiB, 1/4/8 streams per GPU, the
+#                 threads asleep between ops (--stay_awake_us=0), and 1 MiB chunks (a 4 MiB
+#                 shard as 4 chunks on 4 streams, against one chunk on one stream by default)
 #   stall A/B     the GPU suite's `stream` mode (300 ops queued ahead of late ready flags)
 #                 FC_STALL_RUNS (20) times per arm, each with fresh daemons: the defaults (lanes
 #                 per job, lockstep, done written by the GPU), serial issue (--parallel_issue=false),
@@ -236,7 +237,7 @@ print(",".join(str(d) for d in sorted(moved - {i, j})) if moved == {i, j} or mov
   local cfg sweep_bad=0 configs=""
   want sweep && configs="${FC_SWEEP:-graphs=on graphs=off:DMAGATHER_CUDA_GRAPHS=0 cap=256:DMAGATHER_CUDA_GRAPH_MAX_KIB=256
     cap=4096:DMAGATHER_CUDA_GRAPH_MAX_KIB=4096 streams=1:--streams=1 streams=4:--streams=4 streams=8:--streams=8
-    asleep:--stay_awake_us=0}"
+    asleep:--stay_awake_us=0 chunk1m:--chunk_kib=1024}"
   want sweep && echo "config,KiB_per_rank,impl,p50_us,p99_us,daemon_copy_calls" >"$out/latency_sweep.csv"
   for cfg in $configs; do
     local name="${cfg%%:*}" setting="" envs=() flags=""
