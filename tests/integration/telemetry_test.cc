@@ -127,12 +127,14 @@ TEST(TelemetryTest, MetricsEndpointServesWhatTheRanksRan) {
 }
 
 // The CPU's wake-ups: an op that comes after an idle gap finds the ingress
-// thread asleep (it spins briefly, then sleeps on the doorbell), so N ops
-// each after an idle gap cost at least N sleeps; `dmagatherctl stats` shows
-// the count (and the engine threads' wake-ups) on its `cpu:` line. With
-// --stay_awake_us longer than the gaps the thread stays awake while the job
-// is active: at most the ops' first finds it asleep.
-int64_t IngressSleepsOverGappedOps(const std::vector<std::string>& flags, int ops, int gap_ms) {
+// thread asleep (it spins briefly, then sleeps on the doorbell); `dmagatherctl
+// stats` counts the sleeps (and the engine threads' wake-ups) on its `cpu:`
+// line. With `after_a_sleep` each rank starts each op only once the count
+// has grown since its last op, so N ops cost at least N sleeps whatever the
+// machine's load. With --stay_awake_us far longer than the run the thread
+// stays awake while the job is active: at most the ops' first finds it
+// asleep.
+int64_t IngressSleepsOverGappedOps(const std::vector<std::string>& flags, int ops, bool after_a_sleep) {
   auto daemon = DaemonProcess::Start(flags);
   EXPECT_NE(daemon, nullptr);
   if (daemon == nullptr) return -1;
@@ -148,10 +150,21 @@ int64_t IngressSleepsOverGappedOps(const std::vector<std::string>& flags, int op
       Comm comm(daemon->socket().c_str(), job, world, rank);
       if (!comm.ok()) return rep.Say(comm.error()), 2;
       char* buf = static_cast<char*>(comm.Alloc(1 << 20));
+      auto slept = [&] {
+        int src = 0;
+        return JsonNumber(RunProgram({"tools/dmagatherctl", sock, "--json", "stats"}, &src), "ingress_sleeps");
+      };
+      uint64_t seen = slept();
       for (int i = 0; i < ops; ++i) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        for (int t = 0; after_a_sleep && t < 2000; ++t) {
+          const uint64_t now = slept();
+          if (now != ~0ull && now > seen) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
         if (comm.AllGather(buf + rank * 4096, buf, 1024, DMAGATHER_FLOAT32) != DMAGATHER_OK) return 1;
         if (comm.Wait() != DMAGATHER_OK) return rep.Say(comm.error()), 1;
+        seen = slept();
       }
       return 0;
     }));
@@ -170,16 +183,14 @@ int64_t IngressSleepsOverGappedOps(const std::vector<std::string>& flags, int op
   return before == ~0ull || after == ~0ull ? -1 : int64_t(after - before);
 }
 
-// The gaps are long enough for the ingress thread's spin and yields to end
-// even on a loaded machine (a yield may give the core away for a time slice).
 TEST(TelemetryTest, StatsCountTheIngressWakeUps) {
   const int ops = 8;
-  EXPECT_GE(IngressSleepsOverGappedOps({}, ops, 250), ops) << "each op after an idle gap wakes the ingress thread";
+  EXPECT_GE(IngressSleepsOverGappedOps({}, ops, true), ops) << "each op after an idle gap wakes the ingress thread";
 }
 
 TEST(TelemetryTest, TheIngressStaysAwakeWhileAJobIsActive) {
   const int ops = 8;
-  const int64_t sleeps = IngressSleepsOverGappedOps({"--stay_awake_us=2000000"}, ops, 30);
+  const int64_t sleeps = IngressSleepsOverGappedOps({"--stay_awake_us=600000000"}, ops, false);
   EXPECT_GE(sleeps, 0);
   // Before the first op the ranks join (the daemon idle until then).
   EXPECT_LE(sleeps, 2) << "the ingress thread slept between the job's ops";

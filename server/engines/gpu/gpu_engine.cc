@@ -403,6 +403,17 @@ uint64_t GpuEngine::wakeups() const {
   return n;
 }
 
+bool GpuEngine::ThreadsAsleep() {
+  if (gate_ != nullptr && !gate_->asleep()) return false;
+  for (Device& dev : devices_) {
+    if (dev.issuer != nullptr && !dev.issuer->asleep()) return false;
+  }
+  for (auto& c : completions_) {
+    if (!c->shares.asleep()) return false;
+  }
+  return true;
+}
+
 EngineStats GpuEngine::stats() const {
   EngineStats s;
   s.ops = ops_.load(std::memory_order_relaxed);

@@ -133,6 +133,9 @@ class GpuEngine : public CopyEngine {
   EngineStats stats() const override;
   // Engine threads woken from sleep to take work (issuers, completion, gate).
   uint64_t wakeups() const;
+  // Every engine thread (issuers, completion, gate) sleeps for want of work
+  // (tests: an op posted now finds them asleep).
+  bool ThreadsAsleep();
   absl::StatusOr<void*> AllocStaging(uint64_t bytes) override { return runtime_->AllocPinned(bytes); }
   void FreeStaging(void* host) override { runtime_->FreePinned(host); }
   absl::Status StageOut(void* host, const char* src, uint64_t bytes, const EngineRank* rank) override;

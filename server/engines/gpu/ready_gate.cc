@@ -83,7 +83,9 @@ void ReadyGate::Loop() {
         continue;
       }
       slept = true;
+      sleeping_ = true;
       changed_.Wait(&mu_);
+      sleeping_ = false;
     }
     if (slept && !ops_.empty()) wakeups_.fetch_add(1, std::memory_order_relaxed);
     if (ops_.empty()) return;  // Stopping and drained.

@@ -65,6 +65,11 @@ class ReadyGate {
 
   // The thread was woken from sleep with work.
   uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
+  // The thread sleeps on the condition variable (tests).
+  bool asleep() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return sleeping_;
+  }
 
  private:
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
@@ -81,6 +86,7 @@ class ReadyGate {
   absl::flat_hash_map<uint64_t, size_t> per_job_ ABSL_GUARDED_BY(mu_);  // Gated ops by job.
   std::atomic<size_t> size_{0};  // ops_.size(), for the thread's polls without the lock.
   absl::CondVar changed_;        // An op was gated / left the gate / stopping.
+  bool sleeping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> abandon_{false};
   std::atomic<uint64_t> wakeups_{0};

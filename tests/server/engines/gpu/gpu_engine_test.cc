@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/fakes/fake_clock.h"
 #include "tests/fakes/fake_gpu_runtime.h"
 #include "tests/server/engines/gpu/engine_fixture.h"
 
@@ -361,14 +362,20 @@ TEST_P(GpuEngineTest, DevicesWriteDoneFlagsWithoutTheCpu) {
 
 // While a job is active the engine's threads stay awake: ops that come
 // after gaps (a trainer's compute between layers) cost no thread a wake-up
-// when the gaps are inside Options::stay_awake_ns; with only the short spin
-// (the control arm, which shows the count can move) every op after a gap
-// wakes the issuers and completion threads.
+// while the gaps are inside Options::stay_awake_ns. The window arm's clock
+// is a fake the test moves 2 ms a gap (past the 200 us spin, 24 ms in all,
+// inside the 1 s window), so the threads may never sleep there whatever
+// the machine's load; the control arm (no window, the real clock) posts each op
+// only once every engine thread is seen asleep, so each op must wake one.
 TEST_P(GpuEngineTest, OpsAfterGapsWakeNoThreadWhileTheJobIsActive) {
-  for (const uint64_t window : {uint64_t{0}, uint64_t{5'000'000'000}}) {
-    SCOPED_TRACE(::testing::Message() << "stay_awake_ns " << window);
+  for (const bool awake : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << (awake ? "window" : "no window"));
+    common::testing::FakeClock clock;
     GpuEngine::Options eo;
-    eo.stay_awake_ns = window;
+    if (awake) {
+      eo.stay_awake_ns = 1'000'000'000;
+      eo.clock = &clock;
+    }
     Start(2, eo);
     auto job = MakeJob({0, 1}, 16 << 10);
     ASSERT_NE(job, nullptr);
@@ -376,7 +383,16 @@ TEST_P(GpuEngineTest, OpsAfterGapsWakeNoThreadWhileTheJobIsActive) {
     uint64_t woken_before = 0;
     for (uint32_t k = 1; k <= kOps; ++k) {
       if (k == 2) woken_before = engine_->wakeups();  // The first op may find the threads asleep.
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (awake) {
+        clock.AdvanceNs(2'000'000);  // A gap of the job's.
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        ASSERT_FALSE(engine_->ThreadsAsleep()) << "op " << k << ": asleep inside the window";
+      } else {
+        for (int i = 0; i < 20000 && !engine_->ThreadsAsleep(); ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        ASSERT_TRUE(engine_->ThreadsAsleep()) << "op " << k << ": the engine's threads never slept";
+      }
       job->Fill(k);
       job->SetReady(k);
       TestOp op(&log_, 0);
@@ -387,10 +403,10 @@ TEST_P(GpuEngineTest, OpsAfterGapsWakeNoThreadWhileTheJobIsActive) {
       ASSERT_EQ(job->Wrong(k), 0u) << "op " << k;
     }
     const uint64_t woken = engine_->wakeups() - woken_before;
-    if (window == 0) {
-      EXPECT_GE(woken, uint64_t{kOps - 1}) << "threads that sleep after 200 us are woken by every op after 5 ms";
-    } else {
+    if (awake) {
       EXPECT_EQ(woken, 0u) << "a thread slept inside the window";
+    } else {
+      EXPECT_GE(woken, uint64_t{kOps - 1}) << "each op found the threads asleep";
     }
     job.reset();
     engine_->Stop();

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "tests/fakes/fake_clock.h"
 
 namespace dmagather::server::engines::gpu {
 namespace {
@@ -120,29 +121,40 @@ TEST(ReadyGateTest, AnAbandonedGateFailsWhatItHolds) {
   EXPECT_TRUE(rec.issued().empty());
 }
 
-// Ops gated after gaps (each held until its flag is set a moment later):
-// with the window the gate's thread polls on and is woken by none; without
-// it (the control arm, which shows the count can move) it sleeps in every
-// gap and each op wakes it.
+// Ops gated after gaps (each held until its flag is set a moment later).
+// With the window, on a fake clock moved 2 ms a gap (inside the 1 s
+// window), the gate's thread polls on and is woken by none whatever the
+// machine's load; without it (the real
+// clock), each op is gated only once the thread is seen asleep, so each
+// wakes it.
 TEST(ReadyGateTest, AnActiveGateIsWokenByNoOp) {
-  for (const uint64_t window : {uint64_t{0}, uint64_t{5'000'000'000}}) {
-    SCOPED_TRACE(::testing::Message() << "awake_ns " << window);
+  for (const bool awake : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << (awake ? "window" : "no window"));
+    common::testing::FakeClock clock;
     Record rec;
-    ReadyGate gate(common::RealClock(), window, 64, rec.Hooks());
+    ReadyGate gate(awake ? static_cast<common::Clock&>(clock) : common::RealClock(), awake ? 1'000'000'000 : 0, 64,
+                   rec.Hooks());
     gate.Start();
     constexpr int kOps = 8;
     std::vector<std::unique_ptr<Op>> ops;
     for (int k = 1; k <= kOps; ++k) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (awake) {
+        clock.AdvanceNs(2'000'000);
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        ASSERT_FALSE(gate.asleep()) << "op " << k << ": asleep inside the window";
+      } else {
+        for (int i = 0; i < 20000 && !gate.asleep(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        ASSERT_TRUE(gate.asleep()) << "op " << k << ": the gate's thread never slept";
+      }
       ops.push_back(std::make_unique<Op>(1, k));
       ASSERT_TRUE(gate.Submit(ops.back().get()));
       ops.back()->ready = true;
       ASSERT_TRUE(rec.AwaitIssued(size_t(k)));
     }
-    if (window == 0) {
-      EXPECT_GE(gate.wakeups(), uint64_t{kOps - 1});
-    } else {
+    if (awake) {
       EXPECT_EQ(gate.wakeups(), 0u) << "the thread slept inside the window";
+    } else {
+      EXPECT_GE(gate.wakeups(), uint64_t{kOps}) << "each op found the thread asleep";
     }
     gate.Stop();
   }
