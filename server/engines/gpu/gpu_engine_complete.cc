@@ -1,6 +1,7 @@
 // GpuEngine (gpu_engine.h): the completion threads - each device's FIFO of
 // shares, polled share by share (a share parked on its job's flags delays no
-// other), and the end of an op once its last share has ended.
+// other) and ended in their lane's order (share_poll.h), and the end of an
+// op once its last share has ended.
 #include <glog/logging.h>
 #include <pthread.h>
 #include <sched.h>
@@ -12,6 +13,7 @@
 #include "common/clock.h"
 #include "server/engines/gpu/backoff.h"
 #include "server/engines/gpu/gpu_engine.h"
+#include "server/engines/gpu/share_poll.h"
 
 namespace dmagather::server::engines::gpu {
 
@@ -58,42 +60,36 @@ void GpuEngine::CompletionLoop(int device) {
   pthread_setname_np(pthread_self(), ("dmag-done-" + std::to_string(device)).c_str());  // In stacks of a hang.
   runtime_->BindThread(device);
   Handoff<Share>& q = completions_[device]->shares;
-  // The shares taken in hand and not seen ended yet. Each is polled on its
-  // own: shares of one lane end in order anyway, and a share parked on its
-  // job's ready flags must not hold up another job's (docs/CUDA.md, "Locks
-  // and waits").
+  // The shares taken in hand and not seen ended yet, polled each on its
+  // own (a share parked on its job's ready flags must not hold up another
+  // job's), ended in the order of their lane (share_poll.h; docs/CUDA.md,
+  // "Locks and waits" and "Completion").
   std::vector<Share> pending;
   pending.reserve(64);
+  std::vector<const void*> held;
+  const auto query = [this](const Share& sh) -> absl::StatusOr<bool> {
+    absl::StatusOr<bool> done = runtime_->QueryEvent(sh.end);
+    if (done.ok() && !*done && abandon_.load(std::memory_order_relaxed)) {
+      return absl::UnavailableError("dmagatherd stopped while the op's copies were still queued");
+    }
+    return done;
+  };
+  const auto end = [&](const Share& sh, const absl::Status& st) {
+    {
+      absl::MutexLock lock(&pool_mu_);
+      free_end_[device].push_back(sh.end);
+    }
+    sh.lane->open.fetch_sub(1, std::memory_order_acq_rel);  // The last touch of the lane.
+    CloseShare(sh.track, st);
+    q.Done();
+  };
   uint64_t t0 = 0;
   for (;;) {
     // Ops come in bursts: with nothing in hand, wait (a while polling, so
     // that the issuer need not wake this thread, then asleep).
     if (pending.empty() && !q.Wait()) return;  // Stopped with nothing left.
     q.Take(&pending, kShareSlots);
-    bool progress = false;
-    for (size_t i = 0; i < pending.size();) {
-      const Share sh = pending[i];
-      absl::Status st;
-      absl::StatusOr<bool> done = runtime_->QueryEvent(sh.end);
-      if (!done.ok()) {
-        st = done.status();
-      } else if (!*done) {
-        if (!abandon_.load(std::memory_order_relaxed)) {
-          ++i;
-          continue;
-        }
-        st = absl::UnavailableError("dmagatherd stopped while the op's copies were still queued");
-      }
-      pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-      {
-        absl::MutexLock lock(&pool_mu_);
-        free_end_[device].push_back(sh.end);
-      }
-      sh.lane->open.fetch_sub(1, std::memory_order_acq_rel);  // The last touch of the lane.
-      CloseShare(sh.track, st);
-      q.Done();
-      progress = true;
-    }
+    const bool progress = EndSharesInLaneOrder(pending, held, query, end) > 0;
     if (pending.empty() || progress) {
       t0 = 0;
     } else {
