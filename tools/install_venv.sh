@@ -59,7 +59,7 @@ t0=$SECONDS
 if [ -f "$venv/.complete" ]; then
   echo "install_venv: reusing $venv (torch $TORCH_VERSION, deepspeed $DEEPSPEED_VERSION)"
 else
-  echo "install_venv: creating $venv (torch $TORCH_VERSION, deepspeed $DEEPSPEED_VERSION; cold: about 2-3 minutes, 4.7 GB)"
+  echo "install_venv: creating $venv (torch $TORCH_VERSION, deepspeed $DEEPSPEED_VERSION; cold: 2-5 minutes, 4.7-5.6 GB)"
   rm -rf "$venv"
   "$py" -m venv "$venv"
   pip=("$venv/bin/python" -m pip --disable-pip-version-check --no-input)

@@ -13,6 +13,9 @@ real daemon (host backend). Runs of fsdp2_train.py:
              group, a Shard(1) block, reshard_after_forward=False on the root
   on-untested  --pretend-torch 2.99.0: a torch dmagather does not know
   on-changed   --change-fsdp2: FSDP2's foreach_all_gather not the one tested
+  off-hf, on-hf  --model hf-llama --dtype bf16: transformers' Llama from a
+             config (every decoder layer and the root sharded), bf16 mixed
+             precision (where the venv has transformers: the newest)
 
 Asserted: losses and final parameters the same bytes as `off` of the same
 shapes and dtype; every all-gather of every rank served by dmagather (0
@@ -57,15 +60,13 @@ NO_ZERO_COPY_FALLBACK = {"compiled": 0, "group": 0, "shard_dim": 0, "extension":
                          "host_memory": 0, "output_fn": 0}
 
 
-@unittest.skipUnless(HAVE_FSDP2, WHY)
-class Fsdp2Test(TrainerCase):
-    @classmethod
-    def setUpClass(cls):
-        def launcher(args):
-            return lambda out: ([os.path.join(VENV_BIN, "torchrun"), "--standalone", "--nproc_per_node", str(WORLD),
-                                 os.path.join(HERE, "fsdp2_train.py"), "--out", out, "--steps", str(STEPS)] + args)
-        cls.launch_all("dmagather-fsdp2-", {name: (switches, launcher(args)) for name, (switches, args) in RUNS.items()},
-                       WORLD, RUN_TIMEOUT_S)
+def world_launcher(args):
+    return lambda out: ([os.path.join(VENV_BIN, "torchrun"), "--standalone", "--nproc_per_node", str(WORLD),
+                         os.path.join(HERE, "fsdp2_train.py"), "--out", out, "--steps", str(STEPS)] + args)
+
+
+class Fsdp2Checks(TrainerCase):
+    """What the WORLD runs assert (no tests of its own)."""
 
     def check_served(self, name, staged):
         r = self.ok(name)
@@ -94,6 +95,14 @@ class Fsdp2Test(TrainerCase):
         self.assertEqual(len(seen), 1, f"{name}: ranks disagree on the zero-copy path: {r['stats']}")
         status, unshards, by_reason = seen.pop()
         return status, unshards, dict(by_reason)
+
+
+@unittest.skipUnless(HAVE_FSDP2, WHY)
+class Fsdp2Test(Fsdp2Checks):
+    @classmethod
+    def setUpClass(cls):
+        cls.launch_all("dmagather-fsdp2-", {name: (sw, world_launcher(args)) for name, (sw, args) in RUNS.items()},
+                       WORLD, RUN_TIMEOUT_S)
 
     def test_off_sets_nothing_up(self):
         for name in ("off", "off-bf16", "off-odd"):
@@ -182,6 +191,39 @@ class Fsdp2Test(TrainerCase):
         self.assertTrue(status.startswith("off: FSDP2's internals differ"), status)
         self.assertEqual(unshards, 0)
         self.assert_same_bytes(self.runs["off"]["dir"], self.runs["on-changed"]["dir"], "FSDP2 off vs changed internals")
+
+
+try:
+    import transformers
+    HAVE_TRANSFORMERS, WHY_NOT_HF = True, ""
+except Exception as e:  # noqa: BLE001
+    HAVE_TRANSFORMERS, WHY_NOT_HF = False, f"no transformers in this venv ({e}): the newest venv has it"
+
+HF_ARGS = ["--model", "hf-llama", "--dtype", "bf16"]
+HF_RUNS = {"off-hf": ({}, HF_ARGS), "on-hf": ({"DMAGATHER_ALLGATHER": "1"}, HF_ARGS)}
+
+
+@unittest.skipUnless(HAVE_FSDP2 and HAVE_TRANSFORMERS, WHY if not HAVE_FSDP2 else WHY_NOT_HF)
+class Fsdp2HfLlamaTest(Fsdp2Checks):
+    """A Hugging Face Llama from a config under unmodified FSDP2, bf16 mixed
+    precision: DMAGATHER_ALLGATHER=1 alone, bit-identical, every gather served,
+    zero-copy on every unshard after the first."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.launch_all("dmagather-fsdp2-hf-", {n: (sw, world_launcher(a)) for n, (sw, a) in HF_RUNS.items()}, WORLD,
+                       RUN_TIMEOUT_S)
+
+    def test_hf_llama_bit_identical_served_zero_copy(self):
+        self.assertEqual(self.ok("off-hf")["stats"], {}, "off set something up")
+        self.check_served("on-hf", staged=True)
+        self.assert_same_bytes(self.runs["off-hf"]["dir"], self.runs["on-hf"]["dir"],
+                               f"FSDP2 HF Llama off vs on (transformers {transformers.__version__})")
+        status, unshards, by_reason = self.zero_copy("on-hf")
+        self.assertEqual(status, "on")
+        n = self.ok("on-hf")["stats"][0]["dmagather_ops"]
+        self.assertEqual(unshards, n - 1, "every unshard after the first (which sets dmagather up) zero-copy")
+        self.assertEqual(by_reason, NO_ZERO_COPY_FALLBACK)
 
 
 MESH_WORLD = 4

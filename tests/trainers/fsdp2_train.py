@@ -4,6 +4,11 @@ on data from a seeded generator. Launched with torchrun.
 
     torchrun --nproc_per_node N fsdp2_train.py --out DIR [--steps 5] [--device cpu|cuda]
              [--custom-all-gather] [--odd] [--pretend-torch V] [--change-fsdp2] [--hsdp R | --tp T]
+             [--model mlp|hf-llama]
+
+--model hf-llama: a Hugging Face Llama (transformers' LlamaForCausalLM) from a
+small config instead of the MLP blocks: every decoder layer and the root
+fully_shard'ed, as FSDP2 users shard it.
 
 --odd: the shapes FSDP2's unshard has to get right beyond the even case: odd
 sizes (uneven, padded last shards), one block's matrices sharded on dim 1
@@ -39,6 +44,7 @@ def main():
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--custom-all-gather", action="store_true")
     p.add_argument("--odd", action="store_true")
+    p.add_argument("--model", choices=["mlp", "hf-llama"], default="mlp")
     p.add_argument("--rs-allreduce", action="store_true")
     p.add_argument("--hsdp", type=int, default=0, metavar="R",
                    help="HSDP: a (R, world/R) mesh, replicate x shard (FSDP2 gathers on the shard groups)")
@@ -76,10 +82,13 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
 
     torch.manual_seed(4321)
-    d, hidden, nblocks, vocab = (37, 102, 3, 29) if args.odd else (64, 256, 3, 128)
-    blocks = [nn.Sequential(nn.LayerNorm(d), nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d))
-              for _ in range(nblocks)]
-    model = nn.Sequential(nn.Embedding(vocab, d), *blocks, nn.LayerNorm(d), nn.Linear(d, vocab)).to(dev)
+    if args.model == "hf-llama":
+        model, blocks, vocab = hf_llama(dev)
+    else:
+        d, hidden, nblocks, vocab = (37, 102, 3, 29) if args.odd else (64, 256, 3, 128)
+        blocks = [nn.Sequential(nn.LayerNorm(d), nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d))
+                  for _ in range(nblocks)]
+        model = nn.Sequential(nn.Embedding(vocab, d), *blocks, nn.LayerNorm(d), nn.Linear(d, vocab)).to(dev)
     if args.hsdp:
         mesh = init_device_mesh(dev.type, (args.hsdp, world // args.hsdp), mesh_dim_names=("replicate", "shard"))
     elif args.tp:
@@ -91,9 +100,9 @@ def main():
         MixedPrecisionPolicy()
     if args.tp:
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-        for b in model[1:1 + nblocks]:
+        for b in blocks:
             parallelize_module(b, mesh_2d["tp"], {"1": ColwiseParallel(), "3": RowwiseParallel()})
-    for k, b in enumerate(model[1:1 + nblocks]):
+    for k, b in enumerate(blocks):
         extra = {}
         if args.odd and k == 1:
             from torch.distributed.tensor import Shard
@@ -133,6 +142,8 @@ def main():
     for step in range(args.steps):
         ids = torch.randint(0, vocab, (world, 8, 17), generator=g)[data_rank].to(dev)
         logits = model(ids[:, :-1])
+        if args.model == "hf-llama":
+            logits = logits.logits
         loss = nn.functional.cross_entropy(logits.float().reshape(-1, vocab), ids[:, 1:].reshape(-1))
         loss.backward()
         opt.step()
@@ -166,6 +177,17 @@ def main():
                   open(os.path.join(args.out, "summary.json"), "w"), indent=1)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def hf_llama(dev):
+    """transformers' Llama from a small config (random weights, seeded): the
+    model, its decoder layers (each one FSDP2 group) and the vocabulary size."""
+    import transformers
+    vocab = 128
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=172, num_hidden_layers=3,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(cfg).to(dev)
+    return model, list(model.model.layers), vocab
 
 
 if __name__ == "__main__":
