@@ -2,10 +2,11 @@
 // shares it holds, in the order they were enqueued. Each share's end is
 // queried; those seen done are ended - but a share whose lane has an
 // earlier share not seen done in this pass waits for the next pass, even
-// if its own end reads done. A lane is one stream per job, so its ends
-// complete in order; reading them one after the other can still see a
-// later one done and an earlier one not (the stream moved between the two
-// reads). Ending them in the order of their lane keeps every job's ops
+// if its own end reads done. A lane is one job's streams on the device,
+// and every share's end is recorded on the lane's stream 0 after the other
+// streams joined it, so a lane's ends complete in order; reading them one
+// after the other can still see a later one done and an earlier one not
+// (the stream moved between the two reads). Ending them in the order of their lane keeps every job's ops
 // ending in order on each device (hence OnEngineDone in order per job,
 // docs/CUDA.md "Completion"). It holds back only the lane's own later
 // shares - the same job's - never another lane's: a share parked on its
