@@ -16,6 +16,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/daemon.h"
 #include "server/flags/flags.h"
@@ -83,6 +84,16 @@ bool OptionsFromFlags(dmagather::server::DaemonOptions* options) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Debian builds Abseil with its debug-mode deadlock detector on: every
+  // absl::Mutex lock then takes one process-wide spin lock, and one taken
+  // while another is held updates a graph of lock order (8 nested
+  // device-order locks cost 4-10x as much; bench/mutex_detector), and
+  // taking two locks in the reverse of an order it has seen would abort
+  // the daemon with every job on the node. The order is checked where it
+  // belongs: the unit tests keep the detector on, the driver model checks
+  // the issue path (docs/CUDA.md, "Locks and waits"), clang checks the
+  // annotations; the daemon does not pay for it on every op.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage(
       "dmagatherd --socket=PATH [--backend=host|cuda|hip|auto] [flags]\n"
       "The per-node AllGather daemon: ranks join over the gRPC socket, submit AllGathers through shared-memory "
