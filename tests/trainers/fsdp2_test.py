@@ -60,9 +60,12 @@ NO_ZERO_COPY_FALLBACK = {"compiled": 0, "group": 0, "shard_dim": 0, "extension":
                          "host_memory": 0, "output_fn": 0}
 
 
-def world_launcher(args):
-    return lambda out: ([os.path.join(VENV_BIN, "torchrun"), "--standalone", "--nproc_per_node", str(WORLD),
-                         os.path.join(HERE, "fsdp2_train.py"), "--out", out, "--steps", str(STEPS)] + args)
+def launch_runs(case, prefix, runs, world=WORLD, steps=STEPS):
+    """Every run of `runs` (name: (switches, fsdp2_train.py args)) under torchrun, `world` ranks."""
+    def launcher(args):
+        return lambda out: ([os.path.join(VENV_BIN, "torchrun"), "--standalone", "--nproc_per_node", str(world),
+                             os.path.join(HERE, "fsdp2_train.py"), "--out", out, "--steps", str(steps)] + args)
+    case.launch_all(prefix, {n: (sw, launcher(a)) for n, (sw, a) in runs.items()}, world, RUN_TIMEOUT_S)
 
 
 class Fsdp2Checks(TrainerCase):
@@ -101,8 +104,7 @@ class Fsdp2Checks(TrainerCase):
 class Fsdp2Test(Fsdp2Checks):
     @classmethod
     def setUpClass(cls):
-        cls.launch_all("dmagather-fsdp2-", {name: (sw, world_launcher(args)) for name, (sw, args) in RUNS.items()},
-                       WORLD, RUN_TIMEOUT_S)
+        launch_runs(cls, "dmagather-fsdp2-", RUNS)
 
     def test_off_sets_nothing_up(self):
         for name in ("off", "off-bf16", "off-odd"):
@@ -211,8 +213,7 @@ class Fsdp2HfLlamaTest(Fsdp2Checks):
 
     @classmethod
     def setUpClass(cls):
-        cls.launch_all("dmagather-fsdp2-hf-", {n: (sw, world_launcher(a)) for n, (sw, a) in HF_RUNS.items()}, WORLD,
-                       RUN_TIMEOUT_S)
+        launch_runs(cls, "dmagather-fsdp2-hf-", HF_RUNS)
 
     def test_hf_llama_bit_identical_served_zero_copy(self):
         self.assertEqual(self.ok("off-hf")["stats"], {}, "off set something up")
@@ -247,12 +248,7 @@ class Fsdp2MeshTest(TrainerCase):
 
     @classmethod
     def setUpClass(cls):
-        def launcher(args):
-            return lambda out: ([os.path.join(VENV_BIN, "torchrun"), "--standalone", "--nproc_per_node",
-                                 str(MESH_WORLD), os.path.join(HERE, "fsdp2_train.py"), "--out", out, "--steps",
-                                 str(MESH_STEPS)] + args)
-        cls.launch_all("dmagather-fsdp2-mesh-", {n: (sw, launcher(a)) for n, (sw, a) in MESH_RUNS.items()},
-                       MESH_WORLD, RUN_TIMEOUT_S)
+        launch_runs(cls, "dmagather-fsdp2-mesh-", MESH_RUNS, MESH_WORLD, MESH_STEPS)
 
     def check_mesh(self, mesh):
         on = self.ok(f"on-{mesh}")
