@@ -54,6 +54,10 @@ dmagather_status_t dmagather_comm_init_config(const char* job_key, int world_siz
   o.world_size = world_size;
   o.rank = rank;
   o.join_timeout_ms = EnvInt("DMAGATHER_JOIN_TIMEOUT_MS", 60000);
+  // 0 is a setting here (the job ends with its daemon), not "unset".
+  if (const char* r = std::getenv("DMAGATHER_RECONNECT_S"); r != nullptr && *r != '\0' && std::atoi(r) >= 0) {
+    o.reconnect_s = std::atoi(r);
+  }
   if (config != nullptr) {
     if (config->magic != DMAGATHER_CONFIG_MAGIC || config->size < offsetof(dmagather_config_t, socket_path)) {
       return Report(nullptr, absl::InvalidArgumentError(

@@ -70,32 +70,26 @@ absl::StatusOr<std::unique_ptr<CommImpl>> CommImpl::Create(const CommOptions& in
 absl::Status CommImpl::Join() {
   // The rank segment: a sealed memfd created here, handed to the daemon over
   // its fd channel (which answers a ticket and the doorbell's descriptor),
-  // mapped by the daemon at Join. No name anywhere.
+  // mapped by the daemon at Join. No name anywhere. The rank keeps it: a
+  // daemon that takes the job back after this one gets the same segment.
   DMAG_ASSIGN_OR_RETURN(segment_, common::MemfdMapping::Create("dmagather-seg", abi::SegmentLayoutV1::kBytes));
   view_ = abi::SegmentViewV1::At(segment_.data());
   ops_.Attach(view_.completion);
   std::random_device rd;
   const uint64_t token = (uint64_t(rd()) << 32) | rd();
   abi::InitSegmentV1(segment_.data(), token, abi::kDescriptorStampV2);
-  DMAG_ASSIGN_OR_RETURN(control_, ControlChannel::Connect(options_.socket_path));
-  DMAG_ASSIGN_OR_RETURN(common::FdExchangeResult handed,
-                        control_->HandOverSegment(segment_.fd(), abi::SegmentLayoutV1::kBytes, options_.rank));
-  auto bell = common::MemfdMapping::Map(handed.fd.get(), sizeof(abi::DoorbellV1));
-  if (!bell.ok()) {
-    return absl::UnavailableError(absl::StrCat("cannot map the daemon's doorbell: ", bell.status().message()));
-  }
-  doorbell_ = *std::move(bell);
-  ring_.Attach(view_, static_cast<abi::DoorbellV1*>(doorbell_.data()));
+  ring_.Attach(view_, nullptr);  // The doorbell comes with the segment's hand-over.
+  DaemonLink::Parts parts{&ring_, &regions_, &done_, segment_.fd(), abi::SegmentLayoutV1::kBytes};
+  link_ = std::make_unique<DaemonLink>(options_.socket_path, options_.rank, options_.reconnect_s, parts);
   JoinParams p;
   p.job_key = options_.job_key;
   p.world_size = options_.world_size;
   p.rank = options_.rank;
-  p.segment_ticket = handed.ticket;
   p.segment_token = token;
   p.join_timeout_ms = options_.join_timeout_ms;
   p.device = ProbeDevice();
   p.job_id = options_.job_id;
-  DMAG_ASSIGN_OR_RETURN(JoinAnswer answer, control_->Join(p));
+  DMAG_ASSIGN_OR_RETURN(JoinAnswer answer, link_->Join(p));
   backend_name_ = answer.backend;
   daemon_version_ = answer.daemon_version;
   if (!spin_set_ && answer.wait_spin.has_value()) spin_ = *answer.wait_spin;
@@ -106,13 +100,15 @@ absl::Status CommImpl::Join() {
   ctx.device = p.device.ordinal;
   auto backend = CreateClientBackend(backend_name_, ctx);
   if (!backend.ok()) {
-    control_->EndStream();  // The session is abandoned.
+    link_->Close(/*leave=*/false);  // The session is abandoned.
     return common::Annotate(backend.status(), Rank());
   }
   backend_ = *std::move(backend);
   graphs_.SetReadyWords(abi::GraphFlagsOf(view_.completion)->ready);
   done_.Attach(view_.completion, backend_->has_stream_waits());
-  control_->StartWatcher([this](const std::string& reason) { done_.MarkGone(reason); });
+  // A job can be taken back by a new daemon unless it spans nodes or has
+  // ops captured into CUDA graphs (docs/ARCHITECTURE.md, "Daemon restarts").
+  link_->Start(backend_.get(), [this] { return options_.job_id.empty() && !captured_.load(); });
   return absl::OkStatus();
 }
 
@@ -120,15 +116,10 @@ CommImpl::~CommImpl() { Close().IgnoreError(); }
 
 absl::Status CommImpl::Close() {
   if (closed_) return absl::OkStatus();
-  const bool joined = control_ != nullptr && control_->joined();
+  const bool joined = link_ != nullptr && link_->joined();
   absl::Status st = joined ? Wait() : absl::OkStatus();
   closed_ = true;
-  if (joined) {
-    if (!done_.gone()) control_->Leave();
-    // The daemon ends the stream once it sees the Leave; cancel in case it cannot.
-    for (int i = 0; i < 100 && !done_.gone(); ++i) usleep(2000);
-    control_->EndStream();
-  }
+  if (link_ != nullptr) link_->Close(/*leave=*/joined);
   regions_.Clear();                // Frees what dmagather_alloc made.
   graphs_.SetReadyWords(nullptr);  // Graphs destroyed from now on have nobody to tell (the segment goes).
   backend_.reset();
@@ -154,14 +145,9 @@ absl::Status CommImpl::RegisterExport(const MemoryExport& e, std::unique_ptr<Own
   // flight may still name them).
   if (regions_.AnyStale(e, *backend_)) {
     DMAG_RETURN_IF_ERROR(done_.Wait(static_cast<uint32_t>(ops_.submitted())));
-    for (const auto& [base, r] : regions_.TakeStale(e, *backend_)) {
-      control_->Deregister(r.id).IgnoreError();  // Best effort: the daemon drops it at Leave at the latest.
-      dropped_.emplace_back(r.id, base);
-    }
+    link_->DropStale(e, *backend_, &dropped_);
   }
-  DMAG_ASSIGN_OR_RETURN(uint32_t id, control_->Register(e, options_.rank, owned.get()));
-  regions_.Insert(e, id, std::move(owned));
-  return absl::OkStatus();
+  return link_->Register(e, std::move(owned));
 }
 
 absl::StatusOr<void*> CommImpl::Alloc(size_t bytes) {
@@ -193,9 +179,7 @@ absl::Status CommImpl::Deregister(void* ptr) {
         absl::StrFormat("rank %d: %p is not the start of a registered buffer", options_.rank, ptr));
   }
   DMAG_RETURN_IF_ERROR(Wait());  // Outstanding ops may still use it.
-  absl::Status st = control_->Deregister(r->id);
-  regions_.Erase(ptr);  // Freed here (if the library made it); the daemon's side goes with the Deregister.
-  return done_.gone() ? absl::OkStatus() : st;
+  return link_->Deregister(ptr);
 }
 
 absl::Status CommImpl::Free(void* ptr) {
@@ -358,6 +342,7 @@ absl::Status CommImpl::RenameDropped(size_t n) {
 }
 
 absl::Status CommImpl::SubmitCaptured(size_t n, void* stream, uint32_t slot, uint64_t* op) {
+  captured_.store(true);  // From now on the job ends with its daemon (DaemonLink).
   GraphSlots::ResetFlags(view_.completion, slot);
   for (size_t i = 0; i < n; ++i) scratch_[i].op |= abi::kOpPersistentBit | (slot << abi::kOpPersistentSlotShift);
   // The definition takes a sequence number like any op; ready_seq is not
@@ -473,6 +458,7 @@ absl::Status CommImpl::SubmitRawForTesting(const abi::DescriptorV1& d) {
   copy.seq = seq;
   copy.submit_ns = common::MonotonicNs();
   backend_->WriteReady(nullptr, seq).IgnoreError();
+  ring_.BeginOp(seq);
   if (!ring_.PublishSlot(&copy, sizeof(copy), done_.gone_flag())) return done_.GoneStatus();
   ops_.CountSubmitted();
   return absl::OkStatus();

@@ -3,8 +3,9 @@
 // the rank's shared-memory ring (no system call, no allocation), completed
 // through the done flag. What depends on the daemon's backend (memory
 // export, stream ordering) is behind ClientBackend, chosen once at Join. A
-// watcher thread holds the Join stream: when it ends, the daemon is gone.
-// Its pieces: ControlChannel (gRPC, the watcher, hand-overs),
+// watcher thread holds the Join stream: when it ends, the daemon is gone,
+// and the rank waits for a daemon to take the job back (DaemonLink).
+// Its pieces: DaemonLink (the control channel, taking the job back),
 // RegistrationCache (pointer -> region), OpTable (op handles and error
 // records), RingWriter (descriptors into the ring), DoneFlag (waiting for
 // ops, the daemon going away), GraphSlots (CUDA-graph capture); this class
@@ -14,9 +15,10 @@
 // part (it then publishes a refusal), so all ranks of a job see the same
 // ops and get the same verdict for each.
 //
-// Threads: one user thread at a time calls the public methods; the watcher
-// thread only marks the daemon gone (DoneFlag::MarkGone: why, and on GPU
-// backends the release of done_seq).
+// Threads: one user thread at a time calls the public methods; the daemon
+// link's threads (DaemonLink: the stream's watcher and the reconnect
+// thread) take the job back when the daemon goes away, or mark it gone
+// (DoneFlag::MarkGone: why, and on GPU backends the release of done_seq).
 #pragma once
 
 #include <atomic>
@@ -33,6 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/backend.h"
 #include "client/control_channel.h"
+#include "client/daemon_link.h"
 #include "client/done_flag.h"
 #include "client/graph_slots.h"
 #include "client/op_table.h"
@@ -53,6 +56,9 @@ struct CommOptions {
   int local_rank = -1;
   int local_world_size = -1;
   std::string job_id;  // Multi-node job: from CreateJobId on one rank ("" = one node).
+  // How long the rank waits for a daemon to take its job back after its
+  // daemon went away (DMAGATHER_RECONNECT_S; 0: the job ends with it).
+  int reconnect_s = 120;
 };
 
 // One tensor of an op as the caller passed it.
@@ -135,12 +141,10 @@ class CommImpl {
   std::string backend_name_;
   std::string daemon_version_;
 
-  std::unique_ptr<ControlChannel> control_;
   DoneFlag done_;  // Also: whether, and why, the daemon went away.
 
-  common::MemfdMapping segment_;  // Keeps its memfd (sealed) for the session's life.
+  common::MemfdMapping segment_;  // Keeps its memfd (sealed) for the session's life: a new daemon gets it too.
   abi::SegmentViewV1 view_;
-  common::MemfdMapping doorbell_;
   RingWriter ring_;
 
   uint32_t spin_ = 256;
@@ -159,6 +163,12 @@ class CommImpl {
   std::vector<OwnShardCopy> own_copies_;
   // CUDA-graph capture: the slots and captured ops.
   GraphSlots graphs_;
+  // An op was captured: a new daemon could not take the job back (it does
+  // not know the graphs' ops), so it ends with its daemon.
+  std::atomic<bool> captured_{false};
+
+  // After the pieces it works on (it stops its threads before they go).
+  std::unique_ptr<DaemonLink> link_;
 
   // Declared last: released (stream registrations undone, owned memory
   // freed) before the segment goes.

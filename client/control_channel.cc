@@ -40,6 +40,7 @@ v1::JoinRequest JoinRequestOf(const JoinParams& p) {
   req.set_capability_version(1);
   req.set_client_version(DMAGATHER_VERSION_STRING);
   req.set_job_id(p.job_id);
+  req.set_resume(p.resume);
   return req;
 }
 
@@ -165,6 +166,7 @@ absl::StatusOr<JoinAnswer> ControlChannel::ReadAnswer(const JoinParams& p) {
     a.backend = reply.backend().empty() ? "host" : reply.backend();
     a.daemon_version = reply.daemon_version();
     if (reply.has_wait_spin()) a.wait_spin = reply.wait_spin();
+    a.resumed = reply.resumed();
     return a;
   }
   grpc::Status st = stream_->Finish();
@@ -177,15 +179,19 @@ absl::StatusOr<JoinAnswer> ControlChannel::ReadAnswer(const JoinParams& p) {
   return FromGrpc(st, absl::StrCat("rank ", p.rank, " could not join job '", p.job_key, "'"));
 }
 
-void ControlChannel::StartWatcher(std::function<void(const std::string& reason)> on_end) {
+void ControlChannel::StartWatcher(std::function<void(const std::string& reason, bool resumable)> on_end) {
   watcher_ = std::thread([this, on_end = std::move(on_end)] {
     v1::JoinEvent e;
     std::string reason = absl::StrCat("the connection to dmagatherd at ", socket_path_, " was lost");
+    bool resumable = true;
     while (stream_->Read(&e)) {
       if (e.has_shutdown()) reason = absl::StrCat("dmagatherd stopped: ", e.shutdown().reason());
-      if (e.has_ended()) reason = absl::StrCat("dmagatherd ended this rank's session: ", e.ended().reason());
+      if (e.has_ended()) {
+        reason = absl::StrCat("dmagatherd ended this rank's session: ", e.ended().reason());
+        resumable = false;
+      }
     }
-    on_end(reason);
+    on_end(reason, resumable);
   });
 }
 
@@ -238,7 +244,8 @@ absl::Status ControlChannel::HandOverExport(const MemoryExport& e, int rank, v1:
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint32_t> ControlChannel::Register(const MemoryExport& e, int rank, OwnedBuffer* owned) {
+absl::StatusOr<uint32_t> ControlChannel::Register(const MemoryExport& e, int rank, OwnedBuffer* owned,
+                                                  uint32_t region_id) {
   grpc::ClientContext ctx;
   ctx.set_deadline(In(10000));
   v1::RegisterRequest req;
@@ -249,12 +256,25 @@ absl::StatusOr<uint32_t> ControlChannel::Register(const MemoryExport& e, int ran
   DMAG_RETURN_IF_ERROR(HandOverExport(e, rank, &req));
   req.set_handle(e.handle);
   req.set_client_base(e.base);
+  req.set_region_id(region_id);
   v1::RegisterReply reply;
   grpc::Status st = stub_->Register(&ctx, req, &reply);
   if (owned != nullptr) owned->Registered();
   DMAG_RETURN_IF_ERROR(
       FromGrpc(st, absl::StrCat("rank ", rank, ": registering ", e.memory_kind, " memory of ", e.bytes, " bytes")));
   return reply.region_id();
+}
+
+absl::Status ControlChannel::Resume(uint64_t gap_us, uint32_t ops_pending) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(10000));
+  v1::ResumeRequest req;
+  req.set_session_id(session_id_);
+  req.set_session_secret(session_secret_);
+  req.set_gap_us(gap_us);
+  req.set_ops_pending(ops_pending);
+  v1::ResumeReply reply;
+  return FromGrpc(stub_->Resume(&ctx, req, &reply), "resume");
 }
 
 absl::Status ControlChannel::Deregister(uint32_t region_id) {

@@ -43,6 +43,7 @@ struct JoinParams {
   int join_timeout_ms = 60000;
   ProbedDevice device;
   std::string job_id;
+  bool resume = false;  // Taking the job back from an earlier daemon (control.proto).
 };
 
 struct JoinAnswer {
@@ -51,6 +52,7 @@ struct JoinAnswer {
   std::string backend;  // "host" when the daemon named none.
   std::string daemon_version;
   std::optional<uint32_t> wait_spin;  // The daemon's advice.
+  bool resumed = false;               // The daemon took the job back (asked with JoinParams::resume).
 };
 
 class ControlChannel {
@@ -75,8 +77,10 @@ class ControlChannel {
   // Whether a Join stream is open.
   bool joined() const { return stream_ != nullptr; }
   // Starts the watcher: it holds the stream until it ends, then calls
-  // `on_end` (on its thread) with why.
-  void StartWatcher(std::function<void(const std::string& reason)> on_end);
+  // `on_end` (on its thread) with why, and whether a daemon may take the
+  // job back (the connection was lost, or the daemon stopped; not when the
+  // daemon ended this session).
+  void StartWatcher(std::function<void(const std::string& reason, bool resumable)> on_end);
   // Leaves the session (best effort, 2 s).
   void Leave();
   // Cancels the Join stream, joins the watcher, finishes the call.
@@ -86,8 +90,11 @@ class ControlChannel {
   // the daemon's region id. `owned` (may be null: memory the caller
   // allocated) hears when the daemon has answered. `rank` names the rank
   // in messages.
-  absl::StatusOr<uint32_t> Register(const MemoryExport& e, int rank, OwnedBuffer* owned);
+  // `region_id` (a resumed session, before Resume): the id the region had.
+  absl::StatusOr<uint32_t> Register(const MemoryExport& e, int rank, OwnedBuffer* owned, uint32_t region_id = 0);
   absl::Status Deregister(uint32_t region_id);
+  // A resumed session registered again what it had (control.proto Resume).
+  absl::Status Resume(uint64_t gap_us, uint32_t ops_pending);
 
  private:
   ControlChannel(std::string socket_path, std::shared_ptr<grpc::Channel> channel, const common::Clock& clock);

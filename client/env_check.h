@@ -21,6 +21,7 @@ inline constexpr std::string_view kKnownVariables[] = {
     "DMAGATHER_SOCKET",
     "DMAGATHER_JOB_ID",
     "DMAGATHER_JOIN_TIMEOUT_MS",
+    "DMAGATHER_RECONNECT_S",
     "DMAGATHER_SPIN",
     "DMAGATHER_CUDA_BATCH",  // Client and daemon (common/cuda).
     // Python package (client/python/dmagather).

@@ -58,6 +58,12 @@ class RegistrationCache {
   const Region* Find(const void* base) const;
   void Erase(const void* base);
   void Clear() { regions_.clear(); }
+  // Calls f(base, region) for each registration (the reconnect thread,
+  // while the user thread cannot change the map: DaemonLink's lock).
+  template <typename F>
+  void ForEach(F f) const {
+    for (const auto& [base, r] : regions_) f(base, r);
+  }
   size_t size() const { return regions_.size(); }
 
  private:

@@ -136,6 +136,16 @@ absl::StatusOr<FdExchangeResult> ReceiveFdReply(int sock, const std::string& pat
 
 std::string FdChannelPath(const std::string& socket_path) { return socket_path + ".fd"; }
 
+bool UnixSocketAccepts(const std::string& path, int type) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return false;
+  UniqueFd s(socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
+  if (!s.valid()) return false;
+  addr.sun_family = AF_UNIX;
+  memcpy(addr.sun_path, path.c_str(), path.size());
+  return connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+}
+
 absl::StatusOr<FdExchangeResult> ExchangeFd(const std::string& path, uint32_t kind, int fd, uint64_t bytes,
                                             int timeout_ms) {
   std::vector<int> fds;
@@ -148,7 +158,11 @@ absl::StatusOr<FdExchangeResult> ExchangeFds(const std::string& path, uint32_t k
   if (fds.size() > 253) return absl::InvalidArgumentError("more than 253 descriptors in one fd-channel message");
   DMAG_ASSIGN_OR_RETURN(UniqueFd s, ConnectFdChannel(path, timeout_ms));
   DMAG_RETURN_IF_ERROR(SendFdRequest(s.get(), kind, fds, bytes));
-  return ReceiveFdReply(s.get(), path, kind, timeout_ms);
+  DMAG_ASSIGN_OR_RETURN(FdExchangeResult out, ReceiveFdReply(s.get(), path, kind, timeout_ms));
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (getsockopt(s.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && len == sizeof(cred)) out.daemon_uid = cred.uid;
+  return out;
 }
 
 }  // namespace dmagather::common

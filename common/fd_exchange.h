@@ -7,6 +7,8 @@
 // Threads: any; blocking, bounded by `timeout_ms`.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -16,12 +18,21 @@
 
 namespace dmagather::common {
 
+// Whether something accepts a connection on the Unix socket at `path` now
+// (`type`: SOCK_STREAM for the control socket, SOCK_SEQPACKET for the fd
+// channel). A socket file whose daemon died answers at once: refused.
+bool UnixSocketAccepts(const std::string& path, int type = SOCK_STREAM);
+
 // Where the fd channel of the daemon serving gRPC on `socket_path` listens.
 std::string FdChannelPath(const std::string& socket_path);
 
 struct FdExchangeResult {
   std::string ticket;  // kFdTicketBytesV1 bytes (empty for a ping).
   UniqueFd fd;         // The descriptor the daemon sent back (kFdSegment: its doorbell), or none.
+  // Who listens on the channel, as the kernel says (SO_PEERCRED of the
+  // connection); -1 where it cannot tell. A rank that comes back to a
+  // restarted daemon checks it is the same user as the one it left.
+  int64_t daemon_uid = -1;
 };
 
 // `fd` < 0 sends no descriptor. A refusal comes back as the daemon's status

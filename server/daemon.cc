@@ -30,18 +30,6 @@
 namespace dmagather::server {
 namespace {
 
-// True if something answers on the socket (another daemon is running).
-bool SocketAlive(const std::string& path, int type = SOCK_STREAM) {
-  int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  bool alive = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  close(fd);
-  return alive;
-}
-
 // The /dev/shm name under which daemons before 0.3 kept their doorbell (only
 // to remove what such a daemon left behind; nothing is named there now).
 std::string LegacyDoorbellName(const std::string& socket_path) {
@@ -83,7 +71,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& opti
 }
 
 absl::Status Daemon::ClaimSocketsAndDoorbell(const std::string& path, const std::string& fd_path) {
-  if (SocketAlive(path) || SocketAlive(fd_path, SOCK_SEQPACKET)) {
+  if (common::UnixSocketAccepts(path) || common::UnixSocketAccepts(fd_path, SOCK_SEQPACKET)) {
     return absl::AlreadyExistsError(absl::StrCat("another dmagatherd already serves ", path));
   }
   // What a daemon that died (SIGKILL, crash) left behind: its socket files,
@@ -222,16 +210,21 @@ void Daemon::Stop(const std::string& reason) {
   stopped_ = true;
   LOG(INFO) << "stopping: " << reason;
   if (metrics_http_ != nullptr) metrics_http_->Stop();
-  registry_->FailAll(absl::UnavailableError(absl::StrCat("dmagatherd is shutting down (", reason, ")")));
-  control_->Wake();                       // Open Joins get their Shutdown event now.
-  if (peers_ != nullptr) peers_->Stop();  // Bootstraps end; running rings were failed above.
+  // Every stop hands the jobs to the next daemon (docs/ARCHITECTURE.md,
+  // "Daemon restarts"): no new Join, no op started from now on, the ops on
+  // the engine finish and publish done, and the ranks' rings keep the rest
+  // for the daemon that takes the jobs back. No rank's op is failed here.
+  registry_->FreezeForHandover();
+  ingress_->Stop();
   const absl::Time deadline = options_.clock->Now() + options_.drain_timeout;
-  while (registry_->total_ops_in_flight() != 0 && options_.clock->Now() < deadline) {
+  while (registry_->total_ops_running() != 0 && options_.clock->Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(5));
   }
-  if (registry_->total_ops_in_flight() != 0) {
-    LOG(WARNING) << registry_->total_ops_in_flight() << " op(s) still in flight after the drain timeout";
+  if (registry_->total_ops_running() != 0) {
+    LOG(WARNING) << registry_->total_ops_running() << " op(s) still running after the drain timeout";
   }
+  control_->Wake();                       // Open Joins get their Shutdown event now.
+  if (peers_ != nullptr) peers_->Stop();  // Bootstraps end; multi-node jobs end (not taken back yet).
   listener_->Stop();  // No new connections; removes the socket.
   server_->Shutdown(common::GrpcDeadlineIn(absl::Seconds(2)));
   registry_->StopReaper();

@@ -130,6 +130,15 @@ void Ingress::Validate(const Request& d, uint32_t expected_seq, int rank, const 
   }
 }
 
+void Ingress::SkipHandedOver(RankInput* in, uint64_t* head) {
+  Request req;
+  DecodeDescriptor(in->slots[*head % abi::kRingSlotsV1], &req);
+  in->ring_head = ++*head;
+  abi::StoreRelease(&in->ring->head, *head);
+  if (in->skip_left == 0) in->skip_left = (req.items_following < abi::kMaxItemsPerOpV2 ? req.items_following : 0) + 1;
+  if (--in->skip_left == 0) ++in->next_seq;
+}
+
 int Ingress::PollJob(const JobFeed& feed, uint64_t now_ns) {
   Job* job = feed.job.get();
   int consumed = 0;
@@ -152,6 +161,13 @@ int Ingress::PollJob(const JobFeed& feed, uint64_t now_ns) {
     }
     while (head != tail) {
       const uint32_t seq = in.next_seq;
+      if (in.skip_left != 0 || (in.items_left == 0 && job->HandedOverDone(seq))) {
+        // An op the earlier daemon ended (a taken-back job): its done flag
+        // is already up on every rank; read past its items.
+        SkipHandedOver(&in, &head);
+        ++consumed;
+        continue;
+      }
       Op* op;
       if (in.items_left == 0) {
         op = job->SlotFor(seq, now_ns);

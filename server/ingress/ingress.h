@@ -97,6 +97,8 @@ class Ingress {
   void Loop();
   // Consumes what it can from the job's rings; returns descriptors consumed.
   int PollJob(const JobFeed& feed, uint64_t now_ns);
+  // Reads one descriptor of an op the earlier daemon ended past the ring.
+  static void SkipHandedOver(RankInput* in, uint64_t* head);
   bool AnyPending() const;
 
   const Options options_;

@@ -3,7 +3,7 @@
 // control service's Session) and its registered regions - plus the
 // scheduler's Rank it feeds.
 //
-// Threads: ring_head/next_seq/items_left/current only on the ingress
+// Threads: ring_head/next_seq/items_left/current/skip_left only on the ingress
 // thread; regions as RegionTable says.
 #pragma once
 
@@ -18,10 +18,18 @@
 namespace dmagather::server::ingress {
 
 struct RankInput {
-  // `view` is the rank's mapped segment; the daemon's consumer index starts
-  // at whatever the client published before Join.
-  RankInput(std::shared_ptr<scheduler::Rank> r, const abi::SegmentViewV1& view)
+  // `view` is the rank's mapped segment. A new session's consumer index
+  // starts at whatever the client published before Join. A resumed one
+  // (its job taken back from an earlier daemon) starts where the client
+  // rewound `head` to, its first op not seen done, whose sequence number
+  // follows the segment's done_seq (Session::Open checked the span).
+  RankInput(std::shared_ptr<scheduler::Rank> r, const abi::SegmentViewV1& view, bool resume = false)
       : rank(std::move(r)), regions(rank->rank()), ring(view.ring), slots(view.slots) {
+    if (resume) {
+      ring_head = abi::LoadAcquire(&ring->head);
+      next_seq = abi::LoadAcquire(&view.completion->done_seq) + 1;
+      return;
+    }
     ring_head = abi::LoadAcquire(&ring->tail);
     abi::StoreRelease(&ring->head, ring_head);
   }
@@ -36,6 +44,7 @@ struct RankInput {
   uint32_t next_seq = 1;                 // Sequence number of the op being read.
   uint32_t items_left = 0;               // Items of a coalesced op still to come.
   scheduler::Op* current = nullptr;      // The op those items belong to.
+  uint32_t skip_left = 0;                // Items still to skip of an op the earlier daemon ended.
 };
 
 }  // namespace dmagather::server::ingress

@@ -416,23 +416,28 @@ void Job::FinishOp(Op* op, const absl::Status& status, int failed_rank) {
   {
     absl::MutexLock lock(&completion_mu_);
     const uint32_t n_slots = static_cast<uint32_t>(slots_.size());
+    // Every rank's error record before any rank's done flag: a daemon that
+    // dies between two ranks' flags leaves each rank's record in place, so
+    // the next daemon can count the op done on every rank (StartAfter).
+    for (int r = 0; r < world_size_; ++r) {
+      RankPart& p = op->parts[r];
+      const absl::Status& st = p.status.ok() ? status : p.status;
+      if (!p.started || st.ok()) continue;
+      all_ok = false;
+      const int32_t code = common::ToApiStatus(st);
+      // Under completion_mu_: error_count is a read-modify-write.
+      if (!p.error_recorded) {
+        RecordError(ranks_[r]->completion(), op->seq, code, p.status.ok() ? failed_rank : r, st.message());
+        p.error_recorded = true;
+      }
+      ranks_[r]->counters.errors[code].fetch_add(1, std::memory_order_relaxed);
+      counters.errors[code].fetch_add(1, std::memory_order_relaxed);
+    }
     for (int r = 0; r < world_size_; ++r) {
       RankPart& p = op->parts[r];
       if (!p.started) continue;
       Rank* k = ranks_[r].get();
-      const absl::Status& st = p.status.ok() ? status : p.status;
-      if (!st.ok()) {
-        all_ok = false;
-        const int32_t code = common::ToApiStatus(st);
-        // Under completion_mu_: error_count is a read-modify-write, and two
-        // threads may finish failed ops of this rank at once.
-        if (!p.error_recorded) {
-          RecordError(k->completion(), op->seq, code, p.status.ok() ? failed_rank : r, st.message());
-          p.error_recorded = true;
-        }
-        k->counters.errors[code].fetch_add(1, std::memory_order_relaxed);
-        counters.errors[code].fetch_add(1, std::memory_order_relaxed);
-      } else {
+      if ((p.status.ok() ? status : p.status).ok()) {
         const uint64_t b = p.payload_bytes(world_size_);
         k->counters.ops.fetch_add(1, std::memory_order_relaxed);
         k->counters.bytes.fetch_add(b, std::memory_order_relaxed);
@@ -463,6 +468,25 @@ void Job::FinishOp(Op* op, const absl::Status& status, int failed_rank) {
   }
   op->state.store(Op::kFree, std::memory_order_release);
   inflight_ops_.fetch_sub(1, std::memory_order_acq_rel);  // Last touch of the job.
+}
+
+int Job::ops_running() const {
+  int waiting = 0;  // In flight but waiting for parts: the rest run (graph replays included).
+  for (const Op& op : slots_) waiting += op.state.load(std::memory_order_acquire) == Op::kWaiting;
+  return ops_in_flight() - waiting;
+}
+
+void Job::StartAfter(uint32_t done) {
+  absl::MutexLock lock(&completion_mu_);
+  if (started_.load(std::memory_order_acquire)) return;
+  for (const auto& k : ranks_) {
+    if (k == nullptr || k->completion() == nullptr) continue;
+    k->next_publish = done + 1;
+    // Error records of the ops up to `done` are in place already.
+    if (int32_t(abi::LoadAcquire(&k->completion()->done_seq) - done) < 0) PublishDone(k->completion(), done);
+  }
+  start_after_ = done;
+  started_.store(true, std::memory_order_release);
 }
 
 }  // namespace dmagather::server::scheduler

@@ -133,7 +133,31 @@ class Job {
   void PersistentStarted();
   void PersistentFinished(uint64_t bytes, int32_t code);
 
+  // --- Taking the job back from an earlier daemon (registry, gRPC threads) ---
+  // A job created by a resuming Join (before any rank is added): its ranks
+  // come back with their segments, and it is fed to the ingress thread only
+  // once every local rank has registered again and called Resume.
+  void MarkResuming() { resuming_.store(true, std::memory_order_release); }
+  bool resuming() const { return resuming_.load(std::memory_order_acquire); }
+  // A rank called Resume (once per session: the registry sees to it); true
+  // for the last local rank, whose caller then calls StartAfter.
+  bool RankResumed() { return resumed_ranks_.fetch_add(1, std::memory_order_acq_rel) + 1 == local_count(); }
+  // Every local rank is back: `done` is the newest op any of them saw done.
+  // Its data is complete on every rank (done is written only after an op's
+  // copies ended, and error records before any rank's done flag: FinishOp),
+  // so ops up to it are done on every rank from now on; the ranks' rings
+  // are read from their next op, the ones up to `done` skipped.
+  void StartAfter(uint32_t done) ABSL_LOCKS_EXCLUDED(completion_mu_);
+  // Waiting for its ranks' Resume (not yet fed to the ingress thread).
+  bool awaiting_resume() const { return resuming() && !started_.load(std::memory_order_acquire); }
+  // Op `seq` ended under the earlier daemon (its descriptors are skipped).
+  bool HandedOverDone(uint32_t seq) const {
+    return started_.load(std::memory_order_acquire) && int32_t(seq - start_after_) <= 0;
+  }
+
   int ops_in_flight() const { return inflight_ops_.load(std::memory_order_acquire); }
+  // Ops the engine runs now (not those waiting for ranks' parts).
+  int ops_running() const;
   JobCounters counters;
 
  private:
@@ -157,6 +181,11 @@ class Job {
   std::vector<std::shared_ptr<Rank>> ranks_;
   int joined_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<bool> all_joined_{false};
+
+  std::atomic<bool> resuming_{false};
+  std::atomic<int> resumed_ranks_{0};
+  uint32_t start_after_ = 0;  // Written once before started_ (release).
+  std::atomic<bool> started_{false};
 
   std::atomic<bool> failed_{false};
   std::atomic<bool> has_spare_{false};

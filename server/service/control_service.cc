@@ -158,6 +158,7 @@ bool ControlService::Step(JoinReactor* r) {
       reply->set_session_secret(j.session->secret());
       reply->set_abi_version(j.session->abi_version());
       reply->set_wait_spin(AdvisedWaitSpin(UsableCpus(), registry_->num_sessions()));
+      reply->set_resumed(j.session->resume());
       for (const auto& k : j.job->ranks()) reply->add_peer_pids(k != nullptr ? k->pid() : 0);  // 0: another node.
       r->phase_ = JoinReactor::Phase::kWritingReply;
       r->writing_.store(true, std::memory_order_release);
@@ -250,6 +251,10 @@ grpc::Status ControlService::Register(grpc::ServerContext*, const v1::RegisterRe
 
 grpc::Status ControlService::Deregister(grpc::ServerContext*, const v1::DeregisterRequest* req, v1::DeregisterReply*) {
   return ToGrpc(registry_->Deregister(req->session_id(), req->session_secret(), req->region_id()));
+}
+
+grpc::Status ControlService::Resume(grpc::ServerContext*, const v1::ResumeRequest* req, v1::ResumeReply*) {
+  return ToGrpc(registry_->Resume(req->session_id(), req->session_secret(), req->gap_us() * 1000, req->ops_pending()));
 }
 
 }  // namespace dmagather::server::service

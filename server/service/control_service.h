@@ -47,6 +47,7 @@ class ControlService final : public v1::Control::WithCallbackMethod_Join<v1::Con
   grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req, v1::RegisterReply* reply) override;
   grpc::Status Deregister(grpc::ServerContext* ctx, const v1::DeregisterRequest* req,
                           v1::DeregisterReply* reply) override;
+  grpc::Status Resume(grpc::ServerContext* ctx, const v1::ResumeRequest* req, v1::ResumeReply* reply) override;
 
   // Wakes the watcher (a Join arrived, a stream was cancelled, shutdown).
   void Wake() ABSL_LOCKS_EXCLUDED(mu_);

@@ -34,6 +34,7 @@ JoinSpec JoinSpecOf(const v1::JoinRequest& req) {
   s.device.ordinal = req.device().ordinal();
   s.device.uuid = req.device().uuid();
   s.device.pci_bus_id = req.device().pci_bus_id();
+  s.resume = req.resume();
   return s;
 }
 
@@ -46,6 +47,7 @@ RegisterSpec RegisterSpecOf(const v1::RegisterRequest& req) {
   s.handle = req.handle();
   s.ticket = req.ticket();
   s.tickets.assign(req.tickets().begin(), req.tickets().end());
+  s.region_id = req.region_id();
   return s;
 }
 
@@ -118,6 +120,7 @@ void Registry::FillStats(const std::string& job_key, const Viewer& viewer, v1::S
   in.held = core_.held_regions();
   in.engine = engine_->stats();
   in.ingress_sleeps = ingress_sleeps_ ? ingress_sleeps_() : 0;
+  in.handover = &core_.handover();
   absl::MutexLock lock(&recent_mu_);
   RegistryCore::View view = core_.view();
   in.live = std::move(view.jobs);

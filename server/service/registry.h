@@ -85,8 +85,15 @@ class Registry {
     return core_.Deregister(session_id, secret, region_id);
   }
 
+  absl::Status Resume(uint64_t session_id, const std::string& secret, uint64_t gap_ns, uint32_t ops_pending) {
+    return core_.Resume(session_id, secret, gap_ns, ops_pending);
+  }
+
   // Shutdown: every running job fails its pending and later ops with `why`.
   void FailAll(const absl::Status& why) { core_.FailAll(why); }
+  // Shutdown for a successor (RegistryCore::FreezeForHandover).
+  void FreezeForHandover() { core_.FreezeForHandover(); }
+  int total_ops_running() const { return core_.total_ops_running(); }
   bool stopping() const { return core_.stopping(); }
   int total_ops_in_flight() const { return core_.total_ops_in_flight(); }
 

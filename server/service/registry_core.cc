@@ -54,6 +54,10 @@ absl::StatusOr<Handover> RegistryCore::ClaimSegment(const JoinSpec& req, const P
 
 absl::StatusOr<Joined> RegistryCore::Join(const JoinSpec& req, const PeerCred& caller) {
   if (stopping()) return absl::UnavailableError("dmagatherd is shutting down");
+  if (req.resume && !req.job_id.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", req.job_key, "' spans nodes: a multi-node job cannot be taken back by a new dmagatherd yet"));
+  }
   DMAG_ASSIGN_OR_RETURN(Handover segment, ClaimSegment(req, caller));
   // The session limit is checked (and the session counted) before anything
   // is mapped for it; every early return below gives the count back.
@@ -76,6 +80,7 @@ absl::StatusOr<RegistryCore::JobEntry*> RegistryCore::FindOrCreateJobLocked(cons
     if (job_created_) job_created_();
     JobEntry& entry = jobs_[key];
     entry.job = std::make_shared<Job>(req.job_key, req.world_size, uid, multi_node);
+    if (req.resume) entry.job->MarkResuming();
     entry.sessions.resize(req.world_size);
     entry.quota = std::move(job_quota);
     version_.fetch_add(1);
@@ -86,6 +91,15 @@ absl::StatusOr<RegistryCore::JobEntry*> RegistryCore::FindOrCreateJobLocked(cons
   if (job.world_size() != req.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("job '", req.job_key, "' has world size ", job.world_size(),
                                                    ", rank ", req.rank, " asked for ", req.world_size));
+  }
+  if (job.resuming() != req.resume) {
+    // A rank back from an earlier daemon and a rank new to the job do not
+    // make one job: the one that does not fit is refused, and says why.
+    return absl::FailedPreconditionError(
+        req.resume ? absl::StrCat("job '", req.job_key, "' runs on this dmagatherd already; rank ", req.rank,
+                                  " cannot take it back from an earlier one (was rank ", req.rank, " restarted?)")
+                   : absl::StrCat("job '", req.job_key, "' is being taken back from the ranks of an earlier dmagatherd; "
+                                  "rank ", req.rank, " joined as new (a restarted rank process?)"));
   }
   if (job.multi_node() != multi_node) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -123,7 +137,10 @@ void RegistryCore::EndSession(const Joined& j) {
   Session& s = *j.session;
   Rank& k = *s.rank();
   const bool clean = k.state() == Rank::State::kLeft;
-  if (!j.job->all_joined()) {
+  if (frozen_.load(std::memory_order_acquire)) {
+    // Stopping for a successor: the rank's ops stay as they are, for the
+    // next daemon (FreezeForHandover).
+  } else if (!j.job->all_joined()) {
     j.job->RemoveRank(&k);
     k.set_state(Rank::State::kLeft);
     absl::MutexLock lock(&mu_);
@@ -132,6 +149,9 @@ void RegistryCore::EndSession(const Joined& j) {
       it->second.sessions[k.rank()].reset();
     }
   } else {
+    // A rank gone before its job was taken back: the job starts (and its
+    // ops end with the failure below) so that no rank waits for it.
+    if (j.job->awaiting_resume()) StartTakenBack(*j.job);
     // The ops the rank saw done ended on every rank with real inputs (a
     // device wrote done after all their copies, or the CPU published it):
     // they are spared. The rest get their error records before the rank's
@@ -198,9 +218,25 @@ absl::StatusOr<uint32_t> RegistryCore::Register(const RegisterSpec& req) {
   // then lives as long as the daemon holds the region (RegionLedger).
   DMAG_ASSIGN_OR_RETURN(std::unique_ptr<RegionLedger::Charge> charge,
                         ledger_->Reserve(s->uid(), claim.what.host_bytes));
+  if (req.region_id != 0) {
+    // A resumed session's region under its old id: descriptors already in
+    // the ring name it. Later ids are above it, so never the same.
+    if (!s->resume() || s->resumed.load()) {
+      return absl::InvalidArgumentError("register: a region id may be asked for only by a resumed session before Resume");
+    }
+    if (s->registered.count(req.region_id) != 0) {
+      return absl::AlreadyExistsError(absl::StrCat("register: region ", req.region_id, " is registered already"));
+    }
+  }
   auto region = engine_->Import(claim.spec);
   if (!region.ok()) return region.status();  // The charge goes with it.
-  const uint32_t id = next_region_id_.fetch_add(1);
+  uint32_t id = req.region_id;
+  if (id == 0) {
+    id = next_region_id_.fetch_add(1);
+  } else {
+    for (uint32_t next = next_region_id_.load(); next <= id && !next_region_id_.compare_exchange_weak(next, id + 1);) {
+    }
+  }
   s->input()->regions.Add(id, RegionLedger::Attach(*std::move(region), std::move(charge)));
   if (claim.what.host) s->by_inode[claim.what.key] = id;
   s->registered[id] = claim.what;
@@ -244,10 +280,63 @@ void RegistryCore::FailAll(const absl::Status& why) {
   }
 }
 
+absl::Status RegistryCore::Resume(uint64_t session_id, const std::string& secret, uint64_t gap_ns,
+                                  uint32_t ops_pending) {
+  auto s = FindSession(session_id, secret);
+  if (s == nullptr) return NoSession(session_id);
+  if (!s->resume()) return absl::FailedPreconditionError("resume: the session did not join to take its job back");
+  if (s->resumed.exchange(true)) return absl::OkStatus();  // Said once already.
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, entry] : jobs_) {
+      if (entry.sessions.size() > size_t(s->rank_index()) && entry.sessions[s->rank_index()] == s) job = entry.job;
+    }
+  }
+  if (job == nullptr) return NoSession(session_id);
+  handover_.ranks_resumed.fetch_add(1, std::memory_order_relaxed);
+  handover_.ops_handed_over.fetch_add(ops_pending, std::memory_order_relaxed);
+  handover_.gap.Record(gap_ns);
+  if (!job->RankResumed()) return absl::OkStatus();
+  const uint32_t done = StartTakenBack(*job);
+  handover_.jobs_taken_over.fetch_add(1, std::memory_order_relaxed);
+  LOG(INFO) << "job '" << job->key() << "' taken back from an earlier dmagatherd: " << job->local_count()
+            << " ranks, going on after op " << done;
+  return absl::OkStatus();
+}
+
+uint32_t RegistryCore::StartTakenBack(Job& job) {
+  // The newest op any rank saw done (its data is complete everywhere).
+  uint32_t done = 0;
+  bool first = true;
+  for (const auto& k : job.ranks()) {
+    if (k == nullptr || k->completion() == nullptr) continue;
+    const uint32_t d = abi::LoadAcquire(&k->completion()->done_seq);
+    if (first || int32_t(d - done) > 0) done = d;
+    first = false;
+  }
+  job.StartAfter(done);
+  version_.fetch_add(1);  // The ingress thread's snapshot gains the job.
+  return done;
+}
+
+void RegistryCore::FreezeForHandover() {
+  absl::MutexLock lock(&mu_);
+  frozen_.store(true, std::memory_order_release);
+  stopping_.store(true, std::memory_order_release);
+}
+
 int RegistryCore::total_ops_in_flight() const {
   absl::MutexLock lock(&mu_);
   int n = 0;
   for (const auto& [key, entry] : jobs_) n += entry.job->ops_in_flight();
+  return n;
+}
+
+int RegistryCore::total_ops_running() const {
+  absl::MutexLock lock(&mu_);
+  int n = 0;
+  for (const auto& [key, entry] : jobs_) n += entry.job->ops_running();
   return n;
 }
 
@@ -257,6 +346,9 @@ std::vector<ingress::JobFeed> RegistryCore::Snapshot() const {
   out.reserve(jobs_.size());
   for (const auto& [key, entry] : jobs_) {
     if (!entry.job->all_joined() && !entry.job->multi_node()) continue;
+    // A job taken back starts once its ranks are all back (Resume), or is
+    // fed as it is once failed, so its ops end with the failure.
+    if (entry.job->awaiting_resume() && !entry.job->failed()) continue;
     ingress::JobFeed feed;
     feed.job = entry.job;
     for (const auto& s : entry.sessions) feed.inputs.push_back(s != nullptr ? s->input() : nullptr);

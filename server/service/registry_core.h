@@ -40,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/api_names.h"
+#include "common/latency_histogram.h"
 #include "server/engines/copy_engine.h"
 #include "server/ingress/ingress.h"
 #include "server/scheduler/job.h"
@@ -94,6 +95,14 @@ struct RetiredTotals {
   std::array<uint64_t, common::kNumApiStatus> errors{};
 };
 
+// Daemon restarts survived (Resume), node totals since start.
+struct HandoverCounters {
+  std::atomic<uint64_t> jobs_taken_over{0};
+  std::atomic<uint64_t> ranks_resumed{0};
+  std::atomic<uint64_t> ops_handed_over{0};  // Submitted and not seen done when the earlier daemon went.
+  common::LatencyHistogram gap;              // A rank's time without a daemon: loss seen -> Resume.
+};
+
 class RegistryCore {
  public:
   // `tickets`: the fd channel's hand-overs, claimed by Join and Register.
@@ -123,10 +132,25 @@ class RegistryCore {
   absl::StatusOr<uint32_t> Register(const RegisterSpec& req) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Deregister(uint64_t session_id, const std::string& secret, uint32_t region_id) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // A resumed session (Join with resume, its regions registered again
+  // under their old ids) is back: once every local rank of its job is, the
+  // job starts after the newest op any rank saw done (Job::StartAfter).
+  // `gap_ns` and `ops_pending` are the rank's own account, for telemetry.
+  absl::Status Resume(uint64_t session_id, const std::string& secret, uint64_t gap_ns, uint32_t ops_pending)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  const HandoverCounters& handover() const { return handover_; }
+
   // Shutdown: every running job fails its pending and later ops with `why`.
   void FailAll(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // Shutdown for a successor (every stop: SIGTERM, restart, upgrade): no new
+  // Join; a session's end no longer touches its job or its segment (no
+  // error record, no done or ready flag), so the ranks' ops wait, intact,
+  // for the next daemon to take the jobs back. The caller stops the ingress
+  // thread and lets the running ops finish.
+  void FreezeForHandover() ABSL_LOCKS_EXCLUDED(mu_);
   bool stopping() const { return stopping_.load(std::memory_order_acquire); }
   int total_ops_in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
+  int total_ops_running() const ABSL_LOCKS_EXCLUDED(mu_);  // On the engine now.
 
   // Ingress hooks: the snapshot changes when version() does.
   uint64_t version() const { return version_.load(std::memory_order_acquire); }
@@ -169,6 +193,9 @@ class RegistryCore {
   absl::StatusOr<Joined> AddToJobLocked(const JoinSpec& req, const std::shared_ptr<Session>& session,
                                         UidQuota::Reservation* quota) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<Session> FindSession(uint64_t id, const std::string& secret) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Starts a job taken back after the newest op any of its ranks saw
+  // done (returned), and feeds it to the ingress thread.
+  uint32_t StartTakenBack(scheduler::Job& job) ABSL_LOCKS_EXCLUDED(mu_);
   // Sweeps one job; true when it ended (and may be dropped).
   bool SweepJobLocked(const JobEntry& entry, uint64_t epoch, DeferredFrees* frees) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -189,6 +216,8 @@ class RegistryCore {
   std::atomic<uint32_t> next_region_id_{1};
   std::atomic<uint64_t> version_{0};
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> frozen_{false};
+  HandoverCounters handover_;
 };
 
 }  // namespace dmagather::server::service

@@ -153,6 +153,12 @@ void FillNodeStats(const NodeStatsInput& in, const std::string& job_key, const V
     e->set_engine(c.engine);
     e->set_bytes(c.bytes);
   }
+  if (in.handover != nullptr) {
+    out->set_jobs_taken_over(in.handover->jobs_taken_over.load());
+    out->set_ranks_resumed(in.handover->ranks_resumed.load());
+    out->set_ops_handed_over(in.handover->ops_handed_over.load());
+    FillLatency(in.handover->gap, out->mutable_handover_gap());
+  }
   AddFallback("same_device_copy_on_sm", in.engine.same_device_copies, out);
   AddFallback("op_refused_by_rank", fallback_ops, out);
 }

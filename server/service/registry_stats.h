@@ -45,6 +45,7 @@ struct NodeStatsInput {
   RegionLedger::Held held;
   engines::EngineStats engine;
   uint64_t ingress_sleeps = 0;
+  const HandoverCounters* handover = nullptr;  // Restarts survived (null: none shown).
 };
 
 // Node totals always; per-job entries (of `job_key`, or all when empty)

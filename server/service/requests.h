@@ -21,6 +21,7 @@ struct JoinSpec {
   std::string job_id;           // A multi-node job ("" = one node).
   int join_timeout_ms = 60000;  // Bounds a multi-node job's bootstrap.
   engines::DeviceRef device;
+  bool resume = false;  // Taking the job back from an earlier daemon (control.proto).
 };
 
 struct RegisterSpec {
@@ -31,6 +32,7 @@ struct RegisterSpec {
   std::string handle;                // Opaque export handle (kMemoryCudaIpc).
   std::string ticket;                // kMemoryHostMemfd: the buffer's hand-over.
   std::vector<std::string> tickets;  // kMemoryCudaVmm: the exported allocations'.
+  uint32_t region_id = 0;            // A resumed session's old id for it (0: a new id).
 };
 
 }  // namespace dmagather::server::service

@@ -43,9 +43,19 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(uint64_t id, const JoinSp
   s->abi_version_ = h.descriptor_stamp == abi::kDescriptorStampV2 ? 2 : 1;
   s->device_ = req.device;
   v = abi::SegmentViewV1::At(s->segment_.data());
-  // Whatever the client left there, the daemon starts the protocol clean.
-  abi::StoreRelease(&v.completion->done_seq, 0u);
-  abi::StoreRelease(&v.completion->error_count, 0u);
+  if (req.resume) {
+    // A rank of a job taken back: its done flag, error records and ring
+    // carry on from the earlier daemon; the ring's span must be sane.
+    const uint64_t head = abi::LoadAcquire(&v.ring->head), tail = abi::LoadAcquire(&v.ring->tail);
+    if (tail - head > abi::kRingSlotsV1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the rank segment's ring is corrupt (head ", head, ", tail ", tail, "): cannot take it over"));
+    }
+  } else {
+    // Whatever the client left there, the daemon starts the protocol clean.
+    abi::StoreRelease(&v.completion->done_seq, 0u);
+    abi::StoreRelease(&v.completion->error_count, 0u);
+  }
   abi::StoreRelease(&v.completion->daemon_state, static_cast<uint32_t>(abi::kDaemonServing));
   engines::RankAttach attach;
   attach.rank = req.rank;
@@ -59,7 +69,8 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(uint64_t id, const JoinSp
     return common::Annotate(engine_rank.status(), absl::StrCat("rank ", req.rank, ": "));
   }
   s->rank_ = std::make_shared<scheduler::Rank>(req.rank, s->pid_, s->uid_, v.completion, *std::move(engine_rank));
-  s->input_ = std::make_shared<ingress::RankInput>(s->rank_, v);
+  s->input_ = std::make_shared<ingress::RankInput>(s->rank_, v, req.resume);
+  s->resume_ = req.resume;
   return s;
 }
 

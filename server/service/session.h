@@ -55,6 +55,10 @@ class Session final : public Retirable {
 
   // The Join stream ended and the job was told (set by EndSession last).
   std::atomic<bool> ended{false};
+  // Joined to take its job back from an earlier daemon; `resumed` once it
+  // called Resume (under the registry's lock).
+  bool resume() const { return resume_; }
+  std::atomic<bool> resumed{false};
 
   // The segment memfd's identity (fstat at Open): it can never be
   // registered as a data buffer.
@@ -95,6 +99,7 @@ class Session final : public Retirable {
   ino_t segment_ino_ = 0;
   uint32_t abi_version_ = 1;
   engines::DeviceRef device_;
+  bool resume_ = false;
   common::MemfdMapping segment_;
   std::shared_ptr<scheduler::Rank> rank_;
   std::shared_ptr<ingress::RankInput> input_;

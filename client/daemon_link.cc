@@ -1,0 +1,227 @@
+#include "client/daemon_link.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "abi/ring_v1.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace dmagather::client {
+namespace {
+
+// Errors after which another attempt may succeed: no daemon yet, a daemon
+// still starting or stopping, a join that was cut.
+bool Retryable(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsCancelled(s) || absl::IsDeadlineExceeded(s) || absl::IsNotFound(s);
+}
+
+}  // namespace
+
+DaemonLink::DaemonLink(std::string socket_path, int rank, int reconnect_s, Parts parts)
+    : socket_path_(std::move(socket_path)), rank_(rank), reconnect_s_(reconnect_s), parts_(parts) {}
+
+DaemonLink::~DaemonLink() { Close(/*leave=*/false); }
+
+absl::StatusOr<std::unique_ptr<ControlChannel>> DaemonLink::Connect(std::string* ticket) {
+  DMAG_ASSIGN_OR_RETURN(std::unique_ptr<ControlChannel> ch, ControlChannel::Connect(socket_path_));
+  DMAG_ASSIGN_OR_RETURN(common::FdExchangeResult handed,
+                        ch->HandOverSegment(parts_.segment_fd, parts_.segment_bytes, rank_));
+  if (daemon_uid_ < 0) {
+    daemon_uid_ = handed.daemon_uid;
+  } else if (handed.daemon_uid != daemon_uid_) {
+    // Not the node's daemon: never hand the job (or the segment) to it.
+    return absl::PermissionDeniedError(absl::StrCat("the dmagatherd now at ", socket_path_, " runs as uid ",
+                                                    handed.daemon_uid, ", the one this rank joined ran as uid ",
+                                                    daemon_uid_, ": the job is not handed to it"));
+  }
+  auto bell = common::MemfdMapping::Map(handed.fd.get(), sizeof(abi::DoorbellV1));
+  if (!bell.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot map the daemon's doorbell: ", bell.status().message()));
+  }
+  doorbells_.push_back(*std::move(bell));
+  *ticket = handed.ticket;
+  return ch;
+}
+
+absl::StatusOr<JoinAnswer> DaemonLink::Join(const JoinParams& params) {
+  absl::MutexLock lock(&mu_);
+  params_ = params;
+  DMAG_ASSIGN_OR_RETURN(control_, Connect(&params_.segment_ticket));
+  parts_.ring->SetDoorbell(static_cast<abi::DoorbellV1*>(doorbells_.back().data()));
+  return control_->Join(params_);
+}
+
+void DaemonLink::Start(ClientBackend* backend, std::function<bool()> resumable) {
+  absl::MutexLock lock(&mu_);
+  backend_ = backend;
+  resumable_ = std::move(resumable);
+  control_->StartWatcher([this](const std::string& reason, bool can) { OnLost(reason, can); });
+  if (reconnect_s_ > 0) reconnector_ = std::thread([this] { ReconnectLoop(); });
+}
+
+void DaemonLink::OnLost(const std::string& reason, bool resumable) {
+  {
+    absl::MutexLock lock(&rc_mu_);
+    if (!stop_ && resumable && reconnect_s_ > 0 && resumable_ && resumable_()) {
+      lost_ = true;
+      lost_reason_ = reason;
+      rc_cv_.Signal();
+      return;
+    }
+  }
+  parts_.done->MarkGone(reason);
+}
+
+bool DaemonLink::stopping() const {
+  absl::MutexLock lock(&rc_mu_);
+  return stop_;
+}
+
+void DaemonLink::ReconnectLoop() {
+  for (;;) {
+    std::string reason;
+    {
+      absl::MutexLock lock(&rc_mu_);
+      while (!lost_ && !stop_) rc_cv_.Wait(&rc_mu_);
+      if (stop_) return;
+      lost_ = false;
+      reason = lost_reason_;
+    }
+    TakeBack(reason);
+  }
+}
+
+void DaemonLink::TakeBack(const std::string& reason) {
+  const uint64_t lost_ns = common::MonotonicNs();
+  fprintf(stderr, "dmagather: rank %d: %s; waiting up to %d s for dmagatherd to take the job back (DMAGATHER_RECONNECT_S)\n",
+          rank_, reason.c_str(), reconnect_s_);
+  absl::MutexLock lock(&mu_);
+  if (control_ != nullptr) control_->EndStream();
+  const uint64_t deadline = lost_ns + uint64_t(reconnect_s_) * 1'000'000'000ull;
+  absl::Status last;
+  bool fatal = false;
+  int attempts = 0;
+  while (!stopping()) {
+    ++attempts;
+    last = TryRejoin(lost_ns, &fatal);
+    if (last.ok() || fatal || common::MonotonicNs() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  if (last.ok()) {
+    restarts_.fetch_add(1);
+    fprintf(stderr, "dmagather: rank %d: back on dmagatherd after %.3f s (%d attempt(s)); the job goes on\n", rank_,
+            (common::MonotonicNs() - lost_ns) / 1e9, attempts);
+    return;
+  }
+  const std::string why =
+      fatal ? absl::StrCat(reason, "; dmagatherd came back but could not take the job back: ", last.message())
+            : absl::StrCat(reason, "; no dmagatherd took the job back within ", reconnect_s_,
+                           " s (DMAGATHER_RECONNECT_S; last: ", last.message(), ")");
+  fprintf(stderr, "dmagather: rank %d: %s\n", rank_, why.c_str());
+  parts_.done->MarkGone(why);
+}
+
+absl::Status DaemonLink::TryRejoin(uint64_t lost_ns, bool* fatal) {
+  *fatal = false;
+  // A socket file left by a daemon that died answers nobody: ask the kernel
+  // (at once) before gRPC (which would wait its connect timeout).
+  if (!common::UnixSocketAccepts(socket_path_)) {
+    return absl::UnavailableError(absl::StrCat("no dmagatherd listening at ", socket_path_));
+  }
+  std::string ticket;
+  auto ch = Connect(&ticket);
+  if (!ch.ok()) {
+    *fatal = absl::IsPermissionDenied(ch.status());
+    return ch.status();
+  }
+  // No daemon reads the ring now (the one that took it is gone, the new one
+  // maps it at Join): it reads again from the first op not seen done.
+  const uint32_t pending = parts_.ring->Rewind();
+  JoinParams p = params_;
+  p.segment_ticket = ticket;
+  p.resume = true;
+  auto answer = (*ch)->Join(p);
+  if (!answer.ok()) {
+    *fatal = !Retryable(answer.status());
+    return answer.status();
+  }
+  if (!answer->resumed) {
+    *fatal = true;
+    return absl::FailedPreconditionError(
+        absl::StrCat("dmagatherd ", answer->daemon_version, " cannot take a job back (it is older than this library)"));
+  }
+  // Every region under its old id: descriptors in the ring name them.
+  absl::Status st;
+  parts_.regions->ForEach([&](uintptr_t base, const RegistrationCache::Region& r) {
+    if (!st.ok()) return;
+    absl::StatusOr<MemoryExport> e =
+        r.owned != nullptr ? absl::StatusOr<MemoryExport>(r.owned->export_info())
+                           : backend_->Describe(reinterpret_cast<const void*>(base), r.bytes);
+    if (!e.ok()) return;  // Freed meanwhile: an op naming it fails validation; the next use registers anew.
+    st = (*ch)->Register(*e, rank_, nullptr, r.id).status();
+  });
+  if (!st.ok()) {
+    *fatal = !Retryable(st);
+    return st;
+  }
+  DMAG_RETURN_IF_ERROR((*ch)->Resume((common::MonotonicNs() - lost_ns) / 1000, pending));
+  control_ = *std::move(ch);
+  parts_.ring->SetDoorbell(static_cast<abi::DoorbellV1*>(doorbells_.back().data()));
+  control_->StartWatcher([this](const std::string& reason, bool can) { OnLost(reason, can); });
+  parts_.ring->Ring();
+  return absl::OkStatus();
+}
+
+absl::Status DaemonLink::Register(const MemoryExport& e, std::unique_ptr<OwnedBuffer> owned) {
+  absl::MutexLock lock(&mu_);
+  DMAG_ASSIGN_OR_RETURN(uint32_t id, control_->Register(e, rank_, owned.get()));
+  parts_.regions->Insert(e, id, std::move(owned));
+  return absl::OkStatus();
+}
+
+void DaemonLink::DropStale(const MemoryExport& e, const ClientBackend& backend,
+                           std::vector<std::pair<uint32_t, uintptr_t>>* dropped) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [base, r] : parts_.regions->TakeStale(e, backend)) {
+    control_->Deregister(r.id).IgnoreError();  // Best effort: the daemon drops it at Leave at the latest.
+    dropped->emplace_back(r.id, base);
+  }
+}
+
+absl::Status DaemonLink::Deregister(const void* base) {
+  absl::MutexLock lock(&mu_);
+  const RegistrationCache::Region* r = parts_.regions->Find(base);
+  if (r == nullptr) return absl::OkStatus();
+  absl::Status st = control_->Deregister(r->id);
+  parts_.regions->Erase(base);  // Freed here (if the library made it); the daemon's side goes with the Deregister.
+  return parts_.done->gone() ? absl::OkStatus() : st;
+}
+
+void DaemonLink::Close(bool leave) {
+  {
+    absl::MutexLock lock(&rc_mu_);
+    stop_ = true;
+    rc_cv_.Signal();
+  }
+  if (reconnector_.joinable()) reconnector_.join();
+  absl::MutexLock lock(&mu_);
+  if (control_ == nullptr) return;
+  if (leave && control_->joined()) {
+    if (!parts_.done->gone()) control_->Leave();
+    // The daemon ends the stream once it sees the Leave; cancel in case it cannot.
+    for (int i = 0; i < 100 && !parts_.done->gone(); ++i) usleep(2000);
+  }
+  control_->EndStream();
+  control_.reset();
+}
+
+bool DaemonLink::joined() const {
+  absl::MutexLock lock(&mu_);
+  return control_ != nullptr && control_->joined();
+}
+
+}  // namespace dmagather::client
