@@ -87,7 +87,7 @@ ControlChannel::ControlChannel(std::string socket_path, std::shared_ptr<grpc::Ch
 ControlChannel::~ControlChannel() { EndStream(); }
 
 absl::StatusOr<std::unique_ptr<ControlChannel>> ControlChannel::Connect(const std::string& socket_path,
-                                                                        const common::Clock& clock) {
+                                                                        const common::Clock& clock, int timeout_ms) {
   // Connecting to a Unix socket needs write permission on it: say so,
   // rather than "stale socket", when this user lacks it.
   if (access(socket_path.c_str(), R_OK | W_OK) != 0 && (errno == EACCES || errno == EPERM)) {
@@ -100,10 +100,18 @@ absl::StatusOr<std::unique_ptr<ControlChannel>> ControlChannel::Connect(const st
         "permission denied on ", socket_path, who, ": this user (uid ", getuid(),
         ") may not connect to dmagatherd; the operator sets who may with --socket_mode and the socket's group"));
   }
-  auto channel = grpc::CreateChannel("unix:" + socket_path, grpc::InsecureChannelCredentials());
-  if (!channel->WaitForConnected(In(1000))) {
-    return absl::UnavailableError(absl::StrCat("cannot connect to dmagatherd at ", socket_path,
-                                               " within 1 s (stale socket of a daemon that is not running?)"));
+  // Short reconnect backoffs (gRPC's are 1 s to 120 s): the process's
+  // communicators share one connection to the socket (the daemon allows a
+  // user a bounded number), and after a daemon restart that connection
+  // must try again within the 50 ms at which a rank polls for the new one.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 100);
+  auto channel = grpc::CreateCustomChannel("unix:" + socket_path, grpc::InsecureChannelCredentials(), args);
+  if (!channel->WaitForConnected(In(timeout_ms))) {
+    return absl::UnavailableError(absl::StrCat("cannot connect to dmagatherd at ", socket_path, " within ", timeout_ms,
+                                               " ms (stale socket of a daemon that is not running?)"));
   }
   return std::unique_ptr<ControlChannel>(new ControlChannel(socket_path, std::move(channel), clock));
 }

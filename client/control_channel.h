@@ -57,11 +57,12 @@ struct JoinAnswer {
 
 class ControlChannel {
  public:
-  // Connects to the daemon at `socket_path` (1 s), saying so when this user
-  // may not (permissions) or nobody answers (a stale socket). `clock`
-  // decides when a Join's answer is given up on.
+  // Connects to the daemon at `socket_path` (within `timeout_ms`), saying so
+  // when this user may not (permissions) or nobody answers (a stale socket).
+  // `clock` decides when a Join's answer is given up on.
   static absl::StatusOr<std::unique_ptr<ControlChannel>> Connect(const std::string& socket_path,
-                                                                 const common::Clock& clock = common::RealClock());
+                                                                 const common::Clock& clock = common::RealClock(),
+                                                                 int timeout_ms = 1000);
   ~ControlChannel();
 
   const std::string& socket_path() const { return socket_path_; }

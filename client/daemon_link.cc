@@ -26,8 +26,9 @@ DaemonLink::DaemonLink(std::string socket_path, int rank, int reconnect_s, Parts
 
 DaemonLink::~DaemonLink() { Close(/*leave=*/false); }
 
-absl::StatusOr<std::unique_ptr<ControlChannel>> DaemonLink::Connect(std::string* ticket) {
-  DMAG_ASSIGN_OR_RETURN(std::unique_ptr<ControlChannel> ch, ControlChannel::Connect(socket_path_));
+absl::StatusOr<std::unique_ptr<ControlChannel>> DaemonLink::Connect(std::string* ticket, int timeout_ms) {
+  DMAG_ASSIGN_OR_RETURN(std::unique_ptr<ControlChannel> ch,
+                        ControlChannel::Connect(socket_path_, common::RealClock(), timeout_ms));
   DMAG_ASSIGN_OR_RETURN(common::FdExchangeResult handed,
                         ch->HandOverSegment(parts_.segment_fd, parts_.segment_bytes, rank_));
   if (daemon_uid_ < 0) {
@@ -50,9 +51,11 @@ absl::StatusOr<std::unique_ptr<ControlChannel>> DaemonLink::Connect(std::string*
 absl::StatusOr<JoinAnswer> DaemonLink::Join(const JoinParams& params) {
   absl::MutexLock lock(&mu_);
   params_ = params;
-  DMAG_ASSIGN_OR_RETURN(control_, Connect(&params_.segment_ticket));
+  DMAG_ASSIGN_OR_RETURN(control_, Connect(&params_.segment_ticket, 1000));
   parts_.ring->SetDoorbell(static_cast<abi::DoorbellV1*>(doorbells_.back().data()));
-  return control_->Join(params_);
+  DMAG_ASSIGN_OR_RETURN(JoinAnswer answer, control_->Join(params_));
+  joined_ = true;
+  return answer;
 }
 
 void DaemonLink::Start(ClientBackend* backend, std::function<bool()> resumable) {
@@ -133,7 +136,9 @@ absl::Status DaemonLink::TryRejoin(uint64_t lost_ns, bool* fatal) {
     return absl::UnavailableError(absl::StrCat("no dmagatherd listening at ", socket_path_));
   }
   std::string ticket;
-  auto ch = Connect(&ticket);
+  // A short connect: a daemon still starting is tried again in 50 ms on a
+  // fresh channel (gRPC would back off for a second on this one).
+  auto ch = Connect(&ticket, 200);
   if (!ch.ok()) {
     *fatal = absl::IsPermissionDenied(ch.status());
     return ch.status();
@@ -217,11 +222,12 @@ void DaemonLink::Close(bool leave) {
   }
   control_->EndStream();
   control_.reset();
+  joined_ = false;
 }
 
 bool DaemonLink::joined() const {
   absl::MutexLock lock(&mu_);
-  return control_ != nullptr && control_->joined();
+  return joined_;
 }
 
 }  // namespace dmagather::client

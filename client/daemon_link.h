@@ -71,6 +71,7 @@ class DaemonLink {
   absl::Status Deregister(const void* base) ABSL_LOCKS_EXCLUDED(mu_);
   // Leaves (best effort), ends the stream, stops the reconnect thread.
   void Close(bool leave) ABSL_LOCKS_EXCLUDED(mu_);
+  // Joined, and not closed since (also while a restart is being taken back).
   bool joined() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Restarts survived so far (each taken back), for the logs and tests.
@@ -86,7 +87,8 @@ class DaemonLink {
   // *fatal when trying again cannot help.
   absl::Status TryRejoin(uint64_t lost_ns, bool* fatal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new channel: its segment hand-over mapped into the ring's doorbell.
-  absl::StatusOr<std::unique_ptr<ControlChannel>> Connect(std::string* ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::unique_ptr<ControlChannel>> Connect(std::string* ticket, int timeout_ms)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool stopping() const ABSL_LOCKS_EXCLUDED(rc_mu_);
 
   const std::string socket_path_;
@@ -97,6 +99,7 @@ class DaemonLink {
   mutable absl::Mutex mu_;
   std::unique_ptr<ControlChannel> control_ ABSL_GUARDED_BY(mu_);
   JoinParams params_ ABSL_GUARDED_BY(mu_);
+  bool joined_ ABSL_GUARDED_BY(mu_) = false;
   int64_t daemon_uid_ ABSL_GUARDED_BY(mu_) = -1;  // Who served the first Join (SO_PEERCRED).
   ClientBackend* backend_ ABSL_GUARDED_BY(mu_) = nullptr;
   // Every doorbell mapped so far: the user thread may still ring an old one.

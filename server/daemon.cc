@@ -168,20 +168,10 @@ absl::Status Daemon::Start() {
   ingress::Ingress* ing = ingress_.get();
   registry_->SetIngressSleeps([ing] { return ing->sleeps(); });
   registry_->StartReaper([ing] { return ing->epoch(); }, [ing] { ing->Kick(); });
-  service::ControlListener::Options lo;
-  lo.path = path;
-  lo.mode = options_.socket_mode;
-  lo.max_connections = options_.max_connections;
-  lo.max_connections_per_uid = options_.max_connections_per_uid;
-  auto listener = service::ControlListener::Listen(lo);
-  if (!listener.ok()) {
-    fd_channel_->Stop();
-    return listener.status();
-  }
-  listener_ = *std::move(listener);
-  service::ControlListener* lis = listener_.get();
+  // The listener (below) exists before the first call can come in.
   control_ = std::make_unique<service::ControlService>(
-      reg, Version(), engine_->name(), [lis](const std::string& peer) { return lis->PeerOf(peer); }, options_.clock);
+      reg, Version(), engine_->name(), [this](const std::string& peer) { return listener_->PeerOf(peer); },
+      options_.clock);
   started_ = options_.clock->Now();
   telemetry_ = std::make_unique<service::TelemetryService>(reg, tickets_.get(), operator_gid_,
                                                            [this](v1::HealthReply* h) { FillHealth(h); });
@@ -193,10 +183,25 @@ absl::Status Daemon::Start() {
   builder.RegisterService(telemetry_.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
-    listener_->Stop();
     fd_channel_->Stop();
     return absl::UnavailableError(absl::StrCat("cannot start the gRPC server for unix:", path));
   }
+  // The control socket is bound last, once everything behind it serves: a
+  // rank that finds it accepting (one coming back after a restart polls it)
+  // is answered at once.
+  service::ControlListener::Options lo;
+  lo.path = path;
+  lo.mode = options_.socket_mode;
+  lo.max_connections = options_.max_connections;
+  lo.max_connections_per_uid = options_.max_connections_per_uid;
+  auto listener = service::ControlListener::Listen(lo);
+  if (!listener.ok()) {
+    server_->Shutdown();
+    server_.reset();
+    fd_channel_->Stop();
+    return listener.status();
+  }
+  listener_ = *std::move(listener);
   listener_->Start(server_.get());
   ingress_->Start();
   StartMetricsHttp();

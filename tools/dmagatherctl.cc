@@ -233,6 +233,11 @@ int main(int argc, char** argv) {
           "(%llu rank-ops before the CPU came to publish); ops held on the CPU for an earlier op: %llu\n",
           (unsigned long long)s.ingress_sleeps(), (unsigned long long)s.engine_wakeups(),
           (unsigned long long)device_done, (unsigned long long)before_cpu, (unsigned long long)s.ops_held_on_cpu());
+      std::printf(
+          "restarts: %llu jobs taken back from an earlier daemon (%llu ranks, %llu ops handed over); gap without a "
+          "daemon p50 %.0f ms, max %.0f ms\n",
+          (unsigned long long)s.jobs_taken_over(), (unsigned long long)s.ranks_resumed(),
+          (unsigned long long)s.ops_handed_over(), s.handover_gap().p50_us() / 1000, s.handover_gap().max_us() / 1000);
     }
     return 0;
   }

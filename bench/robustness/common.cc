@@ -20,7 +20,10 @@ ABSL_FLAG(int, window, 8, "mutate: ops in flight per rank (<= 8: the error block
 ABSL_FLAG(int, good_ranks, 3, "mutate: ranks of the concurrent good job.");
 ABSL_FLAG(int, kills, 200, "kill: rank SIGKILLs.");
 ABSL_FLAG(int, kill_world, 3, "kill: ranks per job.");
-ABSL_FLAG(int, restarts, 20, "restart: daemon SIGKILL + restart cycles.");
+ABSL_FLAG(int, restarts, 20,
+          "restart: daemon restarts under a running job, of each kind (SIGKILL + a supervisor's restart; SIGTERM + "
+          "start: a planned restart or upgrade).");
+ABSL_FLAG(int, restart_delay_ms, 250, "restart: the supervisor's delay after a SIGKILL (the unit's RestartSec).");
 ABSL_FLAG(int, soak_jobs, 8, "soak: jobs.");
 ABSL_FLAG(int, soak_ranks, 4, "soak: ranks per job.");
 ABSL_FLAG(int, soak_s, 120, "soak: seconds.");

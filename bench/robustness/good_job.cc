@@ -74,7 +74,10 @@ int GoodRank(const std::string& socket, const std::string& job, int world, int r
     }
     g->bytes_checked.fetch_add(shard * world);
     g->progress.fetch_add(1);
-    if (rank == 0) g->ops.fetch_add(1);
+    if (rank == 0) {
+      g->done_ns[op % GoodJob::kDoneTimes].store(MonotonicNs());
+      g->ops.fetch_add(1);
+    }
   }
   return 0;
 }

@@ -1,5 +1,11 @@
-// Run "restart": daemon SIGKILL + restart cycles on one socket path; no
-// stale files, old ranks UNAVAILABLE, new jobs bit-exact.
+// Run "restart": daemon restarts under a running job, on one socket path.
+// A 2-rank good job (random ops, every output checked byte by byte) runs
+// through --restarts SIGKILLs, each followed by a supervisor's restart
+// after --restart_delay_ms, then --restarts planned restarts (SIGTERM, then
+// a start at once: systemctl restart, a package upgrade). Measured: the gap
+// of each (the last op the old daemon completed to the first op the new one
+// completed, as the rank saw them), ops per second before and after, and
+// that nothing was lost (no op failed, no byte wrong, no stale file).
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -8,121 +14,135 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstring>
+#include <random>
 
 #include "bench/robustness/robustness.h"
 
 namespace dmagather::bench::robustness {
+namespace {
+
+// Ops per second the job completes over `seconds`.
+double Rate(GoodJob* g, double seconds) {
+  const uint64_t n0 = g->ops.load(), t0 = MonotonicNs();
+  usleep(useconds_t(seconds * 1e6));
+  return double(g->ops.load() - n0) / Seconds(t0, MonotonicNs());
+}
+
+struct Gaps {
+  std::vector<double> ms;
+  double P50() const { return ms.empty() ? 0 : ms[ms.size() / 2]; }
+  double Max() const { return ms.empty() ? 0 : ms.back(); }
+};
+
+}  // namespace
 
 void RunRestart(const std::string& base) {
   const uint64_t t0 = MonotonicNs();
   const int cycles = absl::GetFlag(FLAGS_restarts);
+  const int delay_ms = absl::GetFlag(FLAGS_restart_delay_ms);
   const std::string dir = base + "/restart";
   mkdir(dir.c_str(), 0700);
   Daemon daemon(dir, {});
-  int unavailable = 0, hangs = 0, other = 0, restart_failed = 0, stale = 0, new_job_bad = 0, shm_left = 0;
-  std::vector<double> lat_ms;
   std::string first_problem;
+  int stuck = 0, restart_failed = 0, bad_status = 0, stale = 0;
   auto problem = [&](const std::string& s) {
     if (first_problem.empty()) first_problem = s;
   };
   if (!daemon.Start()) {
     printf("restart: the daemon did not start\n");
-    restart_failed = cycles;
+    return;
   }
   const std::vector<std::string> shm_before = DirEntries("/dev/shm", "dmagather");
-  for (int cyc = 0; cyc < cycles && restart_failed == 0; ++cyc) {
-    const std::string socket = daemon.socket();
-    // The old job: 2 ranks running ops until something fails.
-    auto* sh = SharedArray<KillShared>(1);
-    const std::string job = absl::StrCat("old-", getpid(), "-", cyc);
-    std::vector<pid_t> pids;
-    for (int r = 0; r < 2; ++r) pids.push_back(Spawn([&, r] { return KillRank(socket, job, 2, r, -1, sh); }));
-    const uint64_t deadline = MonotonicNs() + 60'000'000'000ull;
-    while (sh->ready.load() < 2 && MonotonicNs() < deadline) usleep(1000);
-    usleep(20000);
-    const uint64_t kill_ns = MonotonicNs();
-    const int ds = daemon.Stop(SIGKILL);
-    if (!(WIFSIGNALED(ds) && WTERMSIG(ds) == SIGKILL)) problem(absl::StrCat("cycle ", cyc, ": daemon status ", ds));
-    for (int r = 0; r < 2; ++r) {
-      bool to = false;
-      const int rc = Reap(pids[r], 10, &to);
-      if (to) {
-        ++hangs;
-        problem(absl::StrCat("cycle ", cyc, ": old rank ", r, " hung after the daemon was killed"));
-      } else if (rc == 0 && sh->status[r] == DMAGATHER_UNAVAILABLE) {
-        ++unavailable;
-        lat_ms.push_back((sh->error_ns[r].load() - kill_ns) / 1e6);
-      } else {
-        ++other;
-        problem(absl::StrCat("cycle ", cyc, ": old rank ", r, " exit ", rc, " status ", sh->status[r].load(), " ",
-                             sh->why));
-      }
-    }
-    munmap(sh, sizeof(KillShared));
-    // Restart on the same path; afterwards only the new daemon's files exist.
-    if (!daemon.Start()) {
-      ++restart_failed;
-      problem(absl::StrCat("cycle ", cyc, ": restart failed"));
-      break;
-    }
-    const std::vector<std::string> files = DirEntries(dir);
-    const std::vector<std::string> want = {"dmagatherd.log", "dmagatherd.sock", "dmagatherd.sock.fd"};
-    if (files != want) {
-      ++stale;
-      problem(absl::StrCat("cycle ", cyc, ": socket dir holds ", Join(files)));
-    }
-    if (DirEntries("/dev/shm", "dmagather") != shm_before) ++shm_left;
-    // A new job, bit-exact.
-    auto* g = SharedArray<GoodJob>(1);
-    g->stop_at = 20;
-    const std::string njob = absl::StrCat("new-", getpid(), "-", cyc);
-    std::vector<pid_t> np;
-    for (int r = 0; r < 2; ++r) {
-      np.push_back(Spawn([&, r] { return GoodRank(socket, njob, 2, r, 4 << 10, 1 << 20, 1000 + cyc, g); }));
-    }
-    int bad_exit = 0;
-    for (pid_t p : np) bad_exit += Reap(p, 60) != 0;
-    if (bad_exit || g->bad_bytes || g->ops != 20) {
-      ++new_job_bad;
-      problem(absl::StrCat("cycle ", cyc, ": new job: ", g->why));
-    }
-    munmap(g, sizeof(GoodJob));
+  auto* g = SharedArray<GoodJob>(1);
+  const std::string socket = daemon.socket(), job = absl::StrCat("through-restarts-", getpid());
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    pids.push_back(Spawn([&, r] { return GoodRank(socket, job, 2, r, 4 << 10, 256 << 10, 77, g); }));
   }
+  const uint64_t deadline = MonotonicNs() + 60'000'000'000ull;
+  while (g->ops.load() < 10 && MonotonicNs() < deadline) usleep(1000);
+  const double rate_before = Rate(g, 2.0);
+  std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
+  Gaps kill_gaps, term_gaps;
+  for (int kind = 0; kind < 2; ++kind) {
+    const int sig = kind == 0 ? SIGKILL : SIGTERM;
+    for (int c = 0; c < cycles && stuck == 0 && restart_failed == 0; ++c) {
+      usleep(20000 + rng() % 100000);  // Mid-run, at a random point of an op.
+      const int st = daemon.Stop(sig);
+      const uint64_t ops_at = g->ops.load();
+      const uint64_t last_before = ops_at > 0 ? g->done_ns[(ops_at - 1) % GoodJob::kDoneTimes].load() : 0;
+      if (sig == SIGKILL ? !(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) : !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+        ++bad_status;
+        problem(absl::StrCat("cycle ", c, " signal ", sig, ": daemon exit status ", st));
+      }
+      if (sig == SIGKILL) usleep(delay_ms * 1000);
+      if (!daemon.Start()) {
+        ++restart_failed;
+        problem(absl::StrCat("cycle ", c, " signal ", sig, ": restart failed"));
+        break;
+      }
+      if (DirEntries(dir) != std::vector<std::string>{"dmagatherd.log", "dmagatherd.sock", "dmagatherd.sock.fd"}) {
+        ++stale;
+        problem(absl::StrCat("cycle ", c, ": socket dir holds ", Join(DirEntries(dir))));
+      }
+      // The first op the new daemon completes.
+      const uint64_t wait_until = MonotonicNs() + 30'000'000'000ull;
+      while (g->ops.load() <= ops_at && MonotonicNs() < wait_until && g->failed_ops.load() == 0) usleep(200);
+      if (g->ops.load() <= ops_at) {
+        ++stuck;
+        problem(absl::StrCat("cycle ", c, " signal ", sig, ": no op completed within 30 s of the restart (",
+                             g->why_set.load() ? g->why : "no rank said why", ")"));
+        break;
+      }
+      const double gap_ms = (g->done_ns[ops_at % GoodJob::kDoneTimes].load() - last_before) / 1e6;
+      (sig == SIGKILL ? kill_gaps : term_gaps).ms.push_back(gap_ms);
+      printf("restart: %s cycle %d: gap %.1f ms (op %" PRIu64 " -> %" PRIu64 ")\n", sig == SIGKILL ? "SIGKILL" : "SIGTERM",
+             c, gap_ms, ops_at, ops_at + 1);
+    }
+  }
+  const double rate_after = Rate(g, 2.0);
+  g->stop.store(1);
+  int bad_exit = 0;
+  for (pid_t p : pids) bad_exit += Reap(p, 60) != 0;
+  std::sort(kill_gaps.ms.begin(), kill_gaps.ms.end());
+  std::sort(term_gaps.ms.begin(), term_gaps.ms.end());
   const bool serving = daemon.Alive() && daemon.Healthy();
   const int term = daemon.Stop(SIGTERM);
-  const std::vector<std::string> left = DirEntries(dir);
-  const bool clean_end =
-      WIFEXITED(term) && WEXITSTATUS(term) == 0 && left == std::vector<std::string>{"dmagatherd.log"};
-  const std::vector<std::string> shm_after = DirEntries("/dev/shm", "dmagather");
-  std::sort(lat_ms.begin(), lat_ms.end());
-  const double p50 = lat_ms.empty() ? 0 : lat_ms[lat_ms.size() / 2], mx = lat_ms.empty() ? 0 : lat_ms.back();
-  printf("\n== restart: %d cycles of SIGKILL of the daemon under a running 2-rank job, restart on the same socket\n",
-         cycles);
-  printf("   old ranks: UNAVAILABLE %d/%d (kill -> error p50 %.1f ms, max %.1f ms), other %d, hangs %d\n", unavailable,
-         2 * cycles, p50, mx, other, hangs);
-  printf(
-      "   restarts failed %d, cycles with stale files in the socket dir %d, with new /dev/shm entries %d, new jobs not "
-      "bit-exact %d\n",
-      restart_failed, stale, shm_left, new_job_bad);
-  printf(
-      "   after SIGTERM: exit %d, socket dir holds %s; /dev/shm dmagather entries: before %s, after %s; health before "
-      "stop %s\n",
-      WIFEXITED(term) ? WEXITSTATUS(term) : -1, Join(left).c_str(), Join(shm_before).c_str(), Join(shm_after).c_str(),
-      serving ? "SERVING" : "NOT SERVING");
+  const bool clean_end = WIFEXITED(term) && WEXITSTATUS(term) == 0 &&
+                         DirEntries(dir) == std::vector<std::string>{"dmagatherd.log"} &&
+                         DirEntries("/dev/shm", "dmagather") == shm_before;
+  printf("\n== restart: a 2-rank job (random ops of 4 KiB-256 KiB, each checked) through %d SIGKILLs "
+         "(restart after %d ms) and %d SIGTERM restarts of its daemon\n",
+         cycles, delay_ms, cycles);
+  printf("   gap (last op of the old daemon -> first op of the new): SIGKILL p50 %.1f ms max %.1f ms (n=%zu); "
+         "SIGTERM p50 %.1f ms max %.1f ms (n=%zu)\n",
+         kill_gaps.P50(), kill_gaps.Max(), kill_gaps.ms.size(), term_gaps.P50(), term_gaps.Max(), term_gaps.ms.size());
+  printf("   ops/s before %.0f, after %.0f (ratio %.2f); ops %" PRIu64 ", bytes checked %" PRIu64
+         ", bad bytes %" PRIu64 ", failed ops %" PRIu64 ", ranks exiting non-zero %d\n",
+         rate_before, rate_after, rate_before > 0 ? rate_after / rate_before : 0.0, g->ops.load(),
+         g->bytes_checked.load(), g->bad_bytes.load(), g->failed_ops.load(), bad_exit);
+  printf("   restarts failed %d, stuck %d, bad exit statuses %d, stale files %d; after SIGTERM: clean %s, health "
+         "before stop %s\n",
+         restart_failed, stuck, bad_status, stale, clean_end ? "yes" : "no", serving ? "SERVING" : "NOT SERVING");
   if (!first_problem.empty()) printf("   first problem: %s\n", first_problem.c_str());
   Row row;
-  row.run = "3. daemon SIGKILL + restart";
-  row.load = absl::StrFormat("a 2-rank job running in each cycle; a new 2-rank job x 20 ops after each restart");
-  row.faults = absl::StrFormat("%d daemon SIGKILLs + restarts on the same socket path", cycles);
+  row.run = "3. daemon restarts under a job";
+  row.load = "a 2-rank job of random ops (4 KiB-256 KiB), every output checked, running through every restart";
+  row.faults = absl::StrFormat("%d SIGKILLs (restart after %d ms) + %d SIGTERM restarts on the same socket path",
+                               cycles, delay_ms, cycles);
   row.bad_inputs = "stale sockets of the killed daemon, every time";
-  row.ok = unavailable == 2 * cycles && hangs == 0 && other == 0 && restart_failed == 0 && stale == 0 &&
-           shm_left == 0 && new_job_bad == 0 && clean_end && serving && shm_after == shm_before;
+  row.ok = stuck == 0 && restart_failed == 0 && bad_status == 0 && stale == 0 && bad_exit == 0 &&
+           g->bad_bytes.load() == 0 && g->failed_ops.load() == 0 && clean_end && serving &&
+           kill_gaps.ms.size() == size_t(cycles) && term_gaps.ms.size() == size_t(cycles);
   row.lost = absl::StrFormat(
-      "%d/%d old ranks got UNAVAILABLE (max %.0f ms), hangs %d, failed restarts %d, stale files %d, new jobs not "
-      "bit-exact %d/%d",
-      unavailable, 2 * cycles, mx, hangs, restart_failed, stale + shm_left + (clean_end ? 0 : 1), new_job_bad, cycles);
+      "nothing: %d/%d restarts survived, failed ops %u, bad bytes %u; gap SIGKILL p50 %.0f / max %.0f ms, SIGTERM "
+      "p50 %.0f / max %.0f ms",
+      int(kill_gaps.ms.size() + term_gaps.ms.size()), 2 * cycles, unsigned(g->failed_ops.load()),
+      unsigned(g->bad_bytes.load()), kill_gaps.P50(), kill_gaps.Max(), term_gaps.P50(), term_gaps.Max());
+  if (!row.ok) row.lost = absl::StrCat("LOST: ", first_problem, "; ", row.lost);
   row.seconds = Seconds(t0, MonotonicNs());
   g_rows.push_back(row);
+  munmap(g, sizeof(GoodJob));
 }
 
 }  // namespace dmagather::bench::robustness

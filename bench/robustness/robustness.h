@@ -76,6 +76,7 @@ ABSL_DECLARE_FLAG(int, good_ranks);
 ABSL_DECLARE_FLAG(int, kills);
 ABSL_DECLARE_FLAG(int, kill_world);
 ABSL_DECLARE_FLAG(int, restarts);
+ABSL_DECLARE_FLAG(int, restart_delay_ms);
 ABSL_DECLARE_FLAG(int, soak_jobs);
 ABSL_DECLARE_FLAG(int, soak_ranks);
 ABSL_DECLARE_FLAG(int, soak_s);
@@ -208,6 +209,9 @@ struct GoodJob {
   std::atomic<uint64_t> failed_ops{0};  // Ops that did not return OK (any rank).
   std::atomic<uint64_t> progress{0};    // Any rank finished an op (watchdog).
   std::atomic<int> joined{0};
+  // Rank 0: when op n was seen done and checked (by n % kDoneTimes).
+  static constexpr int kDoneTimes = 4096;
+  std::atomic<uint64_t> done_ns[kDoneTimes];
   char why[512];
   std::atomic<int> why_set{0};
   void Say(const std::string& s) {

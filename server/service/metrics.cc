@@ -61,6 +61,18 @@ void WriteNodeFamilies(const v1::HealthReply& health, const v1::StatsReply& stat
   w->Sample("dmagather_registered_bytes", "", stats.registered_bytes());
   w->Family("dmagather_jobs_completed_total", "counter", "Jobs that ended and were released.");
   w->Sample("dmagather_jobs_completed_total", "", stats.jobs_completed());
+  w->Family("dmagather_jobs_taken_over_total", "counter",
+            "Jobs this daemon took back from the ranks of an earlier one (daemon restarts survived).");
+  w->Sample("dmagather_jobs_taken_over_total", "", stats.jobs_taken_over());
+  w->Family("dmagather_ranks_resumed_total", "counter", "Rank sessions that came back from an earlier daemon.");
+  w->Sample("dmagather_ranks_resumed_total", "", stats.ranks_resumed());
+  w->Family("dmagather_ops_handed_over_total", "counter",
+            "Ops the ranks had submitted and not seen done when their earlier daemon went away.");
+  w->Sample("dmagather_ops_handed_over_total", "", stats.ops_handed_over());
+  w->Family("dmagather_handover_gap_microseconds", "gauge",
+            "A rank's time without a daemon across a restart (loss seen to Resume).");
+  w->Sample("dmagather_handover_gap_microseconds", "quantile=\"0.5\"", stats.handover_gap().p50_us());
+  w->Sample("dmagather_handover_gap_microseconds", "quantile=\"1\"", stats.handover_gap().max_us());
 }
 
 // Per job and per rank: ops, bytes, latency quantiles, errors, memory.

@@ -89,8 +89,6 @@ class Registry {
     return core_.Resume(session_id, secret, gap_ns, ops_pending);
   }
 
-  // Shutdown: every running job fails its pending and later ops with `why`.
-  void FailAll(const absl::Status& why) { core_.FailAll(why); }
   // Shutdown for a successor (RegistryCore::FreezeForHandover).
   void FreezeForHandover() { core_.FreezeForHandover(); }
   int total_ops_running() const { return core_.total_ops_running(); }

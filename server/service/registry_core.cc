@@ -265,21 +265,6 @@ absl::Status RegistryCore::Deregister(uint64_t session_id, const std::string& se
   return absl::OkStatus();
 }
 
-void RegistryCore::FailAll(const absl::Status& why) {
-  stopping_.store(true, std::memory_order_release);
-  absl::MutexLock lock(&mu_);
-  for (auto& [key, entry] : jobs_) {
-    entry.job->Fail(why, -1);
-    for (auto& s : entry.sessions) {
-      // Only live sessions: an ended one may be released by the reaper
-      // (outside this lock) at any moment, and its rank is gone anyway.
-      if (s != nullptr && !s->ended.load(std::memory_order_acquire)) {
-        abi::StoreRelease(&s->rank()->completion()->daemon_state, static_cast<uint32_t>(abi::kDaemonStopping));
-      }
-    }
-  }
-}
-
 absl::Status RegistryCore::Resume(uint64_t session_id, const std::string& secret, uint64_t gap_ns,
                                   uint32_t ops_pending) {
   auto s = FindSession(session_id, secret);

@@ -140,8 +140,6 @@ class RegistryCore {
       ABSL_LOCKS_EXCLUDED(mu_);
   const HandoverCounters& handover() const { return handover_; }
 
-  // Shutdown: every running job fails its pending and later ops with `why`.
-  void FailAll(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
   // Shutdown for a successor (every stop: SIGTERM, restart, upgrade): no new
   // Join; a session's end no longer touches its job or its segment (no
   // error record, no done or ready flag), so the ranks' ops wait, intact,

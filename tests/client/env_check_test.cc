@@ -53,7 +53,7 @@ TEST(EnvCheckTest, KnownNamesAreUniqueAndPrefixed) {
     for (const std::string& s : seen) EXPECT_NE(s, k);
     seen.emplace_back(k);
   }
-  EXPECT_EQ(seen.size(), 29u);
+  EXPECT_EQ(seen.size(), 30u);
 }
 
 TEST(EnvCheckTest, TyposNameTheClosestKnownVariable) {

@@ -1,7 +1,8 @@
 // RingWriter over an in-memory segment: the descriptors of an op land in
 // consecutive slots with their sequence number and item counts, only the
 // bytes they use are copied, the doorbell rings only for a sleeping
-// daemon, and a full ring gives up once the daemon is gone.
+// daemon, a slot is free only once its op is done (a full ring gives up
+// once the daemon is gone), and Rewind finds the first op not seen done.
 #include "client/ring_writer.h"
 
 #include <gtest/gtest.h>
@@ -75,17 +76,37 @@ TEST_F(RingWriterTest, TheDoorbellRingsForASleepingDaemon) {
   EXPECT_EQ(view_.ring->tail, 2u);
 }
 
-TEST_F(RingWriterTest, AFullRingGivesUpWhenTheDaemonIsGone) {
-  view_.ring->head = 5;
-  view_.ring->tail = 5 + abi::kRingSlotsV1;  // Every slot unread.
+TEST_F(RingWriterTest, ASlotIsFreeOnlyOnceItsOpIsDoneNotOnceItWasRead) {
+  abi::DescriptorV2 ds[2];
+  std::memset(ds, 0, sizeof(ds));
+  constexpr uint32_t kOps = abi::kRingSlotsV1 / 2;  // Two slots each: the ring full.
+  for (uint32_t seq = 1; seq <= kOps; ++seq) ASSERT_TRUE(writer_.PublishOp(ds, 2, seq, 0, gone_));
+  view_.ring->head = view_.ring->tail;  // The daemon read every slot; no op is done.
   gone_ = true;
-  abi::DescriptorV2 d;
-  std::memset(&d, 0, sizeof(d));
-  EXPECT_FALSE(writer_.PublishOp(&d, 1, 1, 0, gone_));
-  EXPECT_EQ(view_.ring->tail, 5 + abi::kRingSlotsV1) << "nothing published";
-  view_.ring->head = 6;  // One slot read.
-  EXPECT_TRUE(writer_.PublishSlot(&d, sizeof(d), gone_));
-  EXPECT_EQ(view_.ring->tail, 6 + abi::kRingSlotsV1);
+  EXPECT_FALSE(writer_.PublishOp(ds, 2, kOps + 1, 0, gone_))
+      << "a read slot of an op not done must stay: a daemon that takes the job back reads it again";
+  EXPECT_EQ(view_.ring->tail, uint64_t{abi::kRingSlotsV1}) << "nothing published";
+  view_.completion->done_seq = 1;  // Op 1 done: its two slots are free.
+  EXPECT_TRUE(writer_.PublishOp(ds, 2, kOps + 1, 0, gone_));
+  EXPECT_EQ(view_.ring->tail, uint64_t{abi::kRingSlotsV1} + 2);
+}
+
+TEST_F(RingWriterTest, RewindPointsHeadAtTheFirstOpNotSeenDone) {
+  abi::DescriptorV2 ds[3];
+  std::memset(ds, 0, sizeof(ds));
+  EXPECT_EQ(writer_.Rewind(), 0u) << "nothing begun";
+  EXPECT_EQ(view_.ring->head, 0u);
+  ASSERT_TRUE(writer_.PublishOp(ds, 2, 1, 0, gone_));  // Slots 0-1.
+  ASSERT_TRUE(writer_.PublishOp(ds, 3, 2, 0, gone_));  // Slots 2-4.
+  ASSERT_TRUE(writer_.PublishOp(ds, 1, 3, 0, gone_));  // Slot 5.
+  view_.ring->head = 6;                                // The dead daemon had read them all.
+  view_.completion->done_seq = 1;
+  EXPECT_EQ(writer_.Rewind(), 2u) << "ops 2 and 3 are handed over";
+  EXPECT_EQ(view_.ring->head, 2u) << "op 2's first descriptor";
+  EXPECT_EQ(Slot(2).seq, 2u);
+  view_.completion->done_seq = 3;
+  EXPECT_EQ(writer_.Rewind(), 0u);
+  EXPECT_EQ(view_.ring->head, 6u) << "every op done: nothing to read again";
 }
 
 TEST(RingWriterRefusalTest, ARefusalCarriesItsCodeAndATruncatedReason) {

@@ -227,22 +227,32 @@ class StuckOp {
   bool submitted_ = false;
 };
 
-TEST(FailuresTest, DaemonKilledGivesUnavailable) {
+// A daemon that does not come back: after the grace period the waiting
+// rank gets UNAVAILABLE naming it (a daemon that does come back takes the
+// job back: restart_test).
+TEST(FailuresTest, DaemonKilledAndNotBackGivesUnavailable) {
   auto daemon = DaemonProcess::Start();
   ASSERT_NE(daemon, nullptr);
+  setenv("DMAGATHER_RECONNECT_S", "1", 1);
   StuckOp stuck(daemon.get());
+  unsetenv("DMAGATHER_RECONNECT_S");
   ASSERT_TRUE(stuck.submitted());
   daemon->Stop(SIGKILL);
   RankReport r0 = stuck.Waiter();
   EXPECT_EQ(r0.status, DMAGATHER_UNAVAILABLE) << r0.message;
   EXPECT_NE(r0.message.find("dmagatherd"), std::string::npos) << r0.message;
-  std::cerr << "the waiting rank learned of the daemon's death after " << r0.seconds << " s\n";
+  EXPECT_NE(r0.message.find("DMAGATHER_RECONNECT_S"), std::string::npos) << r0.message;
+  std::cerr << "the waiting rank gave up on the daemon after " << r0.seconds << " s\n";
 }
 
-TEST(FailuresTest, SigtermFailsWaitingOpsAndExitsCleanly) {
+// SIGTERM fails no op: it leaves the waiting op to the next daemon and
+// exits cleanly; with none within the grace period, UNAVAILABLE.
+TEST(FailuresTest, SigtermLeavesWaitingOpsToTheNextDaemonAndExitsCleanly) {
   auto daemon = DaemonProcess::Start();
   ASSERT_NE(daemon, nullptr);
+  setenv("DMAGATHER_RECONNECT_S", "1", 1);
   StuckOp stuck(daemon.get());
+  unsetenv("DMAGATHER_RECONNECT_S");
   ASSERT_TRUE(stuck.submitted());
   const std::string socket = daemon->socket();
   int status = daemon->Stop(SIGTERM);
@@ -250,6 +260,7 @@ TEST(FailuresTest, SigtermFailsWaitingOpsAndExitsCleanly) {
   RankReport r0 = stuck.Waiter();
   EXPECT_EQ(r0.status, DMAGATHER_UNAVAILABLE) << r0.message;
   EXPECT_NE(r0.message.find("shutting down"), std::string::npos) << r0.message;
+  EXPECT_NE(r0.message.find("no dmagatherd took the job back within 1 s"), std::string::npos) << r0.message;
   EXPECT_NE(access(socket.c_str(), F_OK), 0) << "socket left behind";
 }
 

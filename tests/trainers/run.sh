@@ -18,6 +18,12 @@ if ! nice -n 10 bazel build //client:libdmagather.so //server:dmagatherd //tools
   exit 1
 fi
 bin=$(bazel info bazel-bin 2>/dev/null)
+# restart_test.py replaces the daemon once by another build of it: the one
+# tools/check_no_cuda_build.sh made without the GPU toolkits, where it ran
+# before (tools/test.sh runs it first); else the test says it had none.
+other=$(bazel info --repo_env=DMAGATHER_CUDA_PATH=/nonexistent --repo_env=DMAGATHER_HIP_PATH=/nonexistent \
+  --platform_suffix=-nocuda bazel-bin 2>/dev/null)/server/dmagatherd
+if [ -x "$other" ] && ! cmp -s "$other" "$bin/server/dmagatherd"; then export DMAGATHER_OTHER_DAEMON="$other"; fi
 # The launchers launchers_test.py runs (pdsh, SLURM): installed where missing.
 # Its classes need root for their network namespaces, and are skipped
 # without it, so only root installs.

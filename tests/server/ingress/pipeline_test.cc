@@ -114,6 +114,16 @@ struct FakeRank {
     std::memcpy(&view().slots[ring->tail % abi::kRingSlotsV1], d, sizeof(*d));
     abi::StoreRelease(&ring->tail, ring->tail + 1);
   }
+  // As a new daemon takes the rank back from an earlier one: its done flag
+  // where that daemon left it, its ring read from where the client rewound
+  // head (here: the start), its regions registered again.
+  void TakeBack(uint32_t done_seq) {
+    abi::StoreRelease(&view().completion->done_seq, done_seq);
+    session = std::make_shared<Rank>(session->rank(), 1000 + session->rank(), 0, view().completion,
+                                     std::make_unique<server::engines::EngineRank>());
+    input = std::make_shared<RankInput>(session, view(), /*resume=*/true);
+    input->regions.Add(100 + session->rank(), region);
+  }
   uint32_t done() { return abi::LoadAcquire(&view().completion->done_seq); }
   uint32_t errors() { return abi::LoadAcquire(&view().completion->error_count); }
   const abi::ErrorRecordV1& error(uint32_t i) { return view().completion->errors[i % abi::kErrorSlotsV1]; }
@@ -134,6 +144,9 @@ class PipelineTest : public ::testing::Test {
       ASSERT_TRUE(job_->AddRank(ranks_.back()->session).ok());
     }
     ASSERT_TRUE(job_->all_joined());
+    MakeIngress(op_timeout);
+  }
+  void MakeIngress(absl::Duration op_timeout = absl::Seconds(60)) {
     Ingress::Options o = options_;
     o.op_timeout = op_timeout;
     ingress_ = std::make_unique<Ingress>(o, &engine_, &bell_,
@@ -176,6 +189,42 @@ TEST_F(PipelineTest, WaitsForEveryRankThenCopiesBitExact) {
     EXPECT_EQ(ranks_[d]->errors(), 0u);
     for (int r = 0; r < 3; ++r) {
       for (int i = 0; i < 100; ++i) ASSERT_EQ(ranks_[d]->region->base()[r * 100 + i], char(r * 31 + i));
+    }
+  }
+}
+
+TEST_F(PipelineTest, ATakenBackJobSkipsTheOpsTheEarlierDaemonEnded) {
+  // Two segments as an earlier daemon left them when it died between the
+  // done flags of op 3: rank 0 saw it done, rank 1 did not, so rank 1's
+  // ring still holds op 3 (coalesced, 3 items) ahead of ops 4 and 5.
+  for (int r = 0; r < 2; ++r) ranks_.push_back(std::make_unique<FakeRank>(r, &engine_));
+  ranks_[1]->seq = 2;
+  ranks_[1]->SubmitCoalesced({8, 8, 8}, {0, 100, 200});
+  ranks_[0]->seq = 3;
+  for (int r = 0; r < 2; ++r) {
+    for (int i = 0; i < 10; ++i) ranks_[r]->region->base()[1000 + r * 10 + i] = char(50 + r * 10 + i);
+    ranks_[r]->Submit(10, 1000);
+    ranks_[r]->SubmitCoalesced({4, 4}, {2000, 3000});
+  }
+  ranks_[0]->TakeBack(3);
+  ranks_[1]->TakeBack(2);
+  job_ = std::make_shared<Job>("job", 2, 0);
+  job_->MarkResuming();
+  for (auto& r : ranks_) ASSERT_TRUE(job_->AddRank(r->session).ok());
+  EXPECT_TRUE(job_->awaiting_resume());
+  job_->StartAfter(3);  // The newest op any rank saw done.
+  EXPECT_FALSE(job_->awaiting_resume());
+  EXPECT_EQ(ranks_[1]->done(), 3u) << "op 3's data is complete everywhere: done on every rank";
+  MakeIngress();
+  EXPECT_EQ(Poll(), 3 + 3 + 3) << "rank 1's op 3 read past, ops 4 and 5 read";
+  ASSERT_EQ(engine_.pending.size(), 2u) << "nothing of op 3 runs again";
+  engine_.Complete(0);
+  engine_.Complete(0);
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_EQ(ranks_[d]->done(), 5u);
+    EXPECT_EQ(ranks_[d]->errors(), 0u) << Message(*ranks_[d], 0);
+    for (int r = 0; r < 2; ++r) {
+      for (int i = 0; i < 10; ++i) ASSERT_EQ(ranks_[d]->region->base()[1000 + r * 10 + i], char(50 + r * 10 + i));
     }
   }
 }

@@ -421,17 +421,123 @@ TEST_F(RegistryCoreTest, OnlyTheSecretsHolderActsOnASession) {
   EXPECT_EQ(core.Register(r).status().code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(RegistryCoreTest, FailAllStopsJoinsAndTellsLiveRanks) {
+TEST_F(RegistryCoreTest, AFrozenRegistryRefusesJoinsAndLeavesTheRanksOpsAlone) {
   RegistryCore core(&engine_, &tickets_, NoLimits());
-  auto j = JoinRank(core, "job", 1, 0);
-  ASSERT_TRUE(j.ok());
-  core.FailAll(absl::UnavailableError("shutting down"));
+  auto a = JoinRank(core, "job", 2, 0);
+  auto b = JoinRank(core, "job", 2, 1);
+  ASSERT_TRUE(a.ok() && b.ok());
+  abi::StoreRelease(&a->session->rank()->completion()->ready_seq, 7u);
+  core.FreezeForHandover();
   EXPECT_TRUE(core.stopping());
-  EXPECT_TRUE(j->job->failed());
-  EXPECT_EQ(j->session->rank()->completion()->daemon_state, static_cast<uint32_t>(abi::kDaemonStopping));
   auto late = JoinRank(core, "other", 1, 0);
   EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(core.quota().held(kUid).sessions, 1) << "the refused join counted nothing";
+  // A session's end (the stream closed as the daemon stops) fails nothing:
+  // no error record, no done or ready flag moved, the job not failed.
+  core.EndSession(*a);
+  EXPECT_FALSE(a->job->failed());
+  const abi::CompletionV1* c = a->session->rank()->completion();
+  EXPECT_EQ(c->error_count, 0u);
+  EXPECT_EQ(c->done_seq, 0u);
+  EXPECT_EQ(c->ready_seq, 7u);
+  EXPECT_EQ(b->session->rank()->completion()->error_count, 0u);
+}
+
+// --- Taking a job back from an earlier daemon (Join with resume, Resume) ---
+
+TEST_F(RegistryCoreTest, AJobTakenBackStartsAfterTheNewestOpAnyRankSawDone) {
+  RegistryCore core(&engine_, &tickets_, NoLimits());
+  JoinSpec s0 = Spec("job", 2, 0, 1000), s1 = Spec("job", 2, 1, 1001);
+  s0.resume = s1.resume = true;
+  auto a = core.Join(s0, PeerCred{kUid, 0, kPid});
+  auto b = core.Join(s1, PeerCred{kUid, 0, kPid});
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  EXPECT_TRUE(a->job->all_joined());
+  EXPECT_TRUE(core.Snapshot().empty()) << "not fed before every rank called Resume";
+  // The earlier daemon died between the two ranks' done flags of op 41.
+  abi::CompletionV1* ca = a->session->rank()->completion();
+  abi::CompletionV1* cb = b->session->rank()->completion();
+  abi::StoreRelease(&ca->done_seq, 41u);
+  abi::StoreRelease(&cb->done_seq, 40u);
+  EXPECT_EQ(core.Resume(a->session->id(), "wrong", 0, 0).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(core.Resume(a->session->id(), a->session->secret(), 1000, 3).ok());
+  EXPECT_TRUE(core.Snapshot().empty()) << "rank 1 is not back yet";
+  EXPECT_EQ(cb->done_seq, 40u);
+  ASSERT_TRUE(core.Resume(b->session->id(), b->session->secret(), 2000, 4).ok());
+  EXPECT_EQ(cb->done_seq, 41u) << "op 41 is done on every rank";
+  EXPECT_EQ(ca->done_seq, 41u);
+  EXPECT_TRUE(a->job->HandedOverDone(41));
+  EXPECT_FALSE(a->job->HandedOverDone(42));
+  EXPECT_EQ(a->session->rank()->next_publish, 42u);
+  EXPECT_EQ(core.Snapshot().size(), 1u);
+  EXPECT_EQ(core.handover().jobs_taken_over.load(), 1u);
+  EXPECT_EQ(core.handover().ranks_resumed.load(), 2u);
+  EXPECT_EQ(core.handover().ops_handed_over.load(), 7u);
+  EXPECT_TRUE(core.Resume(b->session->id(), b->session->secret(), 0, 0).ok()) << "said twice: no-op";
+  EXPECT_EQ(core.handover().ranks_resumed.load(), 2u);
+}
+
+TEST_F(RegistryCoreTest, ARankBackAndARankNewDoNotMakeOneJob) {
+  RegistryCore core(&engine_, &tickets_, NoLimits());
+  JoinSpec back = Spec("job", 2, 0, 1000);
+  back.resume = true;
+  ASSERT_TRUE(core.Join(back, PeerCred{kUid, 0, kPid}).ok());
+  auto fresh = JoinRank(core, "job", 2, 1);
+  EXPECT_EQ(fresh.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(fresh.status().message().find("taken back"), std::string::npos) << fresh.status();
+
+  ASSERT_TRUE(JoinRank(core, "running", 1, 0).ok());
+  JoinSpec late = Spec("running", 1, 0, 1002);
+  late.resume = true;
+  auto again = core.Join(late, PeerCred{kUid, 0, kPid});
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(again.status().message().find("runs on this dmagatherd already"), std::string::npos) << again.status();
+
+  JoinSpec multi = Spec("multi", 2, 0, 1003);
+  multi.resume = true;
+  multi.job_id = "dmagather1/x";
+  auto m = core.Join(multi, PeerCred{kUid, 0, kPid});
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(m.status().message().find("multi-node"), std::string::npos) << m.status();
+}
+
+TEST_F(RegistryCoreTest, AResumedSessionRegistersUnderItsOldIdsOnlyBeforeResume) {
+  RegistryCore core(&engine_, &tickets_, NoLimits());
+  JoinSpec s = Spec("job", 1, 0, 1000);
+  s.resume = true;
+  auto j = core.Join(s, PeerCred{kUid, 0, kPid});
+  ASSERT_TRUE(j.ok()) << j.status();
+  RegisterSpec r = HostRegion(*j, 4096, HandOverBuffer(4096));
+  r.region_id = 77;
+  auto id = core.Register(r);
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(*id, 77u);
+  RegisterSpec dup = HostRegion(*j, 8192, HandOverBuffer(8192));
+  dup.region_id = 77;
+  EXPECT_EQ(core.Register(dup).status().code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(core.Resume(j->session->id(), j->session->secret(), 0, 0).ok());
+  RegisterSpec later = HostRegion(*j, 8192, HandOverBuffer(8192));
+  auto fresh = core.Register(later);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_GT(*fresh, 77u) << "new ids never meet the old ones";
+  RegisterSpec asked = HostRegion(*j, 16384, HandOverBuffer(16384));
+  asked.region_id = 500;
+  EXPECT_EQ(core.Register(asked).status().code(), absl::StatusCode::kInvalidArgument) << "only before Resume";
+}
+
+TEST_F(RegistryCoreTest, ARankGoneBeforeResumeStartsTheJobFailedSoNoRankWaits) {
+  RegistryCore core(&engine_, &tickets_, NoLimits());
+  JoinSpec s0 = Spec("job", 2, 0, 1000), s1 = Spec("job", 2, 1, 1001);
+  s0.resume = s1.resume = true;
+  auto a = core.Join(s0, PeerCred{kUid, 0, kPid});
+  auto b = core.Join(s1, PeerCred{kUid, 0, kPid});
+  ASSERT_TRUE(a.ok() && b.ok());
+  abi::StoreRelease(&a->session->rank()->completion()->done_seq, 9u);
+  ASSERT_TRUE(core.Resume(a->session->id(), a->session->secret(), 0, 0).ok());
+  core.EndSession(*b);  // Rank 1 died before its Resume.
+  EXPECT_TRUE(a->job->failed());
+  EXPECT_TRUE(a->job->HandedOverDone(9));
+  EXPECT_EQ(a->session->rank()->next_publish, 10u);
+  EXPECT_EQ(core.Snapshot().size(), 1u) << "fed, so its ops end with the failure";
 }
 
 TEST_F(RegistryCoreTest, TheJobCreatedHookRunsOncePerNewJob) {
