@@ -21,8 +21,10 @@ bool Retryable(const absl::Status& s) {
 
 }  // namespace
 
-DaemonLink::DaemonLink(std::string socket_path, int rank, int reconnect_s, Parts parts)
-    : socket_path_(std::move(socket_path)), rank_(rank), reconnect_s_(reconnect_s), parts_(parts) {}
+DaemonLink::DaemonLink(std::string socket_path, int rank, int reconnect_s, Parts parts, const common::Clock* clock)
+    : socket_path_(std::move(socket_path)), rank_(rank), reconnect_s_(reconnect_s), parts_(parts), clock_(clock) {}
+
+uint64_t DaemonLink::LostNow() { return common::MonotonicNs(); }
 
 DaemonLink::~DaemonLink() { Close(/*leave=*/false); }
 
@@ -99,25 +101,26 @@ void DaemonLink::ReconnectLoop() {
 }
 
 void DaemonLink::TakeBack(const std::string& reason) {
-  const uint64_t lost_ns = common::MonotonicNs();
-  fprintf(stderr, "dmagather: rank %d: %s; waiting up to %d s for dmagatherd to take the job back (DMAGATHER_RECONNECT_S)\n",
+  const absl::Time deadline = clock_->Now() + absl::Seconds(reconnect_s_);  // Decided on the clock seam.
+  const uint64_t lost_ns = LostNow();
+  fprintf(stderr,
+          "dmagather: rank %d: %s; waiting up to %d s for dmagatherd to take the job back (DMAGATHER_RECONNECT_S)\n",
           rank_, reason.c_str(), reconnect_s_);
   absl::MutexLock lock(&mu_);
   if (control_ != nullptr) control_->EndStream();
-  const uint64_t deadline = lost_ns + uint64_t(reconnect_s_) * 1'000'000'000ull;
   absl::Status last;
   bool fatal = false;
   int attempts = 0;
   while (!stopping()) {
     ++attempts;
     last = TryRejoin(lost_ns, &fatal);
-    if (last.ok() || fatal || common::MonotonicNs() >= deadline) break;
+    if (last.ok() || fatal || clock_->Now() >= deadline) break;
     absl::SleepFor(absl::Milliseconds(50));
   }
   if (last.ok()) {
     restarts_.fetch_add(1);
     fprintf(stderr, "dmagather: rank %d: back on dmagatherd after %.3f s (%d attempt(s)); the job goes on\n", rank_,
-            (common::MonotonicNs() - lost_ns) / 1e9, attempts);
+            (LostNow() - lost_ns) / 1e9, attempts);
     return;
   }
   const std::string why =
@@ -161,19 +164,21 @@ absl::Status DaemonLink::TryRejoin(uint64_t lost_ns, bool* fatal) {
   }
   // Every region under its old id: descriptors in the ring name them.
   absl::Status st;
+  const ClientBackend* backend = backend_;  // Read under mu_ (the lambda below is not seen to hold it).
+  ControlChannel* channel = ch->get();
   parts_.regions->ForEach([&](uintptr_t base, const RegistrationCache::Region& r) {
     if (!st.ok()) return;
-    absl::StatusOr<MemoryExport> e =
-        r.owned != nullptr ? absl::StatusOr<MemoryExport>(r.owned->export_info())
-                           : backend_->Describe(reinterpret_cast<const void*>(base), r.bytes);
+    absl::StatusOr<MemoryExport> e = r.owned != nullptr
+                                         ? absl::StatusOr<MemoryExport>(r.owned->export_info())
+                                         : backend->Describe(reinterpret_cast<const void*>(base), r.bytes);
     if (!e.ok()) return;  // Freed meanwhile: an op naming it fails validation; the next use registers anew.
-    st = (*ch)->Register(*e, rank_, nullptr, r.id).status();
+    st = channel->Register(*e, rank_, nullptr, r.id).status();
   });
   if (!st.ok()) {
     *fatal = !Retryable(st);
     return st;
   }
-  DMAG_RETURN_IF_ERROR((*ch)->Resume((common::MonotonicNs() - lost_ns) / 1000, pending));
+  DMAG_RETURN_IF_ERROR((*ch)->Resume((LostNow() - lost_ns) / 1000, pending));
   control_ = *std::move(ch);
   parts_.ring->SetDoorbell(static_cast<abi::DoorbellV1*>(doorbells_.back().data()));
   control_->StartWatcher([this](const std::string& reason, bool can) { OnLost(reason, can); });

@@ -36,6 +36,7 @@
 #include "client/done_flag.h"
 #include "client/registration_cache.h"
 #include "client/ring_writer.h"
+#include "common/clock.h"
 #include "common/memfd.h"
 
 namespace dmagather::client {
@@ -51,8 +52,10 @@ class DaemonLink {
     int segment_fd = -1;
     uint64_t segment_bytes = 0;
   };
-  // `reconnect_s`: the grace period (0: the job ends with its daemon).
-  DaemonLink(std::string socket_path, int rank, int reconnect_s, Parts parts);
+  // `reconnect_s`: the grace period (0: the job ends with its daemon),
+  // decided on `clock`.
+  DaemonLink(std::string socket_path, int rank, int reconnect_s, Parts parts,
+             const common::Clock* clock = &common::RealClock());
   ~DaemonLink();
 
   // The first Join (params without ticket): hands the segment over, maps
@@ -90,11 +93,14 @@ class DaemonLink {
   absl::StatusOr<std::unique_ptr<ControlChannel>> Connect(std::string* ticket, int timeout_ms)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool stopping() const ABSL_LOCKS_EXCLUDED(rc_mu_);
+  // A monotonic stamp for the gap a rank logs and reports (measured, never decided on).
+  static uint64_t LostNow();
 
   const std::string socket_path_;
   const int rank_;
   const int reconnect_s_;
   const Parts parts_;
+  const common::Clock* const clock_;
 
   mutable absl::Mutex mu_;
   std::unique_ptr<ControlChannel> control_ ABSL_GUARDED_BY(mu_);

@@ -230,7 +230,7 @@ void Daemon::Stop(const std::string& reason) {
   }
   control_->Wake();                       // Open Joins get their Shutdown event now.
   if (peers_ != nullptr) peers_->Stop();  // Bootstraps end; multi-node jobs end (not taken back yet).
-  listener_->Stop();  // No new connections; removes the socket.
+  listener_->Stop();                      // No new connections; removes the socket.
   // Each open Join gets its Shutdown event or its refusal from the watcher
   // (a few ms); then the server stops at once: anything still open is
   // cancelled, which a rank takes as the daemon gone, as it would the

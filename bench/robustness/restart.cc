@@ -96,8 +96,8 @@ void RunRestart(const std::string& base) {
       }
       const double gap_ms = (g->done_ns[ops_at % GoodJob::kDoneTimes].load() - last_before) / 1e6;
       (sig == SIGKILL ? kill_gaps : term_gaps).ms.push_back(gap_ms);
-      printf("restart: %s cycle %d: gap %.1f ms (op %" PRIu64 " -> %" PRIu64 ")\n", sig == SIGKILL ? "SIGKILL" : "SIGTERM",
-             c, gap_ms, ops_at, ops_at + 1);
+      printf("restart: %s cycle %d: gap %.1f ms (op %" PRIu64 " -> %" PRIu64 ")\n",
+             sig == SIGKILL ? "SIGKILL" : "SIGTERM", c, gap_ms, ops_at, ops_at + 1);
     }
   }
   const double rate_after = Rate(g, 2.0);
@@ -111,19 +111,22 @@ void RunRestart(const std::string& base) {
   const bool clean_end = WIFEXITED(term) && WEXITSTATUS(term) == 0 &&
                          DirEntries(dir) == std::vector<std::string>{"dmagatherd.log"} &&
                          DirEntries("/dev/shm", "dmagather") == shm_before;
-  printf("\n== restart: a 2-rank job (random ops of 4 KiB-256 KiB, each checked) through %d SIGKILLs "
-         "(restart after %d ms) and %d SIGTERM restarts of its daemon\n",
-         cycles, delay_ms, cycles);
-  printf("   gap (last op of the old daemon -> first op of the new): SIGKILL p50 %.1f ms max %.1f ms (n=%zu); "
-         "SIGTERM p50 %.1f ms max %.1f ms (n=%zu)\n",
-         kill_gaps.P50(), kill_gaps.Max(), kill_gaps.ms.size(), term_gaps.P50(), term_gaps.Max(), term_gaps.ms.size());
-  printf("   ops/s before %.0f, after %.0f (ratio %.2f); ops %" PRIu64 ", bytes checked %" PRIu64
-         ", bad bytes %" PRIu64 ", failed ops %" PRIu64 ", ranks exiting non-zero %d\n",
+  printf(
+      "\n== restart: a 2-rank job (random ops of 4 KiB-256 KiB, each checked) through %d SIGKILLs "
+      "(restart after %d ms) and %d SIGTERM restarts of its daemon\n",
+      cycles, delay_ms, cycles);
+  printf(
+      "   gap (last op of the old daemon -> first op of the new): SIGKILL p50 %.1f ms max %.1f ms (n=%zu); "
+      "SIGTERM p50 %.1f ms max %.1f ms (n=%zu)\n",
+      kill_gaps.P50(), kill_gaps.Max(), kill_gaps.ms.size(), term_gaps.P50(), term_gaps.Max(), term_gaps.ms.size());
+  printf("   ops/s before %.0f, after %.0f (ratio %.2f); ops %" PRIu64 ", bytes checked %" PRIu64 ", bad bytes %" PRIu64
+         ", failed ops %" PRIu64 ", ranks exiting non-zero %d\n",
          rate_before, rate_after, rate_before > 0 ? rate_after / rate_before : 0.0, g->ops.load(),
          g->bytes_checked.load(), g->bad_bytes.load(), g->failed_ops.load(), bad_exit);
-  printf("   restarts failed %d, stuck %d, bad exit statuses %d, stale files %d; after SIGTERM: clean %s, health "
-         "before stop %s\n",
-         restart_failed, stuck, bad_status, stale, clean_end ? "yes" : "no", serving ? "SERVING" : "NOT SERVING");
+  printf(
+      "   restarts failed %d, stuck %d, bad exit statuses %d, stale files %d; after SIGTERM: clean %s, health "
+      "before stop %s\n",
+      restart_failed, stuck, bad_status, stale, clean_end ? "yes" : "no", serving ? "SERVING" : "NOT SERVING");
   if (!first_problem.empty()) printf("   first problem: %s\n", first_problem.c_str());
   Row row;
   row.run = "3. daemon restarts under a job";

@@ -98,8 +98,10 @@ absl::StatusOr<RegistryCore::JobEntry*> RegistryCore::FindOrCreateJobLocked(cons
     return absl::FailedPreconditionError(
         req.resume ? absl::StrCat("job '", req.job_key, "' runs on this dmagatherd already; rank ", req.rank,
                                   " cannot take it back from an earlier one (was rank ", req.rank, " restarted?)")
-                   : absl::StrCat("job '", req.job_key, "' is being taken back from the ranks of an earlier dmagatherd; "
-                                  "rank ", req.rank, " joined as new (a restarted rank process?)"));
+                   : absl::StrCat("job '", req.job_key,
+                                  "' is being taken back from the ranks of an earlier dmagatherd; "
+                                  "rank ",
+                                  req.rank, " joined as new (a restarted rank process?)"));
   }
   if (job.multi_node() != multi_node) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -222,7 +224,8 @@ absl::StatusOr<uint32_t> RegistryCore::Register(const RegisterSpec& req) {
     // A resumed session's region under its old id: descriptors already in
     // the ring name it. Later ids are above it, so never the same.
     if (!s->resume() || s->resumed.load()) {
-      return absl::InvalidArgumentError("register: a region id may be asked for only by a resumed session before Resume");
+      return absl::InvalidArgumentError(
+          "register: a region id may be asked for only by a resumed session before Resume");
     }
     if (s->registered.count(req.region_id) != 0) {
       return absl::AlreadyExistsError(absl::StrCat("register: region ", req.region_id, " is registered already"));

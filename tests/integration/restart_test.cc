@@ -4,9 +4,9 @@
 // op's output checked byte by byte, every op done once, no rank failed.
 // Also: no daemon within the grace period (UNAVAILABLE naming it), and
 // another user's process racing for the job during the gap.
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <grp.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -105,7 +105,7 @@ void ChurnThroughRestarts(int world, int ops, int kills, uint64_t seed) {
     ASSERT_TRUE(WaitFor([&] { return MinOps(*progress, world) >= at; }, 120)) << "the job stopped at " << at;
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
     const int sig = k == kills / 2 ? SIGTERM : SIGKILL;  // One planned restart among the crashes.
-    daemon->KeepDir();  // The next daemon serves the same socket path.
+    daemon->KeepDir();                                   // The next daemon serves the same socket path.
     const int st = daemon->Stop(sig);
     if (sig == SIGTERM) {
       EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "SIGTERM exit status " << st;

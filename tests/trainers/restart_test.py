@@ -158,14 +158,14 @@ class RestartTest(unittest.TestCase):
     def test_fsdp2_through_daemon_restarts_bit_identical(self):
         def cmd(out):
             return [os.path.join(VENV_BIN, "torchrun"), "--standalone", "--nproc_per_node", str(WORLD),
-                    os.path.join(HERE, "fsdp2_train.py"), "--out", out, "--steps", "60"]
+                    os.path.join(HERE, "fsdp2_train.py"), "--out", out, "--steps", "100"]
         self.check(self.train("off", cmd, None), self.train("on", cmd, 11))
 
     @unittest.skipUnless(HAVE_DS, "deepspeed is not importable in this venv")
     def test_zero3_through_daemon_restarts_bit_identical(self):
         def cmd(out):
             return [os.path.join(VENV_BIN, "deepspeed"), "--num_gpus", str(WORLD), "--master_port", str(free_port()),
-                    os.path.join(HERE, "zero3_train.py"), "--out", out, "--steps", "40"]
+                    os.path.join(HERE, "zero3_train.py"), "--out", out, "--steps", "60"]
         self.check(self.train("off", cmd, None), self.train("on", cmd, 12))
 
 
