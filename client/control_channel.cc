@@ -116,8 +116,10 @@ absl::StatusOr<std::unique_ptr<ControlChannel>> ControlChannel::Connect(const st
   return std::unique_ptr<ControlChannel>(new ControlChannel(socket_path, std::move(channel), clock));
 }
 
-absl::StatusOr<common::FdExchangeResult> ControlChannel::HandOverSegment(int fd, uint64_t bytes, int rank) {
-  auto handed = common::ExchangeFd(common::FdChannelPath(socket_path_), abi::kFdSegment, fd, bytes);
+absl::StatusOr<common::FdExchangeResult> ControlChannel::HandOverSegment(int fd, uint64_t bytes, int rank,
+                                                                         int64_t require_uid) {
+  auto handed = common::ExchangeFd(common::FdChannelPath(socket_path_), abi::kFdSegment, fd, bytes,
+                                   /*timeout_ms=*/5000, require_uid);
   if (!handed.ok()) {
     return common::Annotate(handed.status(),
                             absl::StrCat("rank ", rank, " could not hand its segment to dmagatherd: "));

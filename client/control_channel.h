@@ -68,8 +68,9 @@ class ControlChannel {
   const std::string& socket_path() const { return socket_path_; }
 
   // Hands the rank's segment over on the fd channel: its ticket and the
-  // daemon's doorbell descriptor.
-  absl::StatusOr<common::FdExchangeResult> HandOverSegment(int fd, uint64_t bytes, int rank);
+  // daemon's doorbell descriptor. `require_uid` >= 0: only to a daemon of
+  // that uid (a rank coming back hands its segment to no one else).
+  absl::StatusOr<common::FdExchangeResult> HandOverSegment(int fd, uint64_t bytes, int rank, int64_t require_uid = -1);
 
   // Sends the Join and waits for its answer (all ranks in, or an error);
   // a daemon that does not answer within the join timeout plus 10 s is

@@ -31,22 +31,21 @@ DaemonLink::~DaemonLink() { Close(/*leave=*/false); }
 absl::StatusOr<std::unique_ptr<ControlChannel>> DaemonLink::Connect(std::string* ticket, int timeout_ms) {
   DMAG_ASSIGN_OR_RETURN(std::unique_ptr<ControlChannel> ch,
                         ControlChannel::Connect(socket_path_, common::RealClock(), timeout_ms));
-  DMAG_ASSIGN_OR_RETURN(common::FdExchangeResult handed,
-                        ch->HandOverSegment(parts_.segment_fd, parts_.segment_bytes, rank_));
-  if (daemon_uid_ < 0) {
-    daemon_uid_ = handed.daemon_uid;
-  } else if (handed.daemon_uid != daemon_uid_) {
-    // Not the node's daemon: never hand the job (or the segment) to it.
-    return absl::PermissionDeniedError(absl::StrCat("the dmagatherd now at ", socket_path_, " runs as uid ",
-                                                    handed.daemon_uid, ", the one this rank joined ran as uid ",
-                                                    daemon_uid_, ": the job is not handed to it"));
+  // Coming back, the segment goes only to a daemon of the uid this rank
+  // first joined (the kernel's SO_PEERCRED, checked before anything is sent).
+  auto handed = ch->HandOverSegment(parts_.segment_fd, parts_.segment_bytes, rank_, daemon_uid_);
+  if (!handed.ok()) {
+    return absl::IsPermissionDenied(handed.status()) && daemon_uid_ >= 0
+               ? common::Annotate(handed.status(), "not the daemon this rank joined: ")
+               : handed.status();
   }
-  auto bell = common::MemfdMapping::Map(handed.fd.get(), sizeof(abi::DoorbellV1));
+  if (daemon_uid_ < 0) daemon_uid_ = handed->daemon_uid;
+  auto bell = common::MemfdMapping::Map(handed->fd.get(), sizeof(abi::DoorbellV1));
   if (!bell.ok()) {
     return absl::UnavailableError(absl::StrCat("cannot map the daemon's doorbell: ", bell.status().message()));
   }
   doorbells_.push_back(*std::move(bell));
-  *ticket = handed.ticket;
+  *ticket = handed->ticket;
   return ch;
 }
 

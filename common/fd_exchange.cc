@@ -147,21 +147,27 @@ bool UnixSocketAccepts(const std::string& path, int type) {
 }
 
 absl::StatusOr<FdExchangeResult> ExchangeFd(const std::string& path, uint32_t kind, int fd, uint64_t bytes,
-                                            int timeout_ms) {
+                                            int timeout_ms, int64_t require_uid) {
   std::vector<int> fds;
   if (fd >= 0) fds.push_back(fd);
-  return ExchangeFds(path, kind, fds, bytes, timeout_ms);
+  return ExchangeFds(path, kind, fds, bytes, timeout_ms, require_uid);
 }
 
 absl::StatusOr<FdExchangeResult> ExchangeFds(const std::string& path, uint32_t kind, const std::vector<int>& fds,
-                                             uint64_t bytes, int timeout_ms) {
+                                             uint64_t bytes, int timeout_ms, int64_t require_uid) {
   if (fds.size() > 253) return absl::InvalidArgumentError("more than 253 descriptors in one fd-channel message");
   DMAG_ASSIGN_OR_RETURN(UniqueFd s, ConnectFdChannel(path, timeout_ms));
-  DMAG_RETURN_IF_ERROR(SendFdRequest(s.get(), kind, fds, bytes));
-  DMAG_ASSIGN_OR_RETURN(FdExchangeResult out, ReceiveFdReply(s.get(), path, kind, timeout_ms));
   ucred cred{};
   socklen_t len = sizeof(cred);
-  if (getsockopt(s.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && len == sizeof(cred)) out.daemon_uid = cred.uid;
+  const bool known = getsockopt(s.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && len == sizeof(cred);
+  if (require_uid >= 0 && (!known || int64_t(cred.uid) != require_uid)) {
+    return absl::PermissionDeniedError(absl::StrCat("the process on ", path, " runs as uid ",
+                                                    known ? std::to_string(cred.uid) : std::string("unknown"),
+                                                    ", not uid ", require_uid, ": nothing handed over"));
+  }
+  DMAG_RETURN_IF_ERROR(SendFdRequest(s.get(), kind, fds, bytes));
+  DMAG_ASSIGN_OR_RETURN(FdExchangeResult out, ReceiveFdReply(s.get(), path, kind, timeout_ms));
+  if (known) out.daemon_uid = cred.uid;
   return out;
 }
 

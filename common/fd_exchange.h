@@ -36,11 +36,13 @@ struct FdExchangeResult {
 };
 
 // `fd` < 0 sends no descriptor. A refusal comes back as the daemon's status
-// and sentence.
+// and sentence. `require_uid` >= 0: nothing is sent unless the process
+// listening on the channel runs as that uid (PERMISSION_DENIED).
 absl::StatusOr<FdExchangeResult> ExchangeFd(const std::string& channel_path, uint32_t kind, int fd, uint64_t bytes,
-                                            int timeout_ms = 5000);
+                                            int timeout_ms = 5000, int64_t require_uid = -1);
 // The same with several descriptors in one request (kFdDeviceMemory).
 absl::StatusOr<FdExchangeResult> ExchangeFds(const std::string& channel_path, uint32_t kind,
-                                             const std::vector<int>& fds, uint64_t bytes, int timeout_ms = 5000);
+                                             const std::vector<int>& fds, uint64_t bytes, int timeout_ms = 5000,
+                                             int64_t require_uid = -1);
 
 }  // namespace dmagather::common

@@ -11,6 +11,7 @@
 //             one registered in its place (buffer id changes)
 //   stream    producer kernel -> allgather -> consumer kernel, 300 times on
 //             one stream, no host synchronisation until the end
+//             ($DMAGATHER_TEST_STREAM_ITERS times where set)
 //   eight     8 ranks, out of place and list
 //   kill      3 ranks; rank 2 is SIGKILLed while an op waits on its stream;
 //             ranks 0,1 get DMAGATHER_PEER_FAILED within 1 s and their
@@ -365,7 +366,10 @@ int ModeStream(Env& e) {
   char* send = Alloc(e, shard);
   char* recv = Alloc(e, shard * e.world);
   if (!send || !recv) return 1;
-  const int iters = 300;
+  // DMAGATHER_TEST_STREAM_ITERS: a longer run (tests/gpu/run.sh restart
+  // restarts the daemon under it).
+  const char* it = getenv("DMAGATHER_TEST_STREAM_ITERS");
+  const int iters = it != nullptr && atoi(it) > 0 ? atoi(it) : 300;
   // Everything below is enqueued without a host synchronisation: the
   // producer writes this iteration's shard, the allgather's ready write
   // follows it on the stream, the consumer checks after the done wait.

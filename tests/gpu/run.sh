@@ -7,6 +7,11 @@
 #   DIR/run.sh run               (GPU machine) start dmagatherd --backend=cuda
 #                                on a private socket, run every GPU test,
 #                                print "N passed, N failed".
+#   DIR/run.sh restart           (GPU machine) the daemon restarted under the
+#                                stream mode: SIGKILLs and a SIGTERM, each
+#                                followed by a start on the same socket, while
+#                                every rank's stream waits on its done flags;
+#                                every run must still be bit-exact.
 #   tests/gpu/run.sh             both, on a machine that has a GPU and Bazel.
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -134,9 +139,52 @@ run() {
   [ "$failed" -eq 0 ]
 }
 
+restart() {
+  export LD_LIBRARY_PATH="$here/lib:${LD_LIBRARY_PATH:-}"
+  local tmp; tmp="$(mktemp -d)"
+  export DMAGATHER_SOCKET="$tmp/dmagatherd.sock"
+  local out="${OUT:-$tmp}" passed=0 failed=0 starts=0 dpid=""
+  start_daemon() {
+    starts=$((starts + 1))
+    "$here/bin/dmagatherd" --socket="$DMAGATHER_SOCKET" --backend=cuda --socket_mode=0666 --metrics_listen= \
+      >"$out/restart_daemon_$starts.log" 2>&1 &
+    dpid=$!
+    for _ in $(seq 1 200); do [ -S "$DMAGATHER_SOCKET" ] && [ -S "$DMAGATHER_SOCKET.fd" ] && break; sleep 0.05; done
+  }
+  ops() { "$here/bin/dmagatherctl" --socket="$DMAGATHER_SOCKET" --json stats 2>/dev/null |
+          grep -o '"total_ops": *"\?[0-9]*' | grep -o '[0-9]*$'; }
+  start_daemon
+  for round in $(seq 1 "${GPU_RESTART_ROUNDS:-3}"); do
+    echo "=== allgather_gpu_test stream (${GPU_RESTART_ITERS:-3000} iterations), daemon restarted under it, round $round"
+    DMAGATHER_TEST_STREAM_ITERS="${GPU_RESTART_ITERS:-3000}" timeout 300 "$here/bin/allgather_gpu_test" stream \
+      >"$out/restart_round$round.log" 2>&1 &
+    local tpid=$! kills=0
+    for _ in $(seq 1 400); do [ "$(ops)" != "" ] && [ "$(ops)" -gt 0 ] && break; sleep 0.05; done
+    for k in 1 2 3; do
+      kill -0 "$tpid" 2>/dev/null || break
+      sleep 0.$((RANDOM % 5 + 2))
+      local sig=KILL; [ "$k" -eq 2 ] && sig=TERM
+      local t0; t0=$(date +%s.%N)
+      kill -"$sig" "$dpid"; wait "$dpid"
+      sleep 0.25
+      start_daemon
+      kills=$((kills + 1))
+      echo "  $sig + restart $(echo "$(date +%s.%N) - $t0" | bc) s after the signal"
+    done
+    if wait "$tpid"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+    grep -E "PASS|FAIL|stream:" "$out/restart_round$round.log"
+    echo "  restarts under the run: $kills; ranks back: $(grep -c 'back on dmagatherd' "$out/restart_round$round.log")"
+    "$here/bin/dmagatherctl" --socket="$DMAGATHER_SOCKET" stats | grep -E "^restarts|^node" | head -3
+  done
+  kill -TERM "$dpid"; wait "$dpid"
+  echo "$passed passed, $failed failed"
+  [ "$failed" -eq 0 ]
+}
+
 case "${1:-all}" in
   stage) stage "${2:?stage DIR}" ;;
   run) run ;;
+  restart) restart ;;
   all) d="$(mktemp -d)"; stage "$d" && "$d/run.sh" run ;;
   *) echo "usage: $0 [stage DIR | run]" >&2; exit 2 ;;
 esac

@@ -83,6 +83,12 @@ class RegistryCoreTest : public ::testing::Test {
   absl::StatusOr<Joined> JoinRank(RegistryCore& core, const std::string& job, int world, int rank) {
     return core.Join(Spec(job, world, rank, 1000 + rank), PeerCred{kUid, 0, kPid});
   }
+  // A rank coming back from an earlier daemon (Join with resume).
+  absl::StatusOr<Joined> JoinBack(RegistryCore& core, const std::string& job, int world, int rank) {
+    JoinSpec s = Spec(job, world, rank, 1000 + rank);
+    s.resume = true;
+    return core.Join(s, PeerCred{kUid, 0, kPid});
+  }
 
   RegisterSpec HostRegion(const Joined& j, uint64_t bytes, const std::string& ticket) {
     RegisterSpec r;
@@ -446,10 +452,8 @@ TEST_F(RegistryCoreTest, AFrozenRegistryRefusesJoinsAndLeavesTheRanksOpsAlone) {
 
 TEST_F(RegistryCoreTest, AJobTakenBackStartsAfterTheNewestOpAnyRankSawDone) {
   RegistryCore core(&engine_, &tickets_, NoLimits());
-  JoinSpec s0 = Spec("job", 2, 0, 1000), s1 = Spec("job", 2, 1, 1001);
-  s0.resume = s1.resume = true;
-  auto a = core.Join(s0, PeerCred{kUid, 0, kPid});
-  auto b = core.Join(s1, PeerCred{kUid, 0, kPid});
+  auto a = JoinBack(core, "job", 2, 0);
+  auto b = JoinBack(core, "job", 2, 1);
   ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
   EXPECT_TRUE(a->job->all_joined());
   EXPECT_TRUE(core.Snapshot().empty()) << "not fed before every rank called Resume";
@@ -478,9 +482,7 @@ TEST_F(RegistryCoreTest, AJobTakenBackStartsAfterTheNewestOpAnyRankSawDone) {
 
 TEST_F(RegistryCoreTest, ARankBackAndARankNewDoNotMakeOneJob) {
   RegistryCore core(&engine_, &tickets_, NoLimits());
-  JoinSpec back = Spec("job", 2, 0, 1000);
-  back.resume = true;
-  ASSERT_TRUE(core.Join(back, PeerCred{kUid, 0, kPid}).ok());
+  ASSERT_TRUE(JoinBack(core, "job", 2, 0).ok());
   auto fresh = JoinRank(core, "job", 2, 1);
   EXPECT_EQ(fresh.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(fresh.status().message().find("taken back"), std::string::npos) << fresh.status();
@@ -502,9 +504,7 @@ TEST_F(RegistryCoreTest, ARankBackAndARankNewDoNotMakeOneJob) {
 
 TEST_F(RegistryCoreTest, AResumedSessionRegistersUnderItsOldIdsOnlyBeforeResume) {
   RegistryCore core(&engine_, &tickets_, NoLimits());
-  JoinSpec s = Spec("job", 1, 0, 1000);
-  s.resume = true;
-  auto j = core.Join(s, PeerCred{kUid, 0, kPid});
+  auto j = JoinBack(core, "job", 1, 0);
   ASSERT_TRUE(j.ok()) << j.status();
   RegisterSpec r = HostRegion(*j, 4096, HandOverBuffer(4096));
   r.region_id = 77;
@@ -526,10 +526,8 @@ TEST_F(RegistryCoreTest, AResumedSessionRegistersUnderItsOldIdsOnlyBeforeResume)
 
 TEST_F(RegistryCoreTest, ARankGoneBeforeResumeStartsTheJobFailedSoNoRankWaits) {
   RegistryCore core(&engine_, &tickets_, NoLimits());
-  JoinSpec s0 = Spec("job", 2, 0, 1000), s1 = Spec("job", 2, 1, 1001);
-  s0.resume = s1.resume = true;
-  auto a = core.Join(s0, PeerCred{kUid, 0, kPid});
-  auto b = core.Join(s1, PeerCred{kUid, 0, kPid});
+  auto a = JoinBack(core, "job", 2, 0);
+  auto b = JoinBack(core, "job", 2, 1);
   ASSERT_TRUE(a.ok() && b.ok());
   abi::StoreRelease(&a->session->rank()->completion()->done_seq, 9u);
   ASSERT_TRUE(core.Resume(a->session->id(), a->session->secret(), 0, 0).ok());
