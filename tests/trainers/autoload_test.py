@@ -2,7 +2,9 @@
 into the venv by tools/install_venv.sh; dmagather/_autoload.py):
 
 - unset (or 0): no dmagather module is imported by any Python process, and
-  torch.distributed.all_gather_into_tensor is torch's own;
+  torch.distributed.all_gather_into_tensor is torch's own; any other value,
+  or a misspelled variable (DMAGATHER_ALLGATER), imports nothing either and
+  rank 0 says so in one line;
 - set: the function is replaced as soon as torch.distributed is imported, and
   nothing else happens (dmagather.torch not imported) until a gather;
 - 3 ranks of an unmodified script under torchrun: a subgroup gather before any
@@ -35,10 +37,12 @@ PROBE = ("import sys, json, torch.distributed as d; names = [n for n in ('all_ga
 WORLD = 3
 
 
-def probe(env):
+def probe(env, stderr=None):
     p = subprocess.run([PY, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120)
     if p.returncode != 0:
         raise AssertionError(p.stderr)
+    if stderr is not None:
+        stderr.append(p.stderr)
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
@@ -57,7 +61,25 @@ class AutoloadTest(TrainerCase):
     def test_unset_imports_nothing(self):
         for val in (None, "0", "true"):  # only exactly "1" switches it on
             env = clean_env(self.daemon.sock) if val is None else clean_env(self.daemon.sock, DMAGATHER_ALLGATHER=val)
-            self.assertEqual(probe(env), {"mods": [], "patched": False}, f"DMAGATHER_ALLGATHER={val}")
+            err = []
+            self.assertEqual(probe(env, err), {"mods": [], "patched": False}, f"DMAGATHER_ALLGATHER={val}")
+            notes = [l for l in err[0].splitlines() if l.startswith("dmagather:")]
+            if val == "true":  # a value it does not act on: one line says so
+                self.assertEqual(notes, ["dmagather: DMAGATHER_ALLGATHER=true is not acted on: only 1 switches "
+                                         "dmagather on (unset or 0: off); nothing of dmagather is loaded"])
+            else:
+                self.assertEqual(notes, [], f"DMAGATHER_ALLGATHER={val}")
+
+    def test_a_misspelled_switch_says_so_in_one_line(self):
+        err = []
+        env = clean_env(self.daemon.sock, DMAGATHER_ALLGATER="1")
+        self.assertEqual(probe(env, err), {"mods": [], "patched": False})
+        self.assertEqual([l for l in err[0].splitlines() if l.startswith("dmagather:")],
+                         ["dmagather: DMAGATHER_ALLGATER is not a dmagather variable (did you mean "
+                          "DMAGATHER_ALLGATHER=1?); nothing of dmagather is loaded"])
+        err = []
+        probe(clean_env(self.daemon.sock, DMAGATHER_ALLGATER="1", RANK="1"), err)
+        self.assertEqual([l for l in err[0].splitlines() if l.startswith("dmagather:")], [], "rank 0 alone says it")
 
     def test_set_patches_at_import_and_sets_nothing_up(self):
         got = probe(clean_env(self.daemon.sock, DMAGATHER_ALLGATHER="1"))
