@@ -52,6 +52,7 @@ absl::StatusOr<std::unique_ptr<ControlChannel>> DaemonLink::Connect(std::string*
 absl::StatusOr<JoinAnswer> DaemonLink::Join(const JoinParams& params) {
   absl::MutexLock lock(&mu_);
   params_ = params;
+  params_join_ms_ = params.join_timeout_ms;
   DMAG_ASSIGN_OR_RETURN(control_, Connect(&params_.segment_ticket, 1000));
   parts_.ring->SetDoorbell(static_cast<abi::DoorbellV1*>(doorbells_.back().data()));
   DMAG_ASSIGN_OR_RETURN(JoinAnswer answer, control_->Join(params_));
@@ -186,10 +187,31 @@ absl::Status DaemonLink::TryRejoin(uint64_t lost_ns, bool* fatal) {
 }
 
 absl::Status DaemonLink::Register(const MemoryExport& e, std::unique_ptr<OwnedBuffer> owned) {
-  absl::MutexLock lock(&mu_);
-  DMAG_ASSIGN_OR_RETURN(uint32_t id, control_->Register(e, rank_, owned.get()));
-  parts_.regions->Insert(e, id, std::move(owned));
-  return absl::OkStatus();
+  for (int attempt = 0;; ++attempt) {
+    const int generation = restarts_.load();
+    {
+      absl::MutexLock lock(&mu_);
+      auto id = control_->Register(e, rank_, owned.get());
+      if (id.ok()) {
+        parts_.regions->Insert(e, *id, std::move(owned));
+        return absl::OkStatus();
+      }
+      // The daemon went away under the call: once it is taken back (or given
+      // up on), the registration goes to the new one.
+      if (!absl::IsUnavailable(id.status()) || attempt > 0 || reconnect_s_ == 0) return id.status();
+    }
+    if (!WaitTakenBack(generation)) return parts_.done->GoneStatus();
+  }
+}
+
+bool DaemonLink::WaitTakenBack(int generation) {
+  // A control-plane path only: polled. Bounded by the grace period and a
+  // join's answer (the take-back is given up on by then, or done).
+  const absl::Time deadline = clock_->Now() + absl::Seconds(reconnect_s_) + absl::Milliseconds(params_join_ms_ + 10000);
+  while (restarts_.load() == generation && !parts_.done->gone() && clock_->Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return restarts_.load() != generation;
 }
 
 void DaemonLink::DropStale(const MemoryExport& e, const ClientBackend& backend,
@@ -207,7 +229,9 @@ absl::Status DaemonLink::Deregister(const void* base) {
   if (r == nullptr) return absl::OkStatus();
   absl::Status st = control_->Deregister(r->id);
   parts_.regions->Erase(base);  // Freed here (if the library made it); the daemon's side goes with the Deregister.
-  return parts_.done->gone() ? absl::OkStatus() : st;
+  // A daemon gone (for good, or until one takes the job back without this
+  // region) holds nothing to deregister.
+  return parts_.done->gone() || absl::IsUnavailable(st) ? absl::OkStatus() : st;
 }
 
 void DaemonLink::Close(bool leave) {

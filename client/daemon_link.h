@@ -93,6 +93,9 @@ class DaemonLink {
   absl::StatusOr<std::unique_ptr<ControlChannel>> Connect(std::string* ticket, int timeout_ms)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool stopping() const ABSL_LOCKS_EXCLUDED(rc_mu_);
+  // Waits until the link is taken back after `generation` (true), or given
+  // up on (false).
+  bool WaitTakenBack(int generation) ABSL_LOCKS_EXCLUDED(mu_);
   // A monotonic stamp for the gap a rank logs and reports (measured, never decided on).
   static uint64_t LostNow();
 
@@ -119,6 +122,7 @@ class DaemonLink {
   std::string lost_reason_ ABSL_GUARDED_BY(rc_mu_);
   std::thread reconnector_;
   std::atomic<int> restarts_{0};
+  std::atomic<int> params_join_ms_{60000};  // The join timeout (bounds a wait for the take-back).
 };
 
 }  // namespace dmagather::client
