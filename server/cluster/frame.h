@@ -8,7 +8,8 @@
 namespace dmagather::server::cluster {
 
 inline constexpr uint32_t kRingMagic = 0x474e5244;  // "DRNG"
-inline constexpr uint16_t kRingVersion = 1;
+// 2: ops commit (kFrameEnded) before their done flags are written.
+inline constexpr uint16_t kRingVersion = 2;
 
 enum RingFrameType : uint16_t {
   kFrameHeader = 1,     // A node's verdict and shape for one op (one per node per op).
@@ -16,6 +17,7 @@ enum RingFrameType : uint16_t {
   kFrameSkip = 3,       // A chunk that could not be landed (the op is failing): counted, no payload.
   kFrameAbort = 4,      // The job failed on the origin node; text says why. Both directions.
   kFrameHeartbeat = 5,  // Backwards only (receiver to sender): this node is alive.
+  kFrameEnded = 6,      // The origin ended op `seq` (all its data landed there); forwarded once round.
 };
 
 struct RingFrameV1 {

@@ -37,6 +37,7 @@ RingState::RingState(RingStateOptions options, const common::Clock& clock)
   for (Slot& s : slots_) {
     s.headers.resize(o_.num_nodes);
     s.have.resize(o_.num_nodes);
+    s.ended_from.resize(o_.num_nodes);
   }
 }
 
@@ -54,6 +55,11 @@ void RingState::Start(uint32_t seq, const RingFrameV1& header, uint64_t own_chun
   s.sends_pending = 0;
   s.released = false;
   s.own_chunks = own_chunks;
+  s.local_ended = false;
+  s.verdict = absl::OkStatus();
+  s.verdict_rank = -1;
+  std::fill(s.ended_from.begin(), s.ended_from.end(), 0);
+  s.ended_count = 0;
   s.local_ok = header.code == 0;
   s.headers[o_.my_node] = header;
   s.have[o_.my_node] = 1;
@@ -77,7 +83,7 @@ bool RingState::Malformed(const RingFrameV1& f) const {
   return f.magic != kRingMagic || f.version != kRingVersion || f.origin < 0 || f.origin >= o_.num_nodes ||
          f.origin == o_.my_node || (data && f.len > o_.chunk_bytes) ||
          (f.type != kFrameHeader && !data && f.type != kFrameSkip && f.type != kFrameAbort &&
-          f.type != kFrameHeartbeat);
+          f.type != kFrameHeartbeat && f.type != kFrameEnded);
 }
 
 RingState::Frame RingState::OnFrame(int link, const RingFrameV1& f, Effects* fx) {
@@ -99,6 +105,18 @@ RingState::Frame RingState::OnFrame(int link, const RingFrameV1& f, Effects* fx)
   if (f.type == kFrameData) {
     ++s.busy;  // The slot cannot end (nor be failed) while its payload lands.
     return Frame::kChunk;
+  }
+  if (f.type == kFrameEnded) {
+    if (!s.ended_from[f.origin]) {
+      s.ended_from[f.origin] = 1;
+      ++s.ended_count;
+      if (next_node() != f.origin) {
+        fx->forward.emplace_back(0, f);
+        ++s.sends_pending;
+      }
+    }
+    MaybeCommit(s, fx);
+    return Frame::kDone;
   }
   if (f.type == kFrameHeader) {
     if (!s.have[f.origin]) {
@@ -159,22 +177,59 @@ void RingState::Unbusy(Slot& s, Effects* fx) {
 }
 
 void RingState::MaybeEnd(Slot& s, Effects* fx) {
-  if (!s.active || !s.released || s.have_count != o_.num_nodes || s.chunks_got != s.chunks_expected ||
-      s.sends_pending != 0) {
+  if (!s.active) return;
+  if (s.local_ended) {
+    MaybeCommit(s, fx);
     return;
   }
-  int who = -1;
-  absl::Status verdict = Verdict(s, &who);
-  s.active = false;
-  fx->ended.push_back(Ended{s.seq, std::move(verdict), who});
+  if (!s.released || s.have_count != o_.num_nodes || s.chunks_got != s.chunks_expected || s.sends_pending != 0) {
+    return;
+  }
+  // Ended here: every node's data landed, every frame went out. The next
+  // op's own frames may go; the verdict waits for every node to say so.
+  s.verdict = Verdict(s, &s.verdict_rank);
+  s.local_ended = true;
   last_ended_ = s.seq;
+  RingFrameV1 ended = NewRingFrame(kFrameEnded, s.seq, o_.my_node);
+  fx->forward.emplace_back(0, ended);  // One link, so "ended" frames keep their order.
+  ++s.sends_pending;
   Slot& next = slot(s.seq + 1);
   if (next.active && next.seq == s.seq + 1 && !next.released) Release(next, fx);
   if (pending_ && !aborted_ && SpareEnded()) {
-    Fail(pending_why_, fx);
-    fx->fail_after = true;
-    fx->fail_spare = spare_;
+    FailSparing(fx);
+    return;
   }
+  MaybeCommit(s, fx);
+}
+
+void RingState::MaybeCommit(Slot& s, Effects* fx) {
+  if (!s.active || !s.local_ended || s.sends_pending != 0) return;
+  const bool spared = pending_ && int32_t(s.seq - spare_) <= 0;
+  if (s.ended_count != o_.num_nodes - 1 && !spared) return;
+  s.active = false;
+  fx->ended.push_back(Ended{s.seq, s.verdict, s.verdict_rank});
+}
+
+void RingState::CommitSpared(uint32_t spare, Effects* fx) {
+  // In sequence order from the oldest, as done flags are written.
+  std::vector<Slot*> spared;
+  for (Slot& s : slots_) {
+    if (s.active && s.local_ended && int32_t(s.seq - spare) <= 0) spared.push_back(&s);
+  }
+  std::sort(spared.begin(), spared.end(), [](const Slot* a, const Slot* b) { return int32_t(a->seq - b->seq) < 0; });
+  for (Slot* s : spared) {
+    s->active = false;
+    fx->ended.push_back(Ended{s->seq, s->verdict, s->verdict_rank});
+  }
+}
+
+void RingState::FailSparing(Effects* fx) {
+  // The abort's origin ended the spared ops, and so did this node: every
+  // node that could still need them has them (the job is ending anyway).
+  CommitSpared(spare_, fx);
+  Fail(pending_why_, fx);
+  fx->fail_after = true;
+  fx->fail_spare = spare_;
 }
 
 absl::Status RingState::Verdict(const Slot& s, int* failed_rank) const {
@@ -224,11 +279,7 @@ void RingState::OnAbortFrame(Side from, const RingFrameV1& f, Effects* fx) {
     Fail(pending_why_, fx);
     return;
   }
-  if (SpareEnded()) {
-    Fail(pending_why_, fx);
-    fx->fail_after = true;
-    fx->fail_spare = spare_;
-  }
+  if (SpareEnded()) FailSparing(fx);
 }
 
 void RingState::OnControl(int link, const RingFrameV1& f, Effects* fx) {
@@ -258,9 +309,7 @@ void RingState::LinkFailed(Side side, int link, const std::string& why, Effects*
       prev_closed_[link] = 1;
       if (std::count(prev_closed_.begin(), prev_closed_.end(), 1) < o_.links) return;
     }
-    Fail(pending_why_, fx);
-    fx->fail_after = true;
-    fx->fail_spare = spare_;
+    FailSparing(fx);
     return;
   }
   const int node = side == Side::kPrev ? prev_node() : next_node();
@@ -275,6 +324,10 @@ void RingState::Abort(const absl::Status& why, Effects* fx) {
   aborted_ = true;
   abort_why_ = why;
   fx->drop_queued = true;
+  // A job ending with no node blamed (its ranks left, an op timed out)
+  // spares what ended here, as the abort frame tells the others to. Where
+  // a node is blamed, an op not ended everywhere fails: it may lack data.
+  if (dead_node_ < 0) CommitSpared(pending_ ? spare_ : last_ended_, fx);
   for (Slot& s : slots_) {
     if (!s.active) continue;
     s.active = false;
@@ -347,6 +400,11 @@ std::string RingState::Pending(uint32_t seq) const {
   if (s.have_count == o_.num_nodes && s.chunks_got != s.chunks_expected) {
     what.push_back(absl::StrCat("chunks from ", NodeName(prev_node()), ": ", s.chunks_got, " of ", s.chunks_expected,
                                 " received"));
+  }
+  if (s.local_ended) {
+    for (int i = 0; i < o_.num_nodes; ++i) {
+      if (i != o_.my_node && !s.ended_from[i]) what.push_back(absl::StrCat("the end of it on ", NodeName(i)));
+    }
   }
   if (s.sends_pending != 0) {
     what.push_back(absl::StrCat(s.sends_pending, " frame(s) to ", NodeName(next_node())));

@@ -10,6 +10,13 @@
 // how, whether the job fails, whether abort frames go out and on which side.
 // No threads, no sockets; time comes from the Clock.
 //
+// Commit: an op ends here (its done flags may be written) only once every
+// node has ended it locally - all its data landed everywhere - which each
+// node says with an "ended" frame that goes once round the ring. So an op
+// any rank saw done needs nothing of any node's inputs again, and a ring
+// that lost a node can be formed again after the newest op done anywhere
+// (docs/ARCHITECTURE.md, "Daemon restarts").
+//
 // Failure detection (see docs/ARCHITECTURE.md, "Multi-node"):
 //  - A link that breaks (read or write fails, the peer closed it) fails the
 //    job with PEER_FAILED naming the node at the other end.
@@ -93,6 +100,11 @@ class RingState {
   // and how many data frames of its own it sends.
   void Start(uint32_t seq, const RingFrameV1& header, uint64_t own_chunks, Effects* fx);
   bool local_ok(uint32_t seq) const { return slot(seq).local_ok; }
+  // Op `seq` ended here and waits for the other nodes to say they ended it.
+  bool local_ended(uint32_t seq) const {
+    const Slot& s = slot(seq);
+    return s.active && s.seq == seq && s.local_ended;
+  }
 
   Frame OnFrame(int link, const RingFrameV1& f, Effects* fx);
   // The payload of chunk `f` (OnFrame said kChunk) is landed (`landed`) or
@@ -146,11 +158,23 @@ class RingState {
     int64_t sends_pending = 0;
     int busy = 0;
     bool doomed = false;
+    // Ended here (everything landed, every frame out); the verdict waits
+    // for the other nodes' "ended" frames.
+    bool local_ended = false;
+    absl::Status verdict;
+    int verdict_rank = -1;
+    std::vector<char> ended_from;
+    int ended_count = 0;
   };
   Slot& slot(uint32_t seq) { return slots_[seq % slots_.size()]; }
   const Slot& slot(uint32_t seq) const { return slots_[seq % slots_.size()]; }
   void Release(Slot& s, Effects* fx);
   void MaybeEnd(Slot& s, Effects* fx);
+  // Ends the op once every node ended it (or it is spared by an abort).
+  void MaybeCommit(Slot& s, Effects* fx);
+  // An abort that spares ops up to `spare`: those ended here end now.
+  void CommitSpared(uint32_t spare, Effects* fx);
+  void FailSparing(Effects* fx);
   void Unbusy(Slot& s, Effects* fx);
   absl::Status Verdict(const Slot& s, int* failed_rank) const;
   bool SpareEnded() const { return any_started_ ? int32_t(last_ended_ - spare_) >= 0 : spare_ == 0; }

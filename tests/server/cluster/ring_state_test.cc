@@ -244,19 +244,44 @@ TEST_P(SilenceTest, ASilentHostIsFailedAfterThePeerTimeout) {
 INSTANTIATE_TEST_SUITE_P(Timeouts, SilenceTest, ::testing::Values(2, 5, 30));
 
 TEST(RingStateTest, ASilentHostMidOpSparesNothing) {
-  // Node 1 ended op 1; node 0 still waits for node 1's block, which had to
-  // pass through node 2 - whose host then loses power. The abort names a
-  // dead node, so node 0 does not wait for op 1 to end first: it never would.
+  // Node 1 has all of op 1; node 0 still waits for node 1's block, which
+  // had to pass through node 2 - whose host then loses power. The abort
+  // names a dead node, so node 0 does not wait for op 1 to end first: it
+  // never would. Nor does node 1 end op 1 well: not every node has it.
   common::testing::FakeClock clock;
   SimRing net(3, 2, clock, absl::Seconds(5), absl::Seconds(1));
   net.StartAll(1, kChunks);
   int guard = 0;
-  while (net.node(1).results.count(1) == 0 && guard++ < 1000) net.Round();
-  ASSERT_EQ(net.node(0).results.count(1), 0u) << "the case needs op 1 still under way on node 0";
+  while (!net.node(1).st->local_ended(1) && guard++ < 1000) net.Round();
+  ASSERT_TRUE(net.node(1).st->local_ended(1));
+  ASSERT_FALSE(net.node(0).st->local_ended(1)) << "the case needs op 1 still under way on node 0";
+  EXPECT_EQ(net.node(1).results.count(1), 0u) << "node 1 ended op 1 before node 0 had it";
   net.PowerOff(2);
   net.AdvanceAndPump(absl::Seconds(7), absl::Milliseconds(250));
   ExpectPeerFailed(net, {0, 1}, {2});
   EXPECT_FALSE(net.node(0).results[1].ok());
+  EXPECT_FALSE(net.node(1).results[1].ok());
+}
+
+// The commit: an op ends (its done flags may be written) on no node before
+// every node has all of it. Node 1's block reaches nodes 2 and 0 only over
+// the link 1 -> 2; while that is held, node 1 has every block of op 1 and
+// still does not end it.
+TEST(RingStateTest, NoNodeEndsAnOpBeforeEveryNodeHasIt) {
+  common::testing::FakeClock clock;
+  SimRing net(3, 1, clock);
+  net.conn(1, 0).held = true;  // Node 1 -> node 2.
+  net.StartAll(1, kChunks);
+  net.Pump();
+  ASSERT_TRUE(net.node(1).st->local_ended(1));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(net.node(i).results.count(1), 0u) << "node " << i;
+  EXPECT_NE(net.node(1).st->Pending(1).find("the end of it on node 2"), std::string::npos) << net.node(1).st->Pending(1);
+  net.conn(1, 0).held = false;
+  net.Pump();
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(net.node(i).results.count(1), 1u) << "node " << i;
+    EXPECT_TRUE(net.node(i).results[1].ok()) << net.node(i).results[1];
+  }
 }
 
 TEST(RingStateTest, OneSilentLinkIsFailedAfterThePeerTimeout) {
@@ -312,9 +337,9 @@ TEST_P(JobEndTest, AJobEndingOnOneNodeLosesNothing) {
   SimRing net(3, 2, clock);
   net.StartAll(1, kChunks);
   int guard = 0;
-  while (net.node(1).results.count(1) == 0 && guard++ < 1000) net.Round();
-  ASSERT_EQ(net.node(1).results.count(1), 1u);
-  ASSERT_EQ(net.node(0).results.count(1), 0u) << "the case needs op 1 still under way on node 0";
+  while (!net.node(1).st->local_ended(1) && guard++ < 1000) net.Round();
+  ASSERT_TRUE(net.node(1).st->local_ended(1));
+  ASSERT_FALSE(net.node(0).st->local_ended(1)) << "the case needs op 1 still under way on node 0";
   for (int k = 0; k < 2; ++k) net.conn(2, k).held = slow;
   net.FailJob(1, absl::AbortedError("rank 1 left the job"), false, 0);
   net.AdvanceAndPump(absl::Seconds(3), absl::Milliseconds(500));
