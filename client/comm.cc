@@ -108,7 +108,7 @@ absl::Status CommImpl::Join() {
   done_.Attach(view_.completion, backend_->has_stream_waits());
   // A job can be taken back by a new daemon unless it spans nodes or has
   // ops captured into CUDA graphs (docs/ARCHITECTURE.md, "Daemon restarts").
-  link_->Start(backend_.get(), [this] { return options_.job_id.empty() && !captured_.load(); });
+  link_->Start(backend_.get(), [this] { return !captured_.load(); });
   return absl::OkStatus();
 }
 

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 
@@ -41,6 +42,8 @@ v1::JoinRequest JoinRequestOf(const JoinParams& p) {
   req.set_client_version(DMAGATHER_VERSION_STRING);
   req.set_job_id(p.job_id);
   req.set_resume(p.resume);
+  req.set_reconnect_s(uint32_t(std::max(0, p.reconnect_s)));
+  for (int r : p.local_ranks) req.add_local_ranks(r);
   return req;
 }
 
@@ -177,6 +180,9 @@ absl::StatusOr<JoinAnswer> ControlChannel::ReadAnswer(const JoinParams& p) {
     a.daemon_version = reply.daemon_version();
     if (reply.has_wait_spin()) a.wait_spin = reply.wait_spin();
     a.resumed = reply.resumed();
+    for (int r = 0; r < reply.peer_pids_size(); ++r) {
+      if (reply.peer_pids(r) != 0) a.local_ranks.push_back(r);
+    }
     return a;
   }
   grpc::Status st = stream_->Finish();
@@ -189,19 +195,21 @@ absl::StatusOr<JoinAnswer> ControlChannel::ReadAnswer(const JoinParams& p) {
   return FromGrpc(st, absl::StrCat("rank ", p.rank, " could not join job '", p.job_key, "'"));
 }
 
-void ControlChannel::StartWatcher(std::function<void(const std::string& reason, bool resumable)> on_end) {
+void ControlChannel::StartWatcher(std::function<void(const std::string& reason, bool resumable, int code)> on_end) {
   watcher_ = std::thread([this, on_end = std::move(on_end)] {
     v1::JoinEvent e;
     std::string reason = absl::StrCat("the connection to dmagatherd at ", socket_path_, " was lost");
     bool resumable = true;
+    int code = 3;  // UNAVAILABLE.
     while (stream_->Read(&e)) {
       if (e.has_shutdown()) reason = absl::StrCat("dmagatherd stopped: ", e.shutdown().reason());
       if (e.has_ended()) {
         reason = absl::StrCat("dmagatherd ended this rank's session: ", e.ended().reason());
         resumable = false;
+        if (e.ended().code() != 0) code = e.ended().code();
       }
     }
-    on_end(reason, resumable);
+    on_end(reason, resumable, code);
   });
 }
 

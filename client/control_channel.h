@@ -43,7 +43,9 @@ struct JoinParams {
   int join_timeout_ms = 60000;
   ProbedDevice device;
   std::string job_id;
-  bool resume = false;  // Taking the job back from an earlier daemon (control.proto).
+  bool resume = false;           // Taking the job back from an earlier daemon (control.proto).
+  int reconnect_s = 0;           // DMAGATHER_RECONNECT_S, told to the daemon.
+  std::vector<int> local_ranks;  // resume with a job id: the job's ranks on this node.
 };
 
 struct JoinAnswer {
@@ -53,6 +55,7 @@ struct JoinAnswer {
   std::string daemon_version;
   std::optional<uint32_t> wait_spin;  // The daemon's advice.
   bool resumed = false;               // The daemon took the job back (asked with JoinParams::resume).
+  std::vector<int> local_ranks;       // The job's ranks on the daemon's node.
 };
 
 class ControlChannel {
@@ -82,7 +85,7 @@ class ControlChannel {
   // `on_end` (on its thread) with why, and whether a daemon may take the
   // job back (the connection was lost, or the daemon stopped; not when the
   // daemon ended this session).
-  void StartWatcher(std::function<void(const std::string& reason, bool resumable)> on_end);
+  void StartWatcher(std::function<void(const std::string& reason, bool resumable, int code)> on_end);
   // Leaves the session (best effort, 2 s).
   void Leave();
   // Cancels the Join stream, joins the watcher, finishes the call.

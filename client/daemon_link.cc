@@ -52,10 +52,13 @@ absl::StatusOr<std::unique_ptr<ControlChannel>> DaemonLink::Connect(std::string*
 absl::StatusOr<JoinAnswer> DaemonLink::Join(const JoinParams& params) {
   absl::MutexLock lock(&mu_);
   params_ = params;
+  params_.reconnect_s = reconnect_s_;
   params_join_ms_ = params.join_timeout_ms;
   DMAG_ASSIGN_OR_RETURN(control_, Connect(&params_.segment_ticket, 1000));
   parts_.ring->SetDoorbell(static_cast<abi::DoorbellV1*>(doorbells_.back().data()));
   DMAG_ASSIGN_OR_RETURN(JoinAnswer answer, control_->Join(params_));
+  // Coming back to a multi-node job, the daemon waits for these ranks.
+  if (!params_.job_id.empty()) params_.local_ranks = answer.local_ranks;
   joined_ = true;
   return answer;
 }
@@ -64,11 +67,11 @@ void DaemonLink::Start(ClientBackend* backend, std::function<bool()> resumable) 
   absl::MutexLock lock(&mu_);
   backend_ = backend;
   resumable_ = std::move(resumable);
-  control_->StartWatcher([this](const std::string& reason, bool can) { OnLost(reason, can); });
+  control_->StartWatcher([this](const std::string& reason, bool can, int code) { OnLost(reason, can, code); });
   if (reconnect_s_ > 0) reconnector_ = std::thread([this] { ReconnectLoop(); });
 }
 
-void DaemonLink::OnLost(const std::string& reason, bool resumable) {
+void DaemonLink::OnLost(const std::string& reason, bool resumable, int code) {
   {
     absl::MutexLock lock(&rc_mu_);
     if (!stop_ && resumable && reconnect_s_ > 0 && resumable_ && resumable_()) {
@@ -78,7 +81,7 @@ void DaemonLink::OnLost(const std::string& reason, bool resumable) {
       return;
     }
   }
-  parts_.done->MarkGone(reason);
+  parts_.done->MarkGone(reason, code);
 }
 
 bool DaemonLink::stopping() const {
@@ -113,7 +116,7 @@ void DaemonLink::TakeBack(const std::string& reason) {
   int attempts = 0;
   while (!stopping()) {
     ++attempts;
-    last = TryRejoin(lost_ns, &fatal);
+    last = TryRejoin(lost_ns, deadline, &fatal);
     if (last.ok() || fatal || clock_->Now() >= deadline) break;
     absl::SleepFor(absl::Milliseconds(50));
   }
@@ -128,10 +131,12 @@ void DaemonLink::TakeBack(const std::string& reason) {
             : absl::StrCat(reason, "; no dmagatherd took the job back within ", reconnect_s_,
                            " s (DMAGATHER_RECONNECT_S; last: ", last.message(), ")");
   fprintf(stderr, "dmagather: rank %d: %s\n", rank_, why.c_str());
-  parts_.done->MarkGone(why);
+  // A node of a multi-node job that did not come back: PEER_FAILED, as the
+  // daemon said.
+  parts_.done->MarkGone(why, fatal && absl::IsAborted(last) ? 4 : DoneFlag::kUnavailable);
 }
 
-absl::Status DaemonLink::TryRejoin(uint64_t lost_ns, bool* fatal) {
+absl::Status DaemonLink::TryRejoin(uint64_t lost_ns, absl::Time deadline, bool* fatal) {
   *fatal = false;
   // A socket file left by a daemon that died answers nobody: ask the kernel
   // (at once) before gRPC (which would wait its connect timeout).
@@ -152,6 +157,11 @@ absl::Status DaemonLink::TryRejoin(uint64_t lost_ns, bool* fatal) {
   JoinParams p = params_;
   p.segment_ticket = ticket;
   p.resume = true;
+  // A multi-node job forms its ring again within what is left of the grace
+  // period (the other nodes' daemons may be coming back too).
+  if (!p.job_id.empty()) {
+    p.join_timeout_ms = int(std::max<int64_t>(1000, absl::ToInt64Milliseconds(deadline - clock_->Now())));
+  }
   auto answer = (*ch)->Join(p);
   if (!answer.ok()) {
     *fatal = !Retryable(answer.status());
@@ -181,7 +191,7 @@ absl::Status DaemonLink::TryRejoin(uint64_t lost_ns, bool* fatal) {
   DMAG_RETURN_IF_ERROR((*ch)->Resume((LostNow() - lost_ns) / 1000, pending));
   control_ = *std::move(ch);
   parts_.ring->SetDoorbell(static_cast<abi::DoorbellV1*>(doorbells_.back().data()));
-  control_->StartWatcher([this](const std::string& reason, bool can) { OnLost(reason, can); });
+  control_->StartWatcher([this](const std::string& reason, bool can, int code) { OnLost(reason, can, code); });
   parts_.ring->Ring();
   return absl::OkStatus();
 }

@@ -82,13 +82,13 @@ class DaemonLink {
 
  private:
   // The watcher thread: the stream ended.
-  void OnLost(const std::string& reason, bool resumable) ABSL_LOCKS_EXCLUDED(rc_mu_);
+  void OnLost(const std::string& reason, bool resumable, int code) ABSL_LOCKS_EXCLUDED(rc_mu_);
   void ReconnectLoop() ABSL_LOCKS_EXCLUDED(mu_, rc_mu_);
   // Takes the job back within the grace period, or marks the done flag gone.
   void TakeBack(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_, rc_mu_);
   // One attempt: connect, hand over, rewind, join, register, resume.
   // *fatal when trying again cannot help.
-  absl::Status TryRejoin(uint64_t lost_ns, bool* fatal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status TryRejoin(uint64_t lost_ns, absl::Time deadline, bool* fatal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new channel: its segment hand-over mapped into the ring's doorbell.
   absl::StatusOr<std::unique_ptr<ControlChannel>> Connect(std::string* ticket, int timeout_ms)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

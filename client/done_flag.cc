@@ -3,14 +3,16 @@
 #include "abi/abi_v1.h"
 #include "absl/strings/str_cat.h"
 #include "client/graph_slots.h"
+#include "common/api_names.h"
 #include "common/futex.h"
 
 namespace dmagather::client {
 
-void DoneFlag::MarkGone(const std::string& reason) {
+void DoneFlag::MarkGone(const std::string& reason, int code) {
   {
     absl::MutexLock lock(&mu_);
     reason_ = reason;
+    code_ = code;
   }
   released_done_ = abi::LoadAcquire(&completion_->done_seq);
   gone_.store(true, std::memory_order_release);
@@ -26,7 +28,7 @@ void DoneFlag::MarkGone(const std::string& reason) {
 
 absl::Status DoneFlag::GoneStatus() const {
   absl::MutexLock lock(&mu_);
-  return absl::UnavailableError(absl::StrCat("rank ", rank_, ": ", reason_));
+  return common::FromApiStatus(code_, absl::StrCat("rank ", rank_, ": ", reason_));
 }
 
 absl::Status DoneFlag::Wait(uint32_t seq) {

@@ -40,11 +40,14 @@ class DoneFlag {
     yields_ = yields;
   }
 
-  // The watcher thread: the Join stream ended (`reason`).
-  void MarkGone(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
+  // The watcher thread: the Join stream ended (`reason`); `code` is the
+  // dmagather_status_t the calls report from now on (UNAVAILABLE, or
+  // PEER_FAILED where the daemon said a node of the job is lost).
+  void MarkGone(const std::string& reason, int code = kUnavailable) ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr int kUnavailable = 3;
   bool gone() const { return gone_.load(std::memory_order_acquire); }
   const std::atomic<bool>& gone_flag() const { return gone_; }
-  // UNAVAILABLE: "rank N: <why the daemon went>".
+  // UNAVAILABLE (or MarkGone's code): "rank N: <why the daemon went>".
   absl::Status GoneStatus() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Blocks until op `seq` is done (cyclic compare) or the daemon is gone.
@@ -62,6 +65,7 @@ class DoneFlag {
   std::atomic<bool> gone_{false};
   mutable absl::Mutex mu_;
   std::string reason_ ABSL_GUARDED_BY(mu_);
+  int code_ ABSL_GUARDED_BY(mu_) = kUnavailable;
   uint32_t released_done_ = 0;  // done_seq when the daemon went away.
 };
 

@@ -225,14 +225,44 @@ void PeerService::FailSetupLocked(Pending& p, const std::string& node) {
   p.cv.SignalAll();
 }
 
+std::string PeerService::MissingRanks(Pending& p, int world_size) {
+  std::set<int> placed;
+  absl::MutexLock lock(&p.mu);
+  for (const auto& node : p.nodes) {
+    if (node->have) placed.insert(node->update.ranks().begin(), node->update.ranks().end());
+  }
+  std::vector<int> missing;
+  for (int r = 0; r < world_size; ++r) {
+    if (placed.count(r) == 0) missing.push_back(r);
+  }
+  if (missing.empty()) return "every rank is back, but not every node's ranks called Resume";
+  return absl::StrCat("rank(s) ", absl::StrJoin(missing, ","),
+                      " did not come back (their node's dmagatherd, or "
+                      "the ranks themselves)");
+}
+
 void PeerService::MaybeBuildTableLocked(Pending& p) {
   if (p.table_ready) return;
   int world = -1;
   std::map<int, int> placed;  // rank -> node (index into p.nodes)
   std::string error;
+  int resuming = 0, ready = 0, reported = 0;
+  uint32_t start_after = 0;
   for (size_t n = 0; n < p.nodes.size(); ++n) {
     const CoordNode& node = *p.nodes[n];
     if (!node.have) continue;
+    ++reported;
+    const uint32_t version = std::max<uint32_t>(1, node.update.ring_version());
+    if (version != kRingVersion) {
+      error = absl::StrCat("node ", node.update.hostname(), " ", node.update.peer_address(), " runs ring version ",
+                           version, ", the coordinator ", kRingVersion, ": run one dmagatherd version on every node");
+    }
+    if (node.update.resuming()) {
+      const uint32_t d = node.update.done_seq();
+      if (ready == 0 || int32_t(d - start_after) > 0) start_after = d;  // The newest op done anywhere.
+      ++resuming;
+      ready += node.update.resume_ready();
+    }
     if (world < 0) world = node.update.world_size();
     if (node.update.world_size() != world) {
       error = absl::StrCat("nodes disagree on the world size (", world, " vs ", node.update.world_size(), " at ",
@@ -246,9 +276,19 @@ void PeerService::MaybeBuildTableLocked(Pending& p) {
       }
     }
   }
+  if (resuming != 0 && resuming != reported) {
+    error = "some nodes take the job back from its ranks and others joined it new (a rank process restarted?)";
+  }
   if (error.empty() && (world < 0 || int(placed.size()) != world)) return;  // Not everyone yet.
+  // Taking a job back: once every node's ranks are back, every node starts
+  // after the newest op done on any (ring_state.h: it ended everywhere).
+  if (error.empty() && resuming != 0 && ready != resuming) return;
   v1::NodeTable& t = p.table;
   t.set_error(error);
+  if (resuming != 0) {
+    t.set_resumed(true);
+    t.set_start_after(start_after);
+  }
   if (error.empty()) {
     std::vector<std::pair<int, int>> by_lowest;  // (lowest rank, node): nodes in the order of their lowest rank.
     for (size_t n = 0; n < p.nodes.size(); ++n) {
@@ -356,6 +396,10 @@ void PeerService::Bootstrap(std::shared_ptr<Pending> p) {
   std::shared_ptr<scheduler::Job> job = p->job.lock();
   if (job != nullptr) {
     absl::Status st = RunBootstrap(*p, job);
+    if (!st.ok() && job->resuming() && (absl::IsDeadlineExceeded(st) || absl::IsUnavailable(st))) {
+      // Taking the job back, a node that does not come back is a node lost.
+      st = absl::AbortedError(absl::StrCat("job '", job->key(), "': the ring did not form again: ", st.message()));
+    }
     if (!st.ok()) {
       LOG(WARNING) << "job '" << job->key() << "': multi-node setup failed: " << st.message();
       job->Fail(st, -1);
@@ -371,6 +415,7 @@ absl::StatusOr<v1::NodeTable> PeerService::AwaitTable(Pending& p, const std::sha
   hello.set_role("coord");
   DMAG_ASSIGN_OR_RETURN(auto coord, Dial(p, p.id.address, hello));
   v1::NodeTable table;
+  bool sent_ready = false;
   for (;;) {
     bool send = false;
     {
@@ -378,13 +423,21 @@ absl::StatusOr<v1::NodeTable> PeerService::AwaitTable(Pending& p, const std::sha
       send = p.changed;
       p.changed = false;
     }
+    uint32_t done = 0;
+    const bool ready = job->resume_ready(&done);
+    send |= ready && !sent_ready;
     if (send) {
+      sent_ready = ready;
       v1::NodeUpdate u;
       u.set_job_key(job->key());
       u.set_world_size(job->world_size());
       u.set_peer_address(address_);
       u.set_hostname(Hostname());
       u.set_transport(transport_->name());
+      u.set_ring_version(kRingVersion);
+      u.set_resuming(job->resuming());
+      u.set_resume_ready(ready);
+      u.set_done_seq(done);
       for (int r : job->joined_ranks()) u.add_ranks(r);
       DMAG_RETURN_IF_ERROR(WriteMessage(*coord, u));
     }
@@ -399,6 +452,16 @@ absl::StatusOr<v1::NodeTable> PeerService::AwaitTable(Pending& p, const std::sha
     }
     if (job->failed()) return job->failure();
     if (options_.clock->Now() > p.deadline) {
+      if (job->resuming()) {
+        // Taking the job back: a node (its daemon, or its ranks) did not
+        // come back within the ranks' grace period.
+        return absl::AbortedError(absl::StrCat("job '", job->key(),
+                                               "': the ring did not form again within the grace "
+                                               "period (DMAGATHER_RECONNECT_S): ",
+                                               p.coordinator
+                                                   ? MissingRanks(p, job->world_size())
+                                                   : "the coordinator at " + p.id.address + " still waits for a node"));
+      }
       return absl::DeadlineExceededError(
           absl::StrCat("job '", job->key(), "': not every rank of the world (", job->world_size(),
                        ") joined some node's daemon before the join timeout (the coordinator at ", p.id.address,
@@ -421,6 +484,9 @@ absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<schedul
   if (topo->my_node < 0 || topo->my_node >= n_nodes) {
     return absl::InternalError("the coordinator's table does not name this node");
   }
+  // A job taken back starts after the newest op done on any node; the ranks'
+  // rings are read from there (Job::StartAfter), before the ring runs.
+  if (table.resumed()) job->StartAfter(table.start_after());
   if (n_nodes == 1) return job->SetTopology(topo, nullptr);
 
   // 3. Links to the next node (this end upgrades them); the previous node's

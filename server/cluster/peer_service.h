@@ -121,6 +121,8 @@ class PeerService {
   // Coordinator: a node's daemon went away before the table was sent; every
   // node still waiting gets a table that says so.
   void FailSetupLocked(Pending& p, const std::string& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
+  // Coordinator: the ranks no node reported yet, for a message.
+  static std::string MissingRanks(Pending& p, int world_size) ABSL_LOCKS_EXCLUDED(p.mu);
   void Bootstrap(std::shared_ptr<Pending> p) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status RunBootstrap(Pending& p, const std::shared_ptr<scheduler::Job>& job) ABSL_LOCKS_EXCLUDED(mu_, p.mu);
   // Reports this node's ranks to the coordinator (again each time they

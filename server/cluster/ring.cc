@@ -148,6 +148,7 @@ void Ring::ApplyLocked(RingState::Effects& fx, Outcome* out, const char* payload
     out->fail_status = fx.fail_status;
     out->fail_after = fx.fail_after;
     out->spare = fx.fail_spare;
+    out->blamed = state_.dead_node() >= 0;
   }
   if (fx.send_abort_next) {
     for (size_t k = 0; k < next_.size(); ++k) {
@@ -168,7 +169,9 @@ void Ring::Deliver(Outcome& out) {
   LOG(WARNING) << "job '" << job_->key() << "': " << out.fail_status.message();
   if (out.fail_after) {
     job_->FailAfter(out.fail_status, out.spare);  // Our ops up to the spare have ended; the rest fail.
-  } else {
+  } else if (!out.blamed || !job_->HandBack(out.fail_status)) {
+    // A node lost with ranks that wait for their daemons: the job is handed
+    // back instead (Job::HandBack), and the ring formed again.
     job_->Fail(out.fail_status, -1);
   }
 }

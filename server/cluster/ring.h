@@ -134,6 +134,7 @@ class Ring : public scheduler::RemotePart {
   struct Outcome {
     std::vector<Ended> ended;
     bool fail = false, fail_after = false;
+    bool blamed = false;  // A node is blamed (died, or its links did): the job may be handed back.
     absl::Status fail_status;
     uint32_t spare = 0;
   };

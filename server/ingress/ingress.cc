@@ -217,7 +217,7 @@ int Ingress::PollJob(const JobFeed& feed, uint64_t now_ns) {
 
 bool Ingress::AnyPending() const {
   for (const JobFeed& feed : jobs_) {
-    if (!feed.job->all_joined()) continue;
+    if (!feed.job->all_joined() || feed.job->handing_back()) continue;
     for (const auto& in : feed.inputs) {
       if (in == nullptr) continue;
       if (in->rank->state() != Rank::State::kActive) continue;
@@ -235,7 +235,8 @@ int Ingress::PollOnce(uint64_t now_ns, bool sweep) {
   }
   int consumed = 0;
   for (const JobFeed& feed : jobs_) {
-    if (!feed.job->all_joined()) continue;
+    // A job handed back is read again by the job its ranks join next.
+    if (!feed.job->all_joined() || feed.job->handing_back()) continue;
     consumed += PollJob(feed, now_ns);
     consumed += feed.job->PollPersistent(engine_);
     if (sweep) feed.job->Sweep(now_ns, options_.op_timeout);

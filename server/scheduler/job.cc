@@ -1,5 +1,7 @@
 #include "server/scheduler/job.h"
 
+#include <algorithm>
+
 #include "abi/ring_v1.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -64,6 +66,10 @@ Job::~Job() {
 absl::Status Job::AddRank(std::shared_ptr<Rank> rank) {
   absl::MutexLock lock(&mu_);
   int r = rank->rank();
+  if (!expected_local_.empty() && !std::binary_search(expected_local_.begin(), expected_local_.end(), r)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", key_, "': rank ", r, " comes back to this node, but its ranks here were others"));
+  }
   if (all_joined_.load()) {
     return absl::AlreadyExistsError(absl::StrCat("job '", key_, "' is already complete (all ", world_size_,
                                                  " ranks joined); rank ", r, " cannot join it again"));
@@ -147,7 +153,7 @@ std::vector<std::shared_ptr<Rank>> Job::ranks() const {
 void Job::Fail(const absl::Status& status, int failed_rank) {
   {
     absl::MutexLock lock(&mu_);
-    if (failed_.load()) return;
+    if (failed_.load() || handing_back_.load()) return;
     failure_ = status;
     failed_rank_ = failed_rank;
     failed_.store(true, std::memory_order_release);
@@ -413,6 +419,14 @@ void Job::FinishOp(Op* op, const absl::Status& status, int failed_rank) {
   const uint64_t now = common::MonotonicNs();
   bool all_ok = true;
   uint64_t op_bytes = 0;
+  if (handing_back()) {
+    // Handed back to its ranks (HandBack): the op is taken again, after the
+    // newest op done anywhere, by the job its ranks join next; nothing of
+    // this one may reach them.
+    op->state.store(Op::kFree, std::memory_order_release);
+    inflight_ops_.fetch_sub(1, std::memory_order_acq_rel);
+    return;
+  }
   {
     absl::MutexLock lock(&completion_mu_);
     const uint32_t n_slots = static_cast<uint32_t>(slots_.size());
@@ -474,19 +488,6 @@ int Job::ops_running() const {
   int waiting = 0;  // In flight but waiting for parts: the rest run (graph replays included).
   for (const Op& op : slots_) waiting += op.state.load(std::memory_order_acquire) == Op::kWaiting;
   return ops_in_flight() - waiting;
-}
-
-void Job::StartAfter(uint32_t done) {
-  absl::MutexLock lock(&completion_mu_);
-  if (started_.load(std::memory_order_acquire)) return;
-  for (const auto& k : ranks_) {
-    if (k == nullptr || k->completion() == nullptr) continue;
-    k->next_publish = done + 1;
-    // Error records of the ops up to `done` are in place already.
-    if (int32_t(abi::LoadAcquire(&k->completion()->done_seq) - done) < 0) PublishDone(k->completion(), done);
-  }
-  start_after_ = done;
-  started_.store(true, std::memory_order_release);
 }
 
 }  // namespace dmagather::server::scheduler

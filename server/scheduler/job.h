@@ -148,6 +148,39 @@ class Job {
   // so ops up to it are done on every rank from now on; the ranks' rings
   // are read from their next op, the ones up to `done` skipped.
   void StartAfter(uint32_t done) ABSL_LOCKS_EXCLUDED(completion_mu_);
+  // A multi-node job coming back: which of its ranks are on this node (every
+  // rank knows, from its first join); they must all agree. Join's reply
+  // waits for them (local_joined), Resume for them all.
+  absl::Status ExpectLocal(std::vector<int> ranks) ABSL_LOCKS_EXCLUDED(mu_);
+  bool local_joined() const ABSL_LOCKS_EXCLUDED(mu_);
+  // A multi-node job coming back: every local rank called Resume; `done`
+  // is the newest op any of them saw done (what this node tells the
+  // coordinator, which starts every node after the newest of all).
+  void SetResumeReady(uint32_t done);
+  bool resume_ready(uint32_t* done) const {
+    *done = resume_done_.load(std::memory_order_acquire);
+    return resume_ready_.load(std::memory_order_acquire);
+  }
+
+  // --- A multi-node job whose ring lost a node (cluster/ring.h) ---
+  // Each joining rank says how long it waits for a daemon to take its job
+  // back (DMAGATHER_RECONNECT_S); the job can be handed back only if every
+  // local rank waits and no op is captured in a CUDA graph.
+  void NoteReconnect(int seconds);
+  // Instead of failing with `why` (a node died or its links did): the job
+  // stops writing anything into its ranks' completion blocks (no done flag,
+  // no error record: FinishOp), its ring aborts, and once no op runs the
+  // registry hands it back to its ranks, which join again with resume, so
+  // that every node forms the ring again and starts after the newest op
+  // done anywhere. False (and nothing done) where the job cannot be.
+  bool HandBack(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
+  bool handing_back() const { return handing_back_.load(std::memory_order_acquire); }
+  absl::Status hand_back_why() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The registry took the job out (no op runs): its sessions end, telling
+  // their ranks to join again.
+  void MarkHandedBack() { handed_back_.store(true, std::memory_order_release); }
+  bool handed_back() const { return handed_back_.load(std::memory_order_acquire); }
+
   // Waiting for its ranks' Resume (not yet fed to the ingress thread).
   bool awaiting_resume() const { return resuming() && !started_.load(std::memory_order_acquire); }
   // Op `seq` ended under the earlier daemon (its descriptors are skipped).
@@ -183,6 +216,12 @@ class Job {
   std::atomic<bool> all_joined_{false};
 
   std::atomic<bool> resuming_{false};
+  std::vector<int> expected_local_ ABSL_GUARDED_BY(mu_);  // A multi-node job coming back: its ranks here.
+  std::atomic<bool> resume_ready_{false};
+  std::atomic<uint32_t> resume_done_{0};
+  std::atomic<int> min_reconnect_s_{-1};
+  std::atomic<bool> handing_back_{false}, handed_back_{false};
+  absl::Status hand_back_why_ ABSL_GUARDED_BY(mu_);
   std::atomic<int> resumed_ranks_{0};
   uint32_t start_after_ = 0;  // Written once before started_ (release).
   std::atomic<bool> started_{false};

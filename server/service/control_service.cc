@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/api_names.h"
 #include "common/status.h"
 #include "server/cluster/peer_service.h"
 #include "server/service/wait_spin.h"
@@ -148,8 +149,11 @@ bool ControlService::Step(JoinReactor* r) {
   const Joined& j = *r->joined_;
   const bool cancelled = r->cancelled_.load(std::memory_order_acquire);
   const bool stopping = registry_->stopping();
+  // A multi-node job coming back answers once its ranks here are back:
+  // they register again and Resume before the coordinator's table comes.
+  const bool back_here = j.job->multi_node() && j.job->resuming() && j.job->local_joined();
   if (r->phase_ == JoinReactor::Phase::kWaiting) {
-    if (j.job->all_joined() && !cancelled) {
+    if ((j.job->all_joined() || back_here) && !cancelled) {
       v1::JoinReply* reply = r->event_.mutable_joined();
       reply->set_session_id(j.session->id());
       reply->set_daemon_version(version_);
@@ -196,16 +200,25 @@ bool ControlService::Step(JoinReactor* r) {
   // Active: the open stream is the session. Its end from the client's side
   // (OnCancel) means the rank is gone.
   const scheduler::Rank::State st = j.session->rank()->state();
-  if (!cancelled && st == scheduler::Rank::State::kActive && !stopping) return false;
+  // Back, waiting for the ring to form again (a multi-node job taken back).
+  const bool forming = st == scheduler::Rank::State::kJoining && back_here && !j.job->failed();
+  if (!cancelled && (st == scheduler::Rank::State::kActive || forming) && !stopping && !j.job->handed_back()) {
+    return false;
+  }
   if (cancelled) {
     registry_->EndSession(j);
     r->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the rank's stream ended"));
     return true;
   }
-  if (stopping) {
+  if (stopping || j.job->handed_back()) {
+    // Either way the rank joins again and its job goes on (a daemon that
+    // stops; a multi-node job whose ring lost a node: Job::HandBack).
     registry_->EndSession(j);
     r->event_.Clear();
-    r->event_.mutable_shutdown()->set_reason("dmagatherd is shutting down");
+    r->event_.mutable_shutdown()->set_reason(
+        stopping ? "dmagatherd is shutting down"
+                 : absl::StrCat("job '", j.job->key(), "' is handed back to its ranks to form its ring again (",
+                                j.job->hand_back_why().message(), ")"));
     r->StartWriteAndFinish(&r->event_, grpc::WriteOptions(), grpc::Status::OK);
     return true;
   }
@@ -220,6 +233,7 @@ bool ControlService::Step(JoinReactor* r) {
   registry_->EndSession(j);
   r->event_.Clear();
   r->event_.mutable_ended()->set_reason(why);
+  if (j.job->failed()) r->event_.mutable_ended()->set_code(common::ToApiStatus(j.job->failure()));
   r->StartWriteAndFinish(&r->event_, grpc::WriteOptions(), grpc::Status::OK);
   return true;
 }

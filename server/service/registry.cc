@@ -35,6 +35,8 @@ JoinSpec JoinSpecOf(const v1::JoinRequest& req) {
   s.device.uuid = req.device().uuid();
   s.device.pci_bus_id = req.device().pci_bus_id();
   s.resume = req.resume();
+  s.reconnect_s = int(req.reconnect_s());
+  s.local_ranks.assign(req.local_ranks().begin(), req.local_ranks().end());
   return s;
 }
 

@@ -54,10 +54,6 @@ absl::StatusOr<Handover> RegistryCore::ClaimSegment(const JoinSpec& req, const P
 
 absl::StatusOr<Joined> RegistryCore::Join(const JoinSpec& req, const PeerCred& caller) {
   if (stopping()) return absl::UnavailableError("dmagatherd is shutting down");
-  if (req.resume && !req.job_id.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job '", req.job_key, "' spans nodes: a multi-node job cannot be taken back by a new dmagatherd yet"));
-  }
   DMAG_ASSIGN_OR_RETURN(Handover segment, ClaimSegment(req, caller));
   // The session limit is checked (and the session counted) before anything
   // is mapped for it; every early return below gives the count back.
@@ -76,11 +72,14 @@ absl::StatusOr<RegistryCore::JobEntry*> RegistryCore::FindOrCreateJobLocked(cons
   const JobId key{uid, req.job_key};
   auto found = jobs_.find(key);
   if (found == jobs_.end()) {
+    auto job = std::make_shared<Job>(req.job_key, req.world_size, uid, multi_node);
+    if (req.resume) job->MarkResuming();
+    // A multi-node job coming back waits for the ranks that were here.
+    if (req.resume && multi_node) DMAG_RETURN_IF_ERROR(job->ExpectLocal(req.local_ranks));
     DMAG_ASSIGN_OR_RETURN(UidQuota::Reservation job_quota, quota_->ReserveJob(uid, req.job_key));
     if (job_created_) job_created_();
     JobEntry& entry = jobs_[key];
-    entry.job = std::make_shared<Job>(req.job_key, req.world_size, uid, multi_node);
-    if (req.resume) entry.job->MarkResuming();
+    entry.job = std::move(job);
     entry.sessions.resize(req.world_size);
     entry.quota = std::move(job_quota);
     version_.fetch_add(1);
@@ -108,6 +107,7 @@ absl::StatusOr<RegistryCore::JobEntry*> RegistryCore::FindOrCreateJobLocked(cons
         "job '", req.job_key, "': rank ", req.rank,
         multi_node ? " gave a job id but earlier ranks did not" : " gave no job id but earlier ranks did"));
   }
+  if (req.resume && multi_node) DMAG_RETURN_IF_ERROR(found->second.job->ExpectLocal(req.local_ranks));
   return &found->second;
 }
 
@@ -117,6 +117,7 @@ absl::StatusOr<Joined> RegistryCore::AddToJobLocked(const JoinSpec& req, const s
   DMAG_ASSIGN_OR_RETURN(JobEntry * entry, FindOrCreateJobLocked(req, session->uid()));
   const std::shared_ptr<Job>& job = entry->job;
   DMAG_RETURN_IF_ERROR(job->AddRank(session->rank()));
+  job->NoteReconnect(req.reconnect_s);
   if (multi_node) {
     const int timeout_ms = req.join_timeout_ms > 0 ? req.join_timeout_ms : 60000;
     absl::Status peered = peers_->AddRank(job, req.job_id, timeout_ms);
@@ -139,9 +140,10 @@ void RegistryCore::EndSession(const Joined& j) {
   Session& s = *j.session;
   Rank& k = *s.rank();
   const bool clean = k.state() == Rank::State::kLeft;
-  if (frozen_.load(std::memory_order_acquire)) {
-    // Stopping for a successor: the rank's ops stay as they are, for the
-    // next daemon (FreezeForHandover).
+  if (frozen_.load(std::memory_order_acquire) || j.job->handed_back()) {
+    // Stopping for a successor, or the job handed back to its ranks: the
+    // rank's ops stay as they are, for the job it joins next
+    // (FreezeForHandover, Job::HandBack).
   } else if (!j.job->all_joined()) {
     j.job->RemoveRank(&k);
     k.set_state(Rank::State::kLeft);
@@ -286,6 +288,16 @@ absl::Status RegistryCore::Resume(uint64_t session_id, const std::string& secret
   handover_.ops_handed_over.fetch_add(ops_pending, std::memory_order_relaxed);
   handover_.gap.Record(gap_ns);
   if (!job->RankResumed()) return absl::OkStatus();
+  if (job->multi_node()) {
+    // Every node tells the coordinator its newest op done; each starts after
+    // the newest of all once the ring is formed again (PeerService).
+    const uint32_t done = NewestDone(*job);
+    job->SetResumeReady(done);
+    handover_.jobs_taken_over.fetch_add(1, std::memory_order_relaxed);
+    LOG(INFO) << "job '" << job->key() << "': its " << job->local_count()
+              << " rank(s) here are back (newest op done here: " << done << "); forming the ring again";
+    return absl::OkStatus();
+  }
   const uint32_t done = StartTakenBack(*job);
   handover_.jobs_taken_over.fetch_add(1, std::memory_order_relaxed);
   LOG(INFO) << "job '" << job->key() << "' taken back from an earlier dmagatherd: " << job->local_count()
@@ -294,6 +306,13 @@ absl::Status RegistryCore::Resume(uint64_t session_id, const std::string& secret
 }
 
 uint32_t RegistryCore::StartTakenBack(Job& job) {
+  const uint32_t done = NewestDone(job);
+  job.StartAfter(done);
+  version_.fetch_add(1);  // The ingress thread's snapshot gains the job.
+  return done;
+}
+
+uint32_t RegistryCore::NewestDone(const Job& job) {
   // The newest op any rank saw done (its data is complete everywhere).
   uint32_t done = 0;
   bool first = true;
@@ -303,8 +322,6 @@ uint32_t RegistryCore::StartTakenBack(Job& job) {
     if (first || int32_t(d - done) > 0) done = d;
     first = false;
   }
-  job.StartAfter(done);
-  version_.fetch_add(1);  // The ingress thread's snapshot gains the job.
   return done;
 }
 
@@ -335,8 +352,10 @@ std::vector<ingress::JobFeed> RegistryCore::Snapshot() const {
   for (const auto& [key, entry] : jobs_) {
     if (!entry.job->all_joined() && !entry.job->multi_node()) continue;
     // A job taken back starts once its ranks are all back (Resume), or is
-    // fed as it is once failed, so its ops end with the failure.
-    if (entry.job->awaiting_resume() && !entry.job->failed()) continue;
+    // fed as it is once failed, so its ops end with the failure. (A
+    // multi-node one is fed at once: the ingress thread starts it with its
+    // ring, after StartAfter.)
+    if (entry.job->awaiting_resume() && !entry.job->failed() && !entry.job->multi_node()) continue;
     ingress::JobFeed feed;
     feed.job = entry.job;
     for (const auto& s : entry.sessions) feed.inputs.push_back(s != nullptr ? s->input() : nullptr);
@@ -364,9 +383,42 @@ bool RegistryCore::SweepJobLocked(const JobEntry& entry, uint64_t epoch, Deferre
   return job.all_joined() || job.joined() == 0;
 }
 
+void RegistryCore::SweepHandedBackLocked(uint64_t epoch, DeferredFrees* frees) {
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    auto cur = it++;
+    JobEntry& entry = cur->second;
+    // Handed back once nothing of it runs (its ring aborted, the engine's
+    // copies done) and the ingress thread has made a whole pass since it
+    // stopped reading the job's rings: its sessions then end, and their
+    // ranks rewind their rings and join again.
+    if (!entry.job->handing_back()) continue;
+    if (!entry.hand_back_seen) {
+      entry.hand_back_seen = true;
+      entry.hand_back_epoch = epoch;
+    }
+    if (entry.job->ops_running() != 0 || (epoch != 0 && epoch < entry.hand_back_epoch + 2)) continue;
+    entry.job->MarkHandedBack();
+    entry.quota.Reset();  // The job its ranks join next counts instead.
+    handed_back_.push_back(std::move(entry));
+    jobs_.erase(cur);
+    version_.fetch_add(1);
+  }
+  for (auto it = handed_back_.begin(); it != handed_back_.end();) {
+    bool live = false;
+    for (const auto& s : it->sessions) live |= s != nullptr && !s->ended.load();
+    if (live) {
+      ++it;
+      continue;
+    }
+    for (const auto& s : it->sessions) frees->Retire(epoch, s);
+    it = handed_back_.erase(it);
+  }
+}
+
 std::vector<JobView> RegistryCore::Sweep(uint64_t epoch, DeferredFrees* frees) {
   std::vector<JobView> ended;
   absl::MutexLock lock(&mu_);
+  SweepHandedBackLocked(epoch, frees);
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     auto cur = it++;
     JobEntry& entry = cur->second;

@@ -177,6 +177,8 @@ class RegistryCore {
     std::shared_ptr<scheduler::Job> job;
     std::vector<std::shared_ptr<Session>> sessions;  // By rank; null until joined.
     UidQuota::Reservation quota;                     // The job's count for its uid.
+    bool hand_back_seen = false;                     // Job::HandBack seen by a sweep, at ingress epoch:
+    uint64_t hand_back_epoch = 0;
   };
   struct SessionEntry {
     std::shared_ptr<Session> session;
@@ -194,6 +196,10 @@ class RegistryCore {
   // Starts a job taken back after the newest op any of its ranks saw
   // done (returned), and feeds it to the ingress thread.
   uint32_t StartTakenBack(scheduler::Job& job) ABSL_LOCKS_EXCLUDED(mu_);
+  static uint32_t NewestDone(const scheduler::Job& job);
+  // Jobs handed back to their ranks (Job::HandBack) leave the map once
+  // nothing of theirs runs; their sessions are retired once all ended.
+  void SweepHandedBackLocked(uint64_t epoch, DeferredFrees* frees) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sweeps one job; true when it ended (and may be dropped).
   bool SweepJobLocked(const JobEntry& entry, uint64_t epoch, DeferredFrees* frees) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -210,6 +216,7 @@ class RegistryCore {
   absl::flat_hash_map<JobId, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, SessionEntry> sessions_ ABSL_GUARDED_BY(mu_);
   RetiredTotals retired_ ABSL_GUARDED_BY(mu_);
+  std::vector<JobEntry> handed_back_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> next_session_id_{1};
   std::atomic<uint32_t> next_region_id_{1};
   std::atomic<uint64_t> version_{0};

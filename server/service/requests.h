@@ -21,7 +21,9 @@ struct JoinSpec {
   std::string job_id;           // A multi-node job ("" = one node).
   int join_timeout_ms = 60000;  // Bounds a multi-node job's bootstrap.
   engines::DeviceRef device;
-  bool resume = false;  // Taking the job back from an earlier daemon (control.proto).
+  bool resume = false;           // Taking the job back from an earlier daemon (control.proto).
+  int reconnect_s = 0;           // How long the rank waits for a daemon to take the job back.
+  std::vector<int> local_ranks;  // resume with a job id: the job's ranks on this node.
 };
 
 struct RegisterSpec {

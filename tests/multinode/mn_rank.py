@@ -12,6 +12,9 @@ Scenarios:
              every rank, then a correct op.
   fallback   the last rank refuses: expects FALLBACK with its reason on every
              rank, then a correct op.
+  verify     ARG AllGathers of 1 MiB per rank, each op's inputs new, each
+             output checked bit-exact; until one fails. Reports ops, bad
+             outputs, the first error and the longest op.
   join       joins only (for join failures): reports the status.
 """
 import json
@@ -106,6 +109,30 @@ def loop(c, world, rank, seconds):
     return {"ops": ops, "code": 0}
 
 
+def verify(c, world, rank, n_ops):
+    count = 1 << 18  # float32: 1 MiB per rank.
+    send = c.empty(count, "float32")
+    recv = c.empty(count * world, "float32")
+    base = np.arange(count, dtype=np.float32)
+    bad, longest = 0, 0.0
+    for i in range(n_ops):
+        send[:] = base + (rank * 1000003 + i)  # Differs per rank and per op.
+        recv[:] = -1
+        t = time.monotonic()
+        try:
+            c.allgather_async(send, recv, count, "float32").wait()
+        except dmagather.DmagatherError as e:
+            return {"ops": i, "bad": bad, "code": e.code, "message": e.message, "failed_at": time.time(),
+                    "max_wait_s": longest}
+        longest = max(longest, time.monotonic() - t)
+        for r in range(world):
+            if not np.array_equal(recv[r * count:(r + 1) * count], base + (r * 1000003 + i)):
+                bad += 1
+        if i == 0:
+            print("FIRST_OP_DONE", flush=True)
+    return {"ops": n_ops, "bad": bad, "code": 0, "max_wait_s": longest}
+
+
 def expect_all_fail(c, world, rank, bad_count, refuse):
     count = 1000
     send = c.empty(count, "int32")
@@ -143,6 +170,8 @@ def main():
         res.update(matrix(c, world, rank))
     elif scenario == "loop":
         res.update(loop(c, world, rank, float(arg or 30)))
+    elif scenario == "verify":
+        res.update(verify(c, world, rank, int(arg)))
     elif scenario == "disagree":
         res.update(expect_all_fail(c, world, rank, bad_count=999, refuse=False))
     elif scenario == "fallback":

@@ -76,6 +76,8 @@ class Nodes:
 # compiles beside them) are never failed for being slow. The failure tests
 # set their own.
 SHAPE_OP_TIMEOUT_S = 30
+# Ranks that end with their daemon (no waiting for one to take the job back).
+NO_WAIT = {"DMAGATHER_RECONNECT_S": "0"}
 
 
 class Cluster:
@@ -85,21 +87,32 @@ class Cluster:
         self.nodes = nodes
         self.dir = tempfile.mkdtemp(prefix="dmagather-mn-", dir="/tmp")
         self.daemons = []
+        self.cmds = []
         for i in range(n):
-            sock = self.sock(i)
+            self.cmds.append(nodes.prefix(i) + [DAEMON, f"--socket={self.sock(i)}", "--backend=host", "--workers=2",
+                                                f"--peer_listen={nodes.address(i)}", "--metrics_listen=",
+                                                f"--op_timeout_s={op_timeout_s}", "--peer_links=2",
+                                                "--ring_chunk_kib=256", *extra])
             with open(os.path.join(self.dir, f"d{i}.log"), "w") as log:
-                p = subprocess.Popen(nodes.prefix(i) + [DAEMON, f"--socket={sock}", "--backend=host", "--workers=2",
-                                                    f"--peer_listen={nodes.address(i)}", "--metrics_listen=",
-                                                        f"--op_timeout_s={op_timeout_s}", "--peer_links=2",
-                                                        "--ring_chunk_kib=256", *extra],
-                                     stdout=log, stderr=subprocess.STDOUT)
-            self.daemons.append(p)
+                self.daemons.append(subprocess.Popen(self.cmds[i], stdout=log, stderr=subprocess.STDOUT))
         for i in range(n):
-            for _ in range(1000):
-                if os.path.exists(self.sock(i)):
-                    break
-                time.sleep(0.01)
-            assert os.path.exists(self.sock(i)), self.log(i)
+            self.wait_socket(i)
+
+    def wait_socket(self, i):
+        for _ in range(1000):
+            if os.path.exists(self.sock(i)):
+                break
+            time.sleep(0.01)
+        assert os.path.exists(self.sock(i)), self.log(i)
+
+    def restart(self, i):
+        """Node i's daemon again, as its supervisor would start it (same
+        socket, same peer address); its log goes on in the same file."""
+        if os.path.exists(self.sock(i)):
+            os.unlink(self.sock(i))  # The dead daemon's; the test waits for the new one's.
+        with open(os.path.join(self.dir, f"d{i}.log"), "a") as log:
+            self.daemons[i] = subprocess.Popen(self.cmds[i], stdout=log, stderr=subprocess.STDOUT)
+        self.wait_socket(i)
 
     def sock(self, i):
         return os.path.join(self.dir, f"n{i}.sock")
@@ -253,7 +266,9 @@ class MultiNodeTest(unittest.TestCase):
         # that learns of the death by its op timing out fails the test, and a
         # slow first op on a loaded machine is not mistaken for it.
         c = self.start(3, op_timeout_s=SHAPE_OP_TIMEOUT_S)
-        procs = c.start_ranks([0, 1, 2, 0, 1, 2], "victim", "loop", 60)
+        # Ranks that do not wait for a daemon to come back (the waiting ones:
+        # test_daemon_restarted_mid_run).
+        procs = c.start_ranks([0, 1, 2, 0, 1, 2], "victim", "loop", 60, env=NO_WAIT)
         self.wait_first_ops(procs)
         c.daemons[2].kill()
         killed_at = time.time()
@@ -305,13 +320,68 @@ class MultiNodeTest(unittest.TestCase):
         res = c.run([0, 1], "after-setup-kill", "matrix", timeout=240)
         self.assertAllOk(res, 2)
 
+    def test_daemon_restarted_mid_run(self):
+        """Issue: a node's daemon restarted under a running multi-node job.
+        Node 1's daemon (SIGKILL, restarted 0.5 s later) and then node 0's,
+        the job's coordinator: the surviving daemons hand the job back to
+        their ranks, every rank joins again, the ring forms again and starts
+        after the newest op done anywhere. Every op of every rank ends once,
+        checked byte by byte (each op's inputs differ)."""
+        if not self.nodes.netns:
+            self.skipTest(f"needs network namespaces ({self.nodes.why}): a restarted daemon must keep its address")
+        c = self.start(3, op_timeout_s=SHAPE_OP_TIMEOUT_S)
+        ops = 400
+        procs = c.start_ranks([0, 1, 2, 0, 1, 2], "restart", "verify", ops)
+        self.wait_first_ops(procs)
+        for victim in (1, 0):
+            time.sleep(1.0)
+            c.daemons[victim].kill()
+            c.daemons[victim].wait()
+            time.sleep(0.5)
+            c.restart(victim)
+        res = Cluster.results(procs, 240)
+        for r in range(6):
+            self.assertNotIn("hung", res[r], f"rank {r} hung")
+            self.assertEqual(res[r].get("code"), 0, f"rank {r}: {res[r]}")
+            self.assertEqual(res[r]["ops"], ops, res[r])
+            self.assertEqual(res[r]["bad"], 0, res[r])
+        for i in range(3):
+            st = c.ctl(i, "stats")
+            self.assertGreaterEqual(int(st.get("ranks_resumed", 0)), 2, f"node {i}: {st}")
+        print("two daemons restarted under the job: " + "; ".join(
+            f"rank {r}: {res[r]['ops']} ops, longest wait {res[r]['max_wait_s']:.2f} s" for r in range(6)))
+
+    def test_daemon_that_does_not_come_back(self):
+        """Node 2's daemon killed and not restarted, ranks waiting 3 s
+        (DMAGATHER_RECONNECT_S=3): the other nodes' ranks fail PEER_FAILED
+        saying the ring did not form again, node 2's UNAVAILABLE after their
+        grace period; nobody hangs."""
+        if not self.nodes.netns:
+            self.skipTest(f"needs network namespaces ({self.nodes.why})")
+        c = self.start(3, op_timeout_s=SHAPE_OP_TIMEOUT_S)
+        procs = c.start_ranks([0, 1, 2], "gone", "verify", 100000, env={"DMAGATHER_RECONNECT_S": "3"})
+        self.wait_first_ops(procs)
+        c.daemons[2].kill()
+        killed_at = time.time()
+        res = Cluster.results(procs, 60)
+        for r in range(3):
+            self.assertNotIn("hung", res[r], f"rank {r} hung")
+            self.assertEqual(res[r]["bad"], 0, res[r])
+        for r in (0, 1):
+            self.assertEqual(res[r].get("code"), 4, f"rank {r}: {res[r]}")  # PEER_FAILED
+            self.assertIn("did not form again", res[r]["message"], res[r])
+        self.assertEqual(res[2].get("code"), 3, res[2])  # UNAVAILABLE: its daemon is gone
+        self.assertIn("within 3 s", res[2]["message"], res[2])
+        print("node 2's daemon not back: " + "; ".join(
+            f"rank {r} {res[r]['code']} after {res[r]['failed_at'] - killed_at:.2f} s" for r in range(3)))
+
     def test_link_cut_mid_op(self):
         if not self.nodes.netns:
             self.skipTest(f"needs network namespaces ({self.nodes.why})")
         # No FIN reaches anyone: the ring's heartbeats (--peer_timeout_ms, 5 s by
         # default) must find the silent node, well before the 30 s op timeout.
         c = self.start(3, op_timeout_s=SHAPE_OP_TIMEOUT_S)
-        procs = c.start_ranks([0, 1, 2], "cut", "loop", 60)
+        procs = c.start_ranks([0, 1, 2], "cut", "loop", 60, env=NO_WAIT)
         self.wait_first_ops(procs)
         self.nodes.link(1, up=False)
         cut_at = time.time()

@@ -275,7 +275,8 @@ TEST(RingStateTest, NoNodeEndsAnOpBeforeEveryNodeHasIt) {
   net.Pump();
   ASSERT_TRUE(net.node(1).st->local_ended(1));
   for (int i = 0; i < 3; ++i) EXPECT_EQ(net.node(i).results.count(1), 0u) << "node " << i;
-  EXPECT_NE(net.node(1).st->Pending(1).find("the end of it on node 2"), std::string::npos) << net.node(1).st->Pending(1);
+  EXPECT_NE(net.node(1).st->Pending(1).find("the end of it on node 2"), std::string::npos)
+      << net.node(1).st->Pending(1);
   net.conn(1, 0).held = false;
   net.Pump();
   for (int i = 0; i < 3; ++i) {
