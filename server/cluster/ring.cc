@@ -169,9 +169,12 @@ void Ring::Deliver(Outcome& out) {
   LOG(WARNING) << "job '" << job_->key() << "': " << out.fail_status.message();
   if (out.fail_after) {
     job_->FailAfter(out.fail_status, out.spare);  // Our ops up to the spare have ended; the rest fail.
-  } else if (!out.blamed || !job_->HandBack(out.fail_status)) {
+  } else if (out.blamed && job_->HandBack(out.fail_status)) {
     // A node lost with ranks that wait for their daemons: the job is handed
-    // back instead (Job::HandBack), and the ring formed again.
+    // back instead, and the ring formed again (Job::HandBack).
+    LOG(WARNING) << "job '" << job_->key() << "': handing the job back to its ranks, to form the ring again "
+                 << "once the node is back (within the ranks' DMAGATHER_RECONNECT_S)";
+  } else {
     job_->Fail(out.fail_status, -1);
   }
 }

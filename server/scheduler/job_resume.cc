@@ -6,7 +6,6 @@
 
 #include "abi/ring_v1.h"
 #include "absl/strings/str_cat.h"
-#include "glog/logging.h"
 #include "server/scheduler/completion_writer.h"
 #include "server/scheduler/job.h"
 
@@ -64,8 +63,6 @@ bool Job::HandBack(const absl::Status& why) {
     hand_back_why_ = why;
     handing_back_.store(true, std::memory_order_release);
   }
-  LOG(WARNING) << "job '" << key_ << "': " << why.message()
-               << "; handing the job back to its ranks, to form the ring again once the node is back";
   // The ring's ops in flight end now, and write nothing (FinishOp).
   if (remote_ != nullptr && all_joined_.load()) remote_->Abort(why);
   return true;
