@@ -396,7 +396,16 @@ void PeerService::Bootstrap(std::shared_ptr<Pending> p) {
   std::shared_ptr<scheduler::Job> job = p->job.lock();
   if (job != nullptr) {
     absl::Status st = RunBootstrap(*p, job);
-    if (!st.ok() && job->resuming() && (absl::IsDeadlineExceeded(st) || absl::IsUnavailable(st))) {
+    const bool lost = absl::IsAborted(st) || absl::IsDeadlineExceeded(st) || absl::IsUnavailable(st);
+    if (!st.ok() && lost && job->resuming() && options_.clock->Now() < p->deadline && !stopping() &&
+        job->HandBack(st)) {
+      // Taking the job back, a node's daemon went away again (or the
+      // coordinator's) before the ring formed: the ranks join once more,
+      // and the setup starts over, within their grace period.
+      LOG(WARNING) << "job '" << job->key() << "': the ring did not form again (" << st.message()
+                   << "); handing the job back to its ranks once more";
+      st = absl::OkStatus();
+    } else if (!st.ok() && lost && job->resuming()) {
       // Taking the job back, a node that does not come back is a node lost.
       st = absl::AbortedError(absl::StrCat("job '", job->key(), "': the ring did not form again: ", st.message()));
     }

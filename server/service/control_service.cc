@@ -170,6 +170,14 @@ bool ControlService::Step(JoinReactor* r) {
       return false;
     }
     const bool failed = j.job->failed();  // A multi-node job whose setup failed.
+    if (j.job->handed_back()) {
+      // Handed back before this rank's reply (Job::HandBack): it joins again.
+      registry_->EndSession(j);
+      r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                             absl::StrCat("job '", r->req_.job_key(), "' is handed back to its ranks (",
+                                          j.job->hand_back_why().message(), "): join again")));
+      return true;
+    }
     if (!cancelled && !stopping && !failed && clock_->Now() < r->deadline_) return false;
     std::vector<int> missing = j.job->missing_ranks();
     registry_->EndSession(j);

@@ -383,7 +383,8 @@ bool RegistryCore::SweepJobLocked(const JobEntry& entry, uint64_t epoch, Deferre
   return job.all_joined() || job.joined() == 0;
 }
 
-void RegistryCore::SweepHandedBackLocked(uint64_t epoch, DeferredFrees* frees) {
+void RegistryCore::SweepHandedBackLocked(uint64_t epoch, DeferredFrees* frees,
+                                         std::vector<std::shared_ptr<Job>>* released) {
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     auto cur = it++;
     JobEntry& entry = cur->second;
@@ -411,14 +412,18 @@ void RegistryCore::SweepHandedBackLocked(uint64_t epoch, DeferredFrees* frees) {
       continue;
     }
     for (const auto& s : it->sessions) frees->Retire(epoch, s);
+    released->push_back(std::move(it->job));
     it = handed_back_.erase(it);
   }
 }
 
 std::vector<JobView> RegistryCore::Sweep(uint64_t epoch, DeferredFrees* frees) {
   std::vector<JobView> ended;
+  // Jobs handed back and done with: their last reference may go here, and a
+  // job's end stops its ring's threads, which is not done under mu_.
+  std::vector<std::shared_ptr<Job>> released;
   absl::MutexLock lock(&mu_);
-  SweepHandedBackLocked(epoch, frees);
+  SweepHandedBackLocked(epoch, frees, &released);
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     auto cur = it++;
     JobEntry& entry = cur->second;

@@ -199,7 +199,8 @@ class RegistryCore {
   static uint32_t NewestDone(const scheduler::Job& job);
   // Jobs handed back to their ranks (Job::HandBack) leave the map once
   // nothing of theirs runs; their sessions are retired once all ended.
-  void SweepHandedBackLocked(uint64_t epoch, DeferredFrees* frees) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SweepHandedBackLocked(uint64_t epoch, DeferredFrees* frees,
+                             std::vector<std::shared_ptr<scheduler::Job>>* released) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sweeps one job; true when it ended (and may be dropped).
   bool SweepJobLocked(const JobEntry& entry, uint64_t epoch, DeferredFrees* frees) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -156,6 +156,8 @@ class Cluster:
                 continue
             lines = [l for l in getattr(p, "early_lines", []) + stdout.splitlines() if l.startswith("RESULT ")]
             out[r] = json.loads(lines[-1][7:]) if lines else {"crashed": p.returncode, "stderr": stderr[-2000:]}
+            if out[r].get("code", 0) != 0 or out[r].get("join", 0) != 0:
+                out[r].setdefault("stderr", stderr[-2000:])  # The client's own lines, for a failure's story.
         return out
 
     def run(self, placement, key, scenario, arg=None, timeout=120, **kw):
@@ -323,8 +325,9 @@ class MultiNodeTest(unittest.TestCase):
     def test_daemon_restarted_mid_run(self):
         """Issue: a node's daemon restarted under a running multi-node job.
         Node 1's daemon (SIGKILL, restarted 0.5 s later), then node 0's (the
-        job's coordinator), then node 2's twice, the second kill while its
-        ranks join the new daemon again: the surviving daemons hand the job
+        job's coordinator), then node 2's twice, the second time just after
+        its new daemon told the coordinator its ranks were back, before the
+        ring formed again (the setup starts over): the surviving daemons hand the job
         back to their ranks, every rank joins again, the ring forms again and
         starts after the newest op done anywhere. Every op of every rank ends
         once, checked byte by byte (each op's inputs differ)."""
@@ -334,15 +337,26 @@ class MultiNodeTest(unittest.TestCase):
         ops = 1500
         procs = c.start_ranks([0, 1, 2, 0, 1, 2], "restart", "verify", ops)
         self.wait_first_ops(procs)
-        # (node, seconds after the previous restart): the last kill comes while
-        # node 2's ranks are joining its new daemon.
-        for victim, after in ((1, 1.0), (0, 1.0), (2, 1.0), (2, 0.15)):
-            time.sleep(after)
+        node2 = self.nodes.address(2)
+        for victim in (1, 0, 2):
+            time.sleep(1.0)
             self.assertTrue(all(p.poll() is None for p in procs), "the job ended before the kills")
             c.daemons[victim].kill()
             c.daemons[victim].wait()
             time.sleep(0.5)
+            reports = c.log(0).count(f"{node2} reported")
             c.restart(victim)
+        # Node 2 again, the moment its new daemon has reported its ranks back
+        # to the coordinator (node 0), before the ring formed again: the
+        # setup starts over on every node.
+        deadline = time.monotonic() + 30
+        while c.log(0).count(f"{node2} reported") == reports and time.monotonic() < deadline:
+            time.sleep(0.002)
+        self.assertGreater(c.log(0).count(f"{node2} reported"), reports, "node 2's daemon never reported")
+        c.daemons[2].kill()
+        c.daemons[2].wait()
+        time.sleep(0.5)
+        c.restart(2)
         res = Cluster.results(procs, 300)
         for r in range(6):
             self.assertNotIn("hung", res[r], f"rank {r} hung")

@@ -73,12 +73,8 @@ class MultiNodeTrainersTest(unittest.TestCase):
             netns_bridge.build(cls.tag, NODES, cls.created)
             cls.socks = [os.path.join(cls.dir, f"node{i}.sock") for i in range(NODES)]
             for i in range(NODES):
-                log = open(os.path.join(cls.dir, f"daemon{i}.log"), "w")
-                cls.daemons.append(subprocess.Popen(
-                    cls.prefix(i) + [os.path.join(BIN, "server", "dmagatherd"), f"--socket={cls.socks[i]}",
-                                     "--backend=host", f"--peer_listen={netns_bridge.node_ip(i)}:{RING_PORT}",
-                                     "--metrics_listen=", "--log_level=warning"],
-                    stdout=log, stderr=subprocess.STDOUT))
+                cls.daemons.append(None)
+                cls.start_daemon(i)
             for i in range(NODES):
                 cls.wait_socket(i)
             for name in SCRIPTS:
@@ -94,6 +90,16 @@ class MultiNodeTrainersTest(unittest.TestCase):
         netns_bridge.destroy(cls.created)
         if os.environ.get("DMAGATHER_KEEP_LOGS") != "1":
             shutil.rmtree(cls.dir, ignore_errors=True)
+
+    @classmethod
+    def start_daemon(cls, i):
+        """Node i's dmagatherd (again, after a kill: as its supervisor would)."""
+        with open(os.path.join(cls.dir, f"daemon{i}.log"), "a") as log:
+            cls.daemons[i] = subprocess.Popen(
+                cls.prefix(i) + [os.path.join(BIN, "server", "dmagatherd"), f"--socket={cls.socks[i]}",
+                                 "--backend=host", f"--peer_listen={netns_bridge.node_ip(i)}:{RING_PORT}",
+                                 "--metrics_listen=", "--log_level=warning"],
+                stdout=log, stderr=subprocess.STDOUT)
 
     @classmethod
     def prefix(cls, i):
@@ -228,6 +234,53 @@ class MultiNodeTrainersTest(unittest.TestCase):
             self.assertEqual((g["fallback_ops"], g["zero_copy_unshards"]), (0, g["dmagather_ops"] - 1), g)
             if rank % PER_NODE == 0:
                 self.assert_job_counted(on, g["job_key"], g["dmagather_ops"], [node])
+
+    def test_y_fsdp2_through_daemon_restarts_across_nodes(self):
+        """FSDP2 over WORLD across the two nodes, DMAGATHER_ALLGATHER=1 alone,
+        while node 1's daemon is SIGKILLed and started again, then node 0's
+        (the job's coordinator): every rank goes on (each logs that it waited
+        and that it was back), and the losses and final parameters are the
+        same bytes as the run without dmagather and without faults."""
+        import time
+        args = ["--steps", "40"]
+        procs, off_dir, _ = self.start("restart-off", "fsdp2_train.py", args, False)
+        rcs, text = self.finish(procs, RUN_TIMEOUT_S)
+        self.assertEqual(rcs, [0] * NODES, text[-3000:])
+        before = {j["job_key"] for j in self.daemon_stats(0)["jobs"]}
+        procs, on_dir, stats = self.start("restart-on", "fsdp2_train.py", args, True)
+        t_end = time.monotonic() + 120
+        while time.monotonic() < t_end:  # until the job has served a few steps
+            if any(j["job_key"] not in before and int(j.get("ops", 0)) >= 10 for j in self.daemon_stats(0)["jobs"]):
+                break
+            time.sleep(0.2)
+        restarts = 0
+        for victim in (1, 0):
+            if any(p.poll() is not None for p, _ in procs):
+                break
+            self.daemons[victim].kill()
+            self.daemons[victim].wait()
+            time.sleep(0.3)  # A supervisor's restart delay.
+            os.unlink(self.socks[victim])
+            self.start_daemon(victim)
+            self.wait_socket(victim)
+            restarts += 1
+            time.sleep(1.5)
+        rcs, text = self.finish(procs, RUN_TIMEOUT_S)
+        self.assertEqual(rcs, [0] * NODES, text[-3000:])
+        self.assertEqual(restarts, 2, "the run ended before both restarts: make it longer")
+        waited = len(re.findall(r"dmagather: rank \d+: .*waiting up to", text))
+        back = len(re.findall(r"dmagather: rank \d+: back on dmagatherd", text))
+        self.assertGreaterEqual(waited, WORLD * 2, text[-3000:])  # Every rank, at each restart.
+        self.assertEqual(waited, back, text[-3000:])
+        for r, s in rank_stats(stats, WORLD).items():
+            g = s["groups"][0]
+            self.assertEqual(g["fallback_ops"], 0, f"rank {r}: {g}")
+        for f in ("losses.bin", "params.bin"):
+            a, b = read_bytes(os.path.join(off_dir, f)), read_bytes(os.path.join(on_dir, f))
+            self.assertGreater(len(a), 0, f)
+            self.assertTrue(a == b, f"{f} differs from the run without dmagather and without faults")
+        print(f"  FSDP2 across {NODES} nodes through {restarts} daemon restarts: {waited} waits, {back} returns, "
+              f"bit-identical", file=sys.stderr, flush=True)
 
     def test_z_daemon_killed_mid_run_fails_every_rank(self):
         """Node 1's daemon killed while FSDP2 trains over WORLD, its ranks not
