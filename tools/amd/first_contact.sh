@@ -29,7 +29,7 @@
 #   engines         with >= 2 GPUs and ROCm >= 5.7, dmagatherd assigned the SDMA engines itself (its log)
 #   per engine      bytes per GPU and engine (dmagatherctl stats), every peer copy on an assigned
 #                   engine; per-peer bandwidth with dmagatherd's engines beside ROCr's choice
-#                   (DMAGATHER_HIP_ENGINES=rocr)
+#                   (--hip_engines=rocr)
 #   GPU suite       SKIP: tests/gpu is CUDA-only; the checks above are its hip counterpart
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -72,11 +72,13 @@ sock="$out/dmagatherd.sock"
 export DMAGATHER_SOCKET="$sock" DMAGATHER_LIB="$bin/client/libdmagather.so"
 export PYTHONPATH="$root/client/python${PYTHONPATH:+:$PYTHONPATH}"
 daemon_pid=""
-start_daemon() {  # start_daemon LOG [env...]: waits for the socket; returns 1 when the daemon exited.
+start_daemon() {  # start_daemon LOG [VAR=VALUE | --flag ...]: waits for the socket; returns 1 when the daemon exited.
   local log="$1"; shift
+  local word vars=() flags=()
+  for word in "$@"; do case "$word" in --*) flags+=("$word") ;; *) vars+=("$word") ;; esac; done
   rm -f "$sock"
-  env "$@" "$bin/server/dmagatherd" --socket="$sock" --backend=hip --socket_mode=0600 --metrics_listen= \
-    >"$log" 2>&1 &
+  env "${vars[@]}" "$bin/server/dmagatherd" --socket="$sock" --backend=hip --socket_mode=0600 --metrics_listen= \
+    "${flags[@]}" >"$log" 2>&1 &
   daemon_pid=$!
   for _ in $(seq 1 200); do
     [[ -S "$sock" ]] && return 0
@@ -161,7 +163,7 @@ if [[ "$own_engines" -eq 1 ]]; then
   else
     pass "per engine" "$line"
   fi
-  if start_daemon "$out/daemon_rocr.log" DMAGATHER_HIP_ENGINES=rocr; then
+  if start_daemon "$out/daemon_rocr.log" --hip_engines=rocr; then
     python3 "$root/tools/amd/first_contact.py" peers >"$out/peers_rocr.txt" 2>"$out/peers_rocr.err"
     stop_daemon
     kind=$(grep -m1 -o 'hipMemcpyDeviceToDevice[A-Za-z]*' "$out/daemon_rocr.log")
@@ -171,10 +173,10 @@ if [[ "$own_engines" -eq 1 ]]; then
       if [[ "$kind" == "$want" ]]; then pass "copy kind" "$kind for ROCm $maj.$min (ROCr-choice run)"
       else fail "copy kind" "ROCr-choice run uses ${kind:-none}, expected $want for ROCm $maj.$min"; fi
     fi
-    say "# per peer with ROCr's engine choice (DMAGATHER_HIP_ENGINES=rocr), beside the lines above:"
+    say "# per peer with ROCr's engine choice (--hip_engines=rocr), beside the lines above:"
     grep -E '^(PASS|FAIL|SKIP) ' "$out/peers_rocr.txt" | sed 's/^\(PASS\|FAIL\|SKIP\) /#   \1 /' | tee -a "$report" >/dev/null
   else
-    fail "per engine" "dmagatherd with DMAGATHER_HIP_ENGINES=rocr did not start (see daemon_rocr.log)"
+    fail "per engine" "dmagatherd --hip_engines=rocr did not start (see daemon_rocr.log)"
   fi
 else
   skip "per engine" "ROCr chooses the engines on this node (see the engines line)"
