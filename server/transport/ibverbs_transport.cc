@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -46,7 +45,7 @@ class IbverbsTransport : public Transport {
 };
 
 // The options MakeIbverbsTransport() uses (SetIbverbsOptions).
-absl::Mutex options_mu;
+ABSL_CONST_INIT absl::Mutex options_mu(absl::kConstInit);
 IbverbsOptions& DaemonOptions() ABSL_EXCLUSIVE_LOCKS_REQUIRED(options_mu) {
   static IbverbsOptions* o = new IbverbsOptions();
   return *o;
