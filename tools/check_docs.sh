@@ -23,7 +23,7 @@
 #     (default: README.md and docs/*.md; --root: check the tree at DIR instead
 #     of this repository, as tools/check_docs_test.sh does)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 if [ "${1:-}" = "--root" ]; then
   cd "$2" || exit 2
   shift 2

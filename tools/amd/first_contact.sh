@@ -83,7 +83,7 @@ stage() {
   echo "first_contact: dmagatherd --backend=hip here (no AMD GPU): $(tail -n 1 <<<"$probe" | cut -c1-300)"
   # The wheel: the Python package with libdmagather.so and the libraries it
   # links (auditwheel), for the run's ranks and for the trainer's venv.
-  rm -rf "$dir/bazel-bin" "$dir/lib" "$dir/python" "$dir/tools" "$dir/dist"
+  rm -rf "${dir:?}/bazel-bin" "${dir:?}/lib" "${dir:?}/python" "${dir:?}/tools" "${dir:?}/dist"
   "$root/tools/build_wheel.sh" "$dir/dist" || { echo "first_contact: stage: tools/build_wheel.sh failed" >&2; return 1; }
   local whl; whl="$(ls -t "$dir"/dist/dmagather-*.whl | head -n 1)"
   python3 -m zipfile -e "$whl" "$dir/python" || return 1
