@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/hip/hip_library.h"
 #include "server/daemon.h"
 #include "server/flags/flags.h"
 #include "server/transport/ibverbs_transport.h"
@@ -51,6 +52,7 @@ bool OptionsFromFlags(dmagather::server::DaemonOptions* options) {
   o.op_timeout = absl::Seconds(absl::GetFlag(FLAGS_op_timeout_s));
   const int stay_awake_us = absl::GetFlag(FLAGS_stay_awake_us);
   o.engine.stay_awake_ns = stay_awake_us < 0 ? -1 : int64_t(stay_awake_us) * 1000;
+  o.engine.cuda.batch = absl::GetFlag(FLAGS_cuda_batch);
   o.engine.cuda.graphs = absl::GetFlag(FLAGS_cuda_graphs);
   o.engine.cuda.graph_max_chunk_bytes = uint64_t(std::max(1, absl::GetFlag(FLAGS_cuda_graph_max_kib))) << 10;
   o.engine.cuda.graph_sole_max_chunk_bytes = uint64_t(std::max(0, absl::GetFlag(FLAGS_cuda_graph_sole_max_kib))) << 10;
@@ -63,6 +65,9 @@ bool OptionsFromFlags(dmagather::server::DaemonOptions* options) {
   }
   o.engine.hip.skip_engines = absl::GetFlag(FLAGS_hip_skip_engines);
   o.engine.hip.hsa_lib = absl::GetFlag(FLAGS_hsa_lib);
+  // libamdhip64 is opened by common/hip, which the client library shares
+  // (and reads DMAGATHER_HIP_LIB there); the daemon names the file itself.
+  dmagather::common::hip::SetHipLibrary(absl::GetFlag(FLAGS_hip_lib));
   o.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
   o.fd_timeout = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_fd_timeout_ms)));
   o.fd_max_connections_per_uid = std::max(0, absl::GetFlag(FLAGS_fd_max_connections_per_uid));

@@ -15,6 +15,9 @@ namespace dmagather::server::engines {
 
 // The cuda backend's settings (--cuda_* flags; docs/CUDA.md).
 struct CudaEngineOptions {
+  // Copies go out as cudaMemcpyBatchAsync (--cuda_batch; false: one
+  // cudaMemcpyAsync per chunk).
+  bool batch = true;
   // Repeated copy calls replayed from CUDA graphs (--cuda_graphs).
   bool graphs = true;
   // Largest chunk replayed from a graph as one chain (--cuda_graph_max_kib),

@@ -30,6 +30,9 @@ ABSL_FLAG(int, stay_awake_us, -1,
 
 // The cuda backend (docs/CUDA.md). A/B switches for measurements: leave them
 // at their defaults.
+ABSL_FLAG(bool, cuda_batch, true,
+          "cuda backend: copies go out as cudaMemcpyBatchAsync calls (false: one cudaMemcpyAsync per chunk; a "
+          "rank's own shards follow DMAGATHER_CUDA_BATCH, read by the client library).");
 ABSL_FLAG(bool, cuda_graphs, true,
           "cuda backend: copy calls that repeat are replayed from CUDA graphs (false: every call is issued as a "
           "batch).");
@@ -52,6 +55,9 @@ ABSL_FLAG(std::string, hip_engines, "own",
 ABSL_FLAG(std::string, hip_skip_engines, "",
           "hip backend: hex mask of SDMA engines never to use (0x6), on top of those the driver reports "
           "unusable.");
+ABSL_FLAG(std::string, hip_lib, "",
+          "hip backend: one libamdhip64 file to open instead of the sonames libamdhip64.so.7, .6, .5 (a ROCm "
+          "outside the loader's path; ranks: DMAGATHER_HIP_LIB).");
 ABSL_FLAG(std::string, hsa_lib, "",
           "hip backend: one libhsa-runtime64 file to open instead of the soname libhsa-runtime64.so.1 (a ROCm "
           "outside the loader's path).");

@@ -35,6 +35,7 @@ ABSL_DECLARE_FLAG(int, streams);
 ABSL_DECLARE_FLAG(bool, parallel_issue);
 ABSL_DECLARE_FLAG(int, host_inline_kib);
 ABSL_DECLARE_FLAG(int, stay_awake_us);
+ABSL_DECLARE_FLAG(bool, cuda_batch);
 ABSL_DECLARE_FLAG(bool, cuda_graphs);
 ABSL_DECLARE_FLAG(int, cuda_graph_max_kib);
 ABSL_DECLARE_FLAG(int, cuda_graph_sole_max_kib);
@@ -42,6 +43,7 @@ ABSL_DECLARE_FLAG(int, cuda_graph_per_shape);
 ABSL_DECLARE_FLAG(bool, cuda_done_on_device);
 ABSL_DECLARE_FLAG(std::string, hip_engines);
 ABSL_DECLARE_FLAG(std::string, hip_skip_engines);
+ABSL_DECLARE_FLAG(std::string, hip_lib);
 ABSL_DECLARE_FLAG(std::string, hsa_lib);
 
 // Cluster (server/flags/cluster.cc)

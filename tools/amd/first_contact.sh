@@ -28,7 +28,9 @@
 # service) and stops it at the end. Every log lands in OUT_DIR; the report
 # is OUT_DIR/report.txt. Exit status 0 when no line is FAIL.
 # FC_DAEMON_FLAGS: more dmagatherd flags for every daemon of the run
-# (word-split), e.g. --hsa_lib=/opt/rocm-6.3.0/lib/libhsa-runtime64.so.1.
+# (word-split), e.g. --hip_lib=/opt/rocm-6.3.0/lib/libamdhip64.so.6
+# --hsa_lib=/opt/rocm-6.3.0/lib/libhsa-runtime64.so.1 for a ROCm outside the
+# loader's path (ranks: DMAGATHER_HIP_LIB).
 #
 # Checks (the claim each line stands for):
 #   rocm            the ROCm, its HIP runtime and the GPUs (rocminfo; the daemon's own log line)

@@ -7,7 +7,7 @@
 //    cuStreamWaitValue32 per rank if the driver refuses batches);
 //  - copies: cudaMemcpyBatchAsync with cudaMemcpyFlagPreferOverlapWithCompute
 //    (falls back to cudaMemcpyAsync per chunk if unsupported, or with
-//    DMAGATHER_CUDA_BATCH=0), chunks of at most 64 MiB;
+//    --cuda_batch=false), chunks of at most 64 MiB;
 //  - one issuing state per device (the engine issues every device from its
 //    own thread): scratch, the batch fallback and the copy graph cache;
 //  - devices by identity (cudaDeviceProp.uuid, PCI bus id); peer access
@@ -376,7 +376,7 @@ class CudaRuntime : public GpuRuntime {
  private:
   CudaRuntime(const DriverApi* api, int n, const CudaEngineOptions& options)
       : api_(api), num_devices_(n), done_on_device_(options.done_on_device) {
-    const bool batch = ::dmagather::common::cuda::BatchCopiesEnabled();
+    const bool batch = options.batch;
     const bool graphs = options.graphs;
     for (int d = 0; d < n; ++d) {
       auto is = std::make_unique<Issuing>();
