@@ -19,7 +19,9 @@ run_one() {  # name, then allgather_perf flags
   local name="$1"; shift
   local tmp; tmp="$(mktemp -d)"
   export DMAGATHER_SOCKET="$tmp/d.sock"
-  "$here/bin/dmagatherd" --socket="$DMAGATHER_SOCKET" --backend=cuda >"$out/daemon_$name.log" 2>&1 &
+  # DAEMON_FLAGS: more dmagatherd flags for this run (word-split).
+  # shellcheck disable=SC2086
+  "$here/bin/dmagatherd" --socket="$DMAGATHER_SOCKET" --backend=cuda ${DAEMON_FLAGS:-} >"$out/daemon_$name.log" 2>&1 &
   local dpid=$!
   for _ in $(seq 1 100); do [ -S "$DMAGATHER_SOCKET" ] && break; sleep 0.1; done
   echo "=== $name: allgather_perf $*"
@@ -34,9 +36,9 @@ run_one r4 --ranks=4 --sizes_mib=1,16,64,256 --iters=20 --overlap_s=3
 hop_small=(--ranks=4 --check_counts=1 --sizes_mib= --latency_kib=4 --latency_iters=2000 --overlap_s=0)
 hop_large=(--ranks=4 --check_counts=1 --sizes_mib= --latency_kib=65536 --latency_iters=200 --overlap_s=0)
 run_one hop4k "${hop_small[@]}"
-DMAGATHER_CUDA_BATCH=0 run_one hop4k_memcpy "${hop_small[@]}"
-for mib in 8 32 64; do DMAGATHER_CUDA_CHUNK_MIB=$mib run_one "hop64m_chunk$mib" "${hop_large[@]}"; done
-DMAGATHER_CUDA_BATCH=0 run_one hop64m_chunk32_memcpy "${hop_large[@]}"
+DMAGATHER_CUDA_BATCH=0 DAEMON_FLAGS=--cuda_batch=false run_one hop4k_memcpy "${hop_small[@]}"
+for mib in 8 32 64; do DAEMON_FLAGS="--chunk_kib=$((mib * 1024))" run_one "hop64m_chunk$mib" "${hop_large[@]}"; done
+DMAGATHER_CUDA_BATCH=0 DAEMON_FLAGS=--cuda_batch=false run_one hop64m_chunk32_memcpy "${hop_large[@]}"
 run_one r8 --ranks=8 --sizes_mib=1,16,64 --iters=20 --overlap_s=0 --latency_kib=4,1024,16384
 if [ "${WITH_MPS:-1}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null; then
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log

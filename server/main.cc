@@ -18,8 +18,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/hip/hip_library.h"
 #include "server/daemon.h"
 #include "server/flags/flags.h"
+#include "server/transport/ibverbs_transport.h"
 
 namespace {
 
@@ -50,6 +52,22 @@ bool OptionsFromFlags(dmagather::server::DaemonOptions* options) {
   o.op_timeout = absl::Seconds(absl::GetFlag(FLAGS_op_timeout_s));
   const int stay_awake_us = absl::GetFlag(FLAGS_stay_awake_us);
   o.engine.stay_awake_ns = stay_awake_us < 0 ? -1 : int64_t(stay_awake_us) * 1000;
+  o.engine.cuda.batch = absl::GetFlag(FLAGS_cuda_batch);
+  o.engine.cuda.graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  o.engine.cuda.graph_max_chunk_bytes = uint64_t(std::max(1, absl::GetFlag(FLAGS_cuda_graph_max_kib))) << 10;
+  o.engine.cuda.graph_sole_max_chunk_bytes = uint64_t(std::max(0, absl::GetFlag(FLAGS_cuda_graph_sole_max_kib))) << 10;
+  o.engine.cuda.graph_per_shape = std::max(0, absl::GetFlag(FLAGS_cuda_graph_per_shape));
+  o.engine.cuda.done_on_device = absl::GetFlag(FLAGS_cuda_done_on_device);
+  o.engine.hip.engines = absl::GetFlag(FLAGS_hip_engines);
+  if (o.engine.hip.engines != "own" && o.engine.hip.engines != "rocr") {
+    std::fprintf(stderr, "dmagatherd: --hip_engines=%s: expected own or rocr\n", o.engine.hip.engines.c_str());
+    return false;
+  }
+  o.engine.hip.skip_engines = absl::GetFlag(FLAGS_hip_skip_engines);
+  o.engine.hip.hsa_lib = absl::GetFlag(FLAGS_hsa_lib);
+  // libamdhip64 is opened by common/hip, which the client library shares
+  // (and reads DMAGATHER_HIP_LIB there); the daemon names the file itself.
+  dmagather::common::hip::SetHipLibrary(absl::GetFlag(FLAGS_hip_lib));
   o.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
   o.fd_timeout = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_fd_timeout_ms)));
   o.fd_max_connections_per_uid = std::max(0, absl::GetFlag(FLAGS_fd_max_connections_per_uid));
@@ -70,6 +88,16 @@ bool OptionsFromFlags(dmagather::server::DaemonOptions* options) {
   }
   o.peers.force_staging = staging == "always";
   o.peers.peer_timeout = absl::Milliseconds(std::max(0, absl::GetFlag(FLAGS_peer_timeout_ms)));
+  // The ibverbs transport's options go to it directly: the peer service
+  // creates the transport, and PeerOptions does not carry them.
+  auto ib = dmagather::server::transport::IbverbsOptionsFromFlags(
+      absl::GetFlag(FLAGS_ib_device), absl::GetFlag(FLAGS_ib_gid_index), absl::GetFlag(FLAGS_ib_slots),
+      absl::GetFlag(FLAGS_ib_slot_bytes));
+  if (!ib.ok()) {
+    std::fprintf(stderr, "dmagatherd: %s\n", std::string(ib.status().message()).c_str());
+    return false;
+  }
+  dmagather::server::transport::SetIbverbsOptions(*ib);
 
   o.max_jobs_per_uid = std::max(0, absl::GetFlag(FLAGS_max_jobs_per_uid));
   o.max_sessions_per_uid = std::max(0, absl::GetFlag(FLAGS_max_sessions_per_uid));

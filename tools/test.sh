@@ -9,7 +9,9 @@
 # (no direct clock read outside its allow-list: one case; its own test,
 # //tools:check_clock_test, runs with the Bazel tests), tools/check_docs.sh
 # (README.md at most 200 lines, docs/PERFORMANCE.md at most 400, every
-# relative markdown link resolves: one case),
+# relative markdown link and its anchor resolves, docs/ARCHITECTURE.md's tree
+# names files that exist and every server/engines/gpu/ file: three cases; its
+# own test, //tools:check_docs_test, runs with the Bazel tests),
 # tools/check_format.sh (the C/C++ sources as .clang-format lays them out:
 # one case),
 # tools/test_tsan.sh (the CPU unit tests under

@@ -7,11 +7,12 @@
 #
 # An arm is DIR[:VAR=VALUE[ VAR=VALUE...]]: the dmagatherd and allgather_perf
 # in DIR (bin = this build, old = a baseline copied beside it), run with those
-# environment settings (several separated by spaces, the arm quoted). E.g.
+# settings (several separated by spaces, the arm quoted). E.g.
 #   ab_hop.sh old bin                            (baseline build vs this one)
-#   ab_hop.sh bin:DMAGATHER_CUDA_GRAPHS=0 bin    (one build, a setting off/on)
-# A word of an arm that starts with -- is a dmagatherd flag instead
-# (bin:--stay_awake_us=0); the word mps runs that arm's daemon and ranks
+#   ab_hop.sh bin:--cuda_graphs=false bin        (one build, a daemon flag off/on)
+# A word of an arm that starts with -- is a dmagatherd flag
+# (bin:--stay_awake_us=0), any other VAR=VALUE an environment setting
+# (bin:DMAGATHER_CUDA_BATCH=0); the word mps runs that arm's daemon and ranks
 # under an MPS server of its own (bin:mps). AB_SHAPES picks the shapes, SIZE_rRANKS each
 # (default: 4k_r4 4k_r8 64m_r4); AB_TRACE=1 keeps rank 0's every timed
 # iteration in trace_LABEL.csv (allgather_perf --latency_trace).

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "common/hip/hip_library.h"
 
 namespace dmagather::common::hip {
 namespace {
@@ -202,7 +203,8 @@ absl::StatusOr<HipAbi> HipAbiFor(int runtime_version) {
         "HIP runtime version ", runtime_version, " (ROCm ", abi.major, ".", abi.minor,
         ") is not one this build knows (ROCm ", kHipOldestMajor, ".x to ", kHipNewestMajor,
         ".x): values that differ between ROCm majors (hipMemoryType, the IPC open flag, copy kinds) would be guessed; "
-        "set DMAGATHER_HIP_LIB to a libamdhip64 of a known major, or use a dmagather that knows this one"));
+        "name a libamdhip64 of a known major (DMAGATHER_HIP_LIB; dmagatherd --hip_lib), or use a dmagather that "
+        "knows this one"));
   }
   const bool six = abi.major >= 6;
   abi.memory_type_device = six ? 2 : 1;
@@ -220,7 +222,11 @@ absl::StatusOr<HipAbi> HipAbiFor(int runtime_version) {
 }
 
 std::vector<std::string> HipLibraryCandidates() {
-  if (const char* lib = std::getenv("DMAGATHER_HIP_LIB"); lib != nullptr && *lib != '\0') return {lib};
+  if (const std::optional<std::string> set = HipLibrarySet(); set.has_value()) {
+    if (!set->empty()) return {*set};
+  } else if (const char* lib = std::getenv("DMAGATHER_HIP_LIB"); lib != nullptr && *lib != '\0') {
+    return {lib};
+  }
   std::vector<std::string> names;
   for (int major = kHipNewestMajor; major >= kHipOldestMajor; --major) {
     names.push_back(absl::StrCat("libamdhip64.so.", major));

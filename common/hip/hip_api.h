@@ -3,8 +3,8 @@
 // first use, so every binary built with HIP still starts on a node without
 // ROCm. One binary serves ROCm 5.x, 6.x and 7.x (the way NCCL serves CUDA
 // drivers): the library is found by soname, newest first
-// (libamdhip64.so.7, .so.6, .so.5; $DMAGATHER_HIP_LIB names one file
-// instead), its hipRuntimeGetVersion picks the values that differ between
+// (libamdhip64.so.7, .so.6, .so.5; $DMAGATHER_HIP_LIB in a rank,
+// dmagatherd's --hip_lib, names one file instead), its hipRuntimeGetVersion picks the values that differ between
 // majors (HipAbi: hipMemoryType renumbered in 6.0, the IPC open flag,
 // hipMemcpyDeviceToDeviceNoCU from 6.1, how a stream is checked), and a
 // major this build does not know is refused with the reason. The headers
@@ -136,8 +136,10 @@ absl::Status HipStatus(const char* call, hipError_t err);
 // libamdhip64 can be opened, it lacks a function, or its major is unknown.
 absl::StatusOr<const HipApi*> Hip();
 
-// The files tried, in order: $DMAGATHER_HIP_LIB alone when set, else
-// libamdhip64.so.7, .so.6, .so.5 (newest first, by soname).
+// The files tried, in order: the file the process named (SetHipLibrary,
+// hip_library.h: dmagatherd's --hip_lib) or, where it named none,
+// $DMAGATHER_HIP_LIB alone when set; else libamdhip64.so.7, .so.6, .so.5
+// (newest first, by soname).
 std::vector<std::string> HipLibraryCandidates();
 
 // A library opened by LoadHip: its functions and which file it was.

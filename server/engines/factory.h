@@ -3,6 +3,7 @@
 // and says why, for the log and for Health.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,37 @@
 #include "server/engines/copy_engine.h"
 
 namespace dmagather::server::engines {
+
+// The cuda backend's settings (--cuda_* flags; docs/CUDA.md).
+struct CudaEngineOptions {
+  // Copies go out as cudaMemcpyBatchAsync (--cuda_batch; false: one
+  // cudaMemcpyAsync per chunk).
+  bool batch = true;
+  // Repeated copy calls replayed from CUDA graphs (--cuda_graphs).
+  bool graphs = true;
+  // Largest chunk replayed from a graph as one chain (--cuda_graph_max_kib),
+  // and the same for a call that is its op's sole stream on the device
+  // (--cuda_graph_sole_max_kib; 0: as any other call).
+  uint64_t graph_max_chunk_bytes = uint64_t{1} << 20;
+  uint64_t graph_sole_max_chunk_bytes = uint64_t{64} << 20;
+  // Graphs kept per call shape, updated in place at new addresses
+  // (--cuda_graph_per_shape; 0: exact addresses only).
+  int graph_per_shape = 4;
+  // A GPU writes the ranks' done flags (--cuda_done_on_device; false: the
+  // CPU publishes them after the op's end event).
+  bool done_on_device = true;
+};
+
+// The hip backend's settings (--hip_* and --hsa_lib flags; docs/AMD.md).
+struct HipEngineOptions {
+  // "own": dmagatherd assigns an SDMA engine per peer link; "rocr": every
+  // copy is left to ROCr's engine choice (--hip_engines).
+  std::string engines = "own";
+  // Hex mask of SDMA engines never to use (--hip_skip_engines; "": none).
+  std::string skip_engines;
+  // One libhsa-runtime64 file to open instead of the soname (--hsa_lib).
+  std::string hsa_lib;
+};
 
 struct EngineOptions {
   std::string backend = "auto";
@@ -30,6 +62,8 @@ struct EngineOptions {
   // Host backend: plans of at most this many bytes are copied on the
   // calling (ingress) thread - waking workers costs more than the copy.
   uint64_t host_inline_bytes = 256 << 10;
+  CudaEngineOptions cuda;
+  HipEngineOptions hip;
 };
 
 struct CreatedEngine {

@@ -1,5 +1,6 @@
 // dmagatherd --help, group "cluster": multi-node jobs, the ring between this
-// node's daemon and the others. Declared in server/flags/flags.h; read by
+// node's daemon and the others, and the ibverbs transport's settings (they
+// were DMAGATHER_IB_* variables). Declared in server/flags/flags.h; read by
 // server/main.cc.
 #include "absl/flags/flag.h"
 #include "server/flags/flags.h"
@@ -25,3 +26,13 @@ ABSL_FLAG(int, peer_timeout_ms, 5000,
           "its host lost power, the network between is cut, nothing closed the connection - is failed: every "
           "rank of the job gets PEER_FAILED naming it. 0: no heartbeats (only closed connections and the op "
           "timeout are noticed).");
+
+// The ibverbs transport (docs/TRANSPORT_IBVERBS.md).
+ABSL_FLAG(std::string, ib_device, "",
+          "ibverbs transport: the RDMA device, optionally NAME:PORT (mlx5_1:1). Empty: the first device with an "
+          "active port.");
+ABSL_FLAG(int, ib_gid_index, -1, "ibverbs transport: the GID index (RoCE); -1: chosen automatically.");
+ABSL_FLAG(int, ib_slots, 16, "ibverbs transport: receive staging slots per link (1..256).");
+ABSL_FLAG(int64_t, ib_slot_bytes, 256 + (1 << 20),
+          "ibverbs transport: bytes per staging slot: one default ring chunk (--ring_chunk_kib 1024) and 256 "
+          "bytes for its frame.");

@@ -35,6 +35,16 @@ ABSL_DECLARE_FLAG(int, streams);
 ABSL_DECLARE_FLAG(bool, parallel_issue);
 ABSL_DECLARE_FLAG(int, host_inline_kib);
 ABSL_DECLARE_FLAG(int, stay_awake_us);
+ABSL_DECLARE_FLAG(bool, cuda_batch);
+ABSL_DECLARE_FLAG(bool, cuda_graphs);
+ABSL_DECLARE_FLAG(int, cuda_graph_max_kib);
+ABSL_DECLARE_FLAG(int, cuda_graph_sole_max_kib);
+ABSL_DECLARE_FLAG(int, cuda_graph_per_shape);
+ABSL_DECLARE_FLAG(bool, cuda_done_on_device);
+ABSL_DECLARE_FLAG(std::string, hip_engines);
+ABSL_DECLARE_FLAG(std::string, hip_skip_engines);
+ABSL_DECLARE_FLAG(std::string, hip_lib);
+ABSL_DECLARE_FLAG(std::string, hsa_lib);
 
 // Cluster (server/flags/cluster.cc)
 ABSL_DECLARE_FLAG(std::string, peer_listen);
@@ -45,6 +55,10 @@ ABSL_DECLARE_FLAG(int, ring_chunk_kib);
 ABSL_DECLARE_FLAG(int, ring_transit_mib);
 ABSL_DECLARE_FLAG(std::string, ring_staging);
 ABSL_DECLARE_FLAG(int, peer_timeout_ms);
+ABSL_DECLARE_FLAG(std::string, ib_device);
+ABSL_DECLARE_FLAG(int, ib_gid_index);
+ABSL_DECLARE_FLAG(int, ib_slots);
+ABSL_DECLARE_FLAG(int64_t, ib_slot_bytes);
 
 // Diagnostics (server/flags/diagnostics.cc)
 ABSL_DECLARE_FLAG(std::string, log_level);

@@ -46,8 +46,8 @@ absl::Status PickGid(VerbsDevice* d, const IbverbsOptions& o) {
   const int table = d->port_attr.gid_tbl_len;
   if (o.gid_index >= 0) {
     if (table > 0 && o.gid_index >= table) {
-      return absl::InvalidArgumentError(absl::StrCat("GID index ", o.gid_index, " (DMAGATHER_IB_GID_INDEX) is out of ",
-                                                     d->where(), "'s table of ", table));
+      return absl::InvalidArgumentError(
+          absl::StrCat("GID index ", o.gid_index, " (--ib_gid_index) is out of ", d->where(), "'s table of ", table));
     }
     d->gid_index = o.gid_index;
   } else if (!d->ethernet()) {
@@ -75,8 +75,8 @@ absl::Status PickGid(VerbsDevice* d, const IbverbsOptions& o) {
         absl::StrCat("ibv_query_gid(", d->where(), ", index ", d->gid_index, "): ", strerror(rc)));
   }
   if (d->ethernet() && GidIsZero(d->gid)) {
-    return absl::UnavailableError(absl::StrCat("GID index ", d->gid_index, " of ", d->where(),
-                                               " is empty (RoCE needs one; set DMAGATHER_IB_GID_INDEX)"));
+    return absl::UnavailableError(
+        absl::StrCat("GID index ", d->gid_index, " of ", d->where(), " is empty (RoCE needs one; set --ib_gid_index)"));
   }
   return absl::OkStatus();
 }
@@ -141,8 +141,8 @@ absl::StatusOr<std::shared_ptr<VerbsDevice>> OpenVerbsDevice(VerbsApi* api, cons
   api->FreeDeviceList(list);  // Opened devices stay valid.
   if (!found) {
     if (!o.device.empty() && std::find(names.begin(), names.end(), o.device) == names.end()) {
-      return absl::UnavailableError(absl::StrCat("RDMA device '", o.device, "' (DMAGATHER_IB_DEVICE) not found; found ",
-                                                 absl::StrJoin(names, ", ")));
+      return absl::UnavailableError(
+          absl::StrCat("RDMA device '", o.device, "' (--ib_device) not found; found ", absl::StrJoin(names, ", ")));
     }
     return absl::UnavailableError(absl::StrCat("RDMA device(s) ", absl::StrJoin(names, ", "),
                                                " found but none has an active port (", absl::StrJoin(why_not, "; "),

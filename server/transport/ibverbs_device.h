@@ -1,7 +1,7 @@
 // VerbsDevice: the RDMA device, port and GID the ibverbs transport
 // (ibverbs_transport.cc) runs on, opened once per transport with one
 // protection domain its links share. OpenVerbsDevice picks the device
-// (DMAGATHER_IB_DEVICE or the first with an active port) and the GID
+// (--ib_device or the first with an active port) and the GID
 // (RoCE v2 with an IPv4-mapped address where the port is Ethernet).
 //
 // Threads: opened on the daemon's main thread; read-only afterwards.

@@ -1,17 +1,17 @@
 // The ibverbs Transport (ibverbs_transport.h): opens the device once
 // (ibverbs_device.h) and upgrades bootstrap TCP connections to links
-// (ibverbs_connection.h); its options from the environment.
+// (ibverbs_connection.h); its options from dmagatherd's --ib_* flags.
 #include "server/transport/ibverbs_transport.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status.h"
 #include "server/transport/ibverbs_connection.h"
 #include "server/transport/ibverbs_device.h"
@@ -44,52 +44,62 @@ class IbverbsTransport : public Transport {
   const std::unique_ptr<Transport> tcp_;
 };
 
-template <typename T>
-absl::Status EnvNumber(const char* name, T* out) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return absl::OkStatus();
-  if (!absl::SimpleAtoi(v, out)) {
-    return absl::InvalidArgumentError(absl::StrCat(name, "='", v, "' is not a number"));
-  }
-  return absl::OkStatus();
+// The options MakeIbverbsTransport() uses (SetIbverbsOptions).
+ABSL_CONST_INIT absl::Mutex options_mu(absl::kConstInit);
+IbverbsOptions& DaemonOptions() ABSL_EXCLUSIVE_LOCKS_REQUIRED(options_mu) {
+  static IbverbsOptions* o = new IbverbsOptions();
+  return *o;
 }
 
 }  // namespace
 
-absl::StatusOr<IbverbsOptions> IbverbsOptionsFromEnv() {
+absl::StatusOr<IbverbsOptions> IbverbsOptionsFromFlags(const std::string& device, int gid_index, int slots,
+                                                       int64_t slot_bytes) {
   IbverbsOptions o;
-  if (const char* d = std::getenv("DMAGATHER_IB_DEVICE"); d != nullptr && *d != '\0') {
-    std::string s = d;
+  if (!device.empty()) {
+    std::string s = device;
     const size_t colon = s.find(':');
     if (colon != std::string::npos) {
       if (!absl::SimpleAtoi(s.substr(colon + 1), &o.port) || o.port < 1 || o.port > 255) {
-        return absl::InvalidArgumentError(absl::StrCat("DMAGATHER_IB_DEVICE='", s, "': bad port"));
+        return absl::InvalidArgumentError(absl::StrCat("--ib_device='", s, "': bad port"));
       }
       s.resize(colon);
     }
     o.device = s;
   }
-  DMAG_RETURN_IF_ERROR(EnvNumber("DMAGATHER_IB_GID_INDEX", &o.gid_index));
-  DMAG_RETURN_IF_ERROR(EnvNumber("DMAGATHER_IB_SLOTS", &o.slots));
-  DMAG_RETURN_IF_ERROR(EnvNumber("DMAGATHER_IB_SLOT_BYTES", &o.slot_bytes));
+  o.gid_index = gid_index;
+  o.slots = slots;
+  if (slot_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--ib_slot_bytes=", slot_bytes, " is not positive"));
+  }
+  o.slot_bytes = static_cast<size_t>(slot_bytes);
   return o;
+}
+
+void SetIbverbsOptions(const IbverbsOptions& options) {
+  absl::MutexLock lock(&options_mu);
+  DaemonOptions() = options;
 }
 
 absl::StatusOr<std::unique_ptr<Transport>> MakeIbverbsTransport(VerbsApi* api, const IbverbsOptions& o) {
   if (o.slots < 1 || o.slots > kIbverbsMaxSlots) {
     return absl::InvalidArgumentError(
-        absl::StrCat("ibverbs: ", o.slots, " slots (DMAGATHER_IB_SLOTS) is not in [1, ", kIbverbsMaxSlots, "]"));
+        absl::StrCat("ibverbs: ", o.slots, " slots (--ib_slots) is not in [1, ", kIbverbsMaxSlots, "]"));
   }
   if (o.slot_bytes < 1 || o.slot_bytes > kIbverbsMaxSlotBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ibverbs: slot size ", o.slot_bytes, " (DMAGATHER_IB_SLOT_BYTES) is not in [1, ", kIbverbsMaxSlotBytes, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("ibverbs: slot size ", o.slot_bytes,
+                                                   " (--ib_slot_bytes) is not in [1, ", kIbverbsMaxSlotBytes, "]"));
   }
   DMAG_ASSIGN_OR_RETURN(std::shared_ptr<VerbsDevice> dev, OpenVerbsDevice(api, o));
   return std::unique_ptr<Transport>(new IbverbsTransport(std::move(dev), o));
 }
 
 absl::StatusOr<std::unique_ptr<Transport>> MakeIbverbsTransport() {
-  DMAG_ASSIGN_OR_RETURN(IbverbsOptions o, IbverbsOptionsFromEnv());
+  IbverbsOptions o;
+  {
+    absl::MutexLock lock(&options_mu);
+    o = DaemonOptions();
+  }
   return MakeIbverbsTransport(RealVerbs(), o);
 }
 

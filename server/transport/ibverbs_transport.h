@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -38,15 +39,25 @@ struct IbverbsOptions {
 inline constexpr int kIbverbsMaxSlots = 256;
 inline constexpr size_t kIbverbsMaxSlotBytes = size_t{1} << 30;
 
-// The options with these environment variables applied:
-//   DMAGATHER_IB_DEVICE      device name, optionally "name:port"
-//   DMAGATHER_IB_GID_INDEX   GID index (RoCE); default automatic
-//   DMAGATHER_IB_SLOTS       staging slots per link (default 16)
-//   DMAGATHER_IB_SLOT_BYTES  bytes per staging slot (default 256 + 1 MiB)
-// INVALID_ARGUMENT naming the variable when a value does not parse.
-absl::StatusOr<IbverbsOptions> IbverbsOptionsFromEnv();
+// The options from dmagatherd's flags (server/flags/cluster.cc):
+//   --ib_device      device name, optionally "name:port" ("": the first
+//                    device with an active port)
+//   --ib_gid_index   GID index (RoCE); -1: automatic
+//   --ib_slots       staging slots per link (default 16)
+//   --ib_slot_bytes  bytes per staging slot (default 256 + 1 MiB)
+// INVALID_ARGUMENT naming the flag when the device's port does not parse or
+// the slot size is not positive; MakeIbverbsTransport checks the ranges.
+absl::StatusOr<IbverbsOptions> IbverbsOptionsFromFlags(const std::string& device, int gid_index, int slots,
+                                                       int64_t slot_bytes);
 
-// The ibverbs transport over libibverbs with IbverbsOptionsFromEnv().
+// The options the daemon's ibverbs transport is made with: main.cc sets them
+// from the flags before the daemon starts (until then, the defaults). The
+// transport is created by the peer service (server/cluster), whose options
+// do not carry them, hence this one process-wide setting. Any thread.
+void SetIbverbsOptions(const IbverbsOptions& options);
+
+// The ibverbs transport over libibverbs with the options SetIbverbsOptions
+// gave.
 // UNAVAILABLE with the reason when no RDMA device can be used ("no RDMA
 // device (ibv_get_device_list found none)", "... has no active port").
 absl::StatusOr<std::unique_ptr<Transport>> MakeIbverbsTransport();

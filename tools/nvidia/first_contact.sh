@@ -29,7 +29,7 @@
 #   stall A/B     the GPU suite's `stream` mode (300 ops queued ahead of late ready flags)
 #                 FC_STALL_RUNS (20) times per arm, each with fresh daemons: the defaults (lanes
 #                 per job, lockstep, done written by the GPU), serial issue (--parallel_issue=false),
-#                 done published by the CPU (DMAGATHER_CUDA_DONE_ON_DEVICE=0), and the defaults
+#                 done published by the CPU (--cuda_done_on_device=false), and the defaults
 #                 with CUDA_DEVICE_MAX_CONNECTIONS=1 and =32; stalls out of runs per arm, and for
 #                 each stall the daemon's issue-watch lines (every issuer's op and step, every
 #                 rank's ready and done words, once a driver call has lasted 1 s; stall_*.log).
@@ -136,7 +136,7 @@ print(",".join("GPU-" + str(torch.cuda.get_device_properties(i).uuid) for i in r
   if want stall; then
     local arm runs_per="${FC_STALL_RUNS:-20}" stall_table="$out/stall_ab.txt" k
     echo "arm,runs,passed,stalled_or_failed,watch_reports" >"$out/stall_ab.csv"
-    for arm in "defaults:" "serial:--parallel_issue=false" "cpu_done:DMAGATHER_CUDA_DONE_ON_DEVICE=0" \
+    for arm in "defaults:" "serial:--parallel_issue=false" "cpu_done:--cuda_done_on_device=false" \
                "conn1:CUDA_DEVICE_MAX_CONNECTIONS=1" "conn32:CUDA_DEVICE_MAX_CONNECTIONS=32"; do
       local aname="${arm%%:*}" aset="${arm#*:}" aflags="" aenv=() ok=0 bad=0 watch=0
       case "$aset" in --*) aflags="$aset" ;; ?*) aenv=("$aset") ;; esac
@@ -235,8 +235,8 @@ print(",".join(str(d) for d in sorted(moved - {i, j})) if moved == {i, j} or mov
   # --- latency sweep -------------------------------------------------------------
   local ranks=$ngpu; [ "$ranks" -lt 2 ] && ranks=2
   local cfg sweep_bad=0 configs=""
-  want sweep && configs="${FC_SWEEP:-graphs=on graphs=off:DMAGATHER_CUDA_GRAPHS=0 cap=256:DMAGATHER_CUDA_GRAPH_MAX_KIB=256
-    cap=4096:DMAGATHER_CUDA_GRAPH_MAX_KIB=4096 streams=1:--streams=1 streams=4:--streams=4 streams=8:--streams=8
+  want sweep && configs="${FC_SWEEP:-graphs=on graphs=off:--cuda_graphs=false cap=256:--cuda_graph_max_kib=256
+    cap=4096:--cuda_graph_max_kib=4096 streams=1:--streams=1 streams=4:--streams=4 streams=8:--streams=8
     asleep:--stay_awake_us=0 chunk1m:--chunk_kib=1024}"
   want sweep && echo "config,KiB_per_rank,impl,p50_us,p99_us,daemon_copy_calls" >"$out/latency_sweep.csv"
   for cfg in $configs; do

@@ -4,7 +4,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -16,17 +15,6 @@ namespace dmagather::server::engines::gpu {
 namespace {
 
 using ::dmagather::common::cuda::CudaStatus;
-
-// Chains side by side for copy calls with chunks above the chain cap
-// (docs/PERFORMANCE.md, "Medium ops"); 0: those calls are issued as a batch.
-
-// Calls that are their op's sole stream on the device: chains of chunks up to
-// this (DMAGATHER_CUDA_GRAPH_SOLE_MAX_KIB; 0: the cap above for them too).
-// Measured on one H200, ranks sharing it (docs/PERFORMANCE.md, "Medium ops"):
-// ops of 4 MiB x 2-4 ranks and 16 MiB x 2 ranks issued 5-10x faster and ran
-// as fast or faster end to end as one chain; ops that fan out over streams
-// took +2.1 ms in 10-33% of cases as chains, so those keep the batch path.
-constexpr uint64_t kSoleChainMaxBytes = uint64_t{64} << 20;
 
 // A copy graph: the executable, and the graph it was instantiated from with
 // its nodes (cudaGraphExecMemcpyNodeSetParams1D names a node of that graph).
@@ -89,27 +77,27 @@ CopyGraphCache::Ops CudaGraphOps() {
   return ops;
 }
 
-CopyGraphCache::Options CudaGraphOptions() {
+CopyGraphCache::Options CudaGraphOptions(const CudaEngineOptions& c) {
   CopyGraphCache::Options o;
-  // Largest chunk replayed (DMAGATHER_CUDA_GRAPH_MAX_KIB). Measured on one
-  // H200 (ranks sharing it): 4 KiB and 1 MiB copies issued and ran faster
-  // from a graph; with 16 MiB shards a chain took 2-3.5x longer end to end
-  // and with 64 MiB shards the p99 went from ~1.0 to 2.7 ms (a chain runs
-  // its copies one after another). Not yet measured with ranks on several
-  // GPUs (peer copies on copy engines).
-  if (const char* e = std::getenv("DMAGATHER_CUDA_GRAPH_MAX_KIB"); e != nullptr && std::atoll(e) > 0) {
-    o.max_chunk_bytes = uint64_t(std::atoll(e)) << 10;
-  }
-  o.max_sole_chunk_bytes = kSoleChainMaxBytes;
-  if (const char* e = std::getenv("DMAGATHER_CUDA_GRAPH_SOLE_MAX_KIB"); e != nullptr && *e != '\0') {
-    o.max_sole_chunk_bytes = uint64_t(std::max(0LL, std::atoll(e))) << 10;
-  }
+  // Largest chunk replayed (--cuda_graph_max_kib, default 1024; at least 1
+  // KiB). Measured on one H200 (ranks sharing it): 4 KiB and 1 MiB copies
+  // issued and ran faster from a graph; with 16 MiB shards a chain took
+  // 2-3.5x longer end to end and with 64 MiB shards the p99 went from ~1.0
+  // to 2.7 ms (a chain runs its copies one after another). Not yet measured
+  // with ranks on several GPUs (peer copies on copy engines).
+  o.max_chunk_bytes = std::max<uint64_t>(c.graph_max_chunk_bytes, 1024);
+  // Calls that are their op's sole stream on the device: chains of chunks up
+  // to this (--cuda_graph_sole_max_kib, default 65536; 0: the cap above for
+  // them too). Measured on one H200, ranks sharing it (docs/PERFORMANCE.md,
+  // "Medium ops"): ops of 4 MiB x 2-4 ranks and 16 MiB x 2 ranks issued
+  // 5-10x faster and ran as fast or faster end to end as one chain; ops that
+  // fan out over streams took +2.1 ms in 10-33% of cases as chains, so those
+  // keep the batch path.
+  o.max_sole_chunk_bytes = c.graph_sole_max_chunk_bytes;
   // Graphs per call shape, pointed at new addresses in place
-  // (DMAGATHER_CUDA_GRAPH_PER_SHAPE; 0: a graph serves its exact addresses
-  // only, a call at new addresses builds one).
-  if (const char* e = std::getenv("DMAGATHER_CUDA_GRAPH_PER_SHAPE"); e != nullptr && *e != '\0') {
-    o.max_per_shape = size_t(std::max(0LL, std::atoll(e)));
-  }
+  // (--cuda_graph_per_shape; 0: a graph serves its exact addresses only, a
+  // call at new addresses builds one).
+  o.max_per_shape = size_t(std::max(0, c.graph_per_shape));
   return o;
 }
 

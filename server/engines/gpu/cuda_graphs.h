@@ -1,6 +1,6 @@
 // The cuda runtime's copy graphs (cuda_runtime.cc): how a CopyGraphCache
 // (copy_graph_cache.h) builds, launches, updates and destroys CUDA graphs of
-// memcpy nodes, and its options (DMAGATHER_CUDA_GRAPH_*). Called on a
+// memcpy nodes, and its options (--cuda_graph_* flags). Called on a
 // device's issuing thread. And what the daemon reports of them at exit.
 #pragma once
 
@@ -10,12 +10,13 @@
 #include <vector>
 
 #include "common/latency_histogram.h"
+#include "server/engines/factory.h"
 #include "server/engines/gpu/copy_graph_cache.h"
 
 namespace dmagather::server::engines::gpu {
 
 CopyGraphCache::Ops CudaGraphOps();
-CopyGraphCache::Options CudaGraphOptions();
+CopyGraphCache::Options CudaGraphOptions(const CudaEngineOptions& options);
 
 // The settings and counters of every device's cache (none: "copy graphs
 // off").

@@ -7,7 +7,7 @@
 //    cuStreamWaitValue32 per rank if the driver refuses batches);
 //  - copies: cudaMemcpyBatchAsync with cudaMemcpyFlagPreferOverlapWithCompute
 //    (falls back to cudaMemcpyAsync per chunk if unsupported, or with
-//    DMAGATHER_CUDA_BATCH=0), chunks of at most 64 MiB;
+//    --cuda_batch=false), chunks of at most 64 MiB;
 //  - one issuing state per device (the engine issues every device from its
 //    own thread): scratch, the batch fallback and the copy graph cache;
 //  - devices by identity (cudaDeviceProp.uuid, PCI bus id); peer access
@@ -17,8 +17,8 @@
 //  - ready flags: one registration of the completion block serves every
 //    device when each reports CanUseHostPointerForRegisteredMem; a device
 //    that does not turns the device waits off (the engine gates on the CPU);
-//  - copy graphs (DMAGATHER_CUDA_GRAPHS=0 turns them off): a copy call of
-//    chunks up to DMAGATHER_CUDA_GRAPH_MAX_KIB (default 1024) seen a second
+//  - copy graphs (--cuda_graphs=false turns them off): a copy call of
+//    chunks up to --cuda_graph_max_kib (default 1024) seen a second
 //    time (same device, addresses and sizes: ZeRO-3 gathers into the same
 //    buffers every step) is built once into a CUDA graph of memcpy nodes in
 //    a chain and replayed with one cudaGraphLaunch. Issuing 12 small copies
@@ -26,7 +26,7 @@
 //    (bench/gpu/issue_cost.cc; docs/PERFORMANCE.md). A call of a known
 //    shape at new addresses (FSDP2 allocates its unsharded parameters anew)
 //    updates a graph of that shape in place (cuda_graphs.cc,
-//    DMAGATHER_CUDA_GRAPH_PER_SHAPE). Graphs hold addresses:
+//    --cuda_graph_per_shape). Graphs hold addresses:
 //    IPC closes and VMM unmaps report their range first and the graphs that
 //    touch it are dropped (copy_graph_cache.h);
 //  - imports: CUDA IPC handles of allocation bases (cudaIpcOpenMemHandle,
@@ -68,10 +68,10 @@ using ::dmagather::common::cuda::DriverApi;
 class CudaRuntime : public GpuRuntime {
  public:
   // Fails (Unavailable) when there is no driver or no device.
-  static absl::StatusOr<std::unique_ptr<GpuRuntime>> Create() {
+  static absl::StatusOr<std::unique_ptr<GpuRuntime>> Create(const CudaEngineOptions& options) {
     DMAG_ASSIGN_OR_RETURN(int n, ::dmagather::common::cuda::CudaAvailable());
     DMAG_ASSIGN_OR_RETURN(const DriverApi* api, ::dmagather::common::cuda::Driver());
-    return std::unique_ptr<GpuRuntime>(new CudaRuntime(api, n));
+    return std::unique_ptr<GpuRuntime>(new CudaRuntime(api, n, options));
   }
 
   const char* name() const override { return "cuda"; }
@@ -374,15 +374,15 @@ class CudaRuntime : public GpuRuntime {
   }
 
  private:
-  CudaRuntime(const DriverApi* api, int n) : api_(api), num_devices_(n) {
-    const bool batch = ::dmagather::common::cuda::BatchCopiesEnabled();
-    const char* env = std::getenv("DMAGATHER_CUDA_GRAPHS");
-    const bool graphs = env == nullptr || std::strcmp(env, "0") != 0;
+  CudaRuntime(const DriverApi* api, int n, const CudaEngineOptions& options)
+      : api_(api), num_devices_(n), done_on_device_(options.done_on_device) {
+    const bool batch = options.batch;
+    const bool graphs = options.graphs;
     for (int d = 0; d < n; ++d) {
       auto is = std::make_unique<Issuing>();
       is->batch_copies_ok = batch;
       if (graphs) {
-        is->graphs = std::make_unique<CopyGraphCache>(CudaGraphOps(), CudaGraphOptions());
+        is->graphs = std::make_unique<CopyGraphCache>(CudaGraphOps(), CudaGraphOptions(options));
         releases_.push_back(is->graphs->releases());
       }
       issuing_.push_back(std::move(is));
@@ -426,7 +426,7 @@ class CudaRuntime : public GpuRuntime {
     std::vector<size_t> attr_idx;
     bool batch_memops_ok = true;
     bool batch_copies_ok = true;             // Off for good on this device after a refused batch.
-    std::unique_ptr<CopyGraphCache> graphs;  // Null with DMAGATHER_CUDA_GRAPHS=0.
+    std::unique_ptr<CopyGraphCache> graphs;  // Null with --cuda_graphs=false.
   };
 
   const DriverApi* const api_;
@@ -437,12 +437,9 @@ class CudaRuntime : public GpuRuntime {
   // Where import releases are reported: every device's graph cache.
   std::vector<std::shared_ptr<ReleaseLog>> releases_;
   bool device_waits_ = true;
-  // DMAGATHER_CUDA_DONE_ON_DEVICE=0: the CPU publishes every done flag (the
+  // --cuda_done_on_device=false: the CPU publishes every done flag (the
   // A/B of the handshake's cost; docs/CUDA.md, "Completion").
-  const bool done_on_device_ = [] {
-    const char* e = std::getenv("DMAGATHER_CUDA_DONE_ON_DEVICE");
-    return e == nullptr || std::string(e) != "0";
-  }();
+  const bool done_on_device_;
   std::string no_device_waits_why_;
 };
 
@@ -463,8 +460,7 @@ const EngineRegistration kCudaRegistration(GpuEngineBackend({
     .label = "CUDA",
     .unusable = "no usable CUDA GPU",
     .devices = "CUDA GPU(s)",
-    .create_runtime = [] { return CudaRuntime::Create(); },
-    .chunk_mib_env = "DMAGATHER_CUDA_CHUNK_MIB",
+    .create_runtime = [](const EngineOptions& o) { return CudaRuntime::Create(o.cuda); },
 }));
 
 }  // namespace

@@ -2,7 +2,6 @@
 #include "server/engines/gpu/gpu_backend.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -18,18 +17,14 @@ EngineBackend GpuEngineBackend(GpuBackendSpec spec) {
   b.label = spec.label;
   b.unusable = spec.unusable;
   b.default_stay_awake_ns = kGpuStayAwakeNs;
-  b.create = [create_runtime = spec.create_runtime, chunk_mib_env = spec.chunk_mib_env](
-                 const EngineOptions& o) -> absl::StatusOr<std::unique_ptr<CopyEngine>> {
+  b.create = [create_runtime =
+                  spec.create_runtime](const EngineOptions& o) -> absl::StatusOr<std::unique_ptr<CopyEngine>> {
     GpuEngine::Options go;
     go.streams_per_device = o.streams_per_device;
     go.parallel_issue = o.parallel_issue;
     go.stay_awake_ns = static_cast<uint64_t>(std::max<int64_t>(0, o.stay_awake_ns));
     go.chunk_bytes = o.chunk_bytes;
-    if (const char* c = chunk_mib_env != nullptr ? std::getenv(chunk_mib_env) : nullptr;
-        c != nullptr && std::atoi(c) > 0) {
-      go.chunk_bytes = uint64_t(std::atoi(c)) << 20;
-    }
-    DMAG_ASSIGN_OR_RETURN(std::unique_ptr<GpuRuntime> rt, create_runtime());
+    DMAG_ASSIGN_OR_RETURN(std::unique_ptr<GpuRuntime> rt, create_runtime(o));
     DMAG_ASSIGN_OR_RETURN(std::unique_ptr<GpuEngine> engine, GpuEngine::Create(std::move(rt), go));
     return std::unique_ptr<CopyEngine>(std::move(engine));
   };

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/engines/engine_registry.h"
+#include "server/engines/factory.h"
 #include "server/engines/gpu/runtime.h"
 
 namespace dmagather::server::engines::gpu {
@@ -25,9 +26,9 @@ struct GpuBackendSpec {
   std::string label;     // In messages: "CUDA".
   std::string unusable;  // What --backend=auto says when it fails: "no usable CUDA GPU".
   std::string devices;   // What the engine has, after its device count: "CUDA GPU(s)".
-  std::function<absl::StatusOr<std::unique_ptr<GpuRuntime>>()> create_runtime;
-  // Optional: an environment variable that overrides the chunk size (MiB).
-  const char* chunk_mib_env = nullptr;
+  // The runtime, with the daemon's engine options (its backend's part:
+  // EngineOptions::cuda, EngineOptions::hip).
+  std::function<absl::StatusOr<std::unique_ptr<GpuRuntime>>(const EngineOptions&)> create_runtime;
 };
 
 EngineBackend GpuEngineBackend(GpuBackendSpec spec);

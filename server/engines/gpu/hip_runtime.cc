@@ -17,15 +17,15 @@
 //    HSA_ENABLE_SDMA=0 it would use blit kernels, and with
 //    GPU_FORCE_BLIT_COPY_SIZE=N it would for copies up to N KiB, so this
 //    runtime refuses to start with either. Two ways, chosen at start:
-//     * dmagatherd assigns the engines (DMAGATHER_HIP_ENGINES unset or
-//       "own"), where libhsa-runtime64 has hsa_amd_memory_async_copy_on_engine
+//     * dmagatherd assigns the engines (--hip_engines=own, the default),
+//       where libhsa-runtime64 has hsa_amd_memory_async_copy_on_engine
 //       and hsa_amd_memory_copy_engine_status (ROCm >= 5.7) and the HIP
 //       devices match HSA agents by PCI address: a fixed engine per peer
 //       link among those the driver reports usable, minus
-//       DMAGATHER_HIP_SKIP_ENGINES (hex mask), copies through HSA with
+//       --hip_skip_engines (hex mask), copies through HSA with
 //       signal completions (hsa_api.h, hsa_streams.h); bytes per engine in
 //       CopyEngineCounters.
-//     * otherwise (or DMAGATHER_HIP_ENGINES=rocr) ROCr chooses: the reason
+//     * otherwise (or --hip_engines=rocr) ROCr chooses: the reason
 //       is logged and every copy is a hipMemcpyAsync on non-blocking
 //       streams. The copy kind is chosen from the runtime's version
 //       (common/hip HipAbi), not from the build's headers:
@@ -60,6 +60,7 @@
 #include "common/hip/hip_api.h"
 #include "common/memory_kinds.h"
 #include "common/status.h"
+#include "server/engines/factory.h"
 #include "server/engines/gpu/gpu_engine.h"
 #include "server/engines/gpu/hsa_api.h"
 #include "server/engines/gpu/hsa_streams.h"
@@ -78,29 +79,27 @@ struct EngineChoice {
   std::string why_rocr;
 };
 
-EngineChoice ChooseEngines(const HipApi* api, int n) {
+EngineChoice ChooseEngines(const HipApi* api, int n, const HipEngineOptions& o) {
   EngineChoice c;
-  const char* mode = std::getenv("DMAGATHER_HIP_ENGINES");
-  const std::string m = mode != nullptr ? mode : "";
+  const std::string& m = o.engines;
   if (m == "rocr") {
-    c.why_rocr = "DMAGATHER_HIP_ENGINES=rocr";
+    c.why_rocr = "--hip_engines=rocr";
     return c;
   }
   if (!m.empty() && m != "own") {
-    c.why_rocr = absl::StrCat("DMAGATHER_HIP_ENGINES=", m, " is neither own nor rocr");
+    c.why_rocr = absl::StrCat("--hip_engines=", m, " is neither own nor rocr");
     return c;
   }
   if (n < 2) {
     c.why_rocr = "one device: no peer link to give an engine";
     return c;
   }
-  const char* skip_env = std::getenv("DMAGATHER_HIP_SKIP_ENGINES");
-  absl::StatusOr<uint32_t> skip = ParseEngineMask(skip_env != nullptr ? skip_env : "");
+  absl::StatusOr<uint32_t> skip = ParseEngineMask(o.skip_engines);
   if (!skip.ok()) {
-    c.why_rocr = absl::StrCat("DMAGATHER_HIP_SKIP_ENGINES: ", skip.status().message());
+    c.why_rocr = absl::StrCat("--hip_skip_engines: ", skip.status().message());
     return c;
   }
-  absl::StatusOr<std::unique_ptr<HsaLibrary>> lib = LoadHsa(HsaLibraryCandidates());
+  absl::StatusOr<std::unique_ptr<HsaLibrary>> lib = LoadHsa(HsaLibraryCandidates(o.hsa_lib));
   if (!lib.ok()) {
     c.why_rocr = std::string(lib.status().message());
     return c;
@@ -139,7 +138,7 @@ class HipRuntime : public GpuRuntime {
  public:
   // Fails (Unavailable) without libamdhip64 or without an AMD GPU, and
   // (FailedPrecondition) when SDMA is disabled.
-  static absl::StatusOr<std::unique_ptr<GpuRuntime>> Create() {
+  static absl::StatusOr<std::unique_ptr<GpuRuntime>> Create(const HipEngineOptions& options) {
     DMAG_ASSIGN_OR_RETURN(const HipApi* api, ::dmagather::common::hip::Hip());
     DMAG_ASSIGN_OR_RETURN(int n, ::dmagather::common::hip::HipAvailable());
     if (const char* sdma = std::getenv("HSA_ENABLE_SDMA"); sdma != nullptr && std::strcmp(sdma, "0") == 0) {
@@ -154,7 +153,7 @@ class HipRuntime : public GpuRuntime {
                        ": ROCm would do copies up to that many KiB with blit kernels, and "
                        "dmagatherd launches no kernel; unset it for dmagatherd"));
     }
-    EngineChoice engines = ChooseEngines(api, n);
+    EngineChoice engines = ChooseEngines(api, n, options);
     if (engines.streams != nullptr) {
       LOG(INFO) << "hip: SDMA engines assigned by dmagatherd through " << engines.hsa->path << ": "
                 << engines.streams->plan().Describe();
@@ -339,7 +338,7 @@ const EngineRegistration kHipRegistration(GpuEngineBackend({
     .label = "HIP",
     .unusable = "no usable AMD GPU",
     .devices = "AMD GPU(s) (HIP, SDMA)",
-    .create_runtime = [] { return HipRuntime::Create(); },
+    .create_runtime = [](const EngineOptions& o) { return HipRuntime::Create(o.hip); },
 }));
 
 }  // namespace

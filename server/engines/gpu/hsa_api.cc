@@ -50,8 +50,8 @@ hsa_status_t CollectGpu(hsa_agent_t agent, void* data) {
 
 }  // namespace
 
-std::vector<std::string> HsaLibraryCandidates() {
-  if (const char* lib = std::getenv("DMAGATHER_HSA_LIB"); lib != nullptr && *lib != '\0') return {lib};
+std::vector<std::string> HsaLibraryCandidates(const std::string& file) {
+  if (!file.empty()) return {file};
   return {"libhsa-runtime64.so.1"};
 }
 

@@ -1,6 +1,6 @@
 // The hsa-runtime edge of the hip runtime, for dmagatherd to assign SDMA
 // engines itself. libhsa-runtime64 is not linked: it is opened with dlopen
-// (libhsa-runtime64.so.1, the soname of ROCm 5.x to 7.x; $DMAGATHER_HSA_LIB
+// (libhsa-runtime64.so.1, the soname of ROCm 5.x to 7.x; dmagatherd --hsa_lib
 // names one file instead). In a process that already uses HIP, clr has
 // loaded and initialized the same library, so the agents, signals and
 // IPC-opened memory are those HIP uses.
@@ -43,8 +43,9 @@ struct HsaApi {
   HsaCopyApi copy;
 };
 
-// The files tried: $DMAGATHER_HSA_LIB alone when set, else libhsa-runtime64.so.1.
-std::vector<std::string> HsaLibraryCandidates();
+// The files tried: `file` alone when not empty (--hsa_lib), else
+// libhsa-runtime64.so.1.
+std::vector<std::string> HsaLibraryCandidates(const std::string& file);
 
 struct HsaLibrary {
   HsaApi api;
@@ -60,7 +61,7 @@ struct HsaLibrary {
 absl::StatusOr<std::unique_ptr<HsaLibrary>> LoadHsa(const std::vector<std::string>& candidates);
 
 // "0x6" or "6" (hex): the operator's mask of engines never to use
-// ($DMAGATHER_HIP_SKIP_ENGINES); 0 for "" and an error for anything else.
+// (--hip_skip_engines); 0 for "" and an error for anything else.
 absl::StatusOr<uint32_t> ParseEngineMask(const std::string& text);
 
 // The set-up described above, for `pci_bus_ids[d]` the PCI bus id HIP

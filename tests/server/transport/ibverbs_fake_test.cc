@@ -1,8 +1,7 @@
 // The ibverbs transport on the fake verbs layer: credits (a fast sender
 // blocks rather than overwrite an unread slot), injected completion errors
 // and queue-pair errors, device and GID selection, setup failures reported
-// to both ends, options from the environment, and no leaked verbs objects.
-#include <stdlib.h>
+// to both ends, options from the flags, and no leaked verbs objects.
 
 #include <atomic>
 #include <chrono>
@@ -218,7 +217,7 @@ TEST_F(IbverbsFakeTest, UnknownDeviceNameIsUnavailable) {
   o.device = "mlx5_9";
   auto t = MakeIbverbsTransport(&fake_, o);
   ASSERT_FALSE(t.ok());
-  EXPECT_THAT(std::string(t.status().message()), HasSubstr("'mlx5_9' (DMAGATHER_IB_DEVICE) not found"));
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("'mlx5_9' (--ib_device) not found"));
 }
 
 TEST_F(IbverbsFakeTest, BadRingOptionsAreInvalid) {
@@ -348,22 +347,8 @@ TEST_F(IbverbsFakeTest, PeerOnTcpIsReportedClearly) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("not using the ibverbs transport")) << s;
 }
 
-class EnvTest : public ::testing::Test {
- protected:
-  void TearDown() override {
-    for (const char* v :
-         {"DMAGATHER_IB_DEVICE", "DMAGATHER_IB_GID_INDEX", "DMAGATHER_IB_SLOTS", "DMAGATHER_IB_SLOT_BYTES"}) {
-      unsetenv(v);
-    }
-  }
-};
-
-TEST_F(EnvTest, OptionsFromEnvironment) {
-  setenv("DMAGATHER_IB_DEVICE", "mlx5_1:2", 1);
-  setenv("DMAGATHER_IB_GID_INDEX", "3", 1);
-  setenv("DMAGATHER_IB_SLOTS", "32", 1);
-  setenv("DMAGATHER_IB_SLOT_BYTES", "65792", 1);
-  auto o = IbverbsOptionsFromEnv();
+TEST(FlagsTest, OptionsFromFlags) {
+  auto o = IbverbsOptionsFromFlags("mlx5_1:2", 3, 32, 65792);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->device, "mlx5_1");
   EXPECT_EQ(o->port, 2);
@@ -372,24 +357,30 @@ TEST_F(EnvTest, OptionsFromEnvironment) {
   EXPECT_EQ(o->slot_bytes, 65792u);
 }
 
-TEST_F(EnvTest, DefaultsWithoutEnvironment) {
-  auto o = IbverbsOptionsFromEnv();
+TEST(FlagsTest, TheFlagsDefaultsAreTheOptionsDefaults) {
+  // dmagatherd's defaults (server/flags/cluster.cc).
+  auto o = IbverbsOptionsFromFlags("", -1, 16, 256 + (1 << 20));
   ASSERT_TRUE(o.ok());
-  EXPECT_EQ(o->device, "");
-  EXPECT_EQ(o->port, 0);
-  EXPECT_EQ(o->gid_index, -1);
-  EXPECT_EQ(o->slots, 16);
-  EXPECT_EQ(o->slot_bytes, 256u + (1u << 20));
+  const IbverbsOptions d;
+  EXPECT_EQ(o->device, d.device);
+  EXPECT_EQ(o->port, d.port);
+  EXPECT_EQ(o->gid_index, d.gid_index);
+  EXPECT_EQ(o->slots, d.slots);
+  EXPECT_EQ(o->slot_bytes, d.slot_bytes);
+  EXPECT_EQ(d.device, "");
+  EXPECT_EQ(d.port, 0);
+  EXPECT_EQ(d.gid_index, -1);
+  EXPECT_EQ(d.slots, 16);
+  EXPECT_EQ(d.slot_bytes, 256u + (1u << 20));
 }
 
-TEST_F(EnvTest, BadValuesNameTheVariable) {
-  setenv("DMAGATHER_IB_SLOTS", "many", 1);
-  auto o = IbverbsOptionsFromEnv();
+TEST(FlagsTest, BadValuesNameTheFlag) {
+  auto o = IbverbsOptionsFromFlags("mlx5_0:x", -1, 16, 4096);
   EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(o.status().message()), HasSubstr("DMAGATHER_IB_SLOTS"));
-  unsetenv("DMAGATHER_IB_SLOTS");
-  setenv("DMAGATHER_IB_DEVICE", "mlx5_0:x", 1);
-  EXPECT_EQ(IbverbsOptionsFromEnv().status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(o.status().message()), HasSubstr("--ib_device"));
+  o = IbverbsOptionsFromFlags("", -1, 16, 0);
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(o.status().message()), HasSubstr("--ib_slot_bytes"));
 }
 
 }  // namespace

@@ -2,7 +2,6 @@
 // machines): the ibverbs transport says why it is unavailable and
 // --transport=auto falls back to tcp with that reason. Skipped where a
 // device is usable.
-#include <stdlib.h>
 
 #include <cstdio>
 
@@ -19,7 +18,7 @@ using ::testing::HasSubstr;
 class NoDeviceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    unsetenv("DMAGATHER_IB_DEVICE");
+    SetIbverbsOptions(IbverbsOptions{});  // dmagatherd's defaults: the first device with an active port.
     auto t = MakeIbverbsTransport();
     if (t.ok()) GTEST_SKIP() << "an RDMA device is usable here";
     status_ = t.status();

@@ -61,6 +61,9 @@ TEST(HipEnginesOnFake, AnAllGatherTakesTheEnginesThisRuntimeAllows) {
   EngineOptions o;
   o.backend = "hip";
   o.streams_per_device = 2;
+  // What dmagatherd's --hsa_lib and --hip_engines would pass.
+  o.hip.hsa_lib = std::getenv("DMAGATHER_TEST_HSA_LIB");
+  o.hip.engines = std::getenv("DMAGATHER_TEST_HIP_ENGINES");
   auto created = CreateEngine(o);
   ASSERT_TRUE(created.ok()) << created.status();
   CopyEngine& engine = *created->engine;
@@ -129,7 +132,7 @@ TEST(HipEnginesOnFake, AnAllGatherTakesTheEnginesThisRuntimeAllows) {
   }
 
   const EngineStats stats = engine.stats();
-  auto bytes_on = Sym<uint64_t (*)(uint32_t)>("DMAGATHER_HSA_LIB", "fake_hsa_bytes_on");
+  auto bytes_on = Sym<uint64_t (*)(uint32_t)>("DMAGATHER_TEST_HSA_LIB", "fake_hsa_bytes_on");
   if (expect == "own") {
     // Every byte on an engine the fake reports usable, none left to ROCr;
     // the stats say the same per source device.
