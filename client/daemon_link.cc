@@ -13,10 +13,17 @@
 namespace dmagather::client {
 namespace {
 
-// Errors after which another attempt may succeed: no daemon yet, a daemon
-// still starting or stopping, a join that was cut.
-bool Retryable(const absl::Status& s) {
-  return absl::IsUnavailable(s) || absl::IsCancelled(s) || absl::IsDeadlineExceeded(s) || absl::IsNotFound(s);
+// A daemon's answer that another attempt would only repeat: a refusal of
+// the request itself (another job, a mismatch, a limit), a daemon that
+// does not know the call, or a job lost across nodes (PEER_FAILED). Anything
+// else - no daemon yet, one still starting or stopping, a call cut by a
+// daemon that died under it (gRPC says UNAVAILABLE, CANCELLED, UNKNOWN or
+// INTERNAL then, depending on where the stream was) - is tried again
+// within the grace period.
+bool Refused(const absl::Status& s) {
+  return absl::IsInvalidArgument(s) || absl::IsFailedPrecondition(s) || absl::IsAlreadyExists(s) ||
+         absl::IsPermissionDenied(s) || absl::IsResourceExhausted(s) || absl::IsOutOfRange(s) ||
+         absl::IsUnimplemented(s) || absl::IsAborted(s);
 }
 
 }  // namespace
@@ -164,7 +171,7 @@ absl::Status DaemonLink::TryRejoin(uint64_t lost_ns, absl::Time deadline, bool* 
   }
   auto answer = (*ch)->Join(p);
   if (!answer.ok()) {
-    *fatal = !Retryable(answer.status());
+    *fatal = Refused(answer.status());
     return answer.status();
   }
   if (!answer->resumed) {
@@ -185,10 +192,13 @@ absl::Status DaemonLink::TryRejoin(uint64_t lost_ns, absl::Time deadline, bool* 
     st = channel->Register(*e, rank_, nullptr, r.id).status();
   });
   if (!st.ok()) {
-    *fatal = !Retryable(st);
+    *fatal = Refused(st);
     return st;
   }
-  DMAG_RETURN_IF_ERROR((*ch)->Resume((LostNow() - lost_ns) / 1000, pending));
+  if (absl::Status resumed = (*ch)->Resume((LostNow() - lost_ns) / 1000, pending); !resumed.ok()) {
+    *fatal = Refused(resumed);
+    return resumed;
+  }
   control_ = *std::move(ch);
   parts_.ring->SetDoorbell(static_cast<abi::DoorbellV1*>(doorbells_.back().data()));
   control_->StartWatcher([this](const std::string& reason, bool can, int code) { OnLost(reason, can, code); });

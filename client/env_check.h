@@ -33,23 +33,8 @@ inline constexpr std::string_view kKnownVariables[] = {
     "DMAGATHER_FSDP_ZERO_COPY",
     "DMAGATHER_STATS_FILE",
     "DMAGATHER_CHECK_WORLD",
-    // dmagatherd: cuda backend.
-    "DMAGATHER_CUDA_GRAPHS",
-    "DMAGATHER_CUDA_GRAPH_MAX_KIB",
-    "DMAGATHER_CUDA_GRAPH_SOLE_MAX_KIB",
-    "DMAGATHER_CUDA_GRAPH_PER_SHAPE",
-    "DMAGATHER_CUDA_CHUNK_MIB",
-    "DMAGATHER_CUDA_DONE_ON_DEVICE",
-    // dmagatherd: hip backend.
+    // Client and dmagatherd: the HIP runtime library (the daemon: --hip_lib).
     "DMAGATHER_HIP_LIB",
-    "DMAGATHER_HSA_LIB",
-    "DMAGATHER_HIP_ENGINES",
-    "DMAGATHER_HIP_SKIP_ENGINES",
-    // dmagatherd: ibverbs transport.
-    "DMAGATHER_IB_DEVICE",
-    "DMAGATHER_IB_GID_INDEX",
-    "DMAGATHER_IB_SLOTS",
-    "DMAGATHER_IB_SLOT_BYTES",
     // The build (Bazel's toolkit detection, third_party/toolkits).
     "DMAGATHER_CUDA_PATH",
     "DMAGATHER_HIP_PATH",

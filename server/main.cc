@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -109,6 +110,33 @@ bool OptionsFromFlags(dmagather::server::DaemonOptions* options) {
   return true;
 }
 
+// Settings that earlier releases read from the environment and that are
+// flags now: said once at start-up where one is still set (a unit's
+// Environment= line from before), so that an operator sees it is ignored.
+void NameFormerVariables() {
+  static constexpr std::pair<const char*, const char*> kNowFlags[] = {
+      {"CUDA_GRAPHS", "--cuda_graphs"},
+      {"CUDA_GRAPH_MAX_KIB", "--cuda_graph_max_kib"},
+      {"CUDA_GRAPH_SOLE_MAX_KIB", "--cuda_graph_sole_max_kib"},
+      {"CUDA_GRAPH_PER_SHAPE", "--cuda_graph_per_shape"},
+      {"CUDA_DONE_ON_DEVICE", "--cuda_done_on_device"},
+      {"CUDA_CHUNK_MIB", "--chunk_kib"},
+      {"HSA_LIB", "--hsa_lib"},
+      {"HIP_ENGINES", "--hip_engines"},
+      {"HIP_SKIP_ENGINES", "--hip_skip_engines"},
+      {"IB_DEVICE", "--ib_device"},
+      {"IB_GID_INDEX", "--ib_gid_index"},
+      {"IB_SLOTS", "--ib_slots"},
+      {"IB_SLOT_BYTES", "--ib_slot_bytes"},
+  };
+  for (const auto& [name, flag] : kNowFlags) {
+    const std::string var = absl::StrCat("DMAGATHER_", name);
+    if (std::getenv(var.c_str()) != nullptr) {
+      LOG(WARNING) << var << " is set but dmagatherd no longer reads it: give " << flag << " instead";
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -138,6 +166,7 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = MinLogLevel(absl::GetFlag(FLAGS_log_level));
   google::InitGoogleLogging(argv[0]);
+  NameFormerVariables();
 
   // Signals are taken synchronously by this thread (sigwait).
   sigset_t sigs;
