@@ -1,5 +1,6 @@
 #include "server/cluster/peer_io.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 
@@ -14,6 +15,11 @@ void SetRecvTimeout(transport::Connection& conn, absl::Duration timeout) {
   if (conn.fd() < 0) return;
   timeval tv = absl::ToTimeval(timeout);
   setsockopt(conn.fd(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+}
+
+bool Readable(transport::Connection& conn, int ms) {
+  pollfd p{conn.fd(), POLLIN, 0};
+  return poll(&p, 1, ms) == 1;
 }
 
 absl::Status WriteMessage(transport::Connection& conn, const google::protobuf::MessageLite& msg) {

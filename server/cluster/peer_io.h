@@ -18,6 +18,8 @@ inline constexpr uint32_t kMaxPeerMessage = 1 << 20;
 
 // Bounds every later Recv on `conn` (0: none). tcp only (SO_RCVTIMEO).
 void SetRecvTimeout(transport::Connection& conn, absl::Duration timeout);
+// Waits up to `ms` for `conn` to have bytes to read.
+bool Readable(transport::Connection& conn, int ms);
 
 absl::Status WriteMessage(transport::Connection& conn, const google::protobuf::MessageLite& msg);
 absl::Status ReadMessage(transport::Connection& conn, google::protobuf::MessageLite* msg);

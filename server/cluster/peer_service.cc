@@ -1,10 +1,8 @@
 #include "server/cluster/peer_service.h"
 
-#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -17,11 +15,9 @@
 namespace dmagather::server::cluster {
 namespace {
 
-// Waits up to `ms` for `conn` to have bytes to read.
-bool Readable(transport::Connection& conn, int ms) {
-  pollfd p{conn.fd(), POLLIN, 0};
-  return poll(&p, 1, ms) == 1;
-}
+// Taking a job back: how long after the node table the ring's links may
+// take before the setup starts over.
+constexpr absl::Duration kResumeLinkTimeout = absl::Seconds(10);
 
 std::string Hostname() {
   char h[256] = {};
@@ -215,166 +211,14 @@ void PeerService::Handle(std::unique_ptr<transport::Connection> conn) {
   if (--threads_ == 0) threads_cv_.SignalAll();
 }
 
-void PeerService::FailSetupLocked(Pending& p, const std::string& node) {
-  if (p.table_ready) return;
-  p.table.Clear();
-  p.table.set_failed_node(node);
-  p.table.set_error(absl::StrCat("node ", node, " failed: its daemon went away while the job was being set up"));
-  LOG(WARNING) << "multi-node job cannot start: " << p.table.error();
-  p.table_ready = true;
-  p.cv.SignalAll();
-}
-
-std::string PeerService::MissingRanks(Pending& p, int world_size) {
-  std::set<int> placed;
-  absl::MutexLock lock(&p.mu);
-  for (const auto& node : p.nodes) {
-    if (node->have) placed.insert(node->update.ranks().begin(), node->update.ranks().end());
-  }
-  std::vector<int> missing;
-  for (int r = 0; r < world_size; ++r) {
-    if (placed.count(r) == 0) missing.push_back(r);
-  }
-  if (missing.empty()) return "every rank is back, but not every node's ranks called Resume";
-  return absl::StrCat("rank(s) ", absl::StrJoin(missing, ","),
-                      " did not come back (their node's dmagatherd, or "
-                      "the ranks themselves)");
-}
-
-void PeerService::MaybeBuildTableLocked(Pending& p) {
-  if (p.table_ready) return;
-  int world = -1;
-  std::map<int, int> placed;  // rank -> node (index into p.nodes)
-  std::string error;
-  int resuming = 0, ready = 0, reported = 0;
-  uint32_t start_after = 0;
-  for (size_t n = 0; n < p.nodes.size(); ++n) {
-    const CoordNode& node = *p.nodes[n];
-    if (!node.have) continue;
-    ++reported;
-    const uint32_t version = std::max<uint32_t>(1, node.update.ring_version());
-    if (version != kRingVersion) {
-      error = absl::StrCat("node ", node.update.hostname(), " ", node.update.peer_address(), " runs ring version ",
-                           version, ", the coordinator ", kRingVersion, ": run one dmagatherd version on every node");
-    }
-    if (node.update.resuming()) {
-      const uint32_t d = node.update.done_seq();
-      if (ready == 0 || int32_t(d - start_after) > 0) start_after = d;  // The newest op done anywhere.
-      ++resuming;
-      ready += node.update.resume_ready();
-    }
-    if (world < 0) world = node.update.world_size();
-    if (node.update.world_size() != world) {
-      error = absl::StrCat("nodes disagree on the world size (", world, " vs ", node.update.world_size(), " at ",
-                           node.update.peer_address(), ")");
-    }
-    for (int r : node.update.ranks()) {
-      auto [it, fresh] = placed.emplace(r, int(n));
-      if (!fresh && it->second != int(n)) {
-        error = absl::StrCat("rank ", r, " joined on two nodes (", p.nodes[it->second]->update.peer_address(), " and ",
-                             node.update.peer_address(), ")");
-      }
-    }
-  }
-  if (resuming != 0 && resuming != reported) {
-    error = "some nodes take the job back from its ranks and others joined it new (a rank process restarted?)";
-  }
-  if (error.empty() && (world < 0 || int(placed.size()) != world)) return;  // Not everyone yet.
-  // Taking a job back: once every node's ranks are back, every node starts
-  // after the newest op done on any (ring_state.h: it ended everywhere).
-  if (error.empty() && resuming != 0 && ready != resuming) return;
-  v1::NodeTable& t = p.table;
-  t.set_error(error);
-  if (resuming != 0) {
-    t.set_resumed(true);
-    t.set_start_after(start_after);
-  }
-  if (error.empty()) {
-    std::vector<std::pair<int, int>> by_lowest;  // (lowest rank, node): nodes in the order of their lowest rank.
-    for (size_t n = 0; n < p.nodes.size(); ++n) {
-      const v1::NodeUpdate& u = p.nodes[n]->update;
-      if (p.nodes[n]->have && u.ranks_size() > 0) {
-        by_lowest.emplace_back(*std::min_element(u.ranks().begin(), u.ranks().end()), int(n));
-      }
-    }
-    std::sort(by_lowest.begin(), by_lowest.end());
-    std::vector<int> order;
-    for (const auto& [lowest, n] : by_lowest) order.push_back(n);
-    bool all_verbs = true;
-    for (int n : order) {
-      const v1::NodeUpdate& u = p.nodes[n]->update;
-      v1::NodeEntry* e = t.add_nodes();
-      e->set_peer_address(u.peer_address());
-      e->set_hostname(u.hostname());
-      std::vector<int> ranks(u.ranks().begin(), u.ranks().end());
-      std::sort(ranks.begin(), ranks.end());
-      for (int r : ranks) e->add_ranks(r);
-      all_verbs &= u.transport() == "ibverbs";
-    }
-    t.set_links(options_.links);
-    t.set_chunk_bytes(options_.chunk_bytes);
-    t.set_transport(all_verbs ? "ibverbs" : "tcp");
-    LOG(INFO) << "job '" << p.nodes[order[0]]->update.job_key() << "': all " << world << " ranks placed on "
-              << order.size() << " node(s); sending the node table";
-  } else {
-    LOG(WARNING) << "multi-node job cannot start: " << error;
-  }
-  p.table_ready = true;
-  p.cv.SignalAll();
-}
-
-void PeerService::ServeCoordinator(const std::shared_ptr<Pending>& p, transport::Connection& conn) {
-  auto me = std::make_shared<CoordNode>();
-  {
-    absl::MutexLock lock(&p->mu);
-    p->nodes.push_back(me);
-  }
-  for (;;) {
-    v1::NodeTable t;
-    int index = -1;
-    bool ready;
-    {
-      absl::MutexLock lock(&p->mu);
-      ready = p->table_ready;
-      if (ready) t = p->table;
-      for (int i = 0; ready && i < t.nodes_size(); ++i) {
-        if (me->have && t.nodes(i).peer_address() == me->update.peer_address()) index = i;
-      }
-    }
-    if (ready) {
-      if (index < 0 && t.error().empty()) t.set_error("this node has no rank of the job");
-      t.set_your_index(index);
-      (void)WriteMessage(conn, t);
-      return;
-    }
-    if (options_.clock->Now() > p->deadline) return;
-    if (stopping()) return;
-    if (!Readable(conn, 50)) continue;
-    v1::NodeUpdate u;
-    if (!ReadMessage(conn, &u).ok()) {
-      // The node's daemon went away (its connection closed) before the
-      // table: the job cannot start; every node waiting hears it now.
-      absl::MutexLock lock(&p->mu);
-      FailSetupLocked(*p, me->have ? absl::StrCat(me->update.hostname(), " ", me->update.peer_address())
-                                   : std::string("a node not yet reported"));
-      return;
-    }
-    absl::MutexLock lock(&p->mu);
-    LOG(INFO) << "job '" << u.job_key() << "': node " << u.hostname() << " " << u.peer_address() << " reported "
-              << u.ranks_size() << " of " << u.world_size() << " ranks";
-    me->update = std::move(u);
-    me->have = true;
-    MaybeBuildTableLocked(*p);
-  }
-}
-
 absl::StatusOr<std::unique_ptr<transport::Connection>> PeerService::Dial(const Pending& p, const std::string& address,
-                                                                         v1::PeerHello hello) {
+                                                                         v1::PeerHello hello, absl::Time deadline) {
   hello.set_job_tag(p.id.tag);
+  deadline = std::min(deadline, p.deadline);
   absl::Status last = absl::DeadlineExceededError("not tried");
-  while (options_.clock->Now() < p.deadline) {
+  while (options_.clock->Now() < deadline) {
     if (stopping()) return absl::UnavailableError("dmagatherd is shutting down");
-    auto conn = tcp_->Connect(address, std::min(absl::Seconds(2), p.deadline - options_.clock->Now()));
+    auto conn = tcp_->Connect(address, std::min(absl::Seconds(2), deadline - options_.clock->Now()));
     if (conn.ok()) {
       SetRecvTimeout(**conn, options_.handshake_timeout);
       bool retry = false;
@@ -480,6 +324,32 @@ absl::StatusOr<v1::NodeTable> PeerService::AwaitTable(Pending& p, const std::sha
   }
 }
 
+absl::StatusOr<std::vector<std::unique_ptr<transport::Connection>>> PeerService::AwaitPrevLinks(
+    Pending& p, const scheduler::Job& job, int links, int prev, const std::string& prev_name, absl::Time deadline) {
+  absl::MutexLock lock(&p.mu);
+  const common::Clock& clock = *options_.clock;
+  while (p.prev_count != links && clock.Now() < deadline && !p.stale) {
+    p.cv.WaitWithTimeout(&p.mu, deadline - clock.Now());
+  }
+  if (p.stale) {
+    return absl::AbortedError(absl::StrCat("job '", job.key(),
+                                           "': a node's dmagatherd came back after the node table was sent; the "
+                                           "setup starts over"));
+  }
+  if (p.prev_count != links) {
+    return absl::DeadlineExceededError(absl::StrCat("job '", job.key(), "': only ", p.prev_count, " of ", links,
+                                                    " ring links from node ", prev, " (", prev_name,
+                                                    ") arrived before the join timeout"));
+  }
+  for (int l = 0; l < links; ++l) {
+    if (p.prev_from[l] != prev) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("ring link ", l, " came from node ", p.prev_from[l], ", expected node ", prev));
+    }
+  }
+  return std::move(p.prev_links);
+}
+
 absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<scheduler::Job>& job) {
   // 1. Report this node's ranks to the coordinator until the table comes.
   DMAG_ASSIGN_OR_RETURN(v1::NodeTable table, AwaitTable(p, job));
@@ -501,6 +371,11 @@ absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<schedul
   // 3. Links to the next node (this end upgrades them); the previous node's
   //    arrive through the listener.
   const int next = (topo->my_node + 1) % n_nodes, prev = (topo->my_node + n_nodes - 1) % n_nodes;
+  // Taking a job back, the links must come soon after the table: a daemon
+  // that died meanwhile never sends them, and the setup then starts over
+  // (Bootstrap) instead of waiting out the ranks' whole grace period.
+  const absl::Time link_deadline =
+      job->resuming() ? std::min(p.deadline, options_.clock->Now() + kResumeLinkTimeout) : p.deadline;
   std::unique_ptr<transport::Transport>& data = table.transport() == transport_->name() ? transport_ : tcp_;
   std::vector<std::unique_ptr<transport::Connection>> to_next;
   for (int l = 0; l < int(table.links()); ++l) {
@@ -508,30 +383,12 @@ absl::Status PeerService::RunBootstrap(Pending& p, const std::shared_ptr<schedul
     h.set_role("ring");
     h.set_node(topo->my_node);
     h.set_link(l);
-    DMAG_ASSIGN_OR_RETURN(auto conn, Dial(p, table.nodes(next).peer_address(), h));
+    DMAG_ASSIGN_OR_RETURN(auto conn, Dial(p, table.nodes(next).peer_address(), h, link_deadline));
     DMAG_ASSIGN_OR_RETURN(auto link, data->Upgrade(std::move(conn), /*initiator=*/true));
     to_next.push_back(std::move(link));
   }
-  std::vector<std::unique_ptr<transport::Connection>> from_prev;
-  {
-    absl::MutexLock lock(&p.mu);
-    const common::Clock& clock = *options_.clock;
-    while (p.prev_count != int(table.links()) && clock.Now() < p.deadline) {
-      p.cv.WaitWithTimeout(&p.mu, p.deadline - clock.Now());
-    }
-    if (p.prev_count != int(table.links())) {
-      return absl::DeadlineExceededError(absl::StrCat("job '", job->key(), "': only ", p.prev_count, " of ",
-                                                      table.links(), " ring links from node ", prev, " (",
-                                                      topo->node_names[prev], ") arrived before the join timeout"));
-    }
-    for (int l = 0; l < int(table.links()); ++l) {
-      if (p.prev_from[l] != prev) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("ring link ", l, " came from node ", p.prev_from[l], ", expected node ", prev));
-      }
-    }
-    from_prev = std::move(p.prev_links);
-  }
+  DMAG_ASSIGN_OR_RETURN(auto from_prev,
+                        AwaitPrevLinks(p, *job, int(table.links()), prev, topo->node_names[prev], link_deadline));
   RingOptions ro;
   ro.chunk_bytes = table.chunk_bytes();
   ro.engine = engine_;

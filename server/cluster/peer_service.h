@@ -110,6 +110,9 @@ class PeerService {
     std::vector<std::shared_ptr<CoordNode>> nodes ABSL_GUARDED_BY(mu);
     bool table_ready ABSL_GUARDED_BY(mu) = false;
     v1::NodeTable table ABSL_GUARDED_BY(mu);
+    // Coordinator of a job coming back: a node's daemon came back after the
+    // table went out, so this round's ring cannot form; it starts over.
+    bool stale ABSL_GUARDED_BY(mu) = false;
   };
 
   PeerService(const PeerOptions& options, engines::CopyEngine* engine);
@@ -125,12 +128,20 @@ class PeerService {
   static std::string MissingRanks(Pending& p, int world_size) ABSL_LOCKS_EXCLUDED(p.mu);
   void Bootstrap(std::shared_ptr<Pending> p) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status RunBootstrap(Pending& p, const std::shared_ptr<scheduler::Job>& job) ABSL_LOCKS_EXCLUDED(mu_, p.mu);
+  // The previous node's `links` ring links, once the listener has them all
+  // (or the setup went stale, or `deadline` passed).
+  absl::StatusOr<std::vector<std::unique_ptr<transport::Connection>>> AwaitPrevLinks(
+      Pending& p, const scheduler::Job& job, int links, int prev, const std::string& prev_name, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(p.mu);
   // Reports this node's ranks to the coordinator (again each time they
   // change) until its node table comes.
   absl::StatusOr<v1::NodeTable> AwaitTable(Pending& p, const std::shared_ptr<scheduler::Job>& job)
       ABSL_LOCKS_EXCLUDED(mu_, p.mu);
+  // Tries until `deadline` (the bootstrap's when absl::InfiniteFuture()).
   absl::StatusOr<std::unique_ptr<transport::Connection>> Dial(const Pending& p, const std::string& address,
-                                                              v1::PeerHello hello) ABSL_LOCKS_EXCLUDED(mu_);
+                                                              v1::PeerHello hello,
+                                                              absl::Time deadline = absl::InfiniteFuture())
+      ABSL_LOCKS_EXCLUDED(mu_);
   bool stopping() const ABSL_LOCKS_EXCLUDED(mu_);
   std::shared_ptr<Pending> Find(const std::string& tag) const ABSL_LOCKS_EXCLUDED(mu_);
   void Forget(const std::shared_ptr<Pending>& p) ABSL_LOCKS_EXCLUDED(mu_);

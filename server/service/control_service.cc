@@ -145,6 +145,52 @@ void ControlService::WatcherLoop() {
   }
 }
 
+bool ControlService::StepWaiting(JoinReactor* r, bool cancelled, bool stopping, bool back_here) {
+  const Joined& j = *r->joined_;
+  if ((j.job->all_joined() || back_here) && !cancelled) {
+    v1::JoinReply* reply = r->event_.mutable_joined();
+    reply->set_session_id(j.session->id());
+    reply->set_daemon_version(version_);
+    reply->set_backend(backend_);
+    reply->set_world_size(j.job->world_size());
+    reply->set_session_secret(j.session->secret());
+    reply->set_abi_version(j.session->abi_version());
+    reply->set_wait_spin(AdvisedWaitSpin(UsableCpus(), registry_->num_sessions()));
+    reply->set_resumed(j.session->resume());
+    for (const auto& k : j.job->ranks()) reply->add_peer_pids(k != nullptr ? k->pid() : 0);  // 0: another node.
+    r->phase_ = JoinReactor::Phase::kWritingReply;
+    r->writing_.store(true, std::memory_order_release);
+    r->StartWrite(&r->event_);
+    return false;
+  }
+  const bool failed = j.job->failed();  // A multi-node job whose setup failed.
+  if (j.job->handed_back()) {
+    // Handed back before this rank's reply (Job::HandBack): it joins again.
+    registry_->EndSession(j);
+    r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                           absl::StrCat("job '", r->req_.job_key(), "' is handed back to its ranks (",
+                                        j.job->hand_back_why().message(), "): join again")));
+    return true;
+  }
+  if (!cancelled && !stopping && !failed && clock_->Now() < r->deadline_) return false;
+  std::vector<int> missing = j.job->missing_ranks();
+  registry_->EndSession(j);
+  if (failed) {
+    r->Finish(ToGrpc(j.job->failure()));
+  } else if (stopping) {
+    r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "dmagatherd is shutting down"));
+  } else if (cancelled) {
+    r->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled its join"));
+  } else {
+    const int world = r->req_.world_size();
+    r->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                           absl::StrCat("job '", r->req_.job_key(), "': only ", world - int(missing.size()), " of ",
+                                        world, " ranks joined within ", r->timeout_ms_, " ms (missing rank(s) ",
+                                        absl::StrJoin(missing, ","), ")")));
+  }
+  return true;
+}
+
 bool ControlService::Step(JoinReactor* r) {
   const Joined& j = *r->joined_;
   const bool cancelled = r->cancelled_.load(std::memory_order_acquire);
@@ -152,50 +198,7 @@ bool ControlService::Step(JoinReactor* r) {
   // A multi-node job coming back answers once its ranks here are back:
   // they register again and Resume before the coordinator's table comes.
   const bool back_here = j.job->multi_node() && j.job->resuming() && j.job->local_joined();
-  if (r->phase_ == JoinReactor::Phase::kWaiting) {
-    if ((j.job->all_joined() || back_here) && !cancelled) {
-      v1::JoinReply* reply = r->event_.mutable_joined();
-      reply->set_session_id(j.session->id());
-      reply->set_daemon_version(version_);
-      reply->set_backend(backend_);
-      reply->set_world_size(j.job->world_size());
-      reply->set_session_secret(j.session->secret());
-      reply->set_abi_version(j.session->abi_version());
-      reply->set_wait_spin(AdvisedWaitSpin(UsableCpus(), registry_->num_sessions()));
-      reply->set_resumed(j.session->resume());
-      for (const auto& k : j.job->ranks()) reply->add_peer_pids(k != nullptr ? k->pid() : 0);  // 0: another node.
-      r->phase_ = JoinReactor::Phase::kWritingReply;
-      r->writing_.store(true, std::memory_order_release);
-      r->StartWrite(&r->event_);
-      return false;
-    }
-    const bool failed = j.job->failed();  // A multi-node job whose setup failed.
-    if (j.job->handed_back()) {
-      // Handed back before this rank's reply (Job::HandBack): it joins again.
-      registry_->EndSession(j);
-      r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                             absl::StrCat("job '", r->req_.job_key(), "' is handed back to its ranks (",
-                                          j.job->hand_back_why().message(), "): join again")));
-      return true;
-    }
-    if (!cancelled && !stopping && !failed && clock_->Now() < r->deadline_) return false;
-    std::vector<int> missing = j.job->missing_ranks();
-    registry_->EndSession(j);
-    if (failed) {
-      r->Finish(ToGrpc(j.job->failure()));
-    } else if (stopping) {
-      r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "dmagatherd is shutting down"));
-    } else if (cancelled) {
-      r->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled its join"));
-    } else {
-      const int world = r->req_.world_size();
-      r->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                             absl::StrCat("job '", r->req_.job_key(), "': only ", world - int(missing.size()), " of ",
-                                          world, " ranks joined within ", r->timeout_ms_, " ms (missing rank(s) ",
-                                          absl::StrJoin(missing, ","), ")")));
-    }
-    return true;
-  }
+  if (r->phase_ == JoinReactor::Phase::kWaiting) return StepWaiting(r, cancelled, stopping, back_here);
   if (r->phase_ == JoinReactor::Phase::kWritingReply) {
     if (r->writing_.load(std::memory_order_acquire)) return false;
     if (!r->write_ok_.load(std::memory_order_acquire)) {

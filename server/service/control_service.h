@@ -60,6 +60,9 @@ class ControlService final : public v1::Control::WithCallbackMethod_Join<v1::Con
   void WatcherLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // One watcher step for one reactor; true when it is finished (dropped).
   bool Step(JoinReactor* r);
+  // Step before the reply: write it once the job is complete here, or end
+  // the Join (handed back, failed, stopping, cancelled, timed out).
+  bool StepWaiting(JoinReactor* r, bool cancelled, bool stopping, bool back_here);
 
   Registry* const registry_;
   const WhoIsCalling who_;

@@ -538,6 +538,66 @@ TEST_F(RegistryCoreTest, ARankGoneBeforeResumeStartsTheJobFailedSoNoRankWaits) {
   EXPECT_EQ(core.Snapshot().size(), 1u) << "fed, so its ops end with the failure";
 }
 
+// A multi-node job coming back (after a daemon restart on some node): the
+// ranks name their node's ranks, the Join answers once those are back,
+// the last Resume tells the bootstrap the newest op done here; handed back
+// again (the ring lost a node once more), it leaves the registry once
+// nothing of it runs, its sessions' ends touch nothing, and the ranks'
+// next Join makes a new job.
+TEST_F(RegistryCoreTest, AMultiNodeJobComesBackAndCanBeHandedBackAgain) {
+  RegistryCore core(&engine_, &tickets_, NoLimits());
+  FakePeers peers;
+  core.SetPeerJoiner(&peers);
+  auto back = [&](int rank, std::vector<int> here) {
+    JoinSpec s = Spec("mn", 4, rank, 1000 + rank);
+    s.resume = true;
+    s.job_id = "id-1";
+    s.reconnect_s = 120;
+    s.local_ranks = std::move(here);
+    return core.Join(s, PeerCred{kUid, 0, kPid});
+  };
+  auto a = back(0, {0, 2});
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_FALSE(a->job->local_joined());
+  auto stranger = back(1, {0, 1});  // Disagrees on this node's ranks.
+  EXPECT_EQ(stranger.status().code(), absl::StatusCode::kFailedPrecondition) << stranger.status();
+  auto b = back(2, {2, 0});
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(a->job->local_joined());
+  EXPECT_FALSE(a->job->all_joined()) << "complete only with its ring";
+  EXPECT_EQ(core.Snapshot().size(), 1u) << "fed at once: the ingress thread starts it with its ring";
+  EXPECT_EQ(peers.added.size(), 2u);
+
+  abi::StoreRelease(&a->session->rank()->completion()->done_seq, 41u);
+  abi::StoreRelease(&b->session->rank()->completion()->done_seq, 40u);
+  uint32_t done = 0;
+  ASSERT_TRUE(core.Resume(a->session->id(), a->session->secret(), 0, 0).ok());
+  EXPECT_FALSE(a->job->resume_ready(&done));
+  ASSERT_TRUE(core.Resume(b->session->id(), b->session->secret(), 0, 0).ok());
+  ASSERT_TRUE(a->job->resume_ready(&done));
+  EXPECT_EQ(done, 41u);
+  EXPECT_FALSE(a->job->HandedOverDone(41)) << "started by the coordinator's table, not here";
+
+  // The ring formed again is lost again: handed back.
+  ASSERT_TRUE(a->job->HandBack(absl::AbortedError("node 1 failed")));
+  DeferredFrees frees;
+  core.Sweep(0, &frees);
+  EXPECT_TRUE(a->job->handed_back());
+  EXPECT_EQ(core.num_jobs(), 0);
+  EXPECT_TRUE(core.Snapshot().empty());
+  core.EndSession(*a);
+  EXPECT_TRUE(frees.empty()) << "rank 2's session has not ended";
+  core.EndSession(*b);
+  core.Sweep(0, &frees);
+  EXPECT_EQ(frees.size(), 2u);
+  for (const Joined* j : {&*a, &*b}) {
+    EXPECT_EQ(j->session->rank()->completion()->error_count, 0u) << "the hand-back wrote nothing";
+  }
+  auto again = back(0, {0, 2});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_NE(again->job, a->job);
+}
+
 TEST_F(RegistryCoreTest, TheJobCreatedHookRunsOncePerNewJob) {
   RegistryCore core(&engine_, &tickets_, NoLimits());
   int created = 0;
