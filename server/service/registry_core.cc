@@ -383,6 +383,13 @@ bool RegistryCore::SweepJobLocked(const JobEntry& entry, uint64_t epoch, Deferre
   return job.all_joined() || job.joined() == 0;
 }
 
+void RegistryCore::CountRetiredLocked(const Job& job) {
+  retired_.ops += job.counters.ops.load();
+  retired_.bytes += job.counters.bytes.load();
+  retired_.fallback_ops += job.counters.fallback_ops.load();
+  for (int c = 0; c < common::kNumApiStatus; ++c) retired_.errors[c] += job.counters.errors[c].load();
+}
+
 void RegistryCore::SweepHandedBackLocked(uint64_t epoch, DeferredFrees* frees,
                                          std::vector<std::shared_ptr<Job>>* released) {
   for (auto it = jobs_.begin(); it != jobs_.end();) {
@@ -399,7 +406,8 @@ void RegistryCore::SweepHandedBackLocked(uint64_t epoch, DeferredFrees* frees,
     }
     if (entry.job->ops_running() != 0 || (epoch != 0 && epoch < entry.hand_back_epoch + 2)) continue;
     entry.job->MarkHandedBack();
-    entry.quota.Reset();  // The job its ranks join next counts instead.
+    CountRetiredLocked(*entry.job);  // What it served stays in the node's totals.
+    entry.quota.Reset();             // The job its ranks join next counts instead.
     handed_back_.push_back(std::move(entry));
     jobs_.erase(cur);
     version_.fetch_add(1);
@@ -432,10 +440,7 @@ std::vector<JobView> RegistryCore::Sweep(uint64_t epoch, DeferredFrees* frees) {
     if (job.all_joined()) {
       for (const auto& s : entry.sessions) frees->Retire(epoch, s);
       ++retired_.jobs_completed;
-      retired_.ops += job.counters.ops.load();
-      retired_.bytes += job.counters.bytes.load();
-      retired_.fallback_ops += job.counters.fallback_ops.load();
-      for (int c = 0; c < common::kNumApiStatus; ++c) retired_.errors[c] += job.counters.errors[c].load();
+      CountRetiredLocked(job);
       ended.push_back(JobView{entry.job, entry.sessions});
     }
     LOG(INFO) << "job '" << job.key() << "' ended (" << job.counters.ops.load() << " ops)";

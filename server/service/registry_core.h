@@ -197,6 +197,8 @@ class RegistryCore {
   // done (returned), and feeds it to the ingress thread.
   uint32_t StartTakenBack(scheduler::Job& job) ABSL_LOCKS_EXCLUDED(mu_);
   static uint32_t NewestDone(const scheduler::Job& job);
+  // A job leaving the map: its counters go into the node's totals.
+  void CountRetiredLocked(const scheduler::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Jobs handed back to their ranks (Job::HandBack) leave the map once
   // nothing of theirs runs; their sessions are retired once all ended.
   void SweepHandedBackLocked(uint64_t epoch, DeferredFrees* frees,
