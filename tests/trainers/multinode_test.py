@@ -272,9 +272,13 @@ class MultiNodeTrainersTest(unittest.TestCase):
         back = len(re.findall(r"dmagather: rank \d+: back on dmagatherd", text))
         self.assertGreaterEqual(waited, WORLD * 2, text[-3000:])  # Every rank, at each restart.
         self.assertEqual(waited, back, text[-3000:])
-        for r, s in rank_stats(stats, WORLD).items():
-            g = s["groups"][0]
-            self.assertEqual(g["fallback_ops"], 0, f"rank {r}: {g}")
+        served = rank_stats(stats, WORLD)
+        self.assertEqual(sorted(served), list(range(WORLD)))
+        ops = {s["dmagather_ops"] for s in served.values()}
+        self.assertEqual(len(ops), 1, served)  # Every rank served every gather, through the restarts.
+        self.assertGreaterEqual(ops.pop(), 40)
+        for r, s in served.items():
+            self.assertEqual(s["fallback_ops"], 0, f"rank {r}: {s['fallback_by_reason']}")
         for f in ("losses.bin", "params.bin"):
             a, b = read_bytes(os.path.join(off_dir, f)), read_bytes(os.path.join(on_dir, f))
             self.assertGreater(len(a), 0, f)
