@@ -267,16 +267,10 @@ class MultiNodeTest(unittest.TestCase):
         # The op timeout (30 s) is far beyond what detection may take: a rank
         # that learns of the death by its op timing out fails the test, and a
         # slow first op on a loaded machine is not mistaken for it.
-        c = self.start(3, op_timeout_s=SHAPE_OP_TIMEOUT_S)
         # Ranks that do not wait for a daemon to come back (the waiting ones:
         # test_daemon_restarted_mid_run).
-        procs = c.start_ranks([0, 1, 2, 0, 1, 2], "victim", "loop", 60, env=NO_WAIT)
-        self.wait_first_ops(procs)
-        c.daemons[2].kill()
-        killed_at = time.time()
-        res = Cluster.results(procs, 60)
+        c, res, killed_at = self.kill_node2_mid_run([0, 1, 2, 0, 1, 2], "victim", "loop", 60, NO_WAIT)
         for r in range(6):
-            self.assertNotIn("hung", res[r], f"rank {r} hung")
             self.assertNotEqual(res[r].get("code", 0), 0, f"rank {r}: {res[r]}")
             # PEER_FAILED (not TIMEOUT at the 30 s op timeout) is the proof it
             # was noticed; how fast is printed below, not asserted.
@@ -376,14 +370,9 @@ class MultiNodeTest(unittest.TestCase):
         grace period; nobody hangs."""
         if not self.nodes.netns:
             self.skipTest(f"needs network namespaces ({self.nodes.why})")
-        c = self.start(3, op_timeout_s=SHAPE_OP_TIMEOUT_S)
-        procs = c.start_ranks([0, 1, 2], "gone", "verify", 100000, env={"DMAGATHER_RECONNECT_S": "3"})
-        self.wait_first_ops(procs)
-        c.daemons[2].kill()
-        killed_at = time.time()
-        res = Cluster.results(procs, 60)
+        _, res, killed_at = self.kill_node2_mid_run([0, 1, 2], "gone", "verify", 100000,
+                                                    {"DMAGATHER_RECONNECT_S": "3"})
         for r in range(3):
-            self.assertNotIn("hung", res[r], f"rank {r} hung")
             self.assertEqual(res[r]["bad"], 0, res[r])
         for r in (0, 1):
             self.assertEqual(res[r].get("code"), 4, f"rank {r}: {res[r]}")  # PEER_FAILED
@@ -494,6 +483,20 @@ class MultiNodeTest(unittest.TestCase):
         self.assertGreater(int(ring.get("bytes_received", 0)), 4 << 20, ring)
         self.assertGreater(int(ring.get("bytes_sent", 0)), 4 << 20, ring)
         self.assertEqual(ring.get("transport"), "tcp")
+
+    def kill_node2_mid_run(self, placement, key, scenario, arg, env):
+        """Three nodes; once every rank has completed an op, node 2's daemon is
+        SIGKILLed and not started again. (cluster, results, when it was
+        killed); no rank may hang."""
+        c = self.start(3, op_timeout_s=SHAPE_OP_TIMEOUT_S)
+        procs = c.start_ranks(placement, key, scenario, arg, env=env)
+        self.wait_first_ops(procs)
+        c.daemons[2].kill()
+        killed_at = time.time()
+        res = Cluster.results(procs, 60)
+        for r in range(len(placement)):
+            self.assertNotIn("hung", res[r], f"rank {r} hung")
+        return c, res, killed_at
 
     def wait_first_ops(self, procs, timeout=60):
         """Until every rank has completed one op. A rank that ends first (its
