@@ -11,9 +11,11 @@
 // verdict and ends the op the same way: OK, or the same FALLBACK /
 // INVALID_ARGUMENT naming the rank, on every rank of every node.
 //
-// Ordering: a node starts sending op S only after its op S-1 has ended
-// (every frame of S-1 received and sent), so on every link all frames of
-// S-1 precede those of S.
+// Ordering: a node starts sending op S only after its op S-1 has ended on
+// every node (every frame of S-1 received and sent everywhere: the commit,
+// ring_state.h), so on every link all frames of S-1 precede those of S, and
+// no frame of S (a staged own chunk waits for its rank to reach S) is ever
+// queued ahead of one S-1 still needs.
 //
 // Ending: when a node's job fails (a rank left or died, a link broke, an op
 // timed out), it sends an abort frame on every link, both ways round the

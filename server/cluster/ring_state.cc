@@ -68,7 +68,7 @@ void RingState::Start(uint32_t seq, const RingFrameV1& header, uint64_t own_chun
     return;
   }
   s.active = true;
-  if (!any_started_ || seq == last_ended_ + 1) Release(s, fx);
+  if (!any_started_ || seq == last_committed_ + 1) Release(s, fx);
   any_started_ = true;
 }
 
@@ -185,16 +185,14 @@ void RingState::MaybeEnd(Slot& s, Effects* fx) {
   if (!s.released || s.have_count != o_.num_nodes || s.chunks_got != s.chunks_expected || s.sends_pending != 0) {
     return;
   }
-  // Ended here: every node's data landed, every frame went out. The next
-  // op's own frames may go; the verdict waits for every node to say so.
+  // Ended here: every node's data landed, every frame went out. The
+  // verdict (and the next op's own frames) wait for every node to say so.
   s.verdict = Verdict(s, &s.verdict_rank);
   s.local_ended = true;
   last_ended_ = s.seq;
   RingFrameV1 ended = NewRingFrame(kFrameEnded, s.seq, o_.my_node);
   fx->forward.emplace_back(0, ended);  // One link, so "ended" frames keep their order.
   ++s.sends_pending;
-  Slot& next = slot(s.seq + 1);
-  if (next.active && next.seq == s.seq + 1 && !next.released) Release(next, fx);
   if (pending_ && !aborted_ && SpareEnded()) {
     FailSparing(fx);
     return;
@@ -208,6 +206,14 @@ void RingState::MaybeCommit(Slot& s, Effects* fx) {
   if (s.ended_count != o_.num_nodes - 1 && !spared) return;
   s.active = false;
   fx->ended.push_back(Ended{s.seq, s.verdict, s.verdict_rank});
+  // Only now the next op's own frames go out: a staged own chunk waits, in
+  // its link's send thread, for its rank to reach that op - which a rank
+  // whose stream waits for this op's done flag does only once this op is
+  // done. Queued earlier, it could hold up an "ended" frame of this op
+  // behind it, and nothing would end.
+  last_committed_ = s.seq;
+  Slot& next = slot(s.seq + 1);
+  if (next.active && next.seq == s.seq + 1 && !next.released) Release(next, fx);
 }
 
 void RingState::CommitSpared(uint32_t spare, Effects* fx) {

@@ -185,7 +185,8 @@ class RingState {
   const RingStateOptions o_;
   const common::Clock& clock_;
   std::vector<Slot> slots_;
-  uint32_t last_ended_ = 0;
+  uint32_t last_ended_ = 0;      // Newest op ended here (all its data landed).
+  uint32_t last_committed_ = 0;  // Newest op ended on every node (its own frames release the next op's).
   bool any_started_ = false;
   bool aborted_ = false;
   absl::Status abort_why_;
