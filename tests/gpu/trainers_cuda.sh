@@ -15,6 +15,9 @@
 #       staged package and library),
 #       starts dmagatherd --backend=cuda, runs the checks, writes OUT
 #       (default DIR/out) and ends with `N passed, N failed`.
+#   DIR/run.sh restart [OUT] [WORLD]  (GPU machine) ZeRO-3 and FSDP2 through
+#       daemon restarts (SIGKILL, SIGTERM, SIGKILL under each run), bit-identical
+#       to the runs without dmagather; GPU_RESTART_STEPS (40) steps each.
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 
@@ -84,11 +87,9 @@ stage() {
   du -sh "$dir"
 }
 
-run() {
-  local out="${1:-$PWD/results/trainers_cuda}" world="${2:-4}"
-  mkdir -p "$out"
-  out="$(cd "$out" && pwd)"
-  local work
+# The venv (over the system's torch) with DeepSpeed and dmagather installed,
+# as a trainer would have it; sets py and work, exports PATH and the library.
+prepare() {
   work="$(mktemp -d /tmp/dmagather-trainers-gpu.XXXXXX)"
   export LD_LIBRARY_PATH="$here/lib:${LD_LIBRARY_PATH:-}"
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -96,7 +97,7 @@ run() {
   # be a venv, whose packages --system-site-packages would not see): a .pth
   # in the new venv names that interpreter's site directories.
   python3 -m venv --without-pip "$work/venv" || exit 1
-  local py="$work/venv/bin/python"
+  py="$work/venv/bin/python"
   local base_sites
   base_sites=$(python3 -c 'import site, sysconfig; print("\n".join(dict.fromkeys(site.getsitepackages() + [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])))')
   echo "$base_sites" >"$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/base-python.pth"
@@ -118,25 +119,41 @@ run() {
     | tee "$out/versions.txt"
   "$py" -c 'import dmagather; print("dmagather", dmagather.__file__, "library", dmagather.load_library()._name)' \
     | tee -a "$out/versions.txt"
-  "$here/bin/dmagatherd" --socket="$work/d.sock" --backend=cuda --log_level=warning --metrics_listen= \
-    >"$out/dmagatherd.log" 2>&1 &
-  local dpid=$!
-  for _ in $(seq 100); do [ -S "$work/d.sock" ] && break; sleep 0.1; done
   export PATH="$work/venv/bin:$PATH" DMAGATHER_SOCKET="$work/d.sock"
   export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
-  local t="$here/trainers"
-  one() {  # name, env assignments..., -- , command...
-    local name=$1; shift
-    local envs=()
-    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
-    shift
-    echo "== $name"
-    env -u DMAGATHER_ALLGATHER -u DS_SDMA_ALLGATHER -u DMAGATHER_FSDP_ZERO_COPY "${envs[@]}" DMAGATHER_STATS_FILE="$out/$name-stats.{rank}.json" \
-      timeout "${DMAGATHER_RUN_TIMEOUT_S:-180}" "$@" >"$out/$name.log" 2>&1
-    echo "$?" >"$out/$name.rc"
-    "$here/bin/dmagatherctl" --socket="$work/d.sock" --json stats >"$out/$name-daemon.json" 2>&1
-  }
   export PYTHONFAULTHANDLER=1  # A crashing rank prints its Python stack.
+}
+
+# dmagatherd --backend=cuda on $work/d.sock, its log OUT/dmagatherd[-N].log;
+# sets dpid, returns once it listens.
+start_daemon() {
+  rm -f "$work/d.sock" "$work/d.sock.fd"  # A killed daemon's, which would look like a listening one.
+  "$here/bin/dmagatherd" --socket="$work/d.sock" --backend=cuda --log_level=warning --metrics_listen= \
+    >"$out/dmagatherd${1:+-$1}.log" 2>&1 &
+  dpid=$!
+  for _ in $(seq 200); do [ -S "$work/d.sock" ] && [ -S "$work/d.sock.fd" ] && break; sleep 0.05; done
+}
+
+one() {  # name, env assignments..., -- , command...
+  local name=$1; shift
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  echo "== $name"
+  env -u DMAGATHER_ALLGATHER -u DS_SDMA_ALLGATHER -u DMAGATHER_FSDP_ZERO_COPY "${envs[@]}" DMAGATHER_STATS_FILE="$out/$name-stats.{rank}.json" \
+    timeout "${DMAGATHER_RUN_TIMEOUT_S:-180}" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  "$here/bin/dmagatherctl" --socket="$work/d.sock" --json stats >"$out/$name-daemon.json" 2>&1
+  echo "$rc" >"$out/$name.rc"  # Last: the run and its daemon's counters are complete.
+}
+
+run() {
+  out="${1:-$PWD/results/trainers_cuda}" world="${2:-4}"
+  mkdir -p "$out"
+  out="$(cd "$out" && pwd)"
+  prepare
+  start_daemon
+  local t="$here/trainers"
   local tr=("$py" -m torch.distributed.run --standalone --nproc_per_node "$world")
   one zero3-off -- "${tr[@]}" "$t/zero3_train.py" --out "$out/zero3-off" --dtype bf16 --dist-backend gloo --steps 8 \
     --profile
@@ -171,8 +188,72 @@ run() {
   return "$rc"
 }
 
+# The daemon restarted under unmodified trainers on the GPU: ZeRO-3 and FSDP2
+# (bf16, gloo) run once without dmagather and once with DMAGATHER_ALLGATHER=1
+# alone while the daemon is stopped and started again on the same socket
+# (SIGKILL, SIGTERM, SIGKILL, as systemd's Restart= would), each stop at a
+# random moment once the run's ops are served; the checks
+# (trainers_cuda_check.py --restart) want the same bytes as the run without it.
+restart() {
+  out="${1:-$PWD/results/trainers_cuda_restart}" world="${2:-4}"
+  mkdir -p "$out"
+  out="$(cd "$out" && pwd)"
+  prepare
+  start_daemon
+  local t="$here/trainers" steps="${GPU_RESTART_STEPS:-40}"
+  local tr=("$py" -m torch.distributed.run --standalone --nproc_per_node "$world")
+  one zero3-off -- "${tr[@]}" "$t/zero3_train.py" --out "$out/zero3-off" --dtype bf16 --dist-backend gloo \
+    --steps "$steps"
+  local f=("$t/fsdp2_train.py" --device cuda --dist-backend gloo --dtype bf16 --steps "$steps")
+  one fsdp2-off -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-off"
+  kill -TERM "$dpid"; wait "$dpid" 2>/dev/null
+  ops() { "$here/bin/dmagatherctl" --socket="$work/d.sock" --json stats 2>/dev/null |
+          grep -o '"total_ops": *"\?[0-9]*' | grep -o '[0-9]*$'; }
+  # The daemons of one run, each started by this (background) function: it
+  # restarts the daemon 3 times once the run's ops are served, at random
+  # moments, logs each stop to OUT/NAME.kills, and stops the last daemon
+  # once the run ended (OUT/NAME.rc).
+  daemons() {
+    local name=$1 n=1 k sig t0
+    start_daemon "$name-1"
+    touch "$out/$name.listening"
+    for _ in $(seq 1 1200); do [ "$(ops)" != "" ] && [ "$(ops)" -gt 0 ] && break; sleep 0.05; done
+    for k in 1 2 3; do
+      sleep 0.$((RANDOM % 6 + 2))
+      [ -e "$out/$name.rc" ] && break
+      sig=KILL; [ "$k" -eq 2 ] && sig=TERM
+      t0=$(date +%s%N)
+      kill -"$sig" "$dpid"; wait "$dpid" 2>/dev/null
+      sleep 0.25  # systemd's RestartSec
+      n=$((n + 1))
+      start_daemon "$name-$n"
+      echo "$sig $((($(date +%s%N) - t0) / 1000000))" >>"$out/$name.kills"
+    done
+    while [ ! -e "$out/$name.rc" ]; do sleep 0.1; done
+    kill -TERM "$dpid"; wait "$dpid" 2>/dev/null
+  }
+  local name
+  for name in zero3-restart fsdp2-restart; do
+    daemons "$name" &
+    local kpid=$!
+    while [ ! -e "$out/$name.listening" ]; do sleep 0.05; done
+    if [ "$name" = zero3-restart ]; then
+      one "$name" DMAGATHER_ALLGATHER=1 -- "${tr[@]}" "$t/zero3_train.py" --out "$out/$name" --dtype bf16 \
+        --dist-backend gloo --steps "$steps"
+    else
+      one "$name" DMAGATHER_ALLGATHER=1 -- "${tr[@]}" "${f[@]}" --out "$out/$name"
+    fi
+    wait "$kpid"
+  done
+  "$py" "$t/trainers_cuda_check.py" "$out" "$world" --restart | tee "$out/summary.txt"
+  local rc=${PIPESTATUS[0]}
+  rm -rf "$work"
+  return "$rc"
+}
+
 case "${1:-}" in
   stage) shift; stage "$@" ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 stage [DIR] | run [OUT] [WORLD]" >&2; exit 2 ;;
+  restart) shift; restart "$@" ;;
+  *) echo "usage: $0 stage [DIR] | run [OUT] [WORLD] | restart [OUT] [WORLD]" >&2; exit 2 ;;
 esac

@@ -1,11 +1,16 @@
 """Reads the runs of trainers_cuda.sh (OUT/NAME.rc, OUT/NAME/{losses,params}.bin,
 OUT/NAME-stats.R.json, OUT/NAME-daemon.json), prints one PASS/FAIL line per
-check and `N passed, N failed`; writes OUT/results.json."""
+check and `N passed, N failed`; writes OUT/results.json.
+
+    trainers_cuda_check.py OUT WORLD            the runs of `run.sh run`
+    trainers_cuda_check.py OUT WORLD --restart  the runs of `run.sh restart`
+"""
 import json
 import os
 import sys
 
 out, world = sys.argv[1], int(sys.argv[2])
+restart_mode = "--restart" in sys.argv[3:]
 results = []
 
 
@@ -71,67 +76,109 @@ def zero3_copy(name):
     return seen.pop() if len(seen) == 1 else None
 
 
-for name in ("zero3-off", "zero3-on", "zero3-both", "zero3-flat", "fsdp2-off", "fsdp2-on", "fsdp2-copyout", "fsdp2-custom",
-             "fsdp2-off-bf16", "fsdp2-on-bf16"):
-    check(f"{name} ran", rc(name) == 0, f"rc={rc(name)}")
-for name in ("zero3-off", "fsdp2-off", "fsdp2-off-bf16"):
-    check(f"{name} set nothing up", stats(name) == {})
-for a, b in (("zero3-off", "zero3-on"), ("zero3-off", "zero3-both"), ("zero3-off", "zero3-flat"),
-             ("fsdp2-off", "fsdp2-on"),
-             ("fsdp2-off", "fsdp2-copyout"), ("fsdp2-off", "fsdp2-custom"), ("fsdp2-off-bf16", "fsdp2-on-bf16")):
-    check(f"{b} == {a}", *same(a, b))
-for name in ("zero3-on", "zero3-both", "zero3-flat", "fsdp2-on", "fsdp2-copyout", "fsdp2-custom",
-             "fsdp2-on-bf16"):
-    check(f"{name} served by dmagather", *served(name))
-for name in ("zero3-on", "zero3-both"):  # DeepSpeed's coalesced fetches gathered into the parameters
-    z = zero3_copy(name)
-    check(f"{name} zero-copy fetch", z is not None and z[0] == "on" and z[1] > 0 and z[2] == 0, str(z))
-z = zero3_copy("zero3-flat")
-check("zero3-flat DeepSpeed's flat-buffer fetch", z == ("off: DMAGATHER_ZERO3_ZERO_COPY=0", 0, 0), str(z))
-for name in ("fsdp2-on", "fsdp2-custom", "fsdp2-on-bf16"):  # every unshard after the set-up one (custom: all)
-    z = zero_copy(name)
-    check(f"{name} zero-copy unshard", z is not None and z[0] == "on" and z[1] > 0, str(z))
-z = zero_copy("fsdp2-copyout")
-check("fsdp2-copyout FSDP2's copy-out path", z == ("off: DMAGATHER_FSDP_ZERO_COPY=0", 0), str(z))
-for name in ("zero3-on", "zero3-both", "fsdp2-on", "fsdp2-on-bf16"):
-    try:
-        lines = [l for l in open(os.path.join(out, f"{name}.log")) if "dmagather allgather " in l and
-                 ("enabled" in l or "unavailable" in l)]
-    except OSError:
-        lines = []
-    check(f"{name} one start line", len(lines) == 1, lines[0].strip() if len(lines) == 1 else str(lines))
-# HSDP: the shard groups' own jobs (DMAGATHER_STATS_FILE's "groups"), every gather served, zero-copy.
-check("fsdp2-on-hsdp ran", rc("fsdp2-on-hsdp") == 0 and rc("fsdp2-off-hsdp") == 0)
-check("fsdp2-on-hsdp == fsdp2-off-hsdp", *same("fsdp2-off-hsdp", "fsdp2-on-hsdp"))
-groups = [g for x in stats("fsdp2-on-hsdp").values() for g in x.get("groups", [])]
-check("fsdp2-on-hsdp shard groups served", len(groups) == world and all(
-    g["dmagather_ops"] > 0 and g["fallback_ops"] == 0 and g["zero_copy_unshards"] == g["dmagather_ops"] - 1
-    for g in groups), str([(g.get("ranks"), g.get("dmagather_ops"), g.get("fallback_ops"), g.get("zero_copy_unshards"))
-                           for g in groups]))
-# CUDA_DEVICE_MAX_CONNECTIONS=1: bit-identical, served, and (FSDP2) every
-# zero-copy unshard's done-wait left to its consumer's stream.
-for b, a in (("fsdp2-on-conn1", "fsdp2-off"), ("zero3-on-conn1", "zero3-off")):
-    check(f"{b} ran", rc(b) == 0, f"rc={rc(b)}")
-    check(f"{b} == {a}", *same(a, b))
-    check(f"{b} served by dmagather", *served(b))
-cw = {(x.get("zero_copy_unshards"), x.get("zero_copy_consumer_waits")) for x in stats("fsdp2-on-conn1").values()}
-check("fsdp2-on-conn1 done-waits on the consumer's stream",
-      len(cw) == 1 and next(iter(cw))[1] is not None and next(iter(cw))[1] > 0, str(cw))
-# Measured, not checked: rank 0's profile of the ZeRO-3 arms (zero3_train.py --profile).
-print("| arm | step ms p50 (steps 2..) | peak MiB | last step: kernels | cat kernels | kernel µs | memcpys | kernels by stream |")
-print("|---|---|---|---|---|---|---|---|")
-for name in ("zero3-off", "zero3-flat", "zero3-on"):
-    try:
-        pr = json.load(open(os.path.join(out, name, "profile.json")))
-    except (OSError, ValueError):
-        print(f"| {name} | no profile.json | | | | | | |")
-        continue
-    ms = sorted(pr["step_ms"][1:]) or [float("nan")]
-    ls = pr["last_step"]
-    cat = sum(n for k, (n, _) in ls["kernels_by_name"].items() if "CatArray" in k)
-    peak = pr["peak_allocated_bytes"]
-    print(f"| {name} | {ms[len(ms) // 2]:.1f} | {peak / 2**20 if peak else float('nan'):.1f} | {ls['kernels']} | {cat} "
-          f"| {ls['kernel_us']:.0f} | {sum(ls['memcpy_by_kind'].values())} | {ls['kernels_by_stream']} |")
+def restart_checks():
+    """Each trainer through daemon restarts: ran, the same bytes as without
+    dmagather, every gather served, each rank waited and came back once per
+    restart under its run, and the last daemon took the job back."""
+    for off, on in (("zero3-off", "zero3-restart"), ("fsdp2-off", "fsdp2-restart")):
+        check(f"{off} ran", rc(off) == 0, f"rc={rc(off)}")
+        check(f"{on} ran", rc(on) == 0, f"rc={rc(on)}")
+        check(f"{on} == {off}", *same(off, on))
+        try:
+            kills = [l.split() for l in open(os.path.join(out, f"{on}.kills"))]
+        except OSError:
+            kills = []
+        check(f"{on} daemon restarted under the run", len(kills) >= 2,
+              f"{len(kills)} restarts, signal and ms until the next daemon listened: {kills}")
+        try:
+            log = open(os.path.join(out, f"{on}.log")).read()
+        except OSError:
+            log = ""
+        backs = [log.count(f"rank {r}: back on dmagatherd") for r in range(world)]
+        waits = [log.count(f"dmagather: rank {r}: ") - backs[r] for r in range(world)]
+        check(f"{on} every rank waited and came back", all(b >= len(kills) - 1 and w == b for b, w in
+                                                           zip(backs, waits)), f"back {backs}, waited {waits}")
+        s = stats(on)
+        fb = {r: x["fallback_by_reason"] for r, x in s.items() if x["fallback_ops"]}
+        check(f"{on} served by dmagather", sorted(s) == list(range(world)) and not fb and
+              all(x["dmagather_ops"] > 0 and x["backend"] == "cuda" for x in s.values()),
+              f"ops {[x['dmagather_ops'] for x in s.values()]} fallbacks {fb or 0}")
+        try:
+            d = json.load(open(os.path.join(out, f"{on}-daemon.json")))
+        except (OSError, ValueError):
+            d = {}
+        check(f"{on} the last daemon took the job back", int(d.get("jobs_taken_over", 0)) >= 1,
+              f"jobs_taken_over={d.get('jobs_taken_over')} restarts_survived={d.get('restarts_survived')}")
+
+
+def trainer_checks():
+    for name in ("zero3-off", "zero3-on", "zero3-both", "zero3-flat", "fsdp2-off", "fsdp2-on", "fsdp2-copyout", "fsdp2-custom",
+                 "fsdp2-off-bf16", "fsdp2-on-bf16"):
+        check(f"{name} ran", rc(name) == 0, f"rc={rc(name)}")
+    for name in ("zero3-off", "fsdp2-off", "fsdp2-off-bf16"):
+        check(f"{name} set nothing up", stats(name) == {})
+    for a, b in (("zero3-off", "zero3-on"), ("zero3-off", "zero3-both"), ("zero3-off", "zero3-flat"),
+                 ("fsdp2-off", "fsdp2-on"),
+                 ("fsdp2-off", "fsdp2-copyout"), ("fsdp2-off", "fsdp2-custom"), ("fsdp2-off-bf16", "fsdp2-on-bf16")):
+        check(f"{b} == {a}", *same(a, b))
+    for name in ("zero3-on", "zero3-both", "zero3-flat", "fsdp2-on", "fsdp2-copyout", "fsdp2-custom",
+                 "fsdp2-on-bf16"):
+        check(f"{name} served by dmagather", *served(name))
+    for name in ("zero3-on", "zero3-both"):  # DeepSpeed's coalesced fetches gathered into the parameters
+        z = zero3_copy(name)
+        check(f"{name} zero-copy fetch", z is not None and z[0] == "on" and z[1] > 0 and z[2] == 0, str(z))
+    z = zero3_copy("zero3-flat")
+    check("zero3-flat DeepSpeed's flat-buffer fetch", z == ("off: DMAGATHER_ZERO3_ZERO_COPY=0", 0, 0), str(z))
+    for name in ("fsdp2-on", "fsdp2-custom", "fsdp2-on-bf16"):  # every unshard after the set-up one (custom: all)
+        z = zero_copy(name)
+        check(f"{name} zero-copy unshard", z is not None and z[0] == "on" and z[1] > 0, str(z))
+    z = zero_copy("fsdp2-copyout")
+    check("fsdp2-copyout FSDP2's copy-out path", z == ("off: DMAGATHER_FSDP_ZERO_COPY=0", 0), str(z))
+    for name in ("zero3-on", "zero3-both", "fsdp2-on", "fsdp2-on-bf16"):
+        try:
+            lines = [l for l in open(os.path.join(out, f"{name}.log")) if "dmagather allgather " in l and
+                     ("enabled" in l or "unavailable" in l)]
+        except OSError:
+            lines = []
+        check(f"{name} one start line", len(lines) == 1, lines[0].strip() if len(lines) == 1 else str(lines))
+    # HSDP: the shard groups' own jobs (DMAGATHER_STATS_FILE's "groups"), every gather served, zero-copy.
+    check("fsdp2-on-hsdp ran", rc("fsdp2-on-hsdp") == 0 and rc("fsdp2-off-hsdp") == 0)
+    check("fsdp2-on-hsdp == fsdp2-off-hsdp", *same("fsdp2-off-hsdp", "fsdp2-on-hsdp"))
+    groups = [g for x in stats("fsdp2-on-hsdp").values() for g in x.get("groups", [])]
+    check("fsdp2-on-hsdp shard groups served", len(groups) == world and all(
+        g["dmagather_ops"] > 0 and g["fallback_ops"] == 0 and g["zero_copy_unshards"] == g["dmagather_ops"] - 1
+        for g in groups), str([(g.get("ranks"), g.get("dmagather_ops"), g.get("fallback_ops"), g.get("zero_copy_unshards"))
+                               for g in groups]))
+    # CUDA_DEVICE_MAX_CONNECTIONS=1: bit-identical, served, and (FSDP2) every
+    # zero-copy unshard's done-wait left to its consumer's stream.
+    for b, a in (("fsdp2-on-conn1", "fsdp2-off"), ("zero3-on-conn1", "zero3-off")):
+        check(f"{b} ran", rc(b) == 0, f"rc={rc(b)}")
+        check(f"{b} == {a}", *same(a, b))
+        check(f"{b} served by dmagather", *served(b))
+    cw = {(x.get("zero_copy_unshards"), x.get("zero_copy_consumer_waits")) for x in stats("fsdp2-on-conn1").values()}
+    check("fsdp2-on-conn1 done-waits on the consumer's stream",
+          len(cw) == 1 and next(iter(cw))[1] is not None and next(iter(cw))[1] > 0, str(cw))
+    # Measured, not checked: rank 0's profile of the ZeRO-3 arms (zero3_train.py --profile).
+    print("| arm | step ms p50 (steps 2..) | peak MiB | last step: kernels | cat kernels | kernel µs | memcpys | kernels by stream |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in ("zero3-off", "zero3-flat", "zero3-on"):
+        try:
+            pr = json.load(open(os.path.join(out, name, "profile.json")))
+        except (OSError, ValueError):
+            print(f"| {name} | no profile.json | | | | | | |")
+            continue
+        ms = sorted(pr["step_ms"][1:]) or [float("nan")]
+        ls = pr["last_step"]
+        cat = sum(n for k, (n, _) in ls["kernels_by_name"].items() if "CatArray" in k)
+        peak = pr["peak_allocated_bytes"]
+        print(f"| {name} | {ms[len(ms) // 2]:.1f} | {peak / 2**20 if peak else float('nan'):.1f} | {ls['kernels']} | {cat} "
+              f"| {ls['kernel_us']:.0f} | {sum(ls['memcpy_by_kind'].values())} | {ls['kernels_by_stream']} |")
+
+
+if restart_mode:
+    restart_checks()
+else:
+    trainer_checks()
 json.dump(results, open(os.path.join(out, "results.json"), "w"), indent=1)
 passed = sum(r["ok"] for r in results)
 print(f"{passed} passed, {len(results) - passed} failed")
