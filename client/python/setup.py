@@ -1,7 +1,8 @@
 """The wheel (tools/build_wheel.sh builds it): the dmagather package with
-libdmagather.so inside it, and dmagather_autoload.pth at the top of
-site-packages (the DMAGATHER_ALLGATHER=1 start-up hook). Tagged py3-none-<plat>:
-pure Python plus a shared library loaded by ctypes (no CPython ABI)."""
+libdmagather.so and the daemon and CLI (bin/dmagatherd, bin/dmagatherctl)
+inside it, and dmagather_autoload.pth at the top of site-packages (the
+DMAGATHER_ALLGATHER=1 start-up hook). Tagged py3-none-<plat>: pure Python plus
+a shared library loaded by ctypes and two programs (no CPython ABI)."""
 import os
 
 from setuptools import setup
@@ -34,6 +35,7 @@ class Wheel(bdist_wheel):
         return "py3", "none", plat
 
 
-if not os.path.exists(os.path.join(HERE, "dmagather", "libdmagather.so")):
-    raise SystemExit("dmagather/libdmagather.so is missing: build the wheel with tools/build_wheel.sh")
+for f in ("libdmagather.so", "bin/dmagatherd", "bin/dmagatherctl"):
+    if not os.path.exists(os.path.join(HERE, "dmagather", f)):
+        raise SystemExit(f"dmagather/{f} is missing: build the wheel with tools/build_wheel.sh")
 setup(distclass=BinaryDistribution, cmdclass={"build_py": BuildPy, "bdist_wheel": Wheel})

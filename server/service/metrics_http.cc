@@ -5,12 +5,65 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <deque>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace dmagather::server::service {
+namespace {
+
+// The server's connection workers: a fixed set of threads taking accepted
+// connections in turn (httplib's own pool waits on a std::condition_variable,
+// whose libstdc++ symbol is newer than the wheel's manylinux tag admits).
+class ScrapeWorkers : public httplib::TaskQueue {
+ public:
+  explicit ScrapeWorkers(int n) {
+    for (int i = 0; i < n; ++i) threads_.emplace_back([this] { Work(); });
+  }
+  ~ScrapeWorkers() override { shutdown(); }
+
+  void enqueue(std::function<void()> fn) override {
+    absl::MutexLock lock(&mu_);
+    tasks_.push_back(std::move(fn));
+  }
+  void shutdown() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+ private:
+  void Work() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(this, &ScrapeWorkers::HasWorkOrStop));
+        if (tasks_.empty()) return;  // Stopped with nothing left.
+        fn = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      fn();
+    }
+  }
+
+  bool HasWorkOrStop() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_ || !tasks_.empty(); }
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace
 
 struct MetricsHttpServer::Impl {
   httplib::Server server;
@@ -42,7 +95,7 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(cons
   m->impl_ = std::make_unique<Impl>();
   httplib::Server& s = m->impl_->server;
   // Two threads, short timeouts: scrapes are rare and small.
-  s.new_task_queue = [] { return new httplib::ThreadPool(2); };
+  s.new_task_queue = [] { return new ScrapeWorkers(2); };
   s.set_read_timeout(2, 0);
   s.set_write_timeout(2, 0);
   s.set_keep_alive_timeout(2);

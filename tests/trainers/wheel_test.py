@@ -5,8 +5,12 @@ the path, no DMAGATHER_LIB) is enough:
 - the package and its libdmagather.so come from the venv's site-packages, and
   the library's dependencies resolve from the wheel itself (ldd: nothing from
   Debian's Abseil/protobuf/RE2, nothing "not found");
+- the daemon and the CLI are the venv's `dmagatherd` and `dmagatherctl`
+  commands: the programs inside the package, every library they map that is
+  not the C/C++ runtime from the wheel (nothing of the build tree, nothing of
+  Debian's gRPC/Abseil/protobuf); health SERVING, /metrics answers;
 - the start-up hook came with it (DMAGATHER_ALLGATHER=1 patches torch.distributed);
-- python -m dmagather.check --world 4 against a real daemon: PASSED.
+- python -m dmagather.check --world 4 against that daemon: PASSED.
 
 torch for the check comes from the trainer venv (a path entry in the new venv).
 """
@@ -16,9 +20,47 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
+import urllib.request
 
-from trainers_case import Daemon, TrainerCase, REPO
+from trainers_case import TrainerCase, REPO
+
+# What a manylinux wheel may take from the node (the C and C++ runtimes).
+SYSTEM_LIBS = ("linux-vdso", "libc.so", "libm.so", "libpthread", "libdl.so", "librt.so", "ld-linux", "libstdc++",
+               "libgcc_s", "libatomic", "libz.so")
+
+
+class WheelDaemon:
+    """The venv's `dmagatherd` command on a private socket (host backend),
+    with an environment that names nothing of the build tree."""
+
+    def __init__(self, venv):
+        self.dir = tempfile.mkdtemp(prefix="dmagather-wheeld-", dir="/tmp")
+        self.sock = os.path.join(self.dir, "d.sock")
+        self.log_path = os.path.join(self.dir, "daemon.log")
+        env = {"PATH": os.path.join(venv, "bin") + ":/usr/bin:/bin", "HOME": self.dir}
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen([os.path.join(venv, "bin", "dmagatherd"), f"--socket={self.sock}",
+                                          "--backend=host", "--metrics_listen=127.0.0.1:0", "--log_level=info"],
+                                         stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.dir)
+        for _ in range(1000):
+            if os.path.exists(self.sock) and os.path.exists(self.sock + ".fd"):
+                break
+            time.sleep(0.01)
+
+    def log(self):
+        with open(self.log_path) as f:
+            return f.read()
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 PROBE = ("import json, os, sys, dmagather, torch.distributed as d; l = dmagather.load_library(); "
          "print(json.dumps({'pkg': dmagather.__file__, 'lib': l._name, "
@@ -28,7 +70,7 @@ PROBE = ("import json, os, sys, dmagather, torch.distributed as d; l = dmagather
 class WheelTest(TrainerCase):
     @classmethod
     def setUpClass(cls):
-        cls.daemon = Daemon()
+        cls.daemon = None
         cls.dir = tempfile.mkdtemp(prefix="dmagather-wheel-", dir="/tmp")
         p = subprocess.run([os.path.join(REPO, "tools", "build_wheel.sh"), os.path.join(cls.dir, "dist")],
                            capture_output=True, text=True, timeout=900)
@@ -49,16 +91,19 @@ class WheelTest(TrainerCase):
             import torch  # the trainer venv's: a plain path entry (its .pth files are not read from there)
             with open(os.path.join(site, "zz-trainer-venv-torch.pth"), "w") as f:
                 f.write(os.path.dirname(os.path.dirname(torch.__file__)) + "\n")
+            if cls.install.returncode == 0:
+                cls.daemon = WheelDaemon(cls.venv)
 
     @classmethod
     def tearDownClass(cls):
-        cls.daemon.stop()
+        if cls.daemon is not None:
+            cls.daemon.stop()
         if os.environ.get("DMAGATHER_KEEP_LOGS") != "1":
             shutil.rmtree(cls.dir, ignore_errors=True)
 
     def env(self, **extra):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DMAGATHER_", "PYTHONPATH"))}
-        env.update(DMAGATHER_SOCKET=self.daemon.sock, **extra)
+        env.update(DMAGATHER_SOCKET=self.daemon.sock if self.daemon else "/nonexistent", **extra)
         return env
 
     def built(self):
@@ -72,6 +117,11 @@ class WheelTest(TrainerCase):
         names = zipfile.ZipFile(self.wheel).namelist()
         self.assertIn("dmagather_autoload.pth", names)
         self.assertIn("dmagather/libdmagather.so", names)
+        self.assertIn("dmagather/bin/dmagatherd", names)
+        self.assertIn("dmagather/bin/dmagatherctl", names)
+        entry = zipfile.ZipFile(self.wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+        self.assertIn("dmagatherd = dmagather._commands:dmagatherd", entry)
+        self.assertIn("dmagatherctl = dmagather._commands:dmagatherctl", entry)
         self.assertTrue(any(n.startswith("dmagather.libs/libprotobuf") for n in names), names)
 
     def test_installed_package_loads_its_own_library(self):
@@ -90,6 +140,28 @@ class WheelTest(TrainerCase):
             for line in ldd.splitlines():
                 if name in line:
                     self.assertIn("dmagather.libs", line, line)
+
+    def test_daemon_and_cli_are_the_wheels_own(self):
+        self.built()
+        d = self.daemon
+        self.assertIsNone(d.proc.poll(), d.log())
+        exe = os.readlink(f"/proc/{d.proc.pid}/exe")
+        self.assertEqual(exe, os.path.join(self.site, "dmagather", "bin", "dmagatherd"))
+        with open(f"/proc/{d.proc.pid}/maps") as f:
+            mapped = sorted({line.split()[-1] for line in f if ".so" in line.split()[-1]})
+        foreign = [m for m in mapped if "dmagather.libs" not in m and
+                   not any(os.path.basename(m).startswith(x) for x in SYSTEM_LIBS)]
+        self.assertEqual(foreign, [], f"libraries of the daemon from outside the wheel: {foreign}")
+        self.assertTrue(any("dmagather.libs/libgrpc" in m for m in mapped), mapped)
+        p = subprocess.run([os.path.join(self.venv, "bin", "dmagatherctl"), f"--socket={d.sock}", "health"],
+                           capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertRegex(p.stdout, r"status:\s+SERVING")
+        self.assertRegex(p.stdout, r"built:\s+.*host")
+        m = re.search(r"metrics on http://(127\.0\.0\.1:\d+)/metrics", d.log())
+        self.assertIsNotNone(m, d.log())
+        body = urllib.request.urlopen(f"http://{m.group(1)}/metrics", timeout=10).read().decode()
+        self.assertIn('dmagather_up{version="', body)
 
     def test_check_module_after_pip_install(self):
         self.built()
