@@ -48,13 +48,31 @@ absl::Status Resolve(const char* symbol, Fn* fn) {
   return absl::OkStatus();
 }
 
+// cudaGetDeviceCount's failure, with the driver's CUDA version beside the
+// one this build needs when the driver is missing or older (the reason
+// `health` and the log give for the cuda backend).
+absl::Status DriverTooOld(const absl::Status& failed) {
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("no NVIDIA driver (libcuda.so.1) on this machine (", failed.message(), ")"));
+  }
+  if (driver < CUDART_VERSION) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the NVIDIA driver supports CUDA ", driver / 1000, ".", driver % 1000 / 10,
+                     "; this build needs CUDA ", CUDART_VERSION / 1000, ".", CUDART_VERSION % 1000 / 10,
+                     CUDART_VERSION >= 13000 ? " (an R580 driver or newer)" : "", " (", failed.message(), ")"));
+  }
+  return failed;
+}
+
 const State& Get() {
   static State* state = [] {
     auto* s = new State;
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess) {
-      s->available = CudaStatus("cudaGetDeviceCount", err);
+      s->available = DriverTooOld(CudaStatus("cudaGetDeviceCount", err));
       cudaGetLastError();  // Not sticky; keep later runtime calls clean.
     } else if (n == 0) {
       s->available = absl::UnavailableError("cudaGetDeviceCount: no CUDA device is visible");

@@ -11,8 +11,8 @@
 #       (DeepSpeed 0.19.8 and its requirements, for CPython 3.12) into DIR.
 #   DIR/run.sh run [OUT] [WORLD]  (GPU machine: torch >= 2.11, no internet)
 #       makes a venv over the system's packages (torch), installs the wheels
-#       (the dmagather wheel too, unless DMAGATHER_FROM_CHECKOUT=1: then the
-#       staged package and library),
+#       (the dmagather wheel too, and its daemon serves the runs; with
+#       DMAGATHER_FROM_CHECKOUT=1 the staged package, library and daemon),
 #       starts dmagatherd --backend=cuda, runs the checks, writes OUT
 #       (default DIR/out) and ends with `N passed, N failed`.
 #   DIR/run.sh restart [OUT] [WORLD]  (GPU machine) ZeRO-3 and FSDP2 through
@@ -91,7 +91,6 @@ stage() {
 # as a trainer would have it; sets py and work, exports PATH and the library.
 prepare() {
   work="$(mktemp -d /tmp/dmagather-trainers-gpu.XXXXXX)"
-  export LD_LIBRARY_PATH="$here/lib:${LD_LIBRARY_PATH:-}"
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   # A venv over the packages of the python3 that has torch (which may itself
   # be a venv, whose packages --system-site-packages would not see): a .pth
@@ -107,18 +106,25 @@ prepare() {
   site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   whl=$(ls "$here"/wheels/dmagather-*.whl 2>/dev/null | head -1)
   if [ -n "$whl" ] && [ "${DMAGATHER_FROM_CHECKOUT:-0}" != 1 ]; then
-    # As a trainer installs it: the wheel alone (its library, its start-up hook).
+    # As a node gets it: the wheel alone (its library, its start-up hook, the
+    # daemon and CLI commands with their libraries).
     "$py" -m pip install --quiet --no-index --no-deps "$whl" 2>&1 | tail -3
     unset DMAGATHER_LIB
+    daemon="$work/venv/bin/dmagatherd" ctl="$work/venv/bin/dmagatherctl"
   else
     echo "$here/python" >"$site/dmagather-checkout.pth"
     cp "$here/python/dmagather_autoload.pth" "$site/"
-    export DMAGATHER_LIB="$here/bin/libdmagather.so"
+    export DMAGATHER_LIB="$here/bin/libdmagather.so" LD_LIBRARY_PATH="$here/lib:${LD_LIBRARY_PATH:-}"
+    daemon="$here/bin/dmagatherd" ctl="$here/bin/dmagatherctl"
   fi
   "$py" -c 'import torch, deepspeed; print("torch", torch.__version__, "deepspeed", deepspeed.__version__, "cuda", torch.cuda.is_available())' \
     | tee "$out/versions.txt"
   "$py" -c 'import dmagather; print("dmagather", dmagather.__file__, "library", dmagather.load_library()._name)' \
     | tee -a "$out/versions.txt"
+  local elf
+  elf=$("$py" -c 'import os, dmagather._commands as c; print(os.path.join(c.BIN, "dmagatherd"))' 2>/dev/null)
+  [ -x "$elf" ] || elf=$daemon
+  echo "daemon: $daemon ($elf: $(ldd "$elf" | grep -c dmagather.libs) libraries from the wheel)" | tee -a "$out/versions.txt"
   export PATH="$work/venv/bin:$PATH" DMAGATHER_SOCKET="$work/d.sock"
   export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
   export PYTHONFAULTHANDLER=1  # A crashing rank prints its Python stack.
@@ -128,7 +134,7 @@ prepare() {
 # sets dpid, returns once it listens.
 start_daemon() {
   rm -f "$work/d.sock" "$work/d.sock.fd"  # A killed daemon's, which would look like a listening one.
-  "$here/bin/dmagatherd" --socket="$work/d.sock" --backend=cuda --log_level=warning --metrics_listen= \
+  "$daemon" --socket="$work/d.sock" --backend=cuda --log_level=warning --metrics_listen= \
     >"$out/dmagatherd${1:+-$1}.log" 2>&1 &
   dpid=$!
   for _ in $(seq 200); do [ -S "$work/d.sock" ] && [ -S "$work/d.sock.fd" ] && break; sleep 0.05; done
@@ -143,7 +149,7 @@ one() {  # name, env assignments..., -- , command...
   env -u DMAGATHER_ALLGATHER -u DS_SDMA_ALLGATHER -u DMAGATHER_FSDP_ZERO_COPY "${envs[@]}" DMAGATHER_STATS_FILE="$out/$name-stats.{rank}.json" \
     timeout "${DMAGATHER_RUN_TIMEOUT_S:-180}" "$@" >"$out/$name.log" 2>&1
   local rc=$?
-  "$here/bin/dmagatherctl" --socket="$work/d.sock" --json stats >"$out/$name-daemon.json" 2>&1
+  "$ctl" --socket="$work/d.sock" --json stats >"$out/$name-daemon.json" 2>&1
   echo "$rc" >"$out/$name.rc"  # Last: the run and its daemon's counters are complete.
 }
 
@@ -207,7 +213,7 @@ restart() {
   local f=("$t/fsdp2_train.py" --device cuda --dist-backend gloo --dtype bf16 --steps "$steps")
   one fsdp2-off -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-off"
   kill -TERM "$dpid"; wait "$dpid" 2>/dev/null
-  ops() { "$here/bin/dmagatherctl" --socket="$work/d.sock" --json stats 2>/dev/null |
+  ops() { "$ctl" --socket="$work/d.sock" --json stats 2>/dev/null |
           grep -o '"total_ops": *"\?[0-9]*' | grep -o '[0-9]*$'; }
   # The daemons of one run, each started by this (background) function: it
   # restarts the daemon 3 times once the run's ops are served, at random
