@@ -114,6 +114,26 @@ TEST(TelemetryTest, MetricsEndpointServesWhatTheRanksRan) {
   EXPECT_NE(ctl.find(absl::StrCat("dmagather_bytes_total ", bytes, "\n")), std::string::npos) << ctl;
   EXPECT_NE(HttpGet(port, "/nothing").find("HTTP/1.1 404"), std::string::npos);
 
+  // Clients that connect and say nothing hold a connection worker each
+  // until the read timeout (2 s): more of them than workers delay a scrape,
+  // never stop it or the daemon.
+  std::vector<int> silent;
+  for (int i = 0; i < 4; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    silent.push_back(fd);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string late = HttpGet(port, "/metrics");
+  const double waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int fd : silent) close(fd);
+  EXPECT_NE(late.find("HTTP/1.1 200"), std::string::npos) << late;
+  EXPECT_LT(waited_s, 15.0);
+
   // A second daemon cannot take the port: it serves anyway, without /metrics.
   auto second = DaemonProcess::Start({"--metrics_listen=127.0.0.1:" + std::to_string(port)});
   ASSERT_NE(second, nullptr);
