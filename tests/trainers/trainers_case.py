@@ -26,15 +26,19 @@ def free_port():
 
 
 class Daemon:
-    def __init__(self):
+    """dmagatherd (the build's, or `program`) on a private socket, host
+    backend; `flags` replace the quiet defaults, `env` the inherited one."""
+
+    def __init__(self, program=None, flags=("--log_level=warning", "--metrics_listen="), env=None):
         self.dir = tempfile.mkdtemp(prefix="dmagather-trainers-", dir="/tmp")
         self.sock = os.path.join(self.dir, "d.sock")
-        self.log = open(os.path.join(self.dir, "daemon.log"), "w")
-        self.proc = subprocess.Popen([os.path.join(BIN, "server", "dmagatherd"), f"--socket={self.sock}",
-                                      "--backend=host", "--log_level=warning", "--metrics_listen="],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.log_path = os.path.join(self.dir, "daemon.log")
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([program or os.path.join(BIN, "server", "dmagatherd"), f"--socket={self.sock}",
+                                      "--backend=host", *flags],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=self.dir)
         for _ in range(1000):
-            if os.path.exists(self.sock):
+            if os.path.exists(self.sock) and os.path.exists(self.sock + ".fd"):
                 break
             time.sleep(0.01)
 

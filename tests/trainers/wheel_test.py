@@ -20,51 +20,26 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 import urllib.request
 
-from trainers_case import TrainerCase, REPO
+from trainers_case import Daemon, TrainerCase, REPO
 
 # What a manylinux wheel may take from the node (the C and C++ runtimes).
 SYSTEM_LIBS = ("linux-vdso", "libc.so", "libm.so", "libpthread", "libdl.so", "librt.so", "ld-linux", "libstdc++",
                "libgcc_s", "libatomic", "libz.so")
 
 
-class WheelDaemon:
-    """The venv's `dmagatherd` command on a private socket (host backend),
-    with an environment that names nothing of the build tree."""
-
-    def __init__(self, venv):
-        self.dir = tempfile.mkdtemp(prefix="dmagather-wheeld-", dir="/tmp")
-        self.sock = os.path.join(self.dir, "d.sock")
-        self.log_path = os.path.join(self.dir, "daemon.log")
-        env = {"PATH": os.path.join(venv, "bin") + ":/usr/bin:/bin", "HOME": self.dir}
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen([os.path.join(venv, "bin", "dmagatherd"), f"--socket={self.sock}",
-                                          "--backend=host", "--metrics_listen=127.0.0.1:0", "--log_level=info"],
-                                         stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.dir)
-        for _ in range(1000):
-            if os.path.exists(self.sock) and os.path.exists(self.sock + ".fd"):
-                break
-            time.sleep(0.01)
-
-    def log(self):
-        with open(self.log_path) as f:
-            return f.read()
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
 PROBE = ("import json, os, sys, dmagather, torch.distributed as d; l = dmagather.load_library(); "
          "print(json.dumps({'pkg': dmagather.__file__, 'lib': l._name, "
          "'patched': hasattr(d.all_gather_into_tensor, '_dmagather_original')}))")
+
+
+def wheel_daemon(venv):
+    """The venv's `dmagatherd` command on a private socket, with an
+    environment that names nothing of the build tree."""
+    env = {"PATH": os.path.join(venv, "bin") + ":/usr/bin:/bin"}
+    return Daemon(os.path.join(venv, "bin", "dmagatherd"), ("--metrics_listen=127.0.0.1:0", "--log_level=info"), env)
 
 
 class WheelTest(TrainerCase):
@@ -92,7 +67,7 @@ class WheelTest(TrainerCase):
             with open(os.path.join(site, "zz-trainer-venv-torch.pth"), "w") as f:
                 f.write(os.path.dirname(os.path.dirname(torch.__file__)) + "\n")
             if cls.install.returncode == 0:
-                cls.daemon = WheelDaemon(cls.venv)
+                cls.daemon = wheel_daemon(cls.venv)
 
     @classmethod
     def tearDownClass(cls):
@@ -144,7 +119,12 @@ class WheelTest(TrainerCase):
     def test_daemon_and_cli_are_the_wheels_own(self):
         self.built()
         d = self.daemon
-        self.assertIsNone(d.proc.poll(), d.log())
+
+        def log():
+            with open(d.log_path) as f:
+                return f.read()
+
+        self.assertIsNone(d.proc.poll(), log())
         exe = os.readlink(f"/proc/{d.proc.pid}/exe")
         self.assertEqual(exe, os.path.join(self.site, "dmagather", "bin", "dmagatherd"))
         with open(f"/proc/{d.proc.pid}/maps") as f:
@@ -158,8 +138,8 @@ class WheelTest(TrainerCase):
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         self.assertRegex(p.stdout, r"status:\s+SERVING")
         self.assertRegex(p.stdout, r"built:\s+.*host")
-        m = re.search(r"metrics on http://(127\.0\.0\.1:\d+)/metrics", d.log())
-        self.assertIsNotNone(m, d.log())
+        m = re.search(r"metrics on http://(127\.0\.0\.1:\d+)/metrics", log())
+        self.assertIsNotNone(m, log())
         body = urllib.request.urlopen(f"http://{m.group(1)}/metrics", timeout=10).read().decode()
         self.assertIn('dmagather_up{version="', body)
 
