@@ -19,6 +19,19 @@
 // slot at once (it resets the slot's words before defining a new op there;
 // the daemon retires any op still armed on a slot defined again).
 //
+// phase[slot] is the daemon's own record of where a replay stands, so that a
+// daemon that takes the job back after this one dies knows what to do with
+// the slot (docs/ARCHITECTURE.md, "Daemon restarts"):
+//
+//   daemon:        phase = kPhaseTaken for every rank, then ready = 0 ...
+//                  copies ... phase = kPhaseEnding for every rank, then
+//                  status and done for every rank, then phase = kPhaseIdle.
+//
+// Taken on any rank: no rank's done was written, every rank waits for this
+// replay with its inputs in place: run it again. Ending on every rank: done
+// may be written for some ranks only; unless every rank's low done word is
+// still 1, the replay is released with an error. Older daemons leave it 0.
+//
 // done[slot] is 64-bit: the daemon writes the low word per replay; the high
 // word is the permanent release, set when the job fails or the daemon goes
 // away (by the daemon, or by the client's watcher), so no replay after that
@@ -57,7 +70,12 @@ struct GraphFlagsV1 {
   uint32_t ready[kGraphSlotsV1];  // Client graph writes 1; daemon resets to 0.
   DoneWordV1 done[kGraphSlotsV1];
   int32_t status[kGraphSlotsV1];  // Daemon: status of the slot's last replay.
+  uint32_t phase[kGraphSlotsV1];  // Daemon: kPhase* of the slot's replay.
 };
+
+constexpr uint32_t kPhaseIdle = 0;    // No replay is being served.
+constexpr uint32_t kPhaseTaken = 1;   // A replay was taken: its copies may be partial.
+constexpr uint32_t kPhaseEnding = 2;  // Its copies ended: done is being written.
 
 // Offset of the block from the start of the completion block.
 constexpr uint64_t kGraphFlagsOffsetV1 = 4608;
@@ -65,7 +83,7 @@ static_assert(sizeof(CompletionV1) <= kGraphFlagsOffsetV1, "graph flags follow C
 static_assert(kGraphFlagsOffsetV1 + sizeof(GraphFlagsV1) <= 8192, "graph flags fit the completion pages");
 static_assert(offsetof(GraphFlagsV1, done) % 8 == 0 && sizeof(DoneWordV1) == 8, "64-bit done words");
 static_assert(offsetof(GraphFlagsV1, ready) == 64 && offsetof(GraphFlagsV1, done) == 192 &&
-                  offsetof(GraphFlagsV1, status) == 448,
+                  offsetof(GraphFlagsV1, status) == 448 && offsetof(GraphFlagsV1, phase) == 576,
               "GraphFlagsV1 layout");
 
 constexpr uint32_t kGraphFlagsStampV1 = Stamp(sizeof(GraphFlagsV1), 1);

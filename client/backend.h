@@ -59,6 +59,14 @@ struct OwnShardCopy {
 
 // Graph slots whose CUDA graphs were destroyed: the backend's destruction
 // callback adds them (any thread), the communicator takes them back.
+// An op captured into a CUDA graph, as the rank defined it (GraphSlots):
+// what a daemon that takes the job back arms again.
+struct CapturedDefinition {
+  uint32_t seq = 0;
+  uint32_t slot = 0;
+  std::string descriptors;  // abi::DescriptorV2 each, as published.
+};
+
 struct GraphSlotsFreed {
   absl::Mutex mu;
   std::vector<uint32_t> freed ABSL_GUARDED_BY(mu);

@@ -106,9 +106,11 @@ absl::Status CommImpl::Join() {
   backend_ = *std::move(backend);
   graphs_.SetReadyWords(abi::GraphFlagsOf(view_.completion)->ready);
   done_.Attach(view_.completion, backend_->has_stream_waits());
-  // A job can be taken back by a new daemon unless it spans nodes or has
+  // A job can be taken back by a new daemon unless it spans nodes and has
   // ops captured into CUDA graphs (docs/ARCHITECTURE.md, "Daemon restarts").
-  link_->Start(backend_.get(), [this] { return !captured_.load(); });
+  link_->Start(
+      backend_.get(), [this] { return options_.job_id.empty() || !captured_.load(); },
+      [this] { return graphs_.Definitions(); });
   return absl::OkStatus();
 }
 
@@ -342,16 +344,20 @@ absl::Status CommImpl::RenameDropped(size_t n) {
 }
 
 absl::Status CommImpl::SubmitCaptured(size_t n, void* stream, uint32_t slot, uint64_t* op) {
-  captured_.store(true);  // From now on the job ends with its daemon (DaemonLink).
+  // From now on a multi-node job ends with its daemon (DaemonLink).
+  captured_.store(true);
   GraphSlots::ResetFlags(view_.completion, slot);
   for (size_t i = 0; i < n; ++i) scratch_[i].op |= abi::kOpPersistentBit | (slot << abi::kOpPersistentSlotShift);
   // The definition takes a sequence number like any op; ready_seq is not
-  // written for it (nothing of it runs until a replay).
+  // written for it (nothing of it runs until a replay). Kept as published,
+  // from then on: a daemon that takes the job back arms it again from it,
+  // once any rank saw it done (else it reads it from the ring again).
   absl::Status st = Publish(scratch_.data(), n);
   if (!st.ok()) {
     graphs_.Release(slot);
     return st;
   }
+  graphs_.Define(slot, scratch_[0].seq, scratch_.data(), n);
   const uint64_t handle = ops_.submitted();
   if (op != nullptr) *op = handle;
   // The verdict of the definition, on the host, at capture (the ranks

@@ -180,6 +180,7 @@ absl::StatusOr<JoinAnswer> ControlChannel::ReadAnswer(const JoinParams& p) {
     a.daemon_version = reply.daemon_version();
     if (reply.has_wait_spin()) a.wait_spin = reply.wait_spin();
     a.resumed = reply.resumed();
+    a.takes_captured = reply.takes_captured();
     for (int r = 0; r < reply.peer_pids_size(); ++r) {
       if (reply.peer_pids(r) != 0) a.local_ranks.push_back(r);
     }
@@ -283,7 +284,8 @@ absl::StatusOr<uint32_t> ControlChannel::Register(const MemoryExport& e, int ran
   return reply.region_id();
 }
 
-absl::Status ControlChannel::Resume(uint64_t gap_us, uint32_t ops_pending) {
+absl::Status ControlChannel::Resume(uint64_t gap_us, uint32_t ops_pending,
+                                    const std::vector<CapturedDefinition>& captured) {
   grpc::ClientContext ctx;
   ctx.set_deadline(In(10000));
   v1::ResumeRequest req;
@@ -291,6 +293,12 @@ absl::Status ControlChannel::Resume(uint64_t gap_us, uint32_t ops_pending) {
   req.set_session_secret(session_secret_);
   req.set_gap_us(gap_us);
   req.set_ops_pending(ops_pending);
+  for (const CapturedDefinition& c : captured) {
+    v1::CapturedOp* op = req.add_captured();
+    op->set_seq(c.seq);
+    op->set_slot(c.slot);
+    op->set_descriptors(c.descriptors);
+  }
   v1::ResumeReply reply;
   return FromGrpc(stub_->Resume(&ctx, req, &reply), "resume");
 }

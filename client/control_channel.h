@@ -55,6 +55,7 @@ struct JoinAnswer {
   std::string daemon_version;
   std::optional<uint32_t> wait_spin;  // The daemon's advice.
   bool resumed = false;               // The daemon took the job back (asked with JoinParams::resume).
+  bool takes_captured = false;        // ... and takes back ops captured into CUDA graphs.
   std::vector<int> local_ranks;       // The job's ranks on the daemon's node.
 };
 
@@ -98,8 +99,9 @@ class ControlChannel {
   // `region_id` (a resumed session, before Resume): the id the region had.
   absl::StatusOr<uint32_t> Register(const MemoryExport& e, int rank, OwnedBuffer* owned, uint32_t region_id = 0);
   absl::Status Deregister(uint32_t region_id);
-  // A resumed session registered again what it had (control.proto Resume).
-  absl::Status Resume(uint64_t gap_us, uint32_t ops_pending);
+  // A resumed session registered again what it had (control.proto Resume),
+  // with its ops captured into live CUDA graphs.
+  absl::Status Resume(uint64_t gap_us, uint32_t ops_pending, const std::vector<CapturedDefinition>& captured);
 
  private:
   ControlChannel(std::string socket_path, std::shared_ptr<grpc::Channel> channel, const common::Clock& clock);

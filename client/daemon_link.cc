@@ -70,10 +70,12 @@ absl::StatusOr<JoinAnswer> DaemonLink::Join(const JoinParams& params) {
   return answer;
 }
 
-void DaemonLink::Start(ClientBackend* backend, std::function<bool()> resumable) {
+void DaemonLink::Start(ClientBackend* backend, std::function<bool()> resumable,
+                       std::function<std::vector<CapturedDefinition>()> captured) {
   absl::MutexLock lock(&mu_);
   backend_ = backend;
   resumable_ = std::move(resumable);
+  captured_ = std::move(captured);
   control_->StartWatcher([this](const std::string& reason, bool can, int code) { OnLost(reason, can, code); });
   if (reconnect_s_ > 0) reconnector_ = std::thread([this] { ReconnectLoop(); });
 }
@@ -179,6 +181,13 @@ absl::Status DaemonLink::TryRejoin(uint64_t lost_ns, absl::Time deadline, bool* 
     return absl::FailedPreconditionError(
         absl::StrCat("dmagatherd ", answer->daemon_version, " cannot take a job back (it is older than this library)"));
   }
+  const std::vector<CapturedDefinition> captured = captured_ ? captured_() : std::vector<CapturedDefinition>{};
+  if (!captured.empty() && !answer->takes_captured) {
+    *fatal = true;
+    return absl::FailedPreconditionError(absl::StrCat("dmagatherd ", answer->daemon_version,
+                                                      " cannot take back ops captured into CUDA graphs (it is older "
+                                                      "than this library)"));
+  }
   // Every region under its old id: descriptors in the ring name them.
   absl::Status st;
   const ClientBackend* backend = backend_;  // Read under mu_ (the lambda below is not seen to hold it).
@@ -195,7 +204,7 @@ absl::Status DaemonLink::TryRejoin(uint64_t lost_ns, absl::Time deadline, bool* 
     *fatal = Refused(st);
     return st;
   }
-  if (absl::Status resumed = (*ch)->Resume((LostNow() - lost_ns) / 1000, pending); !resumed.ok()) {
+  if (absl::Status resumed = (*ch)->Resume((LostNow() - lost_ns) / 1000, pending, captured); !resumed.ok()) {
     *fatal = Refused(resumed);
     return resumed;
   }

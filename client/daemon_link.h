@@ -7,7 +7,7 @@
 // op not seen done), registers again each region under its old id, and
 // calls Resume; the new daemon goes on from the newest op any rank saw done
 // (docs/ARCHITECTURE.md, "Daemon restarts"). Past the grace period, or where
-// the job cannot be taken back (a multi-node job, ops captured into CUDA
+// the job cannot be taken back (a multi-node job with ops captured into CUDA
 // graphs, a daemon of another user or one that cannot resume), the done
 // flag is marked gone as before: UNAVAILABLE, saying why.
 //
@@ -63,8 +63,11 @@ class DaemonLink {
   absl::StatusOr<JoinAnswer> Join(const JoinParams& params) ABSL_LOCKS_EXCLUDED(mu_);
   // After the client backend exists: starts the watcher. `backend`
   // describes memory for re-registration; `resumable` says whether the job
-  // may be taken back now (not multi-node, no captured op).
-  void Start(ClientBackend* backend, std::function<bool()> resumable) ABSL_LOCKS_EXCLUDED(mu_);
+  // may be taken back now (not a multi-node job with captured ops);
+  // `captured` gives the ops captured into live CUDA graphs, handed to the
+  // daemon that takes the job back.
+  void Start(ClientBackend* backend, std::function<bool()> resumable,
+             std::function<std::vector<CapturedDefinition>()> captured) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Registration, each under mu_ (waits while a daemon restart is taken back).
   absl::Status Register(const MemoryExport& e, std::unique_ptr<OwnedBuffer> owned) ABSL_LOCKS_EXCLUDED(mu_);
@@ -114,6 +117,7 @@ class DaemonLink {
   // Every doorbell mapped so far: the user thread may still ring an old one.
   std::vector<common::MemfdMapping> doorbells_ ABSL_GUARDED_BY(mu_);
   std::function<bool()> resumable_;
+  std::function<std::vector<CapturedDefinition>()> captured_;
 
   mutable absl::Mutex rc_mu_;
   absl::CondVar rc_cv_;

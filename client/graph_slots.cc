@@ -1,5 +1,7 @@
 #include "client/graph_slots.h"
 
+#include <algorithm>
+
 #include "abi/graph_v1.h"
 
 namespace dmagather::client {
@@ -10,12 +12,13 @@ void GraphSlots::SetReadyWords(uint32_t* ready) {
 }
 
 int GraphSlots::Take() {
+  std::vector<uint32_t> reclaimed;
   {
     // Slots whose graphs were destroyed since (the user object's callback).
     absl::MutexLock lock(&freed_->mu);
-    for (uint32_t s : freed_->freed) used_ &= ~(1u << s);
-    freed_->freed.clear();
+    reclaimed.swap(freed_->freed);
   }
+  for (uint32_t s : reclaimed) Release(s);
   for (uint32_t s = 0; s < abi::kGraphSlotsV1; ++s) {
     if ((used_ & (1u << s)) == 0) {
       used_ |= 1u << s;
@@ -23,6 +26,35 @@ int GraphSlots::Take() {
     }
   }
   return -1;
+}
+
+void GraphSlots::Release(uint32_t slot) {
+  used_ &= ~(1u << slot);
+  Undefine(slot);
+}
+
+void GraphSlots::Define(uint32_t slot, uint32_t seq, const abi::DescriptorV2* ds, size_t n) {
+  absl::MutexLock lock(&defs_mu_);
+  defs_[slot] = CapturedDefinition{seq, slot, std::string(reinterpret_cast<const char*>(ds), n * sizeof(*ds))};
+}
+
+void GraphSlots::Undefine(uint32_t slot) {
+  absl::MutexLock lock(&defs_mu_);
+  defs_.erase(slot);
+}
+
+std::vector<CapturedDefinition> GraphSlots::Definitions() const {
+  std::vector<uint32_t> gone;
+  {
+    absl::MutexLock lock(&freed_->mu);
+    gone = freed_->freed;
+  }
+  std::vector<CapturedDefinition> out;
+  absl::MutexLock lock(&defs_mu_);
+  for (const auto& [slot, def] : defs_) {
+    if (std::find(gone.begin(), gone.end(), slot) == gone.end()) out.push_back(def);
+  }
+  return out;
 }
 
 void GraphSlots::Captured(uint64_t op, uint32_t slot) {

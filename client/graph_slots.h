@@ -6,15 +6,24 @@
 // whether their stream wait was captured: a captured op is waited exactly
 // once, in the same capture).
 //
-// Threads: Take/Release/Captured/Find on the communicator's user thread;
-// the shared GraphSlotsFreed is filled from any thread under its mutex.
+// Each slot's definition (the descriptors as published) is kept while its
+// graph lives: a daemon that takes the job back arms the ops again from them
+// (DaemonLink, Definitions()).
+//
+// Threads: Take/Release/Captured/Find/Define on the communicator's user
+// thread; the shared GraphSlotsFreed is filled from any thread under its
+// mutex; Definitions() from any thread (defs_mu_; never held with freed's).
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "abi/completion_v1.h"
+#include "abi/descriptor_v2.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "client/backend.h"
 
 namespace dmagather::client {
@@ -34,7 +43,11 @@ class GraphSlots {
   // A free slot (reclaiming those whose graphs were destroyed), or -1 when
   // every slot is held.
   int Take();
-  void Release(uint32_t slot) { used_ &= ~(1u << slot); }
+  void Release(uint32_t slot);
+  // The op `seq` being defined in `slot`: its `n` descriptors as published.
+  void Define(uint32_t slot, uint32_t seq, const abi::DescriptorV2* ds, size_t n) ABSL_LOCKS_EXCLUDED(defs_mu_);
+  // The definitions of the slots whose graphs live.
+  std::vector<CapturedDefinition> Definitions() const ABSL_LOCKS_EXCLUDED(defs_mu_);
   // Op `op` was captured into `slot`. The oldest records go beyond
   // 4 * kGraphSlotsV1.
   void Captured(uint64_t op, uint32_t slot);
@@ -51,7 +64,11 @@ class GraphSlots {
   static void ReleaseForever(abi::CompletionV1* completion);
 
  private:
+  void Undefine(uint32_t slot) ABSL_LOCKS_EXCLUDED(defs_mu_);
+
   uint32_t used_ = 0;  // Bit per slot.
+  mutable absl::Mutex defs_mu_;
+  std::map<uint32_t, CapturedDefinition> defs_ ABSL_GUARDED_BY(defs_mu_);  // By slot.
   std::map<uint64_t, CapturedOp> ops_;
   const std::shared_ptr<GraphSlotsFreed> freed_ = std::make_shared<GraphSlotsFreed>();
 };

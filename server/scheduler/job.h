@@ -17,6 +17,7 @@
 
 #include <array>
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -148,6 +149,18 @@ class Job {
   // so ops up to it are done on every rank from now on; the ranks' rings
   // are read from their next op, the ones up to `done` skipped.
   void StartAfter(uint32_t done) ABSL_LOCKS_EXCLUDED(completion_mu_);
+  // A captured op a rank defined under an earlier daemon, from its Resume:
+  // `seq` the definition's op, `part` its items resolved in the rank's
+  // regions (graph_slot set).
+  void AddCapturedDefinition(int rank, uint32_t seq, RankPart part) ABSL_LOCKS_EXCLUDED(mu_);
+  // Before StartAfter(done), while no thread but the caller's touches the
+  // job: re-arms every captured op all ranks defined up to `done`, and
+  // settles what the earlier daemon left of its replay (PersistentOp::
+  // TakeBack). Definitions after `done` come through the rings again.
+  struct Rearmed {
+    int ops = 0, run_again = 0, released = 0, dropped = 0;
+  };
+  Rearmed RearmCaptured(uint32_t done, const engines::CopyEngine& engine) ABSL_LOCKS_EXCLUDED(mu_);
   // A multi-node job coming back: which of its ranks are on this node (every
   // rank knows, from its first join); they must all agree. Join's reply
   // waits for them (local_joined), Resume for them all.
@@ -223,6 +236,8 @@ class Job {
   std::atomic<bool> handing_back_{false}, handed_back_{false};
   absl::Status hand_back_why_ ABSL_GUARDED_BY(mu_);
   std::atomic<int> resumed_ranks_{0};
+  // Captured ops' definitions from the ranks' Resume: by op, a part per rank.
+  std::map<uint32_t, std::vector<RankPart>> resumed_defs_ ABSL_GUARDED_BY(mu_);
   uint32_t start_after_ = 0;  // Written once before started_ (release).
   std::atomic<bool> started_{false};
 

@@ -1,11 +1,13 @@
 // Job: taking a job back from its ranks - after a daemon restart (every
 // job of the node) and after a multi-node job's ring lost a node (that job,
-// on every node): StartAfter, the expected local ranks of a multi-node job
-// coming back, and the hand-back of a job whose ring broke.
+// on every node): StartAfter, the captured ops defined again, the expected
+// local ranks of a multi-node job coming back, and the hand-back of a job
+// whose ring broke.
 #include <algorithm>
 
 #include "abi/ring_v1.h"
 #include "absl/strings/str_cat.h"
+#include "common/api_names.h"
 #include "server/scheduler/completion_writer.h"
 #include "server/scheduler/job.h"
 
@@ -22,6 +24,57 @@ void Job::StartAfter(uint32_t done) {
   }
   start_after_ = done;
   started_.store(true, std::memory_order_release);
+}
+
+void Job::AddCapturedDefinition(int rank, uint32_t seq, RankPart part) {
+  absl::MutexLock lock(&mu_);
+  std::vector<RankPart>& parts = resumed_defs_[seq];
+  parts.resize(world_size_);
+  parts[rank] = std::move(part);
+}
+
+Job::Rearmed Job::RearmCaptured(uint32_t done, const engines::CopyEngine& engine) {
+  std::map<uint32_t, std::vector<RankPart>> defs;
+  {
+    absl::MutexLock lock(&mu_);
+    defs.swap(resumed_defs_);
+  }
+  Rearmed out;
+  for (auto& [seq, parts] : defs) {
+    if (int32_t(seq - done) > 0) continue;  // Not done anywhere: its descriptors are read again.
+    bool whole = true;
+    for (const RankPart& p : parts) whole &= p.graph_slot >= 0 && p.status.ok() && !p.items.empty();
+    // A definition some rank no longer holds (its capture failed, or its
+    // graph went and the slot was taken again) is dropped; a rank that
+    // replays it anyway waits, as for any collective the others stop calling.
+    if (!whole) {
+      ++out.dropped;
+      continue;
+    }
+    for (RankPart& p : parts) p.started = p.arrived = true;  // Every rank's items are here (BuildPlan).
+    Op op;
+    op.job = this;
+    op.seq = seq;
+    op.job_id = slots_[0].job_id;
+    op.ranks = slots_[0].ranks;
+    op.parts = std::move(parts);
+    if (!DefinePersistent(&op).ok()) {
+      ++out.dropped;
+      continue;
+    }
+    ++out.ops;
+    PersistentOp* p = persistent_.back().get();
+    if (engine.host_addressable()) {
+      // A daemon that came back on the host backend cannot replay graphs.
+      p->Release(common::ToApiStatus(absl::FailedPreconditionError("captured ops need a GPU backend")));
+      ++out.released;
+      continue;
+    }
+    const PersistentOp::Resumed r = p->TakeBack();
+    out.run_again += r == PersistentOp::Resumed::kRunAgain ? 1 : 0;
+    out.released += r == PersistentOp::Resumed::kReleased ? 1 : 0;
+  }
+  return out;
 }
 
 absl::Status Job::ExpectLocal(std::vector<int> ranks) {

@@ -51,6 +51,9 @@ PersistentOp::Polled PersistentOp::Poll(engines::CopyEngine* engine, bool failed
   // Every rank's inputs are ready, and every rank has finished reading its
   // output of the previous replay (its consumer ran before its ready write).
   // No rank writes ready again before its done, which comes after the copies.
+  // Taken before the ready flags go: a daemon that takes the job back then
+  // finds the replay either still asked for or marked taken (TakeBack).
+  SetPhase(abi::kPhaseTaken);
   for (size_t r = 0; r < ranks_.size(); ++r) abi::StoreRelease(&Flags(r)->ready[slots_[r]], 0u);
   state_.store(kRunning, std::memory_order_release);
   job_->PersistentStarted();
@@ -61,6 +64,7 @@ PersistentOp::Polled PersistentOp::Poll(engines::CopyEngine* engine, bool failed
 void PersistentOp::OnEngineDone(absl::Status status) {
   int32_t code = common::ToApiStatus(status);
   if (status.ok() && job_->failed()) code = common::ToApiStatus(job_->failure());
+  SetPhase(abi::kPhaseEnding);
   for (size_t r = 0; r < ranks_.size(); ++r) {
     abi::GraphFlagsV1* f = Flags(r);
     if (f == nullptr) continue;
@@ -68,6 +72,7 @@ void PersistentOp::OnEngineDone(absl::Status status) {
     if (code != 0) abi::StoreRelease(DoneHigh(f, slots_[r]), 1u);
     abi::StoreRelease(DoneLow(f, slots_[r]), 1u);
   }
+  SetPhase(abi::kPhaseIdle);
   if (code == 0) replays_.fetch_add(1, std::memory_order_relaxed);
   state_.store(code == 0 ? kArmed : kReleased, std::memory_order_release);
   job_->PersistentFinished(code == 0 ? plan.bytes : 0, code);
@@ -82,6 +87,47 @@ void PersistentOp::Release(int32_t code) {
     abi::StoreRelease(DoneLow(f, slots_[r]), 1u);
   }
   state_.store(kReleased, std::memory_order_release);
+}
+
+void PersistentOp::SetPhase(uint32_t phase) {
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    if (abi::GraphFlagsV1* f = Flags(r); f != nullptr) abi::StoreRelease(&f->phase[slots_[r]], phase);
+  }
+}
+
+PersistentOp::Resumed PersistentOp::TakeBack() {
+  bool taken = false, all_ending = true, any_ending = false, all_done_unread = true;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    abi::GraphFlagsV1* f = Flags(r);
+    if (f == nullptr) return Resumed::kIdle;  // A rank already gone: the job ends anyway.
+    const uint32_t phase = abi::LoadAcquire(&f->phase[slots_[r]]);
+    taken |= phase == abi::kPhaseTaken;
+    any_ending |= phase == abi::kPhaseEnding;
+    all_ending &= phase == abi::kPhaseEnding;
+    all_done_unread &= abi::LoadAcquire(DoneLow(f, slots_[r])) == 1;
+  }
+  if (taken) {
+    // No done flag was written (they come after every rank is marked
+    // ending): every rank still waits for this replay, its inputs as they
+    // were. Asked for again, it runs again from the start.
+    // (A rank whose graph was destroyed meanwhile keeps its release mark.)
+    SetPhase(abi::kPhaseIdle);
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      uint32_t expected = 0;
+      __atomic_compare_exchange_n(&Flags(r)->ready[slots_[r]], &expected, 1u, false, __ATOMIC_ACQ_REL,
+                                  __ATOMIC_ACQUIRE);
+    }
+    return Resumed::kRunAgain;
+  }
+  if (all_ending && !all_done_unread) {
+    // Cut while writing the done flags: a rank whose low word is 0 either
+    // never got it or already took it and went on (its graph resets it).
+    // Neither copying again nor writing done is safe for both.
+    Release(common::ToApiStatus(absl::UnavailableError("the daemon stopped while ending a captured op")));
+    return Resumed::kReleased;
+  }
+  SetPhase(abi::kPhaseIdle);
+  return any_ending ? Resumed::kEnded : Resumed::kIdle;
 }
 
 }  // namespace dmagather::server::scheduler

@@ -12,6 +12,11 @@
 //             release (high word) and the failure, so no replay waits
 //             forever; nothing is copied any more
 //
+// Each rank's phase[slot] records the daemon's side of a replay (taken,
+// ending, idle: abi/graph_v1.h), so that a daemon taking the job back after
+// this one died re-arms the op from the ranks' definitions (Job::
+// RearmCaptured) and TakeBack() finishes or repeats the replay it left.
+//
 // Holds references to the ranks' buffers so they stay mapped while armed.
 //
 // Threads: created and polled on the ingress thread (Job::PollPersistent);
@@ -49,6 +54,19 @@ class PersistentOp : public engines::EngineOp {
 
   int state() const { return state_.load(std::memory_order_acquire); }
   int slot(int rank) const { return slots_[rank]; }
+  // A daemon taking the job back, before the op is armed: what the ranks'
+  // flags say of the replay the earlier daemon served. kRunAgain: it was
+  // taken and never ended (every rank waits, inputs in place): its ready
+  // flags are set again, so the next Poll starts it. kEnded: its done flags
+  // were all written. kReleased: it died while writing them and some rank
+  // may have gone on: every rank gets the permanent release and
+  // UNAVAILABLE (never a second, wrong copy). kIdle: nothing was served.
+  enum class Resumed { kIdle, kRunAgain, kEnded, kReleased };
+  Resumed TakeBack();
+  // Every rank's done word gets the permanent release and status `code`;
+  // nothing is copied any more (also the job's failure, through Poll).
+  void Release(int32_t code);
+
   // Replaced by a new definition of its slots: never started again.
   void Retire() { retired_.store(true, std::memory_order_release); }
   bool retired() const { return retired_.load(std::memory_order_acquire); }
@@ -57,7 +75,8 @@ class PersistentOp : public engines::EngineOp {
   std::vector<std::shared_ptr<engines::ImportedRegion>> holds;
 
  private:
-  void Release(int32_t code);
+  // Every rank's phase word of the op's slot.
+  void SetPhase(uint32_t phase);
 
   Job* const job_;
   // The rank's graph flags, or null once its segment is being released.

@@ -157,6 +157,7 @@ bool ControlService::StepWaiting(JoinReactor* r, bool cancelled, bool stopping, 
     reply->set_abi_version(j.session->abi_version());
     reply->set_wait_spin(AdvisedWaitSpin(UsableCpus(), registry_->num_sessions()));
     reply->set_resumed(j.session->resume());
+    reply->set_takes_captured(true);
     for (const auto& k : j.job->ranks()) reply->add_peer_pids(k != nullptr ? k->pid() : 0);  // 0: another node.
     r->phase_ = JoinReactor::Phase::kWritingReply;
     r->writing_.store(true, std::memory_order_release);
@@ -279,7 +280,10 @@ grpc::Status ControlService::Deregister(grpc::ServerContext*, const v1::Deregist
 }
 
 grpc::Status ControlService::Resume(grpc::ServerContext*, const v1::ResumeRequest* req, v1::ResumeReply*) {
-  return ToGrpc(registry_->Resume(req->session_id(), req->session_secret(), req->gap_us() * 1000, req->ops_pending()));
+  std::vector<CapturedDefinition> captured;
+  for (const v1::CapturedOp& c : req->captured()) captured.push_back({c.seq(), c.slot(), c.descriptors()});
+  return ToGrpc(
+      registry_->Resume(req->session_id(), req->session_secret(), req->gap_us() * 1000, req->ops_pending(), captured));
 }
 
 }  // namespace dmagather::server::service

@@ -85,8 +85,9 @@ class Registry {
     return core_.Deregister(session_id, secret, region_id);
   }
 
-  absl::Status Resume(uint64_t session_id, const std::string& secret, uint64_t gap_ns, uint32_t ops_pending) {
-    return core_.Resume(session_id, secret, gap_ns, ops_pending);
+  absl::Status Resume(uint64_t session_id, const std::string& secret, uint64_t gap_ns, uint32_t ops_pending,
+                      const std::vector<CapturedDefinition>& captured) {
+    return core_.Resume(session_id, secret, gap_ns, ops_pending, captured);
   }
 
   // Shutdown for a successor (RegistryCore::FreezeForHandover).

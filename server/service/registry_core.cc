@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include "abi/fd_channel_v1.h"
+#include "abi/graph_v1.h"
 #include "abi/ring_v1.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -270,12 +271,11 @@ absl::Status RegistryCore::Deregister(uint64_t session_id, const std::string& se
   return absl::OkStatus();
 }
 
-absl::Status RegistryCore::Resume(uint64_t session_id, const std::string& secret, uint64_t gap_ns,
-                                  uint32_t ops_pending) {
+absl::Status RegistryCore::Resume(uint64_t session_id, const std::string& secret, uint64_t gap_ns, uint32_t ops_pending,
+                                  const std::vector<CapturedDefinition>& captured) {
   auto s = FindSession(session_id, secret);
   if (s == nullptr) return NoSession(session_id);
   if (!s->resume()) return absl::FailedPreconditionError("resume: the session did not join to take its job back");
-  if (s->resumed.exchange(true)) return absl::OkStatus();  // Said once already.
   std::shared_ptr<Job> job;
   {
     absl::MutexLock lock(&mu_);
@@ -284,6 +284,23 @@ absl::Status RegistryCore::Resume(uint64_t session_id, const std::string& secret
     }
   }
   if (job == nullptr) return NoSession(session_id);
+  if (captured.size() > abi::kGraphSlotsV1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resume: ", captured.size(), " captured ops; a rank has ", abi::kGraphSlotsV1, " graph slots"));
+  }
+  if (!captured.empty() && job->multi_node()) {
+    return absl::FailedPreconditionError("resume: a multi-node job's captured ops cannot be taken back");
+  }
+  // Read before the session counts as back: a bad definition fails this
+  // Resume (the rank gives up, UNAVAILABLE) and the job waits for no one.
+  std::vector<std::pair<uint32_t, scheduler::RankPart>> parts;
+  for (const CapturedDefinition& def : captured) {
+    DMAG_ASSIGN_OR_RETURN(scheduler::RankPart part,
+                          DecodeCaptured(def, s->rank_index(), job->world_size(), s->input()->regions));
+    parts.emplace_back(def.seq, std::move(part));
+  }
+  if (s->resumed.exchange(true)) return absl::OkStatus();  // Said once already.
+  for (auto& [seq, part] : parts) job->AddCapturedDefinition(s->rank_index(), seq, std::move(part));
   handover_.ranks_resumed.fetch_add(1, std::memory_order_relaxed);
   handover_.ops_handed_over.fetch_add(ops_pending, std::memory_order_relaxed);
   handover_.gap.Record(gap_ns);
@@ -307,6 +324,12 @@ absl::Status RegistryCore::Resume(uint64_t session_id, const std::string& secret
 
 uint32_t RegistryCore::StartTakenBack(Job& job) {
   const uint32_t done = NewestDone(job);
+  const Job::Rearmed r = job.RearmCaptured(done, *engine_);
+  if (r.ops + r.dropped > 0) {
+    LOG(INFO) << "job '" << job.key() << "': " << r.ops << " captured op(s) armed again (" << r.run_again
+              << " replay(s) the earlier daemon left unfinished run again, " << r.released
+              << " released with an error), " << r.dropped << " definition(s) not held by every rank dropped";
+  }
   job.StartAfter(done);
   version_.fetch_add(1);  // The ingress thread's snapshot gains the job.
   return done;

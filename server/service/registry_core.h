@@ -44,6 +44,7 @@
 #include "server/engines/copy_engine.h"
 #include "server/ingress/ingress.h"
 #include "server/scheduler/job.h"
+#include "server/service/captured_defs.h"
 #include "server/service/peer_cred.h"
 #include "server/service/reaper.h"
 #include "server/service/region_claim.h"
@@ -135,9 +136,11 @@ class RegistryCore {
   // A resumed session (Join with resume, its regions registered again
   // under their old ids) is back: once every local rank of its job is, the
   // job starts after the newest op any rank saw done (Job::StartAfter).
-  // `gap_ns` and `ops_pending` are the rank's own account, for telemetry.
-  absl::Status Resume(uint64_t session_id, const std::string& secret, uint64_t gap_ns, uint32_t ops_pending)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // `gap_ns` and `ops_pending` are the rank's own account, for telemetry;
+  // `captured`: its ops captured into live CUDA graphs, armed again
+  // (one-node jobs: Job::RearmCaptured).
+  absl::Status Resume(uint64_t session_id, const std::string& secret, uint64_t gap_ns, uint32_t ops_pending,
+                      const std::vector<CapturedDefinition>& captured = {}) ABSL_LOCKS_EXCLUDED(mu_);
   const HandoverCounters& handover() const { return handover_; }
 
   // Shutdown for a successor (every stop: SIGTERM, restart, upgrade): no new

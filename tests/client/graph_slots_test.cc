@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <vector>
+
 #include "abi/graph_v1.h"
 #include "abi/ring_v1.h"
 #include "common/memfd.h"
@@ -81,6 +84,43 @@ TEST(GraphSlotsTest, FlagsAreResetPerSlotAndReleasedForEveryOne) {
   GraphSlots::ReleaseForever(c);
   for (uint32_t s = 0; s < abi::kGraphSlotsV1; ++s) EXPECT_EQ(g->done[s].hi, 1u) << s;
   EXPECT_EQ(g->done[7].lo, 0u) << "only the high words";
+}
+
+TEST(GraphSlotsTest, DefinitionsAreKeptWhileTheirGraphsLive) {
+  GraphSlots slots;
+  abi::DescriptorV2 ds[2]{};
+  ds[0].seq = ds[1].seq = 7;
+  ds[0].count = 11;
+  ds[1].count = 22;
+  ASSERT_EQ(slots.Take(), 0);
+  ASSERT_EQ(slots.Take(), 1);
+  slots.Define(0, 7, ds, 2);
+  ds[0].count = 33;
+  slots.Define(1, 8, ds, 1);
+  std::vector<CapturedDefinition> defs = slots.Definitions();
+  ASSERT_EQ(defs.size(), 2u);
+  EXPECT_EQ(defs[0].seq, 7u);
+  EXPECT_EQ(defs[0].slot, 0u);
+  ASSERT_EQ(defs[0].descriptors.size(), 2 * sizeof(abi::DescriptorV2));
+  abi::DescriptorV2 back[2];
+  std::memcpy(back, defs[0].descriptors.data(), sizeof(back));
+  EXPECT_EQ(back[0].count, 11u) << "as published, not as the scratch is later";
+  EXPECT_EQ(back[1].count, 22u);
+  EXPECT_EQ(defs[1].seq, 8u);
+  // Slot 1's graph is destroyed: its definition is no longer handed back,
+  // and is dropped when the slot is taken again.
+  {
+    absl::MutexLock lock(&slots.freed()->mu);
+    slots.freed()->freed.push_back(1);
+  }
+  defs = slots.Definitions();
+  ASSERT_EQ(defs.size(), 1u);
+  EXPECT_EQ(defs[0].slot, 0u);
+  EXPECT_EQ(slots.Take(), 1);
+  EXPECT_EQ(slots.Definitions().size(), 1u);
+  // A capture that failed gives its slot back, and its definition.
+  slots.Release(0);
+  EXPECT_TRUE(slots.Definitions().empty());
 }
 
 }  // namespace

@@ -43,8 +43,9 @@
 //   graph     producer kernel (seed from a device step counter) ->
 //             AllGather (out of place, and in place on a second buffer) ->
 //             consumer check kernel, captured into one CUDA graph, replayed
-//             100 times with no host synchronisation between replays: every
-//             replay bit-exact on every rank; then an ordinary op
+//             100 times ($DMAGATHER_TEST_GRAPH_REPLAYS where set) with no
+//             host synchronisation between replays: every replay bit-exact
+//             on every rank; then an ordinary op
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <signal.h>
@@ -810,7 +811,10 @@ int ModeGraph(Env& e) {
   // Every rank holds off until all have instantiated (no host sync of the
   // stream below, only this start line).
   StartLine(e);
-  const int replays = 100;
+  // DMAGATHER_TEST_GRAPH_REPLAYS: a longer run (tests/gpu/run.sh restart
+  // restarts the daemon under it).
+  const char* want = getenv("DMAGATHER_TEST_GRAPH_REPLAYS");
+  const int replays = want != nullptr && atoi(want) > 0 ? atoi(want) : 100;
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));

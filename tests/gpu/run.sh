@@ -8,10 +8,11 @@
 #                                on a private socket, run every GPU test,
 #                                print "N passed, N failed".
 #   DIR/run.sh restart           (GPU machine) the daemon restarted under the
-#                                stream mode: SIGKILLs and a SIGTERM, each
+#                                stream mode and under the graph mode's
+#                                replays: SIGKILLs and a SIGTERM, each
 #                                followed by a start on the same socket, while
-#                                every rank's stream waits on its done flags;
-#                                every run must still be bit-exact.
+#                                every rank's stream (or graph) waits on its
+#                                done flags; every run must still be bit-exact.
 #   tests/gpu/run.sh             both, on a machine that has a GPU and Bazel.
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -154,11 +155,12 @@ restart() {
   ops() { "$here/bin/dmagatherctl" --socket="$DMAGATHER_SOCKET" --json stats 2>/dev/null |
           grep -o '"total_ops": *"\?[0-9]*' | grep -o '[0-9]*$'; }
   start_daemon
-  for round in $(seq 1 "${GPU_RESTART_ROUNDS:-3}"); do
-    echo "=== allgather_gpu_test stream (${GPU_RESTART_ITERS:-3000} iterations), daemon restarted under it, round $round"
+  # One run of allgather_gpu_test MODE (environment in ENV...) with the
+  # daemon restarted 3 times under it, once its ops are served.
+  under_restarts() {  # name mode env...
+    local name=$1 mode=$2; shift 2
     local ops0; ops0="$(ops)"
-    DMAGATHER_TEST_STREAM_ITERS="${GPU_RESTART_ITERS:-3000}" timeout 300 "$here/bin/allgather_gpu_test" stream \
-      >"$out/restart_round$round.log" 2>&1 &
+    env "$@" timeout 300 "$here/bin/allgather_gpu_test" "$mode" >"$out/restart_$name.log" 2>&1 &
     local tpid=$! kills=0
     # Once this run's ranks have ops served (not during their set-up).
     for _ in $(seq 1 400); do [ "$(ops)" != "" ] && [ "$(ops)" -gt "${ops0:-0}" ] && break; sleep 0.05; done
@@ -174,9 +176,20 @@ restart() {
       echo "  $sig + restart: serving again $((($(date +%s%N) - t0) / 1000000)) ms after the signal"
     done
     if wait "$tpid"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
-    grep -E "PASS|FAIL|stream:" "$out/restart_round$round.log"
-    echo "  restarts under the run: $kills; ranks back: $(grep -c 'back on dmagatherd' "$out/restart_round$round.log")"
+    grep -E "PASS|FAIL|stream:|graph:" "$out/restart_$name.log"
+    echo "  restarts under the run: $kills; ranks back: $(grep -c 'back on dmagatherd' "$out/restart_$name.log")"
     "$here/bin/dmagatherctl" --socket="$DMAGATHER_SOCKET" stats | grep -E "^restarts|^node" | head -3
+  }
+  for round in $(seq 1 "${GPU_RESTART_ROUNDS:-3}"); do
+    echo "=== allgather_gpu_test stream (${GPU_RESTART_ITERS:-3000} iterations), daemon restarted under it, round $round"
+    under_restarts "round$round" stream DMAGATHER_TEST_STREAM_ITERS="${GPU_RESTART_ITERS:-3000}"
+  done
+  # Captured ops: the ranks' graphs replay on through the restarts, each
+  # replay's data checked on the GPU; the next daemon arms the captured ops
+  # again from the ranks' definitions.
+  for round in $(seq 1 "${GPU_RESTART_GRAPH_ROUNDS:-2}"); do
+    echo "=== allgather_gpu_test graph (${GPU_RESTART_REPLAYS:-5000} replays), daemon restarted under it, round $round"
+    under_restarts "graph$round" graph DMAGATHER_TEST_GRAPH_REPLAYS="${GPU_RESTART_REPLAYS:-5000}"
   done
   kill -TERM "$dpid"; wait "$dpid"
   echo "$passed passed, $failed failed"

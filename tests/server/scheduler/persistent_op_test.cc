@@ -211,5 +211,174 @@ TEST(PersistentOpTest, ARanksDestroyedGraphRetiresTheOp) {
   EXPECT_FALSE(f.job.has_persistent());  // The ingress thread may sleep on its doorbell again.
 }
 
+// --- A daemon that takes the job back (Job::RearmCaptured, PersistentOp::TakeBack) ---
+
+// The next daemon's view of the same ranks: its own Job and Rank objects
+// over the same completion pages and buffers (what the ranks hand back).
+struct NextDaemon {
+  Fixture& f;
+  std::vector<std::shared_ptr<Rank>> ranks;
+  Job job{"graph", kWorld, 0};
+  FakeCopyEngine engine;
+
+  explicit NextDaemon(Fixture& old) : f(old) {
+    for (int r = 0; r < kWorld; ++r) {
+      ranks.push_back(
+          std::make_shared<Rank>(r, 100 + r, 0, f.completion(r), std::make_unique<server::engines::EngineRank>()));
+      EXPECT_TRUE(job.AddRank(ranks.back()).ok());
+    }
+  }
+  // Every rank hands back its definition of op `seq` in `slots[r]`.
+  void HandBack(uint32_t seq, const std::vector<int>& slots, int ranks_handing = kWorld) {
+    for (int r = 0; r < ranks_handing; ++r) {
+      server::scheduler::RankPart p;
+      p.graph_slot = slots[r];
+      Item it;
+      it.kind = OpKind::kAllGather;
+      it.dtype = 0;
+      it.count = kShard;
+      it.send = f.send[r].data();
+      it.num_recv = 1;
+      p.items.push_back(it);
+      p.recv.push_back(f.recv[r].data());
+      job.AddCapturedDefinition(r, seq, std::move(p));
+    }
+  }
+};
+
+void FillInputs(Fixture& f, int replay) {
+  for (int r = 0; r < kWorld; ++r) {
+    for (uint64_t i = 0; i < kShard; ++i) f.send[r][i] = char(replay * 13 + r * 5 + i);
+  }
+}
+
+void ExpectGathered(Fixture& f, const std::vector<int>& slots) {
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(f.done_lo(r, slots[r]), 1u);
+    EXPECT_EQ(f.done_hi(r, slots[r]), 0u);
+    for (int src = 0; src < kWorld; ++src) {
+      ASSERT_EQ(std::memcmp(f.recv[r].data() + src * kShard, f.send[src].data(), kShard), 0)
+          << "rank " << r << " shard " << src;
+    }
+  }
+}
+
+TEST(PersistentOpTest, AReplayRecordsTheDaemonsPhase) {
+  Fixture f;
+  const std::vector<int> slots = {1, 2, 3};
+  f.job.Dispatch(f.Submit(1, slots), &f.engine);
+  for (int r = 0; r < kWorld; ++r) f.flags(r)->ready[slots[r]] = 1;
+  ASSERT_EQ(f.job.PollPersistent(&f.engine), 1);
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(f.flags(r)->phase[slots[r]], abi::kPhaseTaken);
+  f.engine.Complete(0);
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(f.flags(r)->phase[slots[r]], abi::kPhaseIdle);
+}
+
+TEST(PersistentOpTest, AReplayTheDaemonDiedInRunsAgainUnderTheNextBitExact) {
+  Fixture f;
+  const std::vector<int> slots = {3, 0, 7};
+  f.job.Dispatch(f.Submit(1, slots), &f.engine);
+  FillInputs(f, 1);
+  for (int r = 0; r < kWorld; ++r) f.flags(r)->ready[slots[r]] = 1;
+  ASSERT_EQ(f.job.PollPersistent(&f.engine), 1);
+  // The daemon dies with the copies half done: rank 1's output is garbage,
+  // nobody's done word is written, and the ranks' graphs wait.
+  std::memset(f.recv[1].data(), 0x5A, f.recv[1].size());
+  NextDaemon next(f);
+  next.HandBack(1, slots);
+  const Job::Rearmed r = next.job.RearmCaptured(1, next.engine);
+  EXPECT_EQ(r.ops, 1);
+  EXPECT_EQ(r.run_again, 1);
+  EXPECT_EQ(r.released, 0);
+  ASSERT_EQ(next.job.PollPersistent(&next.engine), 1);
+  next.engine.Complete(0);
+  ExpectGathered(f, slots);
+  // The next replays go on under the new daemon.
+  for (int replay = 2; replay < 5; ++replay) {
+    for (int r = 0; r < kWorld; ++r) f.flags(r)->done[slots[r]].lo = 0;
+    FillInputs(f, replay);
+    for (int r = 0; r < kWorld; ++r) f.flags(r)->ready[slots[r]] = 1;
+    ASSERT_EQ(next.job.PollPersistent(&next.engine), 1);
+    next.engine.Complete(0);
+    ExpectGathered(f, slots);
+  }
+}
+
+TEST(PersistentOpTest, DoneWrittenForEveryRankIsNotRunAgain) {
+  Fixture f;
+  const std::vector<int> slots = {0, 1, 2};
+  f.job.Dispatch(f.Submit(1, slots), &f.engine);
+  // Cut after every done word was written, before the phase went idle.
+  for (int r = 0; r < kWorld; ++r) {
+    f.flags(r)->phase[slots[r]] = abi::kPhaseEnding;
+    f.flags(r)->done[slots[r]].lo = 1;
+  }
+  NextDaemon next(f);
+  next.HandBack(1, slots);
+  const Job::Rearmed r = next.job.RearmCaptured(1, next.engine);
+  EXPECT_EQ(r.ops, 1);
+  EXPECT_EQ(r.run_again + r.released, 0);
+  EXPECT_EQ(next.job.PollPersistent(&next.engine), 0);
+  for (int k = 0; k < kWorld; ++k) EXPECT_EQ(f.flags(k)->phase[slots[k]], abi::kPhaseIdle);
+}
+
+TEST(PersistentOpTest, CutWhileWritingDoneReleasesRatherThanGuess) {
+  Fixture f;
+  const std::vector<int> slots = {4, 5, 6};
+  f.job.Dispatch(f.Submit(1, slots), &f.engine);
+  // Rank 0 got its done word; ranks 1 and 2 show 0: not written yet, or
+  // taken and reset by a graph that went on. Neither a copy nor a done is safe.
+  for (int r = 0; r < kWorld; ++r) f.flags(r)->phase[slots[r]] = abi::kPhaseEnding;
+  f.flags(0)->done[slots[0]].lo = 1;
+  NextDaemon next(f);
+  next.HandBack(1, slots);
+  const Job::Rearmed r = next.job.RearmCaptured(1, next.engine);
+  EXPECT_EQ(r.released, 1);
+  EXPECT_EQ(next.job.PollPersistent(&next.engine), 0);
+  EXPECT_TRUE(next.engine.pending.empty());
+  for (int k = 0; k < kWorld; ++k) {
+    EXPECT_EQ(f.done_hi(k, slots[k]), 1u) << "rank " << k;
+    EXPECT_EQ(f.flags(k)->status[slots[k]], common::ToApiStatus(absl::UnavailableError("")));
+  }
+}
+
+TEST(PersistentOpTest, IdleSlotsAreArmedAsBeforeAndReplaysAskedForMeanwhileRun) {
+  Fixture f;
+  const std::vector<int> slots = {9, 8, 7};
+  f.job.Dispatch(f.Submit(1, slots), &f.engine);
+  NextDaemon next(f);
+  next.HandBack(1, slots);
+  EXPECT_EQ(next.job.RearmCaptured(1, next.engine).run_again, 0);
+  EXPECT_EQ(next.job.PollPersistent(&next.engine), 0);
+  // The ranks replayed during the gap: asked for, served.
+  FillInputs(f, 7);
+  for (int r = 0; r < kWorld; ++r) f.flags(r)->ready[slots[r]] = 1;
+  ASSERT_EQ(next.job.PollPersistent(&next.engine), 1);
+  next.engine.Complete(0);
+  ExpectGathered(f, slots);
+}
+
+TEST(PersistentOpTest, DefinitionsNotDoneOrNotHeldByEveryRankAreNotArmed) {
+  Fixture f;
+  NextDaemon next(f);
+  next.HandBack(5, {0, 0, 0});     // After the newest op done: read from the rings again.
+  next.HandBack(3, {1, 1, 1}, 2);  // Rank 2 does not hold it.
+  const Job::Rearmed r = next.job.RearmCaptured(4, next.engine);
+  EXPECT_EQ(r.ops, 0);
+  EXPECT_EQ(r.dropped, 1);
+  EXPECT_FALSE(next.job.has_persistent());
+}
+
+TEST(PersistentOpTest, ANextDaemonOnHostMemoryReleasesCapturedOps) {
+  Fixture f;
+  const std::vector<int> slots = {2, 2, 2};
+  f.job.Dispatch(f.Submit(1, slots), &f.engine);
+  NextDaemon next(f);
+  next.engine.host_memory = true;
+  next.HandBack(1, slots);
+  EXPECT_EQ(next.job.RearmCaptured(1, next.engine).released, 1);
+  for (int k = 0; k < kWorld; ++k) EXPECT_EQ(f.done_hi(k, slots[k]), 1u);
+}
+
 }  // namespace
 }  // namespace dmagather::testing

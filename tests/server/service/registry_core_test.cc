@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "abi/descriptor_v2.h"
+#include "abi/graph_v1.h"
 #include "abi/ring_v1.h"
 #include "common/clock.h"
 #include "common/memfd.h"
@@ -449,6 +451,60 @@ TEST_F(RegistryCoreTest, AFrozenRegistryRefusesJoinsAndLeavesTheRanksOpsAlone) {
 }
 
 // --- Taking a job back from an earlier daemon (Join with resume, Resume) ---
+
+// A captured op's definition as the rank published it: one item, `count`
+// bytes from offset 0 of region `id`, gathered at offset 4096 of it.
+CapturedDefinition Captured(uint32_t seq, uint32_t slot, uint32_t id, uint64_t count) {
+  abi::DescriptorV2 d{};
+  d.stamp = abi::kDescriptorStampV2;
+  d.op = 1 | abi::kOpPersistentBit | (slot << abi::kOpPersistentSlotShift);  // kAllGather
+  d.seq = seq;
+  d.dtype = 0;  // uint8
+  d.count = count;
+  d.send.region_id = id;
+  d.send.offset = 0;
+  d.num_recv = 1;
+  d.recv[0].region_id = id;
+  d.recv[0].offset = 4096;
+  return CapturedDefinition{seq, slot, std::string(reinterpret_cast<const char*>(&d), sizeof(d))};
+}
+
+TEST_F(RegistryCoreTest, CapturedOpsHandedBackAreArmedOnceEveryRankIsBack) {
+  RegistryCore core(&engine_, &tickets_, NoLimits());
+  auto a = JoinBack(core, "graphs", 2, 0);
+  auto b = JoinBack(core, "graphs", 2, 1);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  for (const Joined* j : {&*a, &*b}) {
+    RegisterSpec r = HostRegion(*j, 8192, HandOverBuffer(8192));
+    r.region_id = 9;  // Its id under the earlier daemon.
+    ASSERT_TRUE(core.Register(r).ok());
+    abi::StoreRelease(&j->session->rank()->completion()->done_seq, 3u);
+  }
+  // Not a whole captured op of that slot: the Resume fails, the rank is not counted back.
+  CapturedDefinition torn = Captured(3, 2, 9, 1024);
+  torn.descriptors.resize(100);
+  EXPECT_EQ(core.Resume(a->session->id(), a->session->secret(), 0, 0, {torn}).code(),
+            absl::StatusCode::kInvalidArgument);
+  CapturedDefinition wrong_slot = Captured(3, 4, 9, 1024);
+  wrong_slot.slot = 2;
+  EXPECT_EQ(core.Resume(a->session->id(), a->session->secret(), 0, 0, {wrong_slot}).code(),
+            absl::StatusCode::kInvalidArgument);
+  const absl::Status unknown = core.Resume(a->session->id(), a->session->secret(), 0, 0, {Captured(3, 2, 7, 1024)});
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument) << unknown;
+  EXPECT_NE(unknown.message().find("captured allgather #3 (graph slot 2) handed back"), std::string::npos) << unknown;
+  EXPECT_EQ(core.handover().ranks_resumed.load(), 0u);
+  std::vector<CapturedDefinition> too_many(abi::kGraphSlotsV1 + 1, Captured(3, 2, 9, 1024));
+  EXPECT_EQ(core.Resume(a->session->id(), a->session->secret(), 0, 0, too_many).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Rank 0 captured op 3 into its slot 2, rank 1 into its slot 5.
+  ASSERT_TRUE(core.Resume(a->session->id(), a->session->secret(), 0, 0, {Captured(3, 2, 9, 1024)}).ok());
+  EXPECT_FALSE(a->job->has_persistent()) << "armed only once every rank is back";
+  const absl::Status back = core.Resume(b->session->id(), b->session->secret(), 0, 0, {Captured(3, 5, 9, 1024)});
+  ASSERT_TRUE(back.ok()) << back;
+  EXPECT_TRUE(a->job->has_persistent());
+  EXPECT_EQ(a->job->persistent_ops(), 1u);
+  EXPECT_EQ(core.Snapshot().size(), 1u);
+}
 
 TEST_F(RegistryCoreTest, AJobTakenBackStartsAfterTheNewestOpAnyRankSawDone) {
   RegistryCore core(&engine_, &tickets_, NoLimits());
