@@ -25,8 +25,9 @@
 #   build_debs     tools/build_debs.sh twice: revision 1 (old) and 2 (new)
 #                  (DMAGATHER_DEB_REVISION), the same sources
 #   boot           systemd as PID 1: `systemctl is-system-running --wait` says
-#                  running; systemd-detect-virt says none (neither a container
-#                  nor a chroot)
+#                  running (or degraded: the failed units are printed);
+#                  `systemd-detect-virt --container` says none. Where it cannot
+#                  boot here, this and the cases after it are SKIPPED (exit 77)
 #   install        apt-get install of the old .debs: the postinst starts the
 #                  unit (Type=notify, as shipped); `systemctl start` is then a
 #                  no-op; dmagatherctl health SERVING
@@ -105,6 +106,7 @@ cleanup() {
   [ -n "$job_pid" ] && kill -KILL "$job_pid" 2>/dev/null
   # SIGKILL to the namespace's PID 1 ends every process in it (systemd's
   # shutdown, which would also touch the machine's devices, never runs).
+  [ -n "$sd" ] || [ -z "$sd_outer" ] || sd=$(cat "/proc/$sd_outer/task/$sd_outer/children" 2>/dev/null | awk '{print $1}')
   [ -n "$sd" ] && kill -KILL "$sd" 2>/dev/null
   [ -n "$sd_outer" ] && wait "$sd_outer" 2>/dev/null
   local d m
@@ -136,6 +138,17 @@ finish() {
   echo "$passed passed, $failed failed, $skipped skipped"
   [ "$failed" -eq 0 ]
   exit $?
+}
+# Where systemd cannot boot here (no PID namespace, a kernel or a container
+# that refuses its mounts), nothing of the packages was tried: the boot and
+# the cases after it are skipped, with the reason, and the exit status is 77.
+skip_rest() {
+  echo "SKIPPED boot: $1"
+  skipped=$((skipped + 6))
+  echo "  (install, job, restart, upgrade, job_end not run)"
+  echo "upgrade: $((SECONDS)) s in all"
+  echo "$passed passed, $failed failed, $skipped skipped"
+  exit 77
 }
 now_ns() { date +%s%N; }
 # A command in the booted root: its namespaces, its root, a clean environment.
@@ -255,7 +268,7 @@ while IFS=: read -r id ctrl path; do
     done
   done
 done < <(cat /proc/self/cgroup)
-[ -z "$why" ] || { bad boot "$why"; finish; }
+[ -z "$why" ] || skip_rest "$why"
 (
   for m in "${cgmounts[@]}"; do echo "$BASHPID" >"$m$cgpath/cgroup.procs" || exit 1; done
   exec unshare --pid --fork --mount --propagation private --uts --net "$repo/tests/packaging/upgrade.sh" --pid1 "$root"
@@ -273,15 +286,15 @@ if [ -n "$sd" ]; then
   for _ in $(seq 1 100); do in_sd test -S /run/systemd/private && break; sleep 0.1; done
   state=$(in_sd timeout 60 systemctl is-system-running --wait 2>&1)
   virt=$(in_sd systemd-detect-virt --container 2>&1)
-  echo "  PID 1: $(in_sd cat /proc/1/comm) (pid $sd here), system $state, systemd-detect-virt: $(in_sd systemd-detect-virt) (--container: $virt), cgroup: $(grep name=systemd "/proc/$sd/cgroup")"
+  echo "  PID 1: $(in_sd cat /proc/1/comm) (pid $sd here), system $state, systemd-detect-virt: $(in_sd systemd-detect-virt) (--container: $virt), cgroup: $(grep -m1 -E 'name=systemd|^0::' "/proc/$sd/cgroup")"
 fi
-if [ "$state" = running ] && [ "$virt" = none ]; then
+if { [ "$state" = running ] || [ "$state" = degraded ]; } && [ "$virt" = none ]; then
+  [ "$state" = running ] || in_sd systemctl --failed --no-pager 2>&1 | sed 's/^/  /'
   ok boot
 else
   cat "$work/pid1.log"
   [ -n "$sd" ] && in_sd systemctl --failed --no-pager 2>&1 | sed 's/^/  /'
-  bad boot "systemd did not boot the root (state '$state', virt '${virt:-}')"
-  finish
+  skip_rest "systemd did not boot the root as PID 1 (state '$state', systemd-detect-virt --container '${virt:-}')"
 fi
 
 # --- install --------------------------------------------------------------------
@@ -400,6 +413,7 @@ echo "  op to op (one rank's waits returning), median over the job: $p50 ms"
 [ -z "${DMAGATHER_UPGRADE_CSV:-}" ] || [ -s "$DMAGATHER_UPGRADE_CSV" ] ||
   echo "kind,round,gap_ms,command_ms,term_to_exit_ms,exit_to_ready_ms,ready_to_taken_back_ms,rank_wait_max_ms,op_p50_ms,op_n" \
     >"$DMAGATHER_UPGRADE_CSV"
+ms() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f", (b - a) * 1000 }'; }
 i=0
 for e in "${events[@]}"; do
   read -r kind round t0 t1 <<<"$e"
@@ -421,7 +435,6 @@ for e in "${events[@]}"; do
   # The ranks' own measure: the i-th `back on dmagatherd after S s` line of each rank.
   wait_max=$(awk -v i="$i" '/back on dmagatherd after/ { r = $3; k[r]++; if (k[r] == i && $8 * 1000 > m) m = $8 * 1000 }
     END { printf "%.0f", m }' "$work/job.err")
-  ms() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f", (b - a) * 1000 }'; }
   row="$kind,$round,${gap% *},$(((t1 - t0) / 1000000)),$(ms "$t_term" "$t_exit"),$(ms "$t_exit" "$t_ready"),$(ms "$t_ready" "$t_back"),$wait_max,$p50,$n"
   echo "  $kind $round: gap ${gap% *} ms (ops $n to $((n + 1)), rank ${gap#* }); SIGTERM to exit $(ms "$t_term" "$t_exit") ms," \
        "exit to the new daemon's READY=1 $(ms "$t_exit" "$t_ready") ms, READY=1 to the job taken back" \
