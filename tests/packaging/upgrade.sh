@@ -436,7 +436,7 @@ for e in "${events[@]}"; do
   wait_max=$(awk -v i="$i" '/back on dmagatherd after/ { r = $3; k[r]++; if (k[r] == i && $8 * 1000 > m) m = $8 * 1000 }
     END { printf "%.0f", m }' "$work/job.err")
   row="$kind,$round,${gap% *},$(((t1 - t0) / 1000000)),$(ms "$t_term" "$t_exit"),$(ms "$t_exit" "$t_ready"),$(ms "$t_ready" "$t_back"),$wait_max,$p50,$n"
-  echo "  $kind $round: gap ${gap% *} ms (ops $n to $((n + 1)), rank ${gap#* }); SIGTERM to exit $(ms "$t_term" "$t_exit") ms," \
+  echo "  $kind $round: gap ${gap% *} ms (op handles $n to $((n + 1)), rank ${gap#* }); SIGTERM to exit $(ms "$t_term" "$t_exit") ms," \
        "exit to the new daemon's READY=1 $(ms "$t_exit" "$t_ready") ms, READY=1 to the job taken back" \
        "$(ms "$t_ready" "$t_back") ms; the ranks waited up to $wait_max ms; the command ran $(((t1 - t0) / 1000000)) ms"
   [ -z "${DMAGATHER_UPGRADE_CSV:-}" ] || echo "$row" >>"$DMAGATHER_UPGRADE_CSV"
