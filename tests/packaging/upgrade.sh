@@ -302,7 +302,8 @@ echo "== install"
 mkdir -p "$root/tmp/debs"
 for rev in $(seq 1 $((rounds + 1))); do cp -r "$work/debs-$rev" "$root/tmp/debs/$rev"; done
 # dpkg may ask about a conffile only if it was edited; it is not.
-if ! sd_apt install $(debs_of 1) >"$work/install.log" 2>&1; then
+mapfile -t debs < <(debs_of 1)
+if ! sd_apt install "${debs[@]}" >"$work/install.log" 2>&1; then
   tail -30 "$work/install.log"
   bad install "apt-get install of the old packages failed"
   finish
@@ -346,9 +347,9 @@ restart_under_job() {  # KIND ROUND COMMAND...: one restart, checked
   local kind=$1 round=$2 name
   shift 2
   name=$kind
-  [ "$rounds" -eq 1 ] || name="$kind[$round]"
+  [ "$rounds" -eq 1 ] || name="${kind}[$round]"
   echo "== $name"
-  local before after pid t0 t1 line why=""
+  local before pid t0 t1 line why=""
   pid=$(main_pid)
   before=$(ops_done)
   t0=$(now_ns)
@@ -367,7 +368,8 @@ restart_under_job() {  # KIND ROUND COMMAND...: one restart, checked
 }
 for round in $(seq 1 "$rounds"); do
   restart_under_job restart "$round" in_sd systemctl restart dmagatherd.service
-  restart_under_job upgrade "$round" sd_apt install $(debs_of $((round + 1)))
+  mapfile -t debs < <(debs_of $((round + 1)))
+  restart_under_job upgrade "$round" sd_apt install "${debs[@]}"
   v=$(in_sd dpkg-query -W -f='${Version}' dmagatherd)
   [ "$v" = "$(version_of $((round + 1)))" ] || bad "upgrade" "dpkg says dmagatherd $v, not $(version_of $((round + 1)))"
   echo "  dpkg -s dmagatherd: Version: $v"
@@ -418,14 +420,15 @@ i=0
 for e in "${events[@]}"; do
   read -r kind round t0 t1 <<<"$e"
   i=$((i + 1))
-  # t_term t_exit t_ready t_back N: the first of each at or after the command's start.
-  read -r t_term t_exit t_ready t_back n <<<"$(awk -v t0="$t0" '
-    { t = $1 * 1e9 } t < t0 - 1e6 { next }
+  # t_term t_exit t_ready t_back N: the first of each from the command's start on.
+  # The stop comes before the command returns (systemctl and the postinst wait for it).
+  read -r t_term t_exit t_ready t_back n <<<"$(awk -v t0="$t0" -v t1="$t1" '
+    { t = $1 * 1e9 } t < t0 - 1e6 { next } !a && t > t1 + 1e7 { exit }
     !a && /Stopping dmagatherd.service/ { a = $1; next }
     a && !b && /Stopped dmagatherd.service/ { b = $1; next }
     b && !c && /Started dmagatherd.service/ { c = $1; next }
     c && !d && /taken back from an earlier dmagatherd/ { d = $1; n = $NF; exit }
-    END { printf "%s %s %s %s %d\n", a, b, c, d, n }' "$work/journal.log")"
+    END { printf "%s %s %s %s %d\n", a == "" ? 0 : a, b == "" ? 0 : b, c == "" ? 0 : c, d == "" ? 0 : d, n }' "$work/journal.log")"
   if [ "$n" -le 0 ] || [ "$n" -ge "$stop" ]; then
     why+="$kind $round: no 'taken back ... going on after op N' in the journal after the command; "
     continue
