@@ -19,7 +19,9 @@
 # and the apt/dpkg timers are masked. No container= variable is set: systemd,
 # systemd-detect-virt and the maintainer scripts see a booted host, so dpkg's
 # postinst starts and restarts dmagatherd through systemctl as on a real node.
-# Commands run in the booted root through nsenter (its namespaces and root).
+# Commands run in the booted root through nsenter: its PID, mount and UTS
+# namespaces and its root; the network namespace is the machine's (apt reaches
+# the mirror where the cache lacks a dependency).
 #
 # Cases, each on real data:
 #   build_debs     tools/build_debs.sh twice: revision 1 (old) and 2 (new)
@@ -58,7 +60,8 @@ if [ "${1:-}" = --pid1 ]; then
   r=$2
   [ $$ -eq 1 ] || { echo "upgrade: --pid1 is not PID 1" >&2; exit 1; }
   set -e
-  mount --bind "$r" "$r"
+  # Recursive: the apt cache bound into the root stays.
+  mount --rbind "$r" "$r"
   mount -t proc proc "$r/proc"
   mount --bind "$r/proc/sys" "$r/proc/sys"
   mount -o remount,bind,ro "$r/proc/sys"
