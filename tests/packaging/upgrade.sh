@@ -316,6 +316,7 @@ active=$(in_sd systemctl is-active dmagatherd.service)
 [ "$active" = active ] || why+="the postinst did not start the unit ($active); "
 in_sd systemctl start dmagatherd.service || why+="systemctl start failed; "
 pid0=$(main_pid)
+last_start_ns=$(now_ns)
 health=$(in_sd dmagatherctl health 2>&1)
 grep -q SERVING <<<"$health" || why+="dmagatherctl health: not SERVING; "
 [ "$(in_sd dpkg-query -W -f='${Version}' dmagatherd)" = "$(version_of 1)" ] || why+="dmagatherd is not $(version_of 1); "
@@ -353,11 +354,15 @@ restart_under_job() {  # KIND ROUND COMMAND...: one restart, checked
   [ "$rounds" -eq 1 ] || name="${kind}[$round]"
   echo "== $name"
   local before pid t0 t1 line why=""
+  # systemd's start limit (StartLimitBurst=5 in 10 s by default) counts
+  # restarts too: at most one start every 2.2 s.
+  while [ $(($(now_ns) - last_start_ns)) -lt 2200000000 ]; do sleep 0.1; done
   pid=$(main_pid)
   before=$(ops_done)
   t0=$(now_ns)
   "$@" >"$work/$kind-$round.log" 2>&1 || why+="'$*' failed: $(tail -3 "$work/$kind-$round.log" | tr '\n' ' '); "
   t1=$(now_ns)
+  last_start_ns=$t1
   events+=("$kind $round $t0 $t1")
   why+=$(check_daemon "$pid")
   wait_ops $(($(ops_done) + 200)) || why+="the job did not go on; "
