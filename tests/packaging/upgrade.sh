@@ -9,9 +9,9 @@
 # A clean Debian 12 root (debootstrap minbase + systemd, dbus, gcc, pkg-config,
 # python3; cached as run.sh's roots are) boots Debian's systemd as PID 1 of its
 # own PID, mount, UTS and network namespaces (the network one has only its
-# loopback: the daemon's metrics port is its own): the root is chrooted into, with a fresh
-# /proc (its /proc/sys read-only), a read-only /sys and a /dev of its own (a
-# tmpfs with the basic character devices); systemd starts in a cgroup of this
+# loopback: the daemon's metrics port is its own): the root is chrooted into,
+# with a fresh /proc (its /proc/sys read-only), a read-only /sys and a /dev of
+# its own (a tmpfs with the basic character devices); systemd starts in a cgroup of this
 # run (one path in every hierarchy), takes it as its root, and everything it
 # makes there is removed at the end. The units that would change the
 # machine rather than the root (sysctl, binfmt, remount of /, kernel modules,
@@ -36,9 +36,11 @@
 #   job            restart_job.c built in the root against the installed
 #                  library: 4 ranks, numbered ops, each with its own inputs,
 #                  paced (DMAGATHER_UPGRADE_PACE_US, default 2000 us)
-#   restart        `systemctl restart dmagatherd` under the job: a new MainPID,
-#                  dmagatherctl stats on it: `restarts: 1 jobs taken back` (4
-#                  ranks), the job goes on
+#   restart        `systemctl restart dmagatherd` under the job (each restart
+#                  2.2 s or more after the unit's previous start: systemd's
+#                  start limit counts restarts): a new MainPID, dmagatherctl
+#                  stats on it: `restarts: 1 jobs taken back` (4 ranks), the
+#                  job goes on
 #   upgrade        apt-get install of the new .debs under the job: the
 #                  postinst's deb-systemd-invoke restarts the unit; dpkg -s says
 #                  the new version; a new MainPID running the new file; stats
@@ -46,9 +48,11 @@
 #   job_end        the job stops at an op number given once both are done: every
 #                  rank ran ops 0..N-1, each once (op handles 1..N in order),
 #                  DMAGATHER_OK, 0 bytes differing; each rank logged one wait
-#                  line and one back line per restart; the gap of each restart
-#                  (the longest pause between two consecutive ops' completions
-#                  around it, per rank, max over ranks) is printed
+#                  line and one back line per restart; the journal has the new
+#                  daemon's `taken back ... going on after op M` after each;
+#                  the gap of each (a rank's wait for op M returning to its
+#                  wait for op M+1 returning, max over the ranks) is printed
+#                  with the journal's split of it
 # DMAGATHER_UPGRADE_ROUNDS=N (default 1) repeats restart and upgrade N times
 # (revisions 1..N+1); DMAGATHER_UPGRADE_CSV=FILE appends one line per restart
 # (kind,round,gap_ms,...) for docs/perf; DMAGATHER_KEEP_LOGS=1 keeps the work
