@@ -5,6 +5,10 @@
 # packages' dependencies until they are in the apt cache).
 #
 #   tests/packaging/run.sh            ends with `N passed, N failed, N skipped`
+#   tests/packaging/run.sh upgrade    only the upgrade under a running job on a
+#                                     booted systemd (tests/packaging/upgrade.sh:
+#                                     its own cases and counts; about a minute,
+#                                     so not part of the default run)
 #
 # Cases, each on real data:
 #   build_debs      tools/build_debs.sh makes the four packages
@@ -35,6 +39,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
+[ "${1:-}" != upgrade ] || exec tests/packaging/upgrade.sh
 [ "$(id -u)" -eq 0 ] || { echo "packaging: SKIPPED: needs root (debootstrap, chroot)"; echo "0 passed, 0 failed, 1 skipped"; exit 77; }
 if [ -z "${DMAGATHER_IN_PRIVATE_NS:-}" ]; then
   DMAGATHER_IN_PRIVATE_NS=1 exec unshare --mount --propagation private "$0" "$@"
