@@ -109,11 +109,11 @@ TEST_F(DeviceWorkerTest, AShareLandsAndEndsThroughTheCompletionThread) {
     AddRank(0, 3 << 20, 2);  // Three chunks of a MiB per copy.
     AddRank(0, 3 << 20, 2);
     for (uint32_t seq = 1; seq <= 3; ++seq) {
-      RecordingOp op;
-      Plan(&op, 1, seq);
+      TestOp op(&log_, 0);
+      Plan(&op, seq);
       Issue(&op);
-      ASSERT_TRUE(op.Wait().ok());
-      EXPECT_EQ(Wrong(seq), 0u);
+      ASSERT_TRUE(Ended(op).ok());
+      EXPECT_EQ(job_.Wrong(seq), 0u);
     }
     ASSERT_TRUE(Drained());
     EXPECT_EQ(workers_[0]->issued_bytes(), 3 * 2 * (3u << 20));
@@ -129,17 +129,17 @@ TEST_F(DeviceWorkerTest, ARefusedCopyCallFailsTheOp) {
   AddRank(0, 4096, 2);
   AddRank(0, 4096, 2);
   fake_->FailCopyCall(0, 1, absl::InternalError("refused by the fake"));
-  RecordingOp op;
-  Plan(&op, 1, 1);
+  TestOp op(&log_, 0);
+  Plan(&op, 1);
   Issue(&op);
-  const absl::Status st = op.Wait();
+  const absl::Status st = Ended(op);
   EXPECT_EQ(st.code(), absl::StatusCode::kInternal) << st;
   // The next op of the job goes through.
-  RecordingOp next;
-  Plan(&next, 1, 2);
+  TestOp next(&log_, 0);
+  Plan(&next, 2);
   Issue(&next);
-  EXPECT_TRUE(next.Wait().ok());
-  EXPECT_EQ(Wrong(2), 0u);
+  EXPECT_TRUE(Ended(next).ok());
+  EXPECT_EQ(job_.Wrong(2), 0u);
 }
 
 TEST_F(DeviceWorkerTest, TheFinisherWritesEveryRanksDoneFlag) {
@@ -147,14 +147,14 @@ TEST_F(DeviceWorkerTest, TheFinisherWritesEveryRanksDoneFlag) {
   AddRank(0, 64 << 10, 2);
   AddRank(1, 64 << 10, 2);
   for (uint32_t seq = 1; seq <= 4; ++seq) {
-    RecordingOp op;
-    Plan(&op, 9, seq);
+    TestOp op(&log_, 0);
+    Plan(&op, seq);
     op.gpu_done = true;
     Issue(&op);
-    const absl::Status st = op.Wait();
+    const absl::Status st = Ended(op);
     ASSERT_TRUE(st.ok()) << st;
-    EXPECT_EQ(Wrong(seq), 0u);
-    for (auto& r : ranks_) EXPECT_EQ(__atomic_load_n(r->done, __ATOMIC_ACQUIRE), seq) << "written by a device";
+    EXPECT_EQ(job_.Wrong(seq), 0u);
+    for (auto& r : job_.ranks) EXPECT_EQ(__atomic_load_n(r->done, __ATOMIC_ACQUIRE), seq) << "written by a device";
   }
   EXPECT_EQ(fake_->write_calls(), 4);
   EXPECT_EQ(figures_.done_written.load(), 4u);
@@ -166,10 +166,10 @@ TEST_F(DeviceWorkerTest, AnAbandonedWorkerFailsWhatItIsHanded) {
   AddRank(0, 4096, 2);
   AddRank(0, 4096, 2);
   abandon_ = true;
-  RecordingOp op;
-  Plan(&op, 1, 1);
+  TestOp op(&log_, 0);
+  Plan(&op, 1);
   Issue(&op);
-  EXPECT_EQ(op.Wait().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Ended(op).code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(fake_->chunks_run(), 0u) << "nothing was issued";
 }
 

@@ -24,7 +24,7 @@ using InFlightOpTest = ObjectsTest;
 TEST_F(InFlightOpTest, TheLastCloseEndsTheOpOnceWithItsFirstError) {
   JobLoads loads;
   InFlightPool pool(2, common::RealClock());
-  RecordingOp op;
+  TestOp op(&log_, 0);
   InFlightOp* t = pool.Take();
   EXPECT_EQ(pool.free(), 1u);
   JobLoads::Load* load = loads.Begin(7, /*waits_ahead=*/false);
@@ -32,27 +32,27 @@ TEST_F(InFlightOpTest, TheLastCloseEndsTheOpOnceWithItsFirstError) {
   t->OpenShares(2, 1);  // Two devices; the router's own share is open too.
   pool.Close(t, absl::InternalError("first"));
   pool.Close(t, absl::OkStatus());
-  EXPECT_EQ(op.calls(), 0) << "one share still open";
+  EXPECT_EQ(op.calls, 0) << "one share still open";
   EXPECT_EQ(load->in_flight.load(), 1);
   pool.Close(t, absl::DataLossError("second"));
-  ASSERT_EQ(op.calls(), 1);
-  const absl::Status st = op.Wait();
+  ASSERT_EQ(op.calls, 1);
+  const absl::Status st = Ended(op);
   EXPECT_EQ(st.code(), absl::StatusCode::kInternal) << st;
   EXPECT_EQ(st.message(), "first");
   EXPECT_EQ(pool.free(), 2u) << "back in the pool";
   EXPECT_EQ(load->in_flight.load(), 0) << "out of its job's load";
   // Reused: a fresh status.
-  RecordingOp next;
+  TestOp next(&log_, 0);
   InFlightOp* u = pool.Take();
   u->Begin(&next, loads.Begin(7, false), false, absl::OkStatus(), 2);
   pool.Close(u, absl::OkStatus());
-  EXPECT_TRUE(next.Wait().ok());
+  EXPECT_TRUE(Ended(next).ok());
 }
 
 TEST_F(InFlightOpTest, AShareFailedAtIssueHoldsTheJobsDoneFlagsUntilTheOpEnds) {
   JobLoads loads;
   InFlightPool pool(4, common::RealClock());
-  RecordingOp op;
+  TestOp op(&log_, 0);
   InFlightOp* t = pool.Take();
   JobLoads::Load* load = loads.Begin(3, true);
   t->Begin(&op, load, /*waits_ahead=*/true, absl::OkStatus(), 1);
@@ -67,7 +67,7 @@ TEST_F(InFlightOpTest, AShareFailedAtIssueHoldsTheJobsDoneFlagsUntilTheOpEnds) {
   EXPECT_EQ(t->unenqueued(), 0);
   pool.Close(t, absl::OkStatus());  // The device's share.
   pool.Close(t, absl::OkStatus());  // The router's.
-  EXPECT_EQ(op.Wait().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Ended(op).code(), absl::StatusCode::kUnavailable);
   EXPECT_FALSE(JobLoads::Unsettled(load));
   EXPECT_EQ(load->waits_ahead.load(), 0);
 }
@@ -80,8 +80,8 @@ TEST_F(InFlightOpTest, TheFinisherIsTheJobsAndNeedsEveryDoneFlag) {
   AddRank(2, 64, 2);
   JobLoads loads;
   InFlightPool pool(4, common::RealClock());
-  RecordingOp op;
-  Plan(&op, 5, 1);
+  TestOp op(&log_, 0);
+  Plan(&op, 1);
   op.gpu_done = true;
   InFlightOp* t = pool.Take();
   t->Begin(&op, loads.Begin(5, false), false, absl::OkStatus(), 3);
@@ -89,10 +89,10 @@ TEST_F(InFlightOpTest, TheFinisherIsTheJobsAndNeedsEveryDoneFlag) {
   EXPECT_EQ(t->ChooseFinisher({0, 1, 1}, true, loads), 1) << "the lowest issuing device";
   EXPECT_EQ(t->finisher(), 1);
   pool.Close(t, absl::OkStatus());
-  ASSERT_TRUE(op.Wait().ok());
+  ASSERT_TRUE(Ended(op).ok());
   // The job's finisher stays device 1: an op issued only on device 2 gets none.
-  RecordingOp op2;
-  Plan(&op2, 5, 2);
+  TestOp op2(&log_, 0);
+  Plan(&op2, 2);
   op2.gpu_done = true;
   InFlightOp* u = pool.Take();
   u->Begin(&op2, loads.Begin(5, false), false, absl::OkStatus(), 3);
@@ -100,13 +100,13 @@ TEST_F(InFlightOpTest, TheFinisherIsTheJobsAndNeedsEveryDoneFlag) {
   op2.gpu_done = false;
   EXPECT_EQ(u->ChooseFinisher({0, 1, 1}, true, loads), -1) << "the op did not ask for it";
   pool.Close(u, absl::OkStatus());
-  ASSERT_TRUE(op2.Wait().ok());
+  ASSERT_TRUE(Ended(op2).ok());
 }
 
 TEST_F(InFlightOpTest, TakeWaitsWhileEveryOpIsInFlight) {
   JobLoads loads;
   InFlightPool pool(1, common::RealClock());
-  RecordingOp a, b;
+  TestOp a(&log_, 0), b(&log_, 0);
   InFlightOp* t = pool.Take();
   t->Begin(&a, loads.Begin(1, false), false, absl::OkStatus(), 1);
   std::atomic<bool> took{false};
@@ -121,8 +121,8 @@ TEST_F(InFlightOpTest, TakeWaitsWhileEveryOpIsInFlight) {
   pool.Close(t, absl::OkStatus());
   taker.join();
   EXPECT_TRUE(took.load());
-  EXPECT_TRUE(a.Wait().ok());
-  EXPECT_TRUE(b.Wait().ok());
+  EXPECT_TRUE(Ended(a).ok());
+  EXPECT_TRUE(Ended(b).ok());
 }
 
 TEST(LockstepTest, AnOpWaitsUntilTheOneBeforeIsEnqueuedEverywhere) {

@@ -84,7 +84,7 @@ TEST_F(RankImportsTest, AnAllocationIsOpenedOnceAndClosedWithItsLastHolder) {
   bad.rank = nullptr;
   EXPECT_EQ(imports_->Import(bad).status().code(), absl::StatusCode::kInvalidArgument);
   third.reset();
-  ranks_.clear();
+  job_.ranks.clear();
   EXPECT_EQ(fake_->flags_registered(), 0) << "unregistered with the rank";
   EXPECT_EQ(fake_->ipc_open_now(), 0);
 }

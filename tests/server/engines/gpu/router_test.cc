@@ -41,8 +41,8 @@ TEST_F(RouterTest, PullWhereTheDestinationReachesElsePush) {
   Router router(peers, "fake GPU");
   AddRank(0, 64, 2);
   AddRank(1, 64, 2);
-  RecordingOp op;
-  Plan(&op, 1, 1);
+  TestOp op(&log_, 0);
+  Plan(&op, 1);
   ASSERT_TRUE(router.Route(&op).ok());
   for (const CopyCmd& c : op.plan.copies) {
     EXPECT_EQ(c.src_device, c.src_rank);  // Rank r is on device r.
@@ -62,8 +62,8 @@ TEST_F(RouterTest, GpusThatReachEachOtherNeitherWayAreAFallback) {
   Router router(peers, "fake GPU");
   AddRank(0, 64, 2);
   AddRank(2, 64, 2);
-  RecordingOp op;
-  Plan(&op, 1, 1);
+  TestOp op(&log_, 0);
+  Plan(&op, 1);
   const absl::Status st = router.Route(&op);
   ASSERT_TRUE(common::IsFallback(st)) << st;
   EXPECT_NE(st.message().find("no link 0->2"), std::string::npos) << "why the destination cannot pull: " << st;
@@ -81,17 +81,17 @@ TEST_F(RouterTest, RanksSharingAGpuAreSameDeviceCopies) {
   AddRank(1, 64, 3);
   AddRank(1, 64, 3);
   AddRank(0, 64, 3);
-  RecordingOp op;
-  Plan(&op, 1, 1);
+  TestOp op(&log_, 0);
+  Plan(&op, 1);
   ASSERT_TRUE(router.Route(&op).ok());
   EXPECT_EQ(router.same_device_copies(), 2u) << "rank 0 <-> rank 1";
   EXPECT_EQ(router.pushes(), 0u) << "every pair reaches each other: all pulls";
   EXPECT_EQ(router.involved(), (std::vector<char>{1, 1}));
   EXPECT_EQ(router.shares(), 2);
   // A second op re-marks from scratch.
-  ranks_.pop_back();
-  RecordingOp two;
-  Plan(&two, 1, 2);
+  job_.ranks.pop_back();
+  TestOp two(&log_, 0);
+  Plan(&two, 2);
   ASSERT_TRUE(router.Route(&two).ok());
   EXPECT_EQ(router.involved(), (std::vector<char>{0, 1}));
 }
