@@ -23,8 +23,9 @@
 // counters on the engine's thread. Locks, in the order of lock_order.h:
 // the issuing FIFO's (kHandoff) for a post or a take; around a copy call or
 // a cross-device wait, the device-order locks (kDeviceOrder) of what it
-// touches and nothing else; the op's (kOpStatus), the end-event pool's
-// (kEndEvents) and the completion FIFO's (kHandoff), each alone.
+// touches and nothing else; the op's (kOpStatus), the in-flight pool's
+// (kOpPool, the last close of a share), the end-event pool's (kEndEvents)
+// and the completion FIFO's (kHandoff), each alone.
 #pragma once
 
 #include <atomic>
