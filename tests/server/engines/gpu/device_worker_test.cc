@@ -4,7 +4,9 @@
 // end their op through the completion thread, their end events back in the
 // pool and their bytes counted; a refused copy call fails the op with its
 // error; two devices' shares of one op end with the finisher's done write
-// of every rank's flag; an abandoned worker fails what it was handed.
+// of every rank's flag; two devices pulling from each other on the driver
+// model make no lock-order cycle; an abandoned worker fails what it was
+// handed.
 #include "server/engines/gpu/device_worker.h"
 
 #include <gtest/gtest.h>
@@ -25,9 +27,13 @@ namespace {
 class DeviceWorkerTest : public ObjectsTest {
  protected:
   // `devices` workers over a fake of that many devices, every pair peers.
-  void StartWorkers(int devices, bool issuing_threads) {
+  // driver_model: the fake's context locks and bounded stream queues, with
+  // its lock-order checker (fake_gpu_runtime.h).
+  void StartWorkers(int devices, bool issuing_threads, bool driver_model = false) {
     FakeRuntime::Options fo;
     fo.devices = devices;
+    fo.driver_model = driver_model;
+    fo.stream_depth = driver_model ? 16 : 0;
     Start(fo);
     peers_ = PeerTable(devices);
     for (int a = 0; a < devices; ++a) {
@@ -159,6 +165,25 @@ TEST_F(DeviceWorkerTest, TheFinisherWritesEveryRanksDoneFlag) {
   EXPECT_EQ(fake_->write_calls(), 4);
   EXPECT_EQ(figures_.done_written.load(), 4u);
   EXPECT_EQ(lockstep_.enqueued_through(), 4u);
+}
+
+// Two devices pulling from each other at once, each peer copy taking its
+// own context and then the peer's in the driver model (the H1a case of
+// docs/CUDA.md, "Locks and waits"): the device-order locks around each copy
+// call leave the model no lock-order cycle, and every output is exact.
+TEST_F(DeviceWorkerTest, TwoDevicesPullingFromEachOtherMakeNoLockCycle) {
+  StartWorkers(2, /*issuing_threads=*/true, /*driver_model=*/true);
+  AddRank(0, 3 << 20, 2);
+  AddRank(1, 3 << 20, 2);
+  for (uint32_t seq = 1; seq <= 20; ++seq) {
+    TestOp op(&log_, 0);
+    Plan(&op, seq);
+    Issue(&op);
+    const absl::Status st = Ended(op);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(job_.Wrong(seq), 0u) << "op " << seq;
+  }
+  EXPECT_TRUE(fake_->locks().cycles().empty()) << fake_->locks().cycles().front();
 }
 
 TEST_F(DeviceWorkerTest, AnAbandonedWorkerFailsWhatItIsHanded) {
