@@ -4,7 +4,7 @@
 // end their op through the completion thread, their end events back in the
 // pool and their bytes counted; a refused copy call fails the op with its
 // error; two devices' shares of one op end with the finisher's done write
-// of every rank's flag; two devices pulling from each other on the driver
+// of every rank's flag; end events are reused; two devices pulling from each other on the driver
 // model make no lock-order cycle; an abandoned worker fails what it was
 // handed.
 #include "server/engines/gpu/device_worker.h"
@@ -184,6 +184,28 @@ TEST_F(DeviceWorkerTest, TwoDevicesPullingFromEachOtherMakeNoLockCycle) {
     ASSERT_EQ(job_.Wrong(seq), 0u) << "op " << seq;
   }
   EXPECT_TRUE(fake_->locks().cycles().empty()) << fake_->locks().cycles().front();
+}
+
+// A device's end events: filled at start, taken and given back; a new one
+// is made when the pool is empty, and kept once given back.
+TEST_F(DeviceWorkerTest, EndEventsAreReusedAndMadeWhenThePoolIsEmpty) {
+  FakeRuntime::Options fo;
+  fo.devices = 1;
+  Start(fo);
+  EndEvents events(*runtime_, 0);
+  ASSERT_TRUE(events.Fill(2).ok());
+  EXPECT_EQ(events.free(), 2u);
+  GpuEvent a = events.Take();
+  GpuEvent b = events.Take();
+  EXPECT_EQ(events.free(), 0u);
+  GpuEvent c = events.Take();  // Made now.
+  ASSERT_NE(c, nullptr);
+  EXPECT_NE(c, a);
+  EXPECT_NE(c, b);
+  for (GpuEvent e : {a, b, c}) events.Give(e);
+  EXPECT_EQ(events.free(), 3u);
+  EXPECT_EQ(events.Take(), c) << "the last given back first";
+  events.Give(c);
 }
 
 TEST_F(DeviceWorkerTest, AnAbandonedWorkerFailsWhatItIsHanded) {
