@@ -1,7 +1,10 @@
 // --backend=cuda: a GpuEngine (gpu_backend.h) over the cuda runtime
 // (cuda_runtime.h), registered with the engine registry
-// (server/engines/engine_registry.h) during static initialization; tried
-// by --backend=auto after hip. The one file of cuda/ that knows the engine.
+// (server/engines/engine_registry.h); tried by --backend=auto after hip.
+// The one file of cuda/ that knows the engine. Owns nothing but the
+// registration. Threads: the registration during static initialization;
+// the runtime and the engine are made on the daemon's main thread at start
+// (CreateEngine). Locks: none.
 #include "server/engines/engine_registry.h"
 #include "server/engines/factory.h"
 #include "server/engines/gpu/cuda/cuda_runtime.h"

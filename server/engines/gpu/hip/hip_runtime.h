@@ -4,7 +4,9 @@
 // together for --backend=hip.
 //
 // Threads: Create on the daemon's main thread at start; the runtime's calls
-// as runtime.h says.
+// as runtime.h says. Locks: the runtime's own, taken inside its calls, which
+// the engine makes under its device-order locks where a call touches
+// several devices (device_order.h); none of the engine's.
 #pragma once
 
 #include <memory>

@@ -2,7 +2,9 @@
 // (hip_runtime.h), registered with the engine registry
 // (server/engines/engine_registry.h) during static initialization; the
 // first choice of --backend=auto. The one file of hip/ that knows the
-// engine.
+// engine. Owns nothing but the registration. Threads: the registration
+// during static initialization; the runtime and the engine are made on the
+// daemon's main thread at start (CreateEngine). Locks: none.
 #include "server/engines/engine_registry.h"
 #include "server/engines/factory.h"
 #include "server/engines/gpu/gpu_backend.h"
