@@ -7,7 +7,7 @@
 # ROCM_DIR is an installed ROCm (/opt/rocm-6.4.1) or any tree with
 # include/hip (hip_runtime_api.h, hip_version.h, amd_detail/) and
 # include/hsa: headers only, no library (libamdhip64 is opened at run time).
-# It builds //common/hip:hip_api, //server/engines/gpu:hip_runtime,
+# It builds //common/hip:hip_api, //server/engines/gpu/hip:register,
 # :hsa_copy_queue, :hsa_streams and :hsa_api, and //client:hip_backend with
 # DMAGATHER_HIP_PATH=ROCM_DIR (hip_api.cc checks at compile time that its
 # per-major table agrees with these headers and that HipApi's function
@@ -42,8 +42,8 @@ version=$(awk '/#define HIP_VERSION_(MAJOR|MINOR|PATCH)/ {v[$2]=$3} END {print v
   "$rocm/include/hip/hip_version.h")
 
 FLAGS=(--repo_env=DMAGATHER_HIP_PATH="$rocm")
-BUILD=(//:build_config //common/hip:hip_api //server/engines/gpu:hip_runtime //server/engines/gpu:hsa_copy_queue
-       //server/engines/gpu:hsa_streams //server/engines/gpu:hsa_api //client:hip_backend)
+BUILD=(//:build_config //common/hip:hip_api //server/engines/gpu/hip:register //server/engines/gpu/hip:hsa_copy_queue
+       //server/engines/gpu/hip:hsa_streams //server/engines/gpu/hip:hsa_api //client:hip_backend)
 TESTS=(//tests/common/hip:hip_abi_test)
 for t in hsa_copy_queue hsa_streams hsa_api hsa_engine; do
   TESTS+=("//tests/server/engines/gpu:${t}_test")

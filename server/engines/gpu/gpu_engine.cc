@@ -1,71 +1,24 @@
-// GpuEngine (gpu_engine.h): set-up, devices, imports and ranks, stop, stats
-// and the ring's staging. The per-op path - gate, route, issue, complete -
-// is in gpu_engine_issue.cc, its ordering rules in gpu_engine_order.cc.
+// GpuEngine (gpu_engine.h): start-up (devices, peers, the objects of the
+// per-op path and their threads), Execute and the routing step (Issue),
+// stop, stats and the ring's staging.
 #include "server/engines/gpu/gpu_engine.h"
 
 #include <glog/logging.h>
-#include <sched.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
-#include <optional>
+#include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/clock.h"
-#include "common/cpu_relax.h"
 #include "common/futex.h"
 #include "common/status.h"
 #include "server/engines/gpu/gpu_rank.h"
 
 namespace dmagather::server::engines::gpu {
-namespace {
-
-// A rank's allocation opened through the runtime's IPC; closed with the
-// last reference (which may outlive the engine: it shares the runtime),
-// under every device's order lock (the close unmaps it from every peer).
-class IpcRegion : public ImportedRegion {
- public:
-  IpcRegion(std::shared_ptr<GpuRuntime> rt, std::shared_ptr<DeviceOrder> order, char* base, uint64_t bytes, int device)
-      : rt_(std::move(rt)), order_(std::move(order)), base_(base), bytes_(bytes), device_(device) {}
-  ~IpcRegion() override {
-    DeviceOrder::Hold hold(*order_, order_->all());
-    rt_->CloseIpc(device_, base_);
-  }
-  char* base() const override { return base_; }
-  uint64_t bytes() const override { return bytes_; }
-
- private:
-  const std::shared_ptr<GpuRuntime> rt_;
-  const std::shared_ptr<DeviceOrder> order_;
-  char* const base_;
-  const uint64_t bytes_;
-  const int device_;
-};
-
-// A region the runtime imported its own way (VMM): released under every
-// device's order lock, as an IPC close is.
-class OrderedRegion : public ImportedRegion {
- public:
-  OrderedRegion(std::shared_ptr<ImportedRegion> inner, std::shared_ptr<DeviceOrder> order)
-      : inner_(std::move(inner)), order_(std::move(order)) {}
-  ~OrderedRegion() override {
-    DeviceOrder::Hold hold(*order_, order_->all());
-    inner_.reset();
-  }
-  char* base() const override { return inner_->base(); }
-  uint64_t bytes() const override { return inner_->bytes(); }
-
- private:
-  std::shared_ptr<ImportedRegion> inner_;
-  const std::shared_ptr<DeviceOrder> order_;
-};
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Create(std::unique_ptr<GpuRuntime> runtime,
                                                              const Options& options) {
@@ -93,95 +46,72 @@ GpuEngine::GpuEngine(std::unique_ptr<GpuRuntime> runtime, const Options& options
                                                          : std::min(64, std::max(4, num_devices_ - 1))),
       parallel_issue_(options.parallel_issue && num_devices_ > 1),
       chunk_bytes_(std::min(options.chunk_bytes != 0 ? options.chunk_bytes : runtime_->default_chunk_bytes(),
-                            runtime_->max_transfer_bytes())) {}
+                            runtime_->max_transfer_bytes())),
+      imports_(runtime_, order_),
+      lockstep_(clock_, abandon_),
+      in_flight_(kInFlight, clock_) {}
 
 absl::Status GpuEngine::Init() {
   GpuRuntime& rt = *runtime_;
-  devices_.resize(num_devices_);
-  issued_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(num_devices_);
-  {
-    absl::MutexLock lock(&pool_mu_);
-    free_end_.resize(num_devices_);
-  }
-  for (int d = 0; d < num_devices_; ++d) issued_bytes_[d].store(0, std::memory_order_relaxed);
-  const int ns = streams_per_device_;
-  for (int d = 0; d < num_devices_; ++d) {
-    Device& dev = devices_[d];
-    dev.ordinal = d;
-    DMAG_RETURN_IF_ERROR(rt.SetDevice(d));
-    dev.lanes = std::make_unique<LaneSet>(runtime_.get(), d, ns, kLanesKept);
-    for (int i = 0; i < 64; ++i) {
-      DMAG_ASSIGN_OR_RETURN(GpuEvent e, rt.CreateEvent(d));
-      absl::MutexLock lock(&pool_mu_);
-      free_end_[d].push_back(e);
-    }
-    dev.copies.reserve(64);
-    dev.stream_used.resize(ns);
-  }
-  DMAG_RETURN_IF_ERROR(MapDevices());
-  rt.UsePeers(peers_);
-  involved_.resize(num_devices_);
   watch_ = std::make_unique<IssueWatch>(num_devices_, clock_, [](const EngineRank* r) {
     const GpuRank* g = AsGpu(r);
     return IssueWatch::Words{g->ready_word(), g->done_word()};
   });
-  watch_->StartThread();
-  tracks_ = std::vector<OpTrack>(kTracks);
-  {
-    absl::MutexLock lock(&tracks_mu_);
-    for (OpTrack& t : tracks_) free_tracks_.push_back(&t);
+  DeviceWorker::Shared shared;
+  shared.runtime = &rt;
+  shared.order = order_.get();
+  shared.peers = &peers_;  // Filled below, before the workers start.
+  shared.lockstep = &lockstep_;
+  shared.ops = &in_flight_;
+  shared.watch = watch_.get();
+  shared.figures = &figures_;
+  shared.clock = &clock_;
+  shared.abandon = &abandon_;
+  shared.chunk_bytes = chunk_bytes_;
+  shared.streams = streams_per_device_;
+  shared.max_batch = options_.max_batch;
+  shared.awake_ns = awake_ns();
+  for (int d = 0; d < num_devices_; ++d) {
+    workers_.push_back(std::make_unique<DeviceWorker>(shared, d));
+    DMAG_RETURN_IF_ERROR(workers_.back()->Init());
   }
-  LOG(INFO) << name() << " engine: " << num_devices_ << " device(s), " << ns << " streams each, chunks of "
-            << chunk_bytes_ << " bytes (cap " << rt.max_transfer_bytes() << "), " << options_.max_batch
-            << " chunks per copy call, ready flags waited on "
+  imports_.Identify();
+  peers_ = ProbePeers();
+  rt.UsePeers(peers_);
+  router_ = std::make_unique<Router>(peers_, rt.label());
+  watch_->StartThread();
+  LOG(INFO) << name() << " engine: " << num_devices_ << " device(s), " << streams_per_device_
+            << " streams each, chunks of " << chunk_bytes_ << " bytes (cap " << rt.max_transfer_bytes() << "), "
+            << options_.max_batch << " chunks per copy call, ready flags waited on "
             << (!rt.device_waits() ? std::string("the CPU")
                 : options_.max_waits_ahead <= 0
                     ? std::string("the device")
                     : absl::StrCat("the device (at most ", options_.max_waits_ahead, " ops ahead, then the CPU)"))
             << ", " << (parallel_issue_ ? "one issuing thread per device" : "one issuing thread") << ", threads awake "
             << awake_ns() / 1000 << " us after their last work; " << rt.Describe();
-  for (int d = 0; d < num_devices_; ++d) completions_.push_back(std::make_unique<Completion>(clock_, awake_ns()));
-  for (int d = 0; d < num_devices_; ++d) completions_[d]->thread = std::thread([this, d] { CompletionLoop(d); });
-  if (parallel_issue_) {
-    // As the completion threads: a burst of ops costs the issuers no wake-up.
-    for (Device& dev : devices_) dev.issuer = std::make_unique<Handoff<OpTrack*>>(kIssueSlots, clock_, awake_ns());
-    for (int d = 0; d < num_devices_; ++d) devices_[d].issuer_thread = std::thread([this, d] { IssuerLoop(d); });
-  }
+  // As the completion threads: a burst of ops costs the issuers no wake-up.
+  for (auto& w : workers_) w->Start(parallel_issue_);
   if (!rt.device_waits() || options_.max_waits_ahead > 0) {
-    gate_ = std::make_unique<ReadyGate>(
-        clock_, awake_ns(), kGateSlots,
-        ReadyGate::Hooks{[this](const EngineOp& op) { return MayIssue(op); }, [this](EngineOp* op) { Issue(op); },
-                         [](EngineOp* op, const absl::Status& st) { op->OnEngineDone(st); }});
+    OpIssuer& issuer = *this;  // The step after the gate (ready_gate.h).
+    gate_ = std::make_unique<ReadyGate>(clock_, awake_ns(), kGateSlots, issuer);
     gate_->Start();
   }
   return absl::OkStatus();
 }
 
-absl::Status GpuEngine::MapDevices() {
+PeerTable GpuEngine::ProbePeers() {
   GpuRuntime& rt = *runtime_;
-  identities_.assign(num_devices_, DeviceIdentity{});
-  for (int d = 0; d < num_devices_; ++d) {
-    absl::StatusOr<DeviceIdentity> id = rt.Identify(d);
-    if (!id.ok()) {
-      LOG(WARNING) << "device " << d << ": no identity (" << id.status().message()
-                   << "); ranks that name their GPU cannot be mapped to it";
-      continue;
-    }
-    identities_[d] = *std::move(id);
-    LOG(INFO) << "device " << d << ": " << identities_[d].name << " " << FormatDeviceUuid(identities_[d].uuid) << " at "
-              << (identities_[d].pci_bus_id.empty() ? "an unknown bus id" : identities_[d].pci_bus_id);
-  }
   // Peer access and a probe copy per ordered pair. An error is the pair's
   // alone: it is marked unreachable, and copies between the two take the
   // route the table leaves (IssuingDevice) or fail with the reason.
-  peers_ = PeerTable(num_devices_);
+  PeerTable peers(num_devices_);
   std::vector<std::string> missing;
   for (int a = 0; a < num_devices_; ++a) {
     for (int b = 0; b < num_devices_; ++b) {
       if (a == b) continue;
       std::string why;
-      const std::string& bus = identities_[a].pci_bus_id;
-      if (!bus.empty() && absl::EqualsIgnoreCase(bus, identities_[b].pci_bus_id)) {
+      const std::string& bus = imports_.identity(a).pci_bus_id;
+      if (!bus.empty() && absl::EqualsIgnoreCase(bus, imports_.identity(b).pci_bus_id)) {
         why = "partitions (MIG) of one GPU, which have no peer access or IPC between them";
       } else if (absl::StatusOr<bool> ok = rt.EnablePeerAccess(a, b); !ok.ok()) {
         why = std::string(ok.status().message());
@@ -190,7 +120,7 @@ absl::Status GpuEngine::MapDevices() {
       } else if (absl::Status probe = rt.ProbePeerCopy(a, b); !probe.ok()) {
         why = absl::StrCat("the probe copy failed: ", probe.message());
       }
-      peers_.Set(a, b, why.empty(), why);
+      peers.Set(a, b, why.empty(), why);
       if (!why.empty()) missing.push_back(absl::StrCat(a, "->", b, " (", why, ")"));
     }
   }
@@ -205,164 +135,82 @@ absl::Status GpuEngine::MapDevices() {
                       "neither, its op is a FALLBACK";
     }
   }
-  return absl::OkStatus();
+  return peers;
 }
 
-int GpuEngine::IssuingDevice(int src, int dst) const {
-  if (dst < 0 || dst >= num_devices_) return -1;
-  if (src < 0 || src == dst || peers_.ok(dst, src)) return dst;  // src < 0: host memory (ring staging).
-  if (peers_.ok(src, dst)) return src;
-  return -1;
+GpuEngine::~GpuEngine() { Stop(); }
+
+void GpuEngine::Execute(EngineOp* op) {
+  ops_.fetch_add(1, std::memory_order_relaxed);
+  bytes_.fetch_add(op->plan.bytes, std::memory_order_relaxed);
+  if (op->plan.copies.empty()) {  // Nothing to move (one rank in place, or count 0).
+    op->OnEngineDone(absl::OkStatus());
+    return;
+  }
+  // CPU gating (ready_gate.h): issue now when no op of its job waits
+  // before it and its ranks are ready (or device waits may take it); else
+  // the gate holds it (in order within its job; other jobs' ops pass it).
+  if (gate_ == nullptr) {  // Device waits with no bound (tests).
+    Issue(op);
+    return;
+  }
+  if (gate_->Submit(op) && runtime_->device_waits()) held_ahead_.fetch_add(1, std::memory_order_relaxed);
 }
 
-absl::StatusOr<int> GpuEngine::DaemonDevice(const DeviceRef& ref) const {
-  auto list = [&] {
-    std::vector<std::string> v;
-    for (int d = 0; d < num_devices_; ++d) {
-      v.push_back(absl::StrCat(d, ": ", FormatDeviceUuid(identities_[d].uuid), " ", identities_[d].pci_bus_id));
+// With device waits: any op while fewer than max_waits_ahead are in flight;
+// beyond that only an op whose flags are met, and only while no wait is
+// parked (nothing it could queue behind). docs/CUDA.md, "Locks and waits".
+bool GpuEngine::MayIssue(const EngineOp& op) {
+  if (!runtime_->device_waits()) return RanksReady(op);
+  return loads_.MayIssue(op.job_id, RanksReady(op), options_.max_waits_ahead);
+}
+
+void GpuEngine::Issue(EngineOp* op) {
+  const uint64_t t_start = clock_.NowNs();
+  const absl::Status st = router_->Route(op);
+  // Track the op (back-pressure if completions lag); the router holds one
+  // share of it, and each issuing device one, until its copies are
+  // enqueued (then its completion holds it).
+  InFlightOp* t = in_flight_.Take();
+  // Issued ahead of its ready flags under the bound: counted until it ends.
+  const bool waits_ahead = options_.max_waits_ahead > 0 && runtime_->device_waits() && !RanksReady(*op);
+  t->Begin(op, loads_.Begin(op->job_id, waits_ahead), waits_ahead, st, num_devices_);
+  if (st.ok()) {
+    const std::vector<char>& involved = router_->involved();
+    const int finisher = t->ChooseFinisher(involved, runtime_->device_writes(), loads_);
+    t->OpenShares(router_->shares(), lockstep_.Next());
+    for (int i = 0; i < num_devices_; ++i) {
+      // One thread issuing every share issues the finisher's last (it waits
+      // for the others to be enqueued).
+      const int d = finisher < 0 ? i : (finisher + 1 + i) % num_devices_;
+      if (involved[d]) workers_[d]->Post(t);
     }
-    return absl::StrJoin(v, ", ");
+  }
+  execute_ns_.Record(clock_.NowNs() - t_start);
+  in_flight_.Close(t, absl::OkStatus());  // The router's own share: may end the op here.
+}
+
+void GpuEngine::LogFigures() {
+  if (execute_ns_.Summary().count == 0) return;
+  auto us = [](const common::LatencyHistogram& h) {
+    common::LatencySummaryNs x = h.Summary();
+    return absl::StrCat("p50 ", x.p50 / 1e3, " us, p99 ", x.p99 / 1e3, " us");
   };
-  auto pick = [&](auto&& same, const std::string& what) -> absl::StatusOr<int> {
-    int found = -1, matches = 0;
-    for (int d = 0; d < num_devices_; ++d) {
-      if (same(identities_[d])) {
-        found = d;
-        ++matches;
-      }
-    }
-    if (matches == 1) return found;
-    if (matches > 1) {
-      return common::FallbackError(absl::StrCat("the rank's ", runtime_->label(), " device ", what, " matches ",
-                                                matches, " devices of dmagatherd (", list(), ")"));
-    }
-    return common::FallbackError(absl::StrCat("the rank's ", runtime_->label(), " device ", ref.ordinal, " (", what,
-                                              ") is not one of the ", num_devices_, " device(s) dmagatherd sees (",
-                                              list(), "): give dmagatherd every GPU of the node"));
-  };
-  bool known = false;
-  for (const DeviceIdentity& id : identities_) known |= !id.uuid.empty() || !id.pci_bus_id.empty();
-  if (!ref.uuid.empty()) {
-    if (ref.uuid.size() != 16) {
-      return absl::InvalidArgumentError(absl::StrCat("a device uuid has 16 bytes, the rank sent ", ref.uuid.size()));
-    }
-    if (known) return pick([&](const DeviceIdentity& id) { return id.uuid == ref.uuid; }, FormatDeviceUuid(ref.uuid));
-  }
-  if (!ref.pci_bus_id.empty() && known) {
-    if (ref.pci_bus_id.size() > 64) return absl::InvalidArgumentError("the rank's PCI bus id is too long");
-    return pick([&](const DeviceIdentity& id) { return absl::EqualsIgnoreCase(id.pci_bus_id, ref.pci_bus_id); },
-                absl::StrCat("bus ", ref.pci_bus_id));
-  }
-  // No identity on one side (an older client, or a runtime that cannot
-  // tell): the rank's ordinal, which is right only when the rank sees the
-  // devices the daemon sees.
-  std::call_once(ordinal_trusted_logged_, [&] {
-    LOG(WARNING) << "a rank named its " << runtime_->label() << " device by ordinal only"
-                 << (known ? "" : " (dmagatherd knows no device identities)")
-                 << ": trusting it, which is right only if the rank and dmagatherd see the same devices";
-  });
-  if (ref.ordinal >= num_devices_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the rank's ", runtime_->label(), " device ", ref.ordinal, " is not visible to dmagatherd, which sees ",
-        num_devices_, " device(s): run the daemon and the ranks with the same visible devices"));
-  }
-  return ref.ordinal;
+  // With parallel issue the op's thread only routes the copies and hands
+  // each device its share; the issuing itself is in the per-device figures.
+  LOG(INFO) << name() << " engine: " << execute_ns_.Summary().count << " ops; "
+            << (parallel_issue_ ? "route and hand-off " : "issue ") << us(execute_ns_) << "; ready waits (per device) "
+            << us(figures_.memops_ns) << " (" << figures_.ready_seen.load(std::memory_order_relaxed)
+            << " skipped: flags already seen; " << held_ahead_.load(std::memory_order_relaxed)
+            << " ops held on the CPU by the waits-ahead bound); done flags written by a GPU for "
+            << figures_.done_written.load(std::memory_order_relaxed) << " ops; engine threads woken " << wakeups()
+            << " times"
+            << "; copy calls (per device) " << us(figures_.copies_ns)
+            << "; completion: last share seen -> OnEngineDone done " << us(in_flight_.complete_ns()) << "; copy path "
+            << runtime_->Describe();
 }
 
-GpuEngine::~GpuEngine() {
-  Stop();
-  for (Device& dev : devices_) {
-    runtime_->SetDevice(dev.ordinal).IgnoreError();
-    dev.lanes.reset();
-    for (GpuEvent e : free_end_[dev.ordinal]) runtime_->DestroyEvent(dev.ordinal, e);
-  }
-}
-
-// The import entry point: a rank's memory, by kind. The runtime's IPC
-// handles are opened once and cached by handle; any other kind is the
-// runtime's (ImportOther).
-absl::StatusOr<std::shared_ptr<ImportedRegion>> GpuEngine::Import(const RegionSpec& spec) {
-  if (spec.rank == nullptr) return absl::InvalidArgumentError("import without the owning rank");
-  const int device = AsGpu(spec.rank)->device();
-  if (spec.kind != runtime_->ipc_memory_kind()) {
-    DeviceOrder::Hold hold(*order_, order_->all());  // Mapped for every device that reaches it.
-    DMAG_ASSIGN_OR_RETURN(std::shared_ptr<ImportedRegion> inner,
-                          runtime_->ImportOther(spec, device, AsGpu(spec.rank)->rank_ordinal()));
-    return std::shared_ptr<ImportedRegion>(std::make_shared<OrderedRegion>(std::move(inner), order_));
-  }
-  if (spec.handle.size() != runtime_->ipc_handle_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat(runtime_->label(), " IPC handle has ", spec.handle.size(),
-                                                   " bytes, expected ", runtime_->ipc_handle_bytes()));
-  }
-  absl::MutexLock lock(&import_mu_);
-  auto it = imports_.find(spec.handle);
-  if (it != imports_.end()) {
-    if (auto region = it->second.lock(); region != nullptr && region->bytes() >= spec.bytes) return region;
-  }
-  for (auto i = imports_.begin(); i != imports_.end();) i = i->second.expired() ? imports_.erase(i) : std::next(i);
-  // Opened (and closed) under every device's order lock: the mapping is
-  // made in (and unmade from) every peer's context.
-  std::optional<DeviceOrder::Hold> hold(std::in_place, *order_, order_->all());
-  DMAG_ASSIGN_OR_RETURN(IpcMapping m, runtime_->OpenIpc(device, spec.handle));
-  if (m.bytes < spec.bytes) {
-    runtime_->CloseIpc(device, m.base);
-    return absl::InvalidArgumentError(absl::StrCat("the client registered ", spec.bytes, " bytes but its ",
-                                                   runtime_->label(), " allocation has only ", m.bytes));
-  }
-  hold.reset();
-  auto region = std::make_shared<IpcRegion>(runtime_, order_, m.base, spec.bytes, device);
-  imports_[spec.handle] = region;
-  return std::shared_ptr<ImportedRegion>(std::move(region));
-}
-
-absl::StatusOr<std::unique_ptr<EngineRank>> GpuEngine::AttachRank(const RankAttach& a) {
-  if (a.device.kind != runtime_->device_kind() || a.device.ordinal < 0) {
-    return common::FallbackError(absl::StrCat("this dmagatherd runs the ", name(), " backend but the rank has no ",
-                                              runtime_->label(),
-                                              " device (no GPU visible to it, or its libdmagather "
-                                              "has no ",
-                                              runtime_->label(), " support)"));
-  }
-  DMAG_ASSIGN_OR_RETURN(const int device, DaemonDevice(a.device));
-  if (device != a.device.ordinal || !a.device.uuid.empty()) {
-    LOG(INFO) << "rank " << a.rank << ": its " << runtime_->label() << " device " << a.device.ordinal << " ("
-              << FormatDeviceUuid(a.device.uuid) << ") is dmagatherd's device " << device;
-  }
-  absl::StatusOr<uint64_t> flag;
-  {
-    DeviceOrder::Hold hold(*order_, order_->all());  // Portable: registered for every device.
-    flag = runtime_->RegisterFlags(device, a.flag_pages, a.flag_bytes, a.ready_word);
-  }
-  DMAG_RETURN_IF_ERROR(flag.status());
-  // The done flag: the same registration, at its offset from the ready flag.
-  const uint64_t done_flag = a.done_word == nullptr
-                                 ? 0
-                                 : *flag + static_cast<uint64_t>(reinterpret_cast<const char*>(a.done_word) -
-                                                                 reinterpret_cast<const char*>(a.ready_word));
-  return std::unique_ptr<EngineRank>(new GpuRank(runtime_, order_, device, a.device.ordinal, a.flag_pages, *flag,
-                                                 a.ready_word, done_flag, a.done_word));
-}
-
-void GpuEngine::Stop() {
-  if (stopped_.exchange(true)) return;
-  if (execute_ns_.Summary().count != 0) {
-    auto us = [](const common::LatencyHistogram& h) {
-      common::LatencySummaryNs x = h.Summary();
-      return absl::StrCat("p50 ", x.p50 / 1e3, " us, p99 ", x.p99 / 1e3, " us");
-    };
-    // With parallel issue the op's thread only routes the copies and hands
-    // each device its share; the issuing itself is in the per-device figures.
-    LOG(INFO) << name() << " engine: " << execute_ns_.Summary().count << " ops; "
-              << (parallel_issue_ ? "route and hand-off " : "issue ") << us(execute_ns_)
-              << "; ready waits (per device) " << us(memops_ns_) << " (" << ready_seen_.load(std::memory_order_relaxed)
-              << " skipped: flags already seen; " << held_ahead_.load(std::memory_order_relaxed)
-              << " ops held on the CPU by the waits-ahead bound); done flags written by a GPU for "
-              << done_written_.load(std::memory_order_relaxed) << " ops; engine threads woken " << wakeups() << " times"
-              << "; copy calls (per device) " << us(copies_ns_) << "; completion: last share seen -> OnEngineDone done "
-              << us(complete_ns_) << "; copy path " << runtime_->Describe();
-  }
-  // Give gated and queued work stop_drain_ms to finish; after that, report
-  // it failed.
+void GpuEngine::Drain() {
   const uint64_t deadline = clock_.NowNs() + options_.stop_drain_ms * 1'000'000ull;
   auto drained = [&](auto&& empty) {
     while (!empty()) {
@@ -375,41 +223,35 @@ void GpuEngine::Stop() {
     }
   };
   if (gate_ != nullptr) drained([&] { return gate_->Empty(); });
-  for (Device& dev : devices_) {
-    if (dev.issuer == nullptr || abandon_.load()) continue;
-    drained([&] { return dev.issuer->Pending() == 0; });
-  }
-  for (auto& c : completions_) {
+  for (auto& w : workers_) {
     if (abandon_.load()) break;
-    drained([&] { return c->shares.Pending() == 0; });
+    drained([&] { return w->IssuePending() == 0; });
   }
-  stopping_.store(true);
+  for (auto& w : workers_) {
+    if (abandon_.load()) break;
+    drained([&] { return w->CompletionPending() == 0; });
+  }
+}
+
+void GpuEngine::Stop() {
+  if (stopped_.exchange(true)) return;
+  LogFigures();
+  Drain();
   if (gate_ != nullptr) gate_->Stop();
-  for (Device& dev : devices_) {
-    if (dev.issuer == nullptr) continue;
-    dev.issuer->Stop();
-    if (dev.issuer_thread.joinable()) dev.issuer_thread.join();
-  }
-  for (auto& c : completions_) {
-    c->shares.Stop();
-    if (c->thread.joinable()) c->thread.join();
-  }
+  for (auto& w : workers_) w->StopIssuing();
+  for (auto& w : workers_) w->StopCompletion();
 }
 
 uint64_t GpuEngine::wakeups() const {
   uint64_t n = gate_ != nullptr ? gate_->wakeups() : 0;
-  for (const Device& dev : devices_) n += dev.issuer != nullptr ? dev.issuer->wakeups() : 0;
-  for (const auto& c : completions_) n += c->shares.wakeups();
+  for (const auto& w : workers_) n += w->wakeups();
   return n;
 }
 
 bool GpuEngine::ThreadsAsleep() {
   if (gate_ != nullptr && !gate_->asleep()) return false;
-  for (Device& dev : devices_) {
-    if (dev.issuer != nullptr && !dev.issuer->asleep()) return false;
-  }
-  for (auto& c : completions_) {
-    if (!c->shares.asleep()) return false;
+  for (auto& w : workers_) {
+    if (!w->asleep()) return false;
   }
   return true;
 }
@@ -418,16 +260,16 @@ EngineStats GpuEngine::stats() const {
   EngineStats s;
   s.ops = ops_.load(std::memory_order_relaxed);
   s.bytes = bytes_.load(std::memory_order_relaxed);
-  s.chunks = chunks_stat_.load(std::memory_order_relaxed);
-  s.same_device_copies = same_device_.load(std::memory_order_relaxed);
+  s.chunks = figures_.chunks.load(std::memory_order_relaxed);
+  s.same_device_copies = router_ != nullptr ? router_->same_device_copies() : 0;
   s.thread_wakeups = wakeups();
   s.held_on_cpu = held_ahead_.load(std::memory_order_relaxed);
   s.copy_engines = runtime_->CopyEngineCounters();
-  if (s.copy_engines.empty() && issued_bytes_ != nullptr) {
+  if (s.copy_engines.empty()) {
     // The runtime picks the engine: bytes per issuing GPU (engine -1).
-    for (int d = 0; d < num_devices_; ++d) {
-      const uint64_t b = issued_bytes_[d].load(std::memory_order_relaxed);
-      if (b != 0) s.copy_engines.push_back(CopyEngineBytes{d, -1, b});
+    for (const auto& w : workers_) {
+      const uint64_t b = w->issued_bytes();
+      if (b != 0) s.copy_engines.push_back(CopyEngineBytes{w->device(), -1, b});
     }
   }
   return s;

@@ -1,5 +1,8 @@
-// GpuRank: a rank attached to the GPU engine (gpu_engine.h), shared by its
-// two files (gpu_engine.cc, gpu_engine_issue.cc). Private to the engine.
+// GpuRank: a rank attached to the GPU engine (rank_imports.h makes it), read
+// by the router, the device workers and the in-flight ops. Private to the
+// engine. Threads: made on a gRPC thread, then read-only; released (its
+// flags unregistered under every device-order lock) on whichever thread
+// lets go of it last.
 #pragma once
 
 #include <cstdint>
@@ -53,5 +56,17 @@ class GpuRank : public EngineRank {
 };
 
 inline const GpuRank* AsGpu(const EngineRank* r) { return static_cast<const GpuRank*>(r); }
+
+// Every rank's ready flag has reached op.seq (read on the CPU).
+inline bool RanksReady(const EngineOp& op) {
+  if (op.ready_observed) return true;  // A graph replay: the ingress thread saw the flags.
+  for (const EngineRank* r : op.ranks) {
+    if (r == nullptr) continue;
+    const uint32_t* w = AsGpu(r)->ready_word();
+    if (w == nullptr) continue;
+    if (static_cast<int32_t>(__atomic_load_n(w, __ATOMIC_ACQUIRE) - op.seq) < 0) return false;
+  }
+  return true;
+}
 
 }  // namespace dmagather::server::engines::gpu

@@ -9,7 +9,8 @@
 // itself, not only for the queue.
 //
 // Threads: Post from any thread (waits while full); Wait, Front, Take, Done
-// on the one taking thread; Stop and Pending from any thread.
+// on the one taking thread; Stop and Pending from any thread. Its mutex is
+// level kHandoff of the engine's lock order (lock_order.h).
 #pragma once
 
 #include <sched.h>
@@ -22,6 +23,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "server/engines/gpu/lock_order.h"
 
 namespace dmagather::server::engines::gpu {
 
@@ -112,7 +114,7 @@ class Handoff {
   uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
 
  private:
-  absl::Mutex mu_;
+  absl::Mutex mu_ ABSL_ACQUIRED_AFTER(lock_order::kHandoff) ABSL_ACQUIRED_BEFORE(lock_order::kEndEvents);
   absl::CondVar work_;   // An item was posted / stop.
   absl::CondVar space_;  // A slot was freed.
   std::vector<T> ring_ ABSL_GUARDED_BY(mu_);

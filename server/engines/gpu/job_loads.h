@@ -9,7 +9,7 @@
 //   error record must come first).
 //
 // Threads: Begin, MayIssue and Finisher under the engine's issue order (any
-// thread; the map under its own mutex, taken after the gate's lock, ready_gate.h);
+// thread; the map under its own mutex, level kLoads of lock_order.h: after the gate's);
 // End on the thread that ends the op; the counters are atomics. A load is
 // dropped once idle (End's decrement of in_flight is its last touch) when
 // there are many.
@@ -22,6 +22,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "server/engines/gpu/lock_order.h"
 
 namespace dmagather::server::engines::gpu {
 
@@ -56,7 +57,7 @@ class JobLoads {
  private:
   Load* Of(uint64_t job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  absl::Mutex mu_;
+  absl::Mutex mu_ ABSL_ACQUIRED_AFTER(lock_order::kLoads) ABSL_ACQUIRED_BEFORE(lock_order::kOpPool);
   std::map<uint64_t, std::unique_ptr<Load>> loads_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -1,7 +1,7 @@
 // PeerTable: which GPU of the engine can reach which other GPU's memory
 // directly (peer access enabled and a probe copy checked at start-up). The
-// GPU engine routes every copy by it (GpuEngine::IssuingDevice) and the
-// importers grant access to imported memory by it (vmm_import.h), so no
+// GPU engine routes every copy by it (IssuingDevice below, router.h) and the
+// importers grant access to imported memory by it (cuda/vmm_import.h), so no
 // copy is ever issued on a device that cannot reach both ends of it.
 //
 // Threads: filled once by the engine's start-up, then read-only.
@@ -26,6 +26,15 @@ class PeerTable {
   const std::string& why(int from, int to) const {
     static const std::string kNone;
     return InRange(from) && InRange(to) ? why_[Index(from, to)] : kNone;
+  }
+  // The device that issues a copy from memory of `src` into memory of `dst`:
+  // `dst` when it reaches the source (a pull; src < 0: host memory), else
+  // `src` when it reaches the destination (a push), else -1.
+  int IssuingDevice(int src, int dst) const {
+    if (!InRange(dst)) return -1;
+    if (src < 0 || src == dst || ok(dst, src)) return dst;
+    if (ok(src, dst)) return src;
+    return -1;
   }
   void Set(int from, int to, bool reachable, std::string why = "") {
     if (!InRange(from) || !InRange(to) || from == to) return;

@@ -6,15 +6,14 @@
 #include <sys/prctl.h>
 
 #include <algorithm>
-#include <utility>
 #include <vector>
 
 #include "server/engines/gpu/backoff.h"
 
 namespace dmagather::server::engines::gpu {
 
-ReadyGate::ReadyGate(common::Clock& clock, uint64_t awake_ns, size_t slots, Hooks hooks)
-    : clock_(clock), awake_ns_(awake_ns), slots_(slots), hooks_(std::move(hooks)) {}
+ReadyGate::ReadyGate(common::Clock& clock, uint64_t awake_ns, size_t slots, OpIssuer& issuer)
+    : clock_(clock), awake_ns_(awake_ns), slots_(slots), issuer_(issuer) {}
 
 ReadyGate::~ReadyGate() { Stop(); }
 
@@ -25,8 +24,8 @@ void ReadyGate::Start() {
 bool ReadyGate::Submit(EngineOp* op) {
   {
     absl::MutexLock lock(&mu_);
-    if (!per_job_.contains(op->job_id) && !abandon_.load() && hooks_.may_issue(*op)) {
-      hooks_.issue(op);
+    if (!per_job_.contains(op->job_id) && !abandon_.load() && issuer_.MayIssue(*op)) {
+      issuer_.Issue(op);
       return false;
     }
     while (ops_.size() >= slots_) changed_.Wait(&mu_);  // Back-pressure.
@@ -93,7 +92,7 @@ void ReadyGate::Loop() {
       EngineOp* op = Remove(0);
       changed_.SignalAll();
       mu_.Unlock();
-      hooks_.fail(op, absl::UnavailableError("dmagatherd stopped while the op waited for its ranks' ready flags"));
+      issuer_.Fail(op, absl::UnavailableError("dmagatherd stopped while the op waited for its ranks' ready flags"));
       mu_.Lock();
       continue;
     }
@@ -103,13 +102,13 @@ void ReadyGate::Loop() {
     for (; i < ops_.size(); ++i) {
       const uint64_t job = ops_[i]->job_id;
       if (std::find(held.begin(), held.end(), job) != held.end()) continue;
-      if (hooks_.may_issue(*ops_[i])) break;
+      if (issuer_.MayIssue(*ops_[i])) break;
       held.push_back(job);
     }
     if (i < ops_.size()) {
       EngineOp* op = Remove(i);
       changed_.SignalAll();
-      hooks_.issue(op);
+      issuer_.Issue(op);
       t0 = 0;
       last_work = clock_.NowNs();
       continue;

@@ -2,13 +2,16 @@
 // its ranks' ready flags not seen where the runtime cannot wait for them on
 // the device, or its job over the bound of ops ahead of their flags
 // (job_loads.h) - waits here, in order within its job (jobs pass each
-// other), and the gate's thread issues it once `may_issue` says it may go.
+// other), and the gate's thread issues it once the step after the gate
+// says it may go. That step is an OpIssuer, declared below: the engine's
+// router (gpu_engine.h), which the gate asks MayIssue and calls Issue.
 //
-// The gate's lock is the engine's issue lock: `issue` runs under it whether
+// The gate's lock is the engine's issue lock: Issue runs under it whether
 // Submit calls it (the ingress thread) or the gate's thread does, so the
-// engine's routing scratch has one writer at a time. Lock order: this lock,
-// then whatever `may_issue` and `issue` take (JobLoads, the device-order
-// locks; docs/CUDA.md, "Locks and waits").
+// engine's routing scratch has one writer at a time. Lock order: this lock
+// (kIssue, the first of lock_order.h), then whatever MayIssue and Issue
+// take (JobLoads, the in-flight ops, the FIFOs, the device-order locks;
+// docs/CUDA.md, "Locks and waits").
 //
 // While work came within `awake_ns`, the thread polls for the next gated op
 // instead of sleeping (an active job costs no wake-up); ops that may not go
@@ -22,7 +25,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -31,21 +33,28 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "server/engines/copy_engine.h"
+#include "server/engines/gpu/lock_order.h"
 
 namespace dmagather::server::engines::gpu {
 
+// The step after the gate: what the gate asks of an op and hands it to.
+class OpIssuer {
+ public:
+  // Under the gate's lock: the op may be issued now.
+  virtual bool MayIssue(const EngineOp& op) = 0;
+  // Under the gate's lock: issue it.
+  virtual void Issue(EngineOp* op) = 0;
+  // Not under the lock: the op is failed (the gate was abandoned).
+  virtual void Fail(EngineOp* op, const absl::Status& status) = 0;
+
+ protected:
+  ~OpIssuer() = default;
+};
+
 class ReadyGate {
  public:
-  struct Hooks {
-    // Under the gate's lock: the op may be issued now.
-    std::function<bool(const EngineOp&)> may_issue;
-    // Under the gate's lock: issue it.
-    std::function<void(EngineOp*)> issue;
-    // Not under the lock: the op is failed (the gate was abandoned).
-    std::function<void(EngineOp*, const absl::Status&)> fail;
-  };
-
-  ReadyGate(common::Clock& clock, uint64_t awake_ns, size_t slots, Hooks hooks);
+  // `issuer` outlives the gate.
+  ReadyGate(common::Clock& clock, uint64_t awake_ns, size_t slots, OpIssuer& issuer);
   ~ReadyGate();
   ReadyGate(const ReadyGate&) = delete;
   ReadyGate& operator=(const ReadyGate&) = delete;
@@ -80,8 +89,8 @@ class ReadyGate {
   common::Clock& clock_;
   const uint64_t awake_ns_;
   const size_t slots_;
-  const Hooks hooks_;
-  absl::Mutex mu_;
+  OpIssuer& issuer_;
+  absl::Mutex mu_ ABSL_ACQUIRED_AFTER(lock_order::kIssue) ABSL_ACQUIRED_BEFORE(lock_order::kLoads);
   std::deque<EngineOp*> ops_ ABSL_GUARDED_BY(mu_);                      // In order within each job.
   absl::flat_hash_map<uint64_t, size_t> per_job_ ABSL_GUARDED_BY(mu_);  // Gated ops by job.
   std::atomic<size_t> size_{0};  // ops_.size(), for the thread's polls without the lock.

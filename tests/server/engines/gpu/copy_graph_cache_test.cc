@@ -1,6 +1,6 @@
 // CopyGraphCache on fake graph calls: what is built, launched, dropped and
-// destroyed, and when (server/engines/gpu/copy_graph_cache.h).
-#include "server/engines/gpu/copy_graph_cache.h"
+// destroyed, and when (server/engines/gpu/cuda/copy_graph_cache.h).
+#include "server/engines/gpu/cuda/copy_graph_cache.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::cuda {
 namespace {
 
 // A fake runtime: a graph is a number; it records the chunks each graph
@@ -427,4 +427,4 @@ TEST(CopyGraphCacheTest, AGraphFollowsNewAddressesOnItsOwnStreamOnly) {
 }
 
 }  // namespace
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::cuda

@@ -1,8 +1,9 @@
 // The GPU engine's test fixture on the fake runtime (CPU threads + memcpy):
 // ranks with a completion page, inputs and outputs imported through the
 // fake's IPC, jobs that fill, plan and check an AllGather byte for byte.
-// Shared by gpu_engine_test (the engine's logic) and gpu_devices_test (one
-// rank per GPU: identities, routing, parallel issue).
+// Shared by gpu_engine_test (the engine's logic), gpu_devices_test (one
+// rank per GPU: identities, routing, parallel issue), gpu_deadlock_test,
+// hsa_engine_test, and (Rank, Job, NewRank) objects_fixture.h.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -106,7 +107,7 @@ struct Job {
   }
   // The plan the scheduler would build: every rank's shard into every
   // other rank's output.
-  void Plan(TestOp* op, uint32_t seq) {
+  void Plan(EngineOp* op, uint32_t seq) {
     const int w = static_cast<int>(ranks.size());
     op->seq = seq;
     op->job_id = static_cast<uint64_t>(id) + 1;
@@ -150,6 +151,53 @@ struct Job {
     for (auto& r : ranks) r->SetReady(v);
   }
 };
+
+// The spec of `bytes` at `p`, rank k's memory, as the fake's IPC handle.
+inline RegionSpec IpcSpec(const Rank& k, const void* p, uint64_t bytes, const std::string& kind) {
+  RegionSpec spec;
+  spec.kind = kind;
+  spec.bytes = bytes;
+  spec.handle = FakeRuntime::MakeHandle(p, bytes);
+  spec.rank = k.er.get();
+  return spec;
+}
+
+// Rank r of a world of `world` on the device `ref` names: a completion page
+// (ready word, done word on its own cache line, as in the segment), a shard
+// to send and an output of world shards, attached with `attach` (RankAttach
+// -> StatusOr<unique_ptr<EngineRank>>) and its buffers imported with
+// `import` (RegionSpec -> StatusOr<shared_ptr<ImportedRegion>>). Null (and
+// a test failure) where either fails.
+template <typename Attach, typename ImportFn>
+std::unique_ptr<Rank> NewRank(int r, const DeviceRef& ref, uint64_t shard, int world, const std::string& ipc_kind,
+                              Attach&& attach, ImportFn&& import) {
+  auto k = std::make_unique<Rank>();
+  k->device = ref.ordinal;
+  k->page = std::aligned_alloc(4096, 4096);
+  std::memset(k->page, 0, 4096);
+  k->ready = static_cast<uint32_t*>(k->page);
+  k->done = k->ready + 16;  // Its own cache line, as in the segment.
+  k->send.resize(shard);
+  k->recv.resize(shard * world);
+  RankAttach a;
+  a.rank = r;
+  a.device = ref;
+  a.flag_pages = k->page;
+  a.flag_bytes = 4096;
+  a.ready_word = k->ready;
+  a.done_word = k->done;
+  auto er = attach(a);
+  EXPECT_TRUE(er.ok()) << er.status();
+  if (!er.ok()) return nullptr;
+  k->er = *std::move(er);
+  for (auto [region, buf] : {std::pair{&k->send_region, &k->send}, std::pair{&k->recv_region, &k->recv}}) {
+    auto imported = import(IpcSpec(*k, buf->data(), buf->size(), ipc_kind));
+    EXPECT_TRUE(imported.ok()) << imported.status();
+    if (!imported.ok()) return nullptr;
+    *region = *std::move(imported);
+  }
+  return k;
+}
 
 class GpuEngineTest : public ::testing::TestWithParam<Flavor> {
  protected:
@@ -195,38 +243,17 @@ class GpuEngineTest : public ::testing::TestWithParam<Flavor> {
     job->id = next_job_++;
     const int w = static_cast<int>(devices.size());
     for (int r = 0; r < w; ++r) {
-      auto k = std::make_unique<Rank>();
-      k->device = devices[r].ordinal;
-      k->page = std::aligned_alloc(4096, 4096);
-      std::memset(k->page, 0, 4096);
-      k->ready = static_cast<uint32_t*>(k->page);
-      k->done = k->ready + 16;  // Its own cache line, as in the segment.
-      k->send.resize(shard);
-      k->recv.resize(shard * w);
-      RankAttach a;
-      a.rank = r;
-      a.device = devices[r];
-      a.flag_pages = k->page;
-      a.flag_bytes = 4096;
-      a.ready_word = k->ready;
-      a.done_word = k->done;
-      auto er = engine_->AttachRank(a);
-      EXPECT_TRUE(er.ok()) << er.status();
-      if (!er.ok()) return nullptr;
-      k->er = *std::move(er);
-      k->send_region = Import(*k, k->send.data(), k->send.size());
-      k->recv_region = Import(*k, k->recv.data(), k->recv.size());
+      auto k = NewRank(
+          r, devices[r], shard, w, fake_->ipc_memory_kind(),
+          [&](const RankAttach& a) { return engine_->AttachRank(a); },
+          [&](const RegionSpec& spec) { return engine_->Import(spec); });
+      if (k == nullptr) return nullptr;
       job->ranks.push_back(std::move(k));
     }
     return job;
   }
   std::shared_ptr<ImportedRegion> Import(const Rank& k, const void* p, uint64_t bytes) {
-    RegionSpec spec;
-    spec.kind = fake_->ipc_memory_kind();
-    spec.bytes = bytes;
-    spec.handle = FakeRuntime::MakeHandle(p, bytes);
-    spec.rank = k.er.get();
-    auto r = engine_->Import(spec);
+    auto r = engine_->Import(IpcSpec(k, p, bytes, fake_->ipc_memory_kind()));
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : nullptr;
   }

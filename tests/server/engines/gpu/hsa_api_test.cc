@@ -1,16 +1,16 @@
-// The set-up of dmagatherd's own SDMA engines (server/engines/gpu/hsa_api.h)
+// The set-up of dmagatherd's own SDMA engines (server/engines/gpu/hip/hsa_api.h)
 // on a fake HSA table: HIP devices matched to HSA GPU agents by PCI address
 // whatever order HSA lists them in (a CPU agent among them), engines per
 // link from what the fake driver reports, the reasons it leaves the copies
 // to ROCr, the operator's skip mask, and the library loader's refusal.
-#include "server/engines/gpu/hsa_api.h"
+#include "server/engines/gpu/hip/hsa_api.h"
 
 #include <gtest/gtest.h>
 
 #include <map>
 #include <vector>
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::hip {
 namespace {
 
 struct FakeAgent {
@@ -163,4 +163,4 @@ TEST(HsaLoaderTest, EngineMasks) {
 }
 
 }  // namespace
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::hip

@@ -1,17 +1,17 @@
-// HsaCopyQueue (server/engines/gpu/hsa_copy_queue.h) on a fake HSA: which
+// HsaCopyQueue (server/engines/gpu/hip/hsa_copy_queue.h) on a fake HSA: which
 // engine each copy took (and ROCr's choice where no engine is given or the
 // runtime has no copy_on_engine), the dependency chain that keeps issue
 // order, completion checked in issue order whatever order the fake
 // finishes copies in, errors, and that no signal is reused while a copy
 // may still wait on it.
-#include "server/engines/gpu/hsa_copy_queue.h"
+#include "server/engines/gpu/hip/hsa_copy_queue.h"
 
 #include <gtest/gtest.h>
 
 #include <map>
 #include <vector>
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::hip {
 namespace {
 
 // One fake HSA for the test at a time (the table holds plain functions).
@@ -174,4 +174,4 @@ TEST_F(HsaCopyQueueTest, ErrorsAreReported) {
 }
 
 }  // namespace
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::hip

@@ -21,11 +21,11 @@
 #include <vector>
 
 #include "server/engines/gpu/gpu_engine.h"
-#include "server/engines/gpu/hsa_streams.h"
+#include "server/engines/gpu/hip/hsa_streams.h"
 #include "tests/fakes/fake_gpu_runtime.h"
 #include "tests/server/engines/gpu/engine_fixture.h"
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::hip {
 namespace {
 
 using testing::FakeRuntime;
@@ -331,4 +331,4 @@ INSTANTIATE_TEST_SUITE_P(Hip, HsaEngineTest, ::testing::Values(kHipLike),
                          });
 
 }  // namespace
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::hip

@@ -1,17 +1,17 @@
-// HsaStreams (server/engines/gpu/hsa_streams.h) on a fake HSA: which engine
+// HsaStreams (server/engines/gpu/hip/hsa_streams.h) on a fake HSA: which engine
 // each copy took (the plan's engine for its link, ROCr's choice where the
 // link has none; a copy within one GPU forced onto one of its engines), an engine the driver
 // reports unusable never used, events that complete only when every copy
 // they cover has (whatever order the fake finishes copies in), and bytes
 // counted per source device and engine.
-#include "server/engines/gpu/hsa_streams.h"
+#include "server/engines/gpu/hip/hsa_streams.h"
 
 #include <gtest/gtest.h>
 
 #include <map>
 #include <vector>
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::hip {
 namespace {
 
 struct FakeHsa {
@@ -228,4 +228,4 @@ TEST_F(HsaStreamsTest, ACopyNamingAnotherNodesDeviceIsRefused) {
 }
 
 }  // namespace
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::hip

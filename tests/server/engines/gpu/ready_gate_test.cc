@@ -1,4 +1,4 @@
-// ReadyGate: the GPU engine's CPU gate on its own, with hooks that record
+// ReadyGate: the GPU engine's CPU gate on its own, with an issuer that records
 // what was issued and failed. Ops of one job go in order, jobs pass each
 // other, a full gate holds its submitter back, an abandoned gate fails what
 // it holds, and an active gate's thread is woken by no op.
@@ -33,13 +33,13 @@ struct Op : EngineOp {
   absl::Status result;
 };
 
-// The hooks' record: ops issued, in order ("job:seq").
-class Record {
+// The issuer's record: ops issued, in order ("job:seq").
+class Record : public OpIssuer {
  public:
-  ReadyGate::Hooks Hooks() {
-    return {[](const EngineOp& op) { return static_cast<const Op&>(op).ready.load(); },
-            [this](EngineOp* op) { Add(op); }, [](EngineOp* op, const absl::Status& st) { op->OnEngineDone(st); }};
-  }
+  OpIssuer& Issuer() { return *this; }
+  bool MayIssue(const EngineOp& op) override { return static_cast<const Op&>(op).ready.load(); }
+  void Issue(EngineOp* op) override { Add(op); }
+  void Fail(EngineOp* op, const absl::Status& st) override { op->OnEngineDone(st); }
   void Add(EngineOp* op) {
     absl::MutexLock lock(&mu_);
     issued_.push_back(std::to_string(op->job_id) + ":" + std::to_string(op->seq));
@@ -64,7 +64,7 @@ class Record {
 
 TEST(ReadyGateTest, OpsOfAJobGoInOrderAndJobsPassEachOther) {
   Record rec;
-  ReadyGate gate(common::RealClock(), 0, 64, rec.Hooks());
+  ReadyGate gate(common::RealClock(), 0, 64, rec.Issuer());
   gate.Start();
   Op a1(1, 1), a2(1, 2), b1(2, 1);
   a2.ready = true;
@@ -83,7 +83,7 @@ TEST(ReadyGateTest, OpsOfAJobGoInOrderAndJobsPassEachOther) {
 
 TEST(ReadyGateTest, AFullGateHoldsItsSubmitterBack) {
   Record rec;
-  ReadyGate gate(common::RealClock(), 0, 2, rec.Hooks());
+  ReadyGate gate(common::RealClock(), 0, 2, rec.Issuer());
   gate.Start();
   Op a1(1, 1), a2(1, 2), a3(1, 3);
   EXPECT_TRUE(gate.Submit(&a1));
@@ -107,7 +107,7 @@ TEST(ReadyGateTest, AFullGateHoldsItsSubmitterBack) {
 
 TEST(ReadyGateTest, AnAbandonedGateFailsWhatItHolds) {
   Record rec;
-  ReadyGate gate(common::RealClock(), 0, 64, rec.Hooks());
+  ReadyGate gate(common::RealClock(), 0, 64, rec.Issuer());
   gate.Start();
   Op a1(1, 1), b1(2, 1);
   EXPECT_TRUE(gate.Submit(&a1));
@@ -133,7 +133,7 @@ TEST(ReadyGateTest, AnActiveGateIsWokenByNoOp) {
     common::testing::FakeClock clock;
     Record rec;
     ReadyGate gate(awake ? static_cast<common::Clock&>(clock) : common::RealClock(), awake ? 1'000'000'000 : 0, 64,
-                   rec.Hooks());
+                   rec.Issuer());
     gate.Start();
     constexpr int kOps = 8;
     std::vector<std::unique_ptr<Op>> ops;

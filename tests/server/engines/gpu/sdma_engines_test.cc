@@ -2,14 +2,14 @@
 // sdma_engines.h) on masks and PCI addresses as HSA would report them: which
 // engine each link gets, what happens to engines the driver or the operator
 // rules out, failed status calls, scarce engines, and sliced device lists.
-#include "server/engines/gpu/sdma_engines.h"
+#include "server/engines/gpu/hip/sdma_engines.h"
 
 #include <gtest/gtest.h>
 
 #include <map>
 #include <utility>
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::hip {
 namespace {
 
 SdmaEnginePlan::EngineStatus All(uint32_t mask) {
@@ -155,4 +155,4 @@ TEST(SdmaDevices, ADeviceWithoutExactlyOneAgentIsRefusedWithTheReason) {
 }
 
 }  // namespace
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::hip

@@ -7,7 +7,7 @@
 // - a remapped chunk (new generation) is a new import -, and the last
 // reference unmaps every chunk and frees the range. A failed map undoes
 // what was done.
-#include "server/engines/gpu/vmm_import.h"
+#include "server/engines/gpu/cuda/vmm_import.h"
 
 #include <gtest/gtest.h>
 
@@ -16,7 +16,7 @@
 
 #include "common/status.h"
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::cuda {
 namespace {
 
 struct FakeDriver {
@@ -236,4 +236,4 @@ TEST(VmmImportTest, ARefusedGrantFailsTheImportAndUndoes) {
 }
 
 }  // namespace
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::cuda

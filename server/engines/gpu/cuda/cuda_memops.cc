@@ -1,10 +1,10 @@
-#include "server/engines/gpu/cuda_memops.h"
+#include "server/engines/gpu/cuda/cuda_memops.h"
 
 #include <glog/logging.h>
 
 #include <cstring>
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::cuda {
 
 absl::Status StreamMemOps(const common::cuda::DriverApi& api, int device, CUstream stream, const uint64_t* flags,
                           size_t n, uint32_t value, bool write, std::vector<CUstreamBatchMemOpParams>* scratch,
@@ -44,4 +44,4 @@ absl::Status StreamMemOps(const common::cuda::DriverApi& api, int device, CUstre
   return absl::OkStatus();
 }
 
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::cuda

@@ -1,4 +1,4 @@
-#include "server/engines/gpu/hsa_api.h"
+#include "server/engines/gpu/hip/hsa_api.h"
 
 #include <dlfcn.h>
 
@@ -10,7 +10,7 @@
 #include "absl/strings/strip.h"
 #include "common/hip/hip_api.h"
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::hip {
 namespace {
 
 template <typename Fn>
@@ -138,4 +138,4 @@ absl::StatusOr<std::unique_ptr<HsaStreams>> OwnSdmaEngines(const HsaApi* api,
   return std::make_unique<HsaStreams>(&api->copy, std::move(plan), std::move(agents));
 }
 
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::hip

@@ -67,7 +67,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/engines/copy_engine.h"
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::cuda {
 
 // Address ranges whose memory is about to go (any thread).
 class ReleaseLog {
@@ -179,4 +179,4 @@ class CopyGraphCache {
   std::atomic<size_t> size_{0};
 };
 
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::cuda

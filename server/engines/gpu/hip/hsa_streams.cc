@@ -1,11 +1,11 @@
-#include "server/engines/gpu/hsa_streams.h"
+#include "server/engines/gpu/hip/hsa_streams.h"
 
 #include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::hip {
 
 struct HsaStreams::Stream {
   Stream(const HsaCopyApi* api, int d) : device(d), queue(api) {}
@@ -114,4 +114,4 @@ std::vector<CopyEngineBytes> HsaStreams::Counters() const {
   return out;
 }
 
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::hip

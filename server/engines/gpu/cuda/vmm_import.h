@@ -44,7 +44,7 @@
 #include "server/engines/copy_engine.h"
 #include "server/engines/gpu/peer_table.h"
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::cuda {
 
 struct VmmTable {
   int device = -1;
@@ -92,4 +92,4 @@ class VmmImporter {
   std::map<std::string, std::weak_ptr<ImportedRegion>> cache_ ABSL_GUARDED_BY(mu_);  // (pid, device, table) -> region.
 };
 
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::cuda

@@ -1,8 +1,8 @@
-#include "server/engines/gpu/hsa_copy_queue.h"
+#include "server/engines/gpu/hip/hsa_copy_queue.h"
 
 #include "absl/strings/str_cat.h"
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::hip {
 
 HsaCopyQueue::~HsaCopyQueue() {
   absl::MutexLock l(&mu_);
@@ -79,4 +79,4 @@ absl::StatusOr<bool> HsaCopyQueue::Complete(uint64_t mark) {
   return done;
 }
 
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::hip

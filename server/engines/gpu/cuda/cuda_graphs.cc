@@ -1,5 +1,5 @@
 // The cuda runtime's copy graphs (cuda_graphs.h).
-#include "server/engines/gpu/cuda_graphs.h"
+#include "server/engines/gpu/cuda/cuda_graphs.h"
 
 #include <cuda_runtime_api.h>
 
@@ -11,7 +11,7 @@
 #include "common/cuda/cuda_api.h"
 #include "common/status.h"
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::cuda {
 namespace {
 
 using ::dmagather::common::cuda::CudaStatus;
@@ -148,4 +148,4 @@ std::string CopyPathFigures::Describe() const {
   return d.empty() ? d : absl::StrCat("; copy calls by path: ", d);
 }
 
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::cuda

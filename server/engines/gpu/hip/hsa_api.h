@@ -27,11 +27,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/engines/gpu/hsa_copy_queue.h"
-#include "server/engines/gpu/hsa_streams.h"
-#include "server/engines/gpu/sdma_engines.h"
+#include "server/engines/gpu/hip/hsa_copy_queue.h"
+#include "server/engines/gpu/hip/hsa_streams.h"
+#include "server/engines/gpu/hip/sdma_engines.h"
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::hip {
 
 struct HsaApi {
   hsa_status_t (*init)() = nullptr;
@@ -73,4 +73,4 @@ absl::StatusOr<std::unique_ptr<HsaStreams>> OwnSdmaEngines(const HsaApi* api,
                                                            const std::vector<std::string>& pci_bus_ids,
                                                            uint32_t skip_mask);
 
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::hip

@@ -1,4 +1,4 @@
-#include "server/engines/gpu/vmm_import.h"
+#include "server/engines/gpu/cuda/vmm_import.h"
 
 #include <glog/logging.h>
 
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::cuda {
 namespace {
 
 using ::dmagather::common::cuda::CuStatus;
@@ -203,4 +203,4 @@ absl::StatusOr<std::shared_ptr<ImportedRegion>> VmmImporter::MapRegion(const Vmm
       std::make_shared<VmmRegion>(api_, va, bytes, bytes, table.chunks, on_release_));
 }
 
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::cuda

@@ -41,10 +41,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "server/engines/copy_engine.h"
-#include "server/engines/gpu/hsa_copy_queue.h"
-#include "server/engines/gpu/sdma_engines.h"
+#include "server/engines/gpu/hip/hsa_copy_queue.h"
+#include "server/engines/gpu/hip/sdma_engines.h"
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::hip {
 
 class HsaStreams {
  public:
@@ -89,4 +89,4 @@ class HsaStreams {
   std::unique_ptr<std::atomic<uint64_t>[]> bytes_;
 };
 
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::hip

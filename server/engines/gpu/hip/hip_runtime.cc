@@ -43,10 +43,12 @@
 //    docs/AMD.md argues for hipMemcpyAsync).
 //  - Imports: HIP IPC handles of allocation bases (hipIpcOpenMemHandle; size
 //    from hipMemGetAddressRange).
-// Registers --backend=hip (a GpuEngine over this runtime) at the end: the
-// first choice of --backend=auto.
+// CreateHipRuntime (hip_runtime.h) makes it; register.cc registers
+// --backend=hip with it.
 //
 // Threads: as runtime.h.
+#include "server/engines/gpu/hip/hip_runtime.h"
+
 #include <glog/logging.h>
 
 #include <cstdlib>
@@ -61,12 +63,11 @@
 #include "common/memory_kinds.h"
 #include "common/status.h"
 #include "server/engines/factory.h"
-#include "server/engines/gpu/gpu_engine.h"
-#include "server/engines/gpu/hsa_api.h"
-#include "server/engines/gpu/hsa_streams.h"
+#include "server/engines/gpu/hip/hsa_api.h"
+#include "server/engines/gpu/hip/hsa_streams.h"
 #include "server/engines/gpu/runtime.h"
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::hip {
 namespace {
 
 using ::dmagather::common::hip::HipApi;
@@ -322,24 +323,9 @@ class HipRuntime : public GpuRuntime {
 };
 
 }  // namespace
-}  // namespace dmagather::server::engines::gpu
 
-// ---------------------------------------------------------------------------
-// Registration (server/engines/engine_registry.h): --backend=hip, the first
-// choice of --backend=auto. Kept apart from the runtime above.
-#include "server/engines/gpu/gpu_backend.h"
+absl::StatusOr<std::unique_ptr<GpuRuntime>> CreateHipRuntime(const HipEngineOptions& options) {
+  return HipRuntime::Create(options);
+}
 
-namespace dmagather::server::engines::gpu {
-namespace {
-
-const EngineRegistration kHipRegistration(GpuEngineBackend({
-    .name = "hip",
-    .priority = 300,
-    .label = "HIP",
-    .unusable = "no usable AMD GPU",
-    .devices = "AMD GPU(s) (HIP, SDMA)",
-    .create_runtime = [](const EngineOptions& o) { return HipRuntime::Create(o.hip); },
-}));
-
-}  // namespace
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::hip

@@ -32,9 +32,12 @@
 //  - imports: CUDA IPC handles of allocation bases (cudaIpcOpenMemHandle,
 //    size checked with cuMemGetAddressRange);
 //  - rank flags: cudaHostRegister(Mapped | Portable) of the completion block.
-// Registers --backend=cuda (a GpuEngine over this runtime) at the end.
+// CreateCudaRuntime (cuda_runtime.h) makes it; register.cc registers
+// --backend=cuda with it.
 //
 // Threads: as runtime.h.
+#include "server/engines/gpu/cuda/cuda_runtime.h"
+
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <glog/logging.h>
@@ -51,14 +54,13 @@
 #include "common/clock.h"
 #include "common/cuda/cuda_api.h"
 #include "common/status.h"
-#include "server/engines/gpu/copy_graph_cache.h"
-#include "server/engines/gpu/cuda_graphs.h"
-#include "server/engines/gpu/cuda_memops.h"
-#include "server/engines/gpu/gpu_engine.h"
+#include "server/engines/gpu/cuda/copy_graph_cache.h"
+#include "server/engines/gpu/cuda/cuda_graphs.h"
+#include "server/engines/gpu/cuda/cuda_memops.h"
+#include "server/engines/gpu/cuda/vmm_import.h"
 #include "server/engines/gpu/runtime.h"
-#include "server/engines/gpu/vmm_import.h"
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::cuda {
 namespace {
 
 using ::dmagather::common::cuda::CudaStatus;
@@ -444,24 +446,9 @@ class CudaRuntime : public GpuRuntime {
 };
 
 }  // namespace
-}  // namespace dmagather::server::engines::gpu
 
-// ---------------------------------------------------------------------------
-// Registration (server/engines/engine_registry.h): --backend=cuda, tried by
-// --backend=auto after hip. Kept apart from the runtime above.
-#include "server/engines/gpu/gpu_backend.h"
+absl::StatusOr<std::unique_ptr<GpuRuntime>> CreateCudaRuntime(const CudaEngineOptions& options) {
+  return CudaRuntime::Create(options);
+}
 
-namespace dmagather::server::engines::gpu {
-namespace {
-
-const EngineRegistration kCudaRegistration(GpuEngineBackend({
-    .name = "cuda",
-    .priority = 200,
-    .label = "CUDA",
-    .unusable = "no usable CUDA GPU",
-    .devices = "CUDA GPU(s)",
-    .create_runtime = [](const EngineOptions& o) { return CudaRuntime::Create(o.cuda); },
-}));
-
-}  // namespace
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::cuda

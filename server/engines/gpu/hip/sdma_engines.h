@@ -33,7 +33,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::hip {
 
 // A PCI address as HSA reports it (HSA_AMD_AGENT_INFO_DOMAIN, _BDFID:
 // bus << 8 | device << 3 | function) and HIP's hipDeviceGetPCIBusId
@@ -83,4 +83,4 @@ class SdmaEnginePlan {
   int shared_ = 0;
 };
 
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::hip

@@ -1,10 +1,10 @@
-#include "server/engines/gpu/copy_graph_cache.h"
+#include "server/engines/gpu/cuda/copy_graph_cache.h"
 
 #include <glog/logging.h>
 
 #include <algorithm>
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::cuda {
 
 void ReleaseLog::Add(uint64_t base, uint64_t bytes) {
   absl::MutexLock lock(&mu_);
@@ -201,4 +201,4 @@ void CopyGraphCache::Disable(const std::string& why) {
   enabled_.store(false, std::memory_order_relaxed);
 }
 
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::cuda

@@ -1,4 +1,4 @@
-#include "server/engines/gpu/sdma_engines.h"
+#include "server/engines/gpu/hip/sdma_engines.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::hip {
 namespace {
 
 int Popcount(uint32_t m) { return __builtin_popcount(m); }
@@ -133,4 +133,4 @@ std::string SdmaEnginePlan::Describe() const {
   return out;
 }
 
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::hip

@@ -11,9 +11,9 @@
 
 #include "common/latency_histogram.h"
 #include "server/engines/factory.h"
-#include "server/engines/gpu/copy_graph_cache.h"
+#include "server/engines/gpu/cuda/copy_graph_cache.h"
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::cuda {
 
 CopyGraphCache::Ops CudaGraphOps();
 CopyGraphCache::Options CudaGraphOptions(const CudaEngineOptions& options);
@@ -37,4 +37,4 @@ class CopyPathFigures {
   Figures paths_[4];
 };
 
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::cuda

@@ -33,7 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
-namespace dmagather::server::engines::gpu {
+namespace dmagather::server::engines::gpu::hip {
 
 // The HSA calls the queue makes. copy_on_engine is null where the runtime
 // lacks it (ROCm < 5.7); its engine argument is an hsa_amd_sdma_engine_id_t
@@ -96,4 +96,4 @@ class HsaCopyQueue {
   std::atomic<uint64_t> bytes_rocr_{0};
 };
 
-}  // namespace dmagather::server::engines::gpu
+}  // namespace dmagather::server::engines::gpu::hip
