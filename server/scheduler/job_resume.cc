@@ -51,7 +51,7 @@ Job::Rearmed Job::RearmCaptured(uint32_t done, const engines::CopyEngine& engine
       ++out.dropped;
       continue;
     }
-    for (RankPart& p : parts) p.started = p.arrived = true;  // Every rank's items are here (BuildPlan).
+    for (RankPart& p : parts) p.arrived = true;  // Every rank's items are here (BuildPlan).
     Op op;
     op.job = this;
     op.seq = seq;
