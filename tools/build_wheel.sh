@@ -36,7 +36,10 @@ cp README.md "$stage/src/README.md"
 rm -rf "$stage/src/dmagather/__pycache__"
 install -m 0755 "$bin/client/libdmagather.so" "$stage/src/dmagather/libdmagather.so"
 strip --strip-unneeded "$stage/src/dmagather/libdmagather.so"
-mkdir -p "$stage/src/dmagather/bin"
+mkdir -p "$stage/src/dmagather/bin" "$stage/src/dmagather/deploy"
+# What `dmagatherctl service install` writes: the .deb's unit, tmpfiles entry and configuration.
+cp deploy/dmagatherd.service deploy/tmpfiles.d-dmagather.conf deploy/dmagatherd.conf.example \
+  "$stage/src/dmagather/deploy/"
 for b in server/dmagatherd tools/dmagatherctl; do
   install -m 0755 "$bin/$b" "$stage/src/dmagather/bin/"
   strip "$stage/src/dmagather/bin/$(basename "$b")"

@@ -143,6 +143,43 @@ class WheelTest(TrainerCase):
         body = urllib.request.urlopen(f"http://{m.group(1)}/metrics", timeout=10).read().decode()
         self.assertIn('dmagather_up{version="', body)
 
+    def test_service_command_writes_the_packaged_unit_for_the_wheels_daemon(self):
+        self.built()
+        root = os.path.join(self.dir, "root")
+        ctl = [os.path.join(self.venv, "bin", "dmagatherctl"), "service"]
+        env = {"PATH": "/usr/bin:/bin"}
+        p = subprocess.run(ctl + ["install", "--root", root], capture_output=True, text=True, timeout=60, env=env)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        unit_path = os.path.join(root, "etc/systemd/system/dmagatherd.service")
+        unit = open(unit_path).read()
+        daemon = os.path.join(self.site, "dmagather", "bin", "dmagatherd")
+        self.assertIn(f"ExecStart={daemon} --socket=/run/dmagather/dmagatherd.sock $DMAGATHERD_ARGS", unit)
+        # Every other line as the .deb's unit has it (the hardening, Type=notify, Restart=).
+        packaged = open(os.path.join(REPO, "deploy", "dmagatherd.service")).read().splitlines()
+        body = [line for line in unit.splitlines() if not line.startswith(("# Written by", "# /", "ExecStart="))]
+        self.assertEqual([line for line in packaged if not line.startswith("ExecStart=")],
+                         [line for line in body if not line.startswith("# " + self.site)])
+        self.assertEqual(open(os.path.join(root, "etc/tmpfiles.d/dmagather.conf")).read(),
+                         open(os.path.join(REPO, "deploy", "tmpfiles.d-dmagather.conf")).read())
+        config = os.path.join(root, "etc/dmagather/dmagatherd.conf")
+        with open(config, "a") as f:
+            f.write("# edited by the admin\n")
+        p = subprocess.run(ctl + ["install", "--root", root], capture_output=True, text=True, timeout=60, env=env)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIn("# edited by the admin", open(config).read(), "an existing configuration is kept")
+        # systemd's own check of the unit as written (as tools/check_unit.sh does for the .deb's).
+        if shutil.which("systemd-analyze"):
+            v = subprocess.run(["systemd-analyze", "verify", unit_path], capture_output=True, text=True, timeout=60)
+            out = [line for line in (v.stdout + v.stderr).splitlines() if "nvidia-persistenced" not in line]
+            if not any(x in (v.stdout + v.stderr) for x in ("Failed to initialize manager", "Failed to connect to bus",
+                                                             "Operation not permitted")):
+                self.assertEqual((v.returncode, out), (0, []), "systemd-analyze verify of the written unit")
+        p = subprocess.run(ctl + ["remove", "--root", root], capture_output=True, text=True, timeout=60, env=env)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertFalse(os.path.exists(unit_path))
+        self.assertFalse(os.path.exists(os.path.join(root, "etc/tmpfiles.d/dmagather.conf")))
+        self.assertTrue(os.path.exists(config), "the configuration stays, as dpkg keeps a conffile")
+
     def test_check_module_after_pip_install(self):
         self.built()
         p = subprocess.run([self.py, "-m", "dmagather.check", "--world", "4"], env=self.env(), capture_output=True,

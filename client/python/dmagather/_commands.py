@@ -1,6 +1,7 @@
 """The `dmagatherd` and `dmagatherctl` commands of the installed package: each
 runs the program of that name shipped inside the package (dmagather/bin/,
-its libraries in dmagather.libs/ beside it), with the command's arguments."""
+its libraries in dmagather.libs/ beside it), with the command's arguments;
+`dmagatherctl service ...` writes the node service for it (service.py)."""
 import os
 import sys
 
@@ -20,4 +21,8 @@ def dmagatherd():
 
 
 def dmagatherctl():
+    if sys.argv[1:2] == ["service"]:
+        # The node service for this package's daemon (dmagather/service.py).
+        from dmagather import service
+        sys.exit(service.main(sys.argv[2:]))
     _run("dmagatherctl")
