@@ -21,7 +21,8 @@ LAYERS = [
     ["_torch_setup"],                               # one job per process group
     ["_fsdp_zero_copy", "_zero3_zero_copy"],        # the framework patches
     ["torch"],                                      # the switches: the module API, install()
-    ["_autoload", "check"],                         # DMAGATHER_ALLGATHER=1; the check tool
+    ["_autoload", "check", "service"],              # DMAGATHER_ALLGATHER=1; the check tool; the node service
+    ["_commands"],                                  # the wheel's dmagatherd / dmagatherctl commands
 ]
 RANK = {m: i for i, layer in enumerate(LAYERS) for m in layer}
 PACKAGE = "dmagather"
