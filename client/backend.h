@@ -87,6 +87,10 @@ class ClientBackend {
   // FALLBACK when the backend cannot reach such memory at all,
   // INVALID_ARGUMENT when the buffer is wrong (wrong device, past the end).
   virtual absl::StatusOr<MemoryExport> Describe(const void* ptr, uint64_t bytes) const = 0;
+  // Makes a thread of the library's own (the reconnect thread, which
+  // registers the rank's memory again with a new daemon) able to Describe:
+  // the rank's device current on it (driver calls need its context).
+  virtual absl::Status PrepareThread() const { return absl::OkStatus(); }
   // Current buffer id of the allocation containing ptr (0: not tracked).
   virtual uint64_t BufferId(const void* ptr) const = 0;
   // A registration with chunks (VMM): whether the chunks under [ptr,

@@ -217,6 +217,8 @@ class CudaBackend : public ClientBackend {
     return AllocateDeviceBuffer(memory_, device_, bytes, [this](const void* p, uint64_t n) { return Describe(p, n); });
   }
 
+  absl::Status PrepareThread() const override { return memory_->SetDevice(device_); }
+
   absl::StatusOr<MemoryExport> Describe(const void* ptr, uint64_t bytes) const override {
     DMAG_RETURN_IF_ERROR(CheckDeviceBuffer(*memory_, ptr, device_));
     int legacy_ipc = 1;

@@ -188,9 +188,13 @@ absl::Status DaemonLink::TryRejoin(uint64_t lost_ns, absl::Time deadline, bool* 
                                                       " cannot take back ops captured into CUDA graphs (it is older "
                                                       "than this library)"));
   }
-  // Every region under its old id: descriptors in the ring name them.
-  absl::Status st;
+  // Every region under its old id: descriptors in the ring name them. This
+  // thread is the library's own: the rank's device is made current on it
+  // first, or the driver cannot describe VMM or pool memory here (and each
+  // such region would be skipped as if freed).
   const ClientBackend* backend = backend_;  // Read under mu_ (the lambda below is not seen to hold it).
+  absl::Status st = backend->PrepareThread();
+  if (!st.ok()) return st;
   ControlChannel* channel = ch->get();
   parts_.regions->ForEach([&](uintptr_t base, const RegistrationCache::Region& r) {
     if (!st.ok()) return;
