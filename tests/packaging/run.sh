@@ -49,14 +49,9 @@ for t in debootstrap umoci zstd dpkg-shlibdeps; do
 done
 . packaging/debian12_root.sh
 
-passed=0 failed=0 skipped=0
-work=$(mktemp -d "${TMPDIR:-/tmp}/dmagather-pkgtest.XXXXXX")
-# The roots (2 GB with torch) in memory where there is room: unpacking is
-# faster and the clean-up is an unmount (the mount is private to this run).
-if [ "${DMAGATHER_KEEP_LOGS:-}" != 1 ] &&
-   [ "$(awk '/^MemAvailable:/ {print int($2 / 1048576)}' /proc/meminfo)" -ge 10 ]; then
-  mount -t tmpfs -o size=6g,mode=0700 tmpfs "$work" && echo "packaging: working in a tmpfs at $work"
-fi
+name=packaging
+. tests/packaging/cases.sh
+work_new dmagather-pkgtest 6 10  # The roots: 2 GB with torch.
 root=$work/root
 rootfs=$work/bundle/rootfs
 pids=()
@@ -64,26 +59,10 @@ cleanup() {
   for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
   root_umount "$root"
   for m in "$root/run/image-socket" "$rootfs/proc" "$rootfs/dev/shm"; do mountpoint -q "$m" && umount -l "$m"; done
-  if [ "${DMAGATHER_KEEP_LOGS:-}" = 1 ]; then
-    echo "packaging: kept $work"
-  elif mountpoint -q "$work"; then
-    umount -l "$work" && rmdir "$work"
-  else
-    rm -rf "$work"
-  fi
+  work_remove
 }
 trap cleanup EXIT
-
 t_case=$SECONDS
-ok() { passed=$((passed + 1)); echo "PASSED $1 ($((SECONDS - t_case)) s)"; t_case=$SECONDS; }
-bad() { failed=$((failed + 1)); echo "FAILED $1: $2"; t_case=$SECONDS; }
-skip() { skipped=$((skipped + 1)); echo "SKIPPED $1: $2"; t_case=$SECONDS; }
-finish() {
-  echo "packaging: $((SECONDS)) s in all"
-  echo "$passed passed, $failed failed, $skipped skipped"
-  [ "$failed" -eq 0 ]
-  exit $?
-}
 in_root() { chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "$@"; }
 # Processes whose root is DIR (started in that chroot).
 procs_in() {

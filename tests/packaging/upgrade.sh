@@ -96,12 +96,9 @@ done
 rounds=${DMAGATHER_UPGRADE_ROUNDS:-1}
 pace_us=${DMAGATHER_UPGRADE_PACE_US:-2000}
 world=4
-passed=0 failed=0 skipped=0
-work=$(mktemp -d "${TMPDIR:-/tmp}/dmagather-upgrade.XXXXXX")
-if [ "${DMAGATHER_KEEP_LOGS:-}" != 1 ] &&
-   [ "$(awk '/^MemAvailable:/ {print int($2 / 1048576)}' /proc/meminfo)" -ge 4 ]; then
-  mount -t tmpfs -o size=2g,mode=0700 tmpfs "$work" && echo "upgrade: working in a tmpfs at $work"
-fi
+name=upgrade
+. tests/packaging/cases.sh
+work_new dmagather-upgrade 2 4
 root=$work/root
 cgname=dmagather-upgrade.$$
 cgdirs=() cgmounts=()
@@ -127,25 +124,10 @@ cleanup() {
   done
   for m in "${cgmounts[@]}"; do umount -l "$m"; done
   root_umount "$root"
-  if [ "${DMAGATHER_KEEP_LOGS:-}" = 1 ]; then
-    echo "upgrade: kept $work"
-  elif mountpoint -q "$work"; then
-    umount -l "$work" && rmdir "$work"
-  else
-    rm -rf "$work"
-  fi
+  work_remove
 }
 trap cleanup EXIT
-
 t_case=$SECONDS
-ok() { passed=$((passed + 1)); echo "PASSED $1 ($((SECONDS - t_case)) s)"; t_case=$SECONDS; }
-bad() { failed=$((failed + 1)); echo "FAILED $1: $2"; t_case=$SECONDS; }
-finish() {
-  echo "upgrade: $((SECONDS)) s in all"
-  echo "$passed passed, $failed failed, $skipped skipped"
-  [ "$failed" -eq 0 ]
-  exit $?
-}
 # Where systemd cannot boot here (no PID namespace, a kernel or a container
 # that refuses its mounts), nothing of the packages was tried: the boot and
 # the cases after it are skipped, with the reason, and the exit status is 77.
