@@ -7,12 +7,12 @@
 #
 #   tools/build_image.sh [OUTDIR]      (default dist/image; needs root)
 #
-# Writes OUTDIR/dmagatherd (the OCI layout, tag <version>, e.g. 0.3.0) and
+# Writes OUTDIR/dmagatherd (the OCI layout, tag <version>, e.g. 0.4.0) and
 # OUTDIR/dmagatherd-<version>.oci.tar (the same layout as one file). Uses the
 # packages in $DMAGATHER_DEBS when set, else builds them (tools/build_debs.sh).
 # Push / load it with skopeo or containerd, e.g.
-#   skopeo copy oci:dist/image/dmagatherd:0.3.0 docker://REGISTRY/dmagather/dmagatherd:0.3.0
-#   ctr -n k8s.io images import --base-name dmagather/dmagatherd dist/image/dmagatherd-0.3.0.oci.tar
+#   skopeo copy oci:dist/image/dmagatherd:0.4.0 docker://REGISTRY/dmagather/dmagatherd:0.4.0
+#   ctr -n k8s.io images import --base-name dmagather/dmagatherd dist/image/dmagatherd-0.4.0.oci.tar
 # Prints `image: LAYOUT:TAG` last.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -57,11 +57,15 @@ absl::Status DriverTooOld(const absl::Status& failed) {
     return absl::UnavailableError(
         absl::StrCat("no NVIDIA driver (libcuda.so.1) on this machine (", failed.message(), ")"));
   }
-  if (driver < CUDART_VERSION) {
+  // CUDA minor version compatibility: a CUDA 12 runtime runs on any CUDA 12
+  // driver (R525 or newer), so a CUDA 12 build needs 12.0, not its own minor.
+  constexpr int kNeeded = CUDART_VERSION >= 13000 ? CUDART_VERSION : CUDART_VERSION / 1000 * 1000;
+  if (driver < kNeeded) {
     return absl::FailedPreconditionError(
         absl::StrCat("the NVIDIA driver supports CUDA ", driver / 1000, ".", driver % 1000 / 10,
-                     "; this build needs CUDA ", CUDART_VERSION / 1000, ".", CUDART_VERSION % 1000 / 10,
-                     CUDART_VERSION >= 13000 ? " (an R580 driver or newer)" : "", " (", failed.message(), ")"));
+                     "; this build needs CUDA ", kNeeded / 1000, ".", kNeeded % 1000 / 10,
+                     CUDART_VERSION >= 13000 ? " (an R580 driver or newer)" : " (an R525 driver or newer)", " (",
+                     failed.message(), ")"));
   }
   return failed;
 }

@@ -71,4 +71,25 @@ absl::StatusOr<const DriverApi*> Driver();
 // (the daemon's chunks, a rank's own shards), else as cudaMemcpyAsync.
 bool BatchCopiesEnabled();
 
+// cudaMemcpyBatchAsync as CUDA 13 declares it. CUDA 12.8/12.9 declare it
+// with non-const pointers and a failIdx before the stream; from a CUDA 12
+// runtime on a driver older than 12.8 it fails with
+// cudaErrorCallRequiresNewerDriver, reported here as cudaErrorNotSupported
+// (the callers then fall back to cudaMemcpyAsync).
+inline cudaError_t MemcpyBatchAsync(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t count,
+                                    cudaMemcpyAttributes* attrs, size_t* attr_idx, size_t num_attrs, cudaStream_t s) {
+#if CUDART_VERSION >= 13000
+  return cudaMemcpyBatchAsync(dsts, srcs, sizes, count, attrs, attr_idx, num_attrs, s);
+#else
+  size_t fail_idx = 0;
+  cudaError_t err = cudaMemcpyBatchAsync(const_cast<void**>(dsts), const_cast<void**>(srcs), const_cast<size_t*>(sizes),
+                                         count, attrs, attr_idx, num_attrs, &fail_idx, s);
+  if (err == cudaErrorCallRequiresNewerDriver) {
+    cudaGetLastError();
+    return cudaErrorNotSupported;
+  }
+  return err;
+#endif
+}
+
 }  // namespace dmagather::common::cuda

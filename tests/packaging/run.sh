@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The packages on a clean Debian 12 root, and the DaemonSet's image
-# (docs/TESTING.md "Packages"). Needs root (debootstrap, chroot, mounts in a
+# The packages on a clean Debian 12 root, the DaemonSet's image, and the wheel
+# on a clean Debian 12 root (docs/TESTING.md "Packages"). Needs root (debootstrap, chroot, mounts in a
 # private mount namespace) and the Debian mirror (the first run, and the
 # packages' dependencies until they are in the apt cache).
 #
@@ -9,6 +9,7 @@
 #                                     booted systemd (tests/packaging/upgrade.sh:
 #                                     its own cases and counts; about a minute,
 #                                     so not part of the default run)
+#   tests/packaging/run.sh wheel      only the wheel's cases (tests/packaging/wheel.sh)
 #
 # Cases, each on real data:
 #   build_debs      tools/build_debs.sh makes the four packages
@@ -34,12 +35,19 @@
 #   image           tools/build_image.sh; the image unpacked (umoci) holds a
 #                   daemon that starts with the DaemonSet's arguments and serves
 #                   the root's C program (4 ranks, bit-exact) through its socket
-# The wheel (pip install into a fresh venv, python -m dmagather.check --world 4)
-# is tests/trainers/wheel_test.py.
+#   build_wheel, wheel_venv, wheel_daemon, wheel_python
+#                   tests/packaging/wheel.sh (sourced): the wheel in a venv on
+#                   another clean root (minbase + python3-venv only), its
+#                   daemon (nothing mapped from outside the wheel but the C/C++
+#                   runtime), 3 ranks' all-gather and reduce-scatter from Python
+#                   without numpy or torch, bit-exact
+# The wheel's service command and python -m dmagather.check against its daemon
+# are tests/trainers/wheel_test.py.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
 [ "${1:-}" != upgrade ] || exec tests/packaging/upgrade.sh
+[ "${1:-}" != wheel ] || exec tests/packaging/wheel.sh
 [ "$(id -u)" -eq 0 ] || { echo "packaging: SKIPPED: needs root (debootstrap, chroot)"; echo "0 passed, 0 failed, 1 skipped"; exit 77; }
 if [ -z "${DMAGATHER_IN_PRIVATE_NS:-}" ]; then
   DMAGATHER_IN_PRIVATE_NS=1 exec unshare --mount --propagation private "$0" "$@"
@@ -51,6 +59,7 @@ done
 
 name=packaging
 . tests/packaging/cases.sh
+. tests/packaging/wheel.sh
 work_new dmagather-pkgtest 6 10  # The roots: 2 GB with torch.
 root=$work/root
 rootfs=$work/bundle/rootfs
@@ -59,6 +68,7 @@ cleanup() {
   for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
   root_umount "$root"
   for m in "$root/run/image-socket" "$rootfs/proc" "$rootfs/dev/shm"; do mountpoint -q "$m" && umount -l "$m"; done
+  wheel_cleanup
   work_remove
 }
 trap cleanup EXIT
@@ -297,5 +307,8 @@ else
   tail -20 "$work/image.log"
   bad image "tools/build_image.sh failed"
 fi
+
+# --- build_wheel, wheel_venv, wheel_daemon, wheel_python (tests/packaging/wheel.sh)
+wheel_cases
 
 finish
