@@ -11,6 +11,14 @@
 //    cannot reach, bad arguments found before submit). The daemon fails the
 //    op on every rank with the rank's status (FALLBACK or INVALID_ARGUMENT)
 //    and reason, so ranks never diverge (some submitting, some not).
+//  - kOpAllToAll and the reduce-scatters (same slot, from version 0.4 on):
+//    chunk d of the rank's send goes to rank d, where it lands as chunk
+//    `rank` of that rank's output. The op's arguments (AllToAllV2) overlay
+//    `recv` (num_recv = 1). A reduce-scatter is moved exactly as an
+//    all-to-all; its op code says the reduction the ranks then run
+//    themselves, so ranks that disagree on it are told so. A daemon that
+//    does not know these codes fails the op on every rank; clients ask
+//    first (JoinReply.takes_alltoall).
 #pragma once
 
 #include <stddef.h>
@@ -22,10 +30,20 @@
 namespace dmagather::abi {
 
 enum OpCodeV2 : uint32_t {
-  kOpAllGatherV2 = 1,      // as kOpAllGather
-  kOpAllGatherListV2 = 2,  // as kOpAllGatherList
-  kOpRefuse = 3,           // refusal{status, reason}; no buffers.
+  kOpAllGatherV2 = 1,         // as kOpAllGather
+  kOpAllGatherListV2 = 2,     // as kOpAllGatherList
+  kOpRefuse = 3,              // refusal{status, reason}; no buffers.
+  kOpAllToAllV2 = 4,          // all_to_all_single, equal chunks: a2a{...}
+  kOpReduceScatterSumV2 = 5,  // moved as kOpAllToAllV2; the ranks sum
+  kOpReduceScatterAvgV2 = 6,  // moved as kOpAllToAllV2; the ranks average
 };
+
+inline bool IsAllToAllV2(uint32_t op) {
+  return op == kOpAllToAllV2 || op == kOpReduceScatterSumV2 || op == kOpReduceScatterAvgV2;
+}
+
+// AllToAllV2.flags
+constexpr uint32_t kAllToAllSkipSelf = 1;  // The rank's own chunk is not moved (the rank reads or copies it itself).
 
 constexpr uint32_t kRefusalReasonBytesV2 = 1016;
 constexpr uint32_t kMaxItemsPerOpV2 = 64;  // Items of one coalesced op.
@@ -34,6 +52,19 @@ struct RefusalV2 {
   int32_t status;  // dmagather_status_t: FALLBACK or INVALID_ARGUMENT.
   uint32_t reserved;
   char reason[kRefusalReasonBytesV2];  // NUL-terminated sentence.
+};
+
+// The arguments of an all-to-all: chunk d of the send buffer starts at
+// send + d*send_stride bytes, and the chunk from rank s lands at recv +
+// s*recv_stride; each chunk is `count` elements. Strides are at least a
+// chunk's bytes; a reduce-scatter moved in slices uses a send stride of the
+// whole chunk and a recv stride of one slice.
+struct AllToAllV2 {
+  BufferRefV1 recv;  // Overlays recv[0].
+  uint64_t send_stride;
+  uint64_t recv_stride;
+  uint32_t flags;  // kAllToAllSkipSelf
+  uint32_t reserved;
 };
 
 struct DescriptorV2 {
@@ -49,6 +80,7 @@ struct DescriptorV2 {
   union {
     BufferRefV1 recv[kMaxRanksV1];
     RefusalV2 refusal;
+    AllToAllV2 a2a;
   };
 };
 
@@ -57,6 +89,8 @@ static_assert(offsetof(DescriptorV2, send) == 32, "DescriptorV2 layout");
 static_assert(offsetof(DescriptorV2, items_following) == 52, "DescriptorV2 layout");
 static_assert(offsetof(DescriptorV2, recv) == 56, "DescriptorV2 layout");
 static_assert(sizeof(DescriptorV2) == sizeof(DescriptorV1), "a v2 descriptor fills a v1 ring slot");
+static_assert(offsetof(DescriptorV2, a2a.recv) == offsetof(DescriptorV2, recv), "AllToAllV2 overlays recv[0]");
+static_assert(sizeof(AllToAllV2) == 40, "AllToAllV2 layout");
 
 constexpr uint32_t kDescriptorStampV2 = Stamp(sizeof(DescriptorV2), 2);
 

@@ -28,6 +28,10 @@ Registry& GetRegistry() {
 
 }  // namespace
 
+absl::Status ClientBackend::CanReduce() const {
+  return common::FallbackError(absl::StrCat("the ", name(), " backend cannot run the reduce-scatter's sum"));
+}
+
 bool RegisterClientBackend(ClientBackendEntry entry) {
   Registry& r = GetRegistry();
   absl::MutexLock lock(&r.mu);

@@ -67,6 +67,29 @@ struct CapturedDefinition {
   std::string descriptors;  // abi::DescriptorV2 each, as published.
 };
 
+// One reduction of a reduce-scatter (common/reduce.h has the numerics):
+// chunk s of `count` elements at chunks[s], summed in chunk order into
+// `out`, which may be one of the chunks exactly (in place), never a part.
+struct ReduceArgs {
+  const void* chunks[64] = {};
+  int n = 0;
+  uint64_t count = 0;
+  uint32_t dtype = 0;
+  int redop = 0;
+  void* out = nullptr;
+};
+
+// A point in a stream (cuda: an event): what a later user of a staging
+// buffer waits for, on its own stream or on the host.
+class StreamMark {
+ public:
+  virtual ~StreamMark() = default;
+  virtual absl::Status Record(void* stream) = 0;
+  virtual absl::Status WaitOn(void* stream) = 0;  // `stream` waits for the mark (no host sync).
+  virtual absl::Status Sync() = 0;                // The host waits for it.
+  virtual absl::StatusOr<bool> Reached() = 0;
+};
+
 struct GraphSlotsFreed {
   absl::Mutex mu;
   std::vector<uint32_t> freed ABSL_GUARDED_BY(mu);
@@ -123,6 +146,18 @@ class ClientBackend {
   // has_stream_waits(): nothing to enqueue (the host waits instead).
   virtual bool has_stream_waits() const = 0;
   virtual absl::Status WaitDoneOnStream(void* stream, uint32_t seq) = 0;
+
+  // --- Reduce-scatter: the rank's own sum of the chunks the daemon moved ---
+  // Why this backend cannot reduce (FALLBACK), else OK.
+  virtual absl::Status CanReduce() const;
+  // Runs `a` (host: now, on the calling thread) or enqueues it on `stream`
+  // (GPU: a small kernel, the reduction's only use of SMs/CUs).
+  virtual absl::Status Reduce(const ReduceArgs& a, void* stream) {
+    (void)a, (void)stream;
+    return CanReduce();
+  }
+  // A new mark; null where the host runs the reductions itself.
+  virtual absl::StatusOr<std::unique_ptr<StreamMark>> NewMark() { return std::unique_ptr<StreamMark>(); }
 
   // --- CUDA-graph capture (abi/graph_v1.h) ---
   // Whether `stream` is being captured into a graph; an error where a

@@ -187,6 +187,35 @@ dmagather_status_t dmagather_submit_fallback(dmagather_comm_t comm, const char* 
   return st;
 }
 
+dmagather_status_t dmagather_reduce_scatter_async(dmagather_comm_t comm, const void* send, void* recv, size_t count,
+                                                  dmagather_dtype_t dtype, dmagather_redop_t op, void* stream,
+                                                  dmagather_op_t* handle) {
+  DMAG_CHECK_COMM(comm);
+  uint64_t h = 0;
+  dmagather_status_t st = Report(comm, comm->impl->ReduceScatterOp(send, recv, count, dtype, op, stream, &h));
+  if (handle != nullptr) *handle = h;
+  return st;
+}
+
+dmagather_status_t dmagather_reduce_scatter(dmagather_comm_t comm, const void* send, void* recv, size_t count,
+                                            dmagather_dtype_t dtype, dmagather_redop_t op, void* stream) {
+  DMAG_CHECK_COMM(comm);
+  uint64_t h = 0;
+  absl::Status st = comm->impl->ReduceScatterOp(send, recv, count, dtype, op, stream, &h);
+  // CPU: complete on return; GPU: stream-ordered on `stream` already.
+  if (st.ok() && comm->impl->host_waits()) st = comm->impl->OpWait(h);
+  return Report(comm, st);
+}
+
+dmagather_status_t dmagather_alltoall_async(dmagather_comm_t comm, const void* send, void* recv, size_t count,
+                                            dmagather_dtype_t dtype, void* stream, dmagather_op_t* op) {
+  DMAG_CHECK_COMM(comm);
+  uint64_t h = 0;
+  dmagather_status_t st = Report(comm, comm->impl->AllToAll(send, recv, count, dtype, stream, &h));
+  if (op != nullptr) *op = h;
+  return st;
+}
+
 dmagather_status_t dmagather_op_wait(dmagather_comm_t comm, dmagather_op_t op) {
   DMAG_CHECK_COMM(comm);
   return Report(comm, comm->impl->OpWait(op));

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/env_check.h"
+#include "client/reduce_scatter.h"
 #include "common/api_names.h"
 #include "common/clock.h"
 #include "common/dtype.h"
@@ -92,6 +93,7 @@ absl::Status CommImpl::Join() {
   DMAG_ASSIGN_OR_RETURN(JoinAnswer answer, link_->Join(p));
   backend_name_ = answer.backend;
   daemon_version_ = answer.daemon_version;
+  takes_alltoall_ = answer.takes_alltoall;
   if (!spin_set_ && answer.wait_spin.has_value()) spin_ = *answer.wait_spin;
   done_.SetSpin(spin_, /*yields=*/0);  // Yielding ranks starve the daemon (PERFORMANCE.md).
   ClientBackendContext ctx;
@@ -120,6 +122,8 @@ absl::Status CommImpl::Close() {
   if (closed_) return absl::OkStatus();
   const bool joined = link_ != nullptr && link_->joined();
   absl::Status st = joined ? Wait() : absl::OkStatus();
+  if (reduce_scatter_ != nullptr) reduce_scatter_->Release();  // Its staging, while the daemon can be told.
+  reduce_scatter_.reset();
   closed_ = true;
   if (link_ != nullptr) link_->Close(/*leave=*/joined);
   regions_.Clear();                // Frees what dmagather_alloc made.
@@ -223,6 +227,7 @@ absl::Status CommImpl::PublishRefusal(const absl::Status& why) {
 }
 
 absl::Status CommImpl::PrepareItem(const GatherItem& item, abi::DescriptorV2* d) {
+  if (item.a2a_op != 0) return PrepareAllToAll(item, d);
   const int world = options_.world_size, rank = options_.rank;
   if (static_cast<uint32_t>(item.dtype) >= common::kNumDtypes) {
     return absl::InvalidArgumentError(absl::StrCat(Rank(), "unknown dtype ", int(item.dtype)));
@@ -326,8 +331,8 @@ absl::Status CommImpl::RenameDropped(size_t n) {
     dropped_.clear();
     for (size_t i = 0; i < n; ++i) {
       abi::DescriptorV2& d = scratch_[i];
-      const uint64_t bytes = uint64_t(d.count) * common::DtypeSize(d.dtype);
-      const uint64_t out_bytes = d.op == abi::kOpAllGatherListV2 ? bytes : bytes * uint64_t(options_.world_size);
+      uint64_t bytes = 0, out_bytes = 0;
+      DescriptorSpans(d, options_.world_size, &bytes, &out_bytes);
       auto rename = [&](abi::BufferRefV1* ref, uint64_t len, const char* what) -> absl::Status {
         for (const auto& [id, base] : gone) {
           if (ref->region_id != id) continue;
@@ -336,7 +341,8 @@ absl::Status CommImpl::RenameDropped(size_t n) {
         }
         return absl::OkStatus();
       };
-      for (uint32_t r = 0; r < d.num_recv; ++r) DMAG_RETURN_IF_ERROR(rename(&d.recv[r], out_bytes, "recv"));
+      const uint32_t outputs = abi::IsAllToAllV2(d.op) ? 1 : d.num_recv;  // a2a.recv overlays recv[0].
+      for (uint32_t r = 0; r < outputs; ++r) DMAG_RETURN_IF_ERROR(rename(&d.recv[r], out_bytes, "recv"));
       DMAG_RETURN_IF_ERROR(rename(&d.send, bytes, "send"));
     }
   }
@@ -407,12 +413,22 @@ absl::StatusOr<uint32_t> CommImpl::OpSeq(uint64_t op) const {
 }
 
 absl::Status CommImpl::OpWait(uint64_t op) {
+  if (reduce_scatter_ != nullptr && reduce_scatter_->Tracks(op)) return reduce_scatter_->Wait(op);
+  return OpWaitNoReduce(op);
+}
+
+absl::Status CommImpl::OpWaitNoReduce(uint64_t op) {
   DMAG_ASSIGN_OR_RETURN(uint32_t seq, OpSeq(op));
   DMAG_RETURN_IF_ERROR(done_.Wait(seq));
   return ops_.Status(seq);
 }
 
 absl::StatusOr<bool> CommImpl::OpTest(uint64_t op, absl::Status* op_status) {
+  if (reduce_scatter_ != nullptr && reduce_scatter_->Tracks(op)) {
+    bool done = false;
+    *op_status = reduce_scatter_->Test(op, &done);
+    return done;
+  }
   DMAG_ASSIGN_OR_RETURN(uint32_t seq, OpSeq(op));
   switch (done_.Test(seq)) {
     case DoneFlag::Poll::kPending:
@@ -449,9 +465,9 @@ absl::Status CommImpl::OpWaitStream(uint64_t op, void* stream) {
   }
   if (!backend_->has_stream_waits()) {
     DMAG_RETURN_IF_ERROR(common::Annotate(backend_->CheckStream(stream), Rank()));
-    DMAG_RETURN_IF_ERROR(done_.Wait(seq));
-    return ops_.Status(seq);
+    return OpWait(op);
   }
+  if (reduce_scatter_ != nullptr && reduce_scatter_->Tracks(op)) return reduce_scatter_->WaitStream(op, stream);
   return backend_->WaitDoneOnStream(stream, seq);
 }
 
@@ -473,6 +489,7 @@ absl::Status CommImpl::SubmitRawForTesting(const abi::DescriptorV1& d) {
 absl::Status CommImpl::Wait() {
   if (closed_) return absl::InvalidArgumentError("the communicator was destroyed");
   absl::Status st = done_.Wait(static_cast<uint32_t>(ops_.submitted()));
+  if (st.ok() && reduce_scatter_ != nullptr) st = reduce_scatter_->Finish();
   absl::Status errors = ops_.CollectErrors();
   return errors.ok() ? st : errors;
 }

@@ -68,7 +68,20 @@ struct GatherItem {
   void* const* recvs = nullptr;  // 1 (flat) or world_size (list) pointers.
   size_t count = 0;
   dmagather_dtype_t dtype = DMAGATHER_UINT8;
+  // An all-to-all (abi::kOpAllToAllV2 or a reduce-scatter's code; 0: an
+  // all-gather as `list` says): recvs[0] is the output, chunk d of send is
+  // at send + d*send_stride bytes, rank s's chunk lands at recvs[0] +
+  // s*recv_stride; skip_self: this rank's own chunk is not moved.
+  uint32_t a2a_op = 0;
+  uint64_t send_stride = 0;
+  uint64_t recv_stride = 0;
+  bool skip_self = false;
 };
+
+class ReduceScatter;
+
+// The bytes a descriptor's send and each of its outputs span.
+void DescriptorSpans(const abi::DescriptorV2& d, int world, uint64_t* send_bytes, uint64_t* recv_bytes);
 
 class CommImpl {
  public:
@@ -89,7 +102,22 @@ class CommImpl {
   absl::Status AllGather(const void* send, void* recv, size_t count, dmagather_dtype_t dtype, void* stream);
   absl::Status AllGatherList(const void* send, void* const* recvs, size_t count, dmagather_dtype_t dtype, void* stream);
 
+  // all_to_all_single and reduce_scatter_tensor (comm_alltoall.cc).
+  absl::Status AllToAll(const void* send, void* recv, size_t count, dmagather_dtype_t dtype, void* stream,
+                        uint64_t* op);
+  absl::Status ReduceScatterOp(const void* send, void* recv, size_t count, dmagather_dtype_t dtype, int redop,
+                               void* stream, uint64_t* op);
+  // OK when this rank can take part in an all-to-all on `stream`, else why
+  // (FALLBACK: across nodes, under capture, an older daemon).
+  absl::Status CheckAllToAll(void* stream, const char* what);
+  // This rank refuses its next op with `why` (its status on every rank).
+  absl::Status Refuse(const absl::Status& why, uint64_t* op);
+
   absl::Status OpWait(uint64_t op);
+  // OpWait of the op's copies alone (a reduce-scatter's sum aside); and
+  // whether they are done.
+  absl::Status OpWaitNoReduce(uint64_t op);
+  absl::StatusOr<bool> OpDone(uint64_t op);
   absl::StatusOr<bool> OpTest(uint64_t op, absl::Status* op_status);
   absl::Status OpWaitStream(uint64_t op, void* stream);
   // Waits for every outstanding op; the first error since the last Wait.
@@ -100,6 +128,8 @@ class CommImpl {
   int rank() const { return options_.rank; }
   int world_size() const { return options_.world_size; }
   const std::string& backend() const { return backend_name_; }
+  // The host waits for ops (no stream ordering: the CPU backend).
+  bool host_waits() const { return !backend_->has_stream_waits(); }
   const std::string& daemon_version() const { return daemon_version_; }
   uint32_t submitted() const { return static_cast<uint32_t>(ops_.submitted()); }
 
@@ -120,6 +150,7 @@ class CommImpl {
   // out-of-place own shard queued in own_copies_). Any error means this
   // rank refuses the op.
   absl::Status PrepareItem(const GatherItem& item, abi::DescriptorV2* d);
+  absl::Status PrepareAllToAll(const GatherItem& item, abi::DescriptorV2* d);
   // The op's descriptors name no region dropped while the op was prepared.
   absl::Status RenameDropped(size_t n);
   // The checks before the items of an op: its size, the stream, and under
@@ -140,6 +171,7 @@ class CommImpl {
   const CommOptions options_;
   std::string backend_name_;
   std::string daemon_version_;
+  bool takes_alltoall_ = false;  // The daemon serves all-to-all ops (JoinReply).
 
   DoneFlag done_;  // Also: whether, and why, the daemon went away.
 
@@ -173,6 +205,8 @@ class CommImpl {
   // Declared last: released (stream registrations undone, owned memory
   // freed) before the segment goes.
   std::unique_ptr<ClientBackend> backend_;
+  // Created at the first reduce-scatter; released at Close.
+  std::unique_ptr<ReduceScatter> reduce_scatter_;
 };
 
 }  // namespace dmagather::client

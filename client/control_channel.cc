@@ -181,6 +181,7 @@ absl::StatusOr<JoinAnswer> ControlChannel::ReadAnswer(const JoinParams& p) {
     if (reply.has_wait_spin()) a.wait_spin = reply.wait_spin();
     a.resumed = reply.resumed();
     a.takes_captured = reply.takes_captured();
+    a.takes_alltoall = reply.takes_alltoall();
     for (int r = 0; r < reply.peer_pids_size(); ++r) {
       if (reply.peer_pids(r) != 0) a.local_ranks.push_back(r);
     }

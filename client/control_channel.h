@@ -56,6 +56,7 @@ struct JoinAnswer {
   std::optional<uint32_t> wait_spin;  // The daemon's advice.
   bool resumed = false;               // The daemon took the job back (asked with JoinParams::resume).
   bool takes_captured = false;        // ... and takes back ops captured into CUDA graphs.
+  bool takes_alltoall = false;        // The daemon serves all-to-all ops and reduce-scatters.
   std::vector<int> local_ranks;       // The job's ranks on the daemon's node.
 };
 

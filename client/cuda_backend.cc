@@ -27,6 +27,7 @@
 #include "common/cuda/cuda_api.h"
 #include "common/memory_kinds.h"
 #include "common/status.h"
+#include "kernels/reduce.h"
 
 namespace dmagather::client {
 namespace {
@@ -182,6 +183,40 @@ class CudaMemory final : public DeviceMemoryApi {
   const ::dmagather::common::cuda::DriverApi* const api_;
 };
 
+// A cudaEvent: where a staging half's last sum is, for the next user of
+// the half (reduce_scatter.h). Never recorded: reached.
+class EventMark : public StreamMark {
+ public:
+  static absl::StatusOr<std::unique_ptr<StreamMark>> Create() {
+    cudaEvent_t e = nullptr;
+    DMAG_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return std::unique_ptr<StreamMark>(new EventMark(e));
+  }
+  ~EventMark() override { cudaEventDestroy(event_); }
+  absl::Status Record(void* stream) override {
+    DMAG_CUDA_RETURN_IF_ERROR(cudaEventRecord(event_, static_cast<cudaStream_t>(stream)));
+    return absl::OkStatus();
+  }
+  absl::Status WaitOn(void* stream) override {
+    DMAG_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event_, 0));
+    return absl::OkStatus();
+  }
+  absl::Status Sync() override {
+    DMAG_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(event_));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<bool> Reached() override {
+    const cudaError_t err = cudaEventQuery(event_);
+    if (err == cudaErrorNotReady) return false;
+    if (err != cudaSuccess) return CudaStatus("cudaEventQuery", err);
+    return true;
+  }
+
+ private:
+  explicit EventMark(cudaEvent_t e) : event_(e) {}
+  cudaEvent_t event_;
+};
+
 class CudaBackend : public ClientBackend {
  public:
   static absl::StatusOr<std::unique_ptr<ClientBackend>> Create(const ClientBackendContext& ctx) {
@@ -290,8 +325,8 @@ class CudaBackend : public ClientBackend {
       attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
       attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
       size_t attr_idx = 0;
-      cudaError_t err =
-          cudaMemcpyBatchAsync(batch_.dsts.data(), batch_.srcs.data(), batch_.sizes.data(), n, &attr, &attr_idx, 1, s);
+      cudaError_t err = ::dmagather::common::cuda::MemcpyBatchAsync(batch_.dsts.data(), batch_.srcs.data(),
+                                                                    batch_.sizes.data(), n, &attr, &attr_idx, 1, s);
       if (err == cudaSuccess) return absl::OkStatus();
       if (err != cudaErrorNotSupported && err != cudaErrorInvalidValue) return CudaStatus("cudaMemcpyBatchAsync", err);
       cudaGetLastError();
@@ -314,6 +349,13 @@ class CudaBackend : public ClientBackend {
                     api_->cuStreamWriteValue32(static_cast<CUstream>(stream), ready_dev_, seq, 0));
   }
   bool has_stream_waits() const override { return true; }
+  absl::Status CanReduce() const override { return absl::OkStatus(); }
+  absl::Status Reduce(const ReduceArgs& a, void* stream) override {
+    const int err = kernels::ReduceChunks(a.chunks, a.n, a.count, a.dtype, a.redop, a.out, stream);
+    if (err != 0) return CudaStatus("the reduce-scatter's sum (kernel launch)", static_cast<cudaError_t>(err));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<StreamMark>> NewMark() override { return EventMark::Create(); }
 
   absl::StatusOr<bool> Capturing(void* stream) const override {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;

@@ -24,9 +24,11 @@ inline constexpr std::string_view kKnownVariables[] = {
     "DMAGATHER_RECONNECT_S",
     "DMAGATHER_SPIN",
     "DMAGATHER_CUDA_BATCH",  // Client and daemon (common/cuda).
+    "DMAGATHER_STAGING_MB",
     // Python package (client/python/dmagather).
     "DMAGATHER_LIB",
     "DMAGATHER_ALLGATHER",
+    "DMAGATHER_REDUCE_SCATTER",
     "DMAGATHER_HOST_STAGING",
     "DMAGATHER_MAX_NUMEL",
     "DMAGATHER_ZERO3_ZERO_COPY",

@@ -221,6 +221,12 @@ class HipBackend : public ClientBackend {
     return absl::OkStatus();
   }
   bool has_stream_waits() const override { return true; }
+  // The reduce-scatter's sum needs a kernel built for AMD GPUs, which this
+  // build has not (docs/REDUCE.md): every rank falls back, with this reason.
+  absl::Status CanReduce() const override {
+    return common::FallbackError("the hip backend has no reduction kernel in this build: reduce-scatter falls back");
+  }
+  absl::Status Reduce(const ReduceArgs&, void*) override { return CanReduce(); }
   absl::Status WaitDoneOnStream(void* stream, uint32_t seq) override {
     DMAG_RETURN_IF_ERROR(CheckStream(stream));
     hipStream_t s = static_cast<hipStream_t>(stream);

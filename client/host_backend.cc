@@ -9,6 +9,7 @@
 #include "client/backend.h"
 #include "common/memfd.h"
 #include "common/memory_kinds.h"
+#include "common/reduce.h"
 #include "common/status.h"
 
 namespace dmagather::client {
@@ -66,6 +67,11 @@ class HostBackend : public ClientBackend {
   }
   bool has_stream_waits() const override { return false; }
   absl::Status WaitDoneOnStream(void*, uint32_t) override { return absl::OkStatus(); }
+  absl::Status CanReduce() const override { return absl::OkStatus(); }
+  absl::Status Reduce(const ReduceArgs& a, void*) override {
+    common::ReduceChunks(a.chunks, a.n, a.count, a.dtype, a.redop, a.out);
+    return absl::OkStatus();
+  }
 
  private:
   abi::CompletionV1* const completion_;

@@ -53,9 +53,11 @@ bool RingWriter::PublishOp(abi::DescriptorV2* ds, size_t n, uint32_t seq, uint64
     d.seq = seq;
     d.submit_ns = now_ns;
     d.items_following = static_cast<uint32_t>(n - 1 - i);
-    const size_t used = d.op == abi::kOpRefuse ? sizeof(abi::DescriptorV2)
-                                               : offsetof(abi::DescriptorV2, recv) +
-                                                     sizeof(abi::BufferRefV1) * std::min(d.num_recv, abi::kMaxRanksV1);
+    // The bytes the op's kind uses (a refusal's reason, an all-to-all's
+    // arguments, the outputs named).
+    size_t used = offsetof(abi::DescriptorV2, recv) + sizeof(abi::BufferRefV1) * std::min(d.num_recv, abi::kMaxRanksV1);
+    if (d.op == abi::kOpRefuse) used = sizeof(abi::DescriptorV2);
+    if (abi::IsAllToAllV2(d.op)) used = offsetof(abi::DescriptorV2, a2a) + sizeof(abi::AllToAllV2);
     if (!PublishSlot(&d, used, gone)) return false;
   }
   return true;

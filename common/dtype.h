@@ -9,6 +9,16 @@ namespace dmagather::common {
 
 constexpr int kNumDtypes = 8;
 
+// dmagather_dtype_t's values (client/include/dmagather/dmagather.h).
+constexpr uint32_t kDtypeUint8 = 0;
+constexpr uint32_t kDtypeInt8 = 1;
+constexpr uint32_t kDtypeInt32 = 2;
+constexpr uint32_t kDtypeInt64 = 3;
+constexpr uint32_t kDtypeFloat16 = 4;
+constexpr uint32_t kDtypeBfloat16 = 5;
+constexpr uint32_t kDtypeFloat32 = 6;
+constexpr uint32_t kDtypeFloat64 = 7;
+
 inline size_t DtypeSize(uint32_t dtype) {
   static constexpr size_t kSizes[kNumDtypes] = {1, 1, 4, 8, 2, 2, 4, 8};
   return dtype < kNumDtypes ? kSizes[dtype] : 0;

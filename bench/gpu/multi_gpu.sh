@@ -20,6 +20,7 @@ stage() {
   cp "$root"/client/python/dmagather/*.py "$dir/python/dmagather/"
   cp "$dir/bin/libdmagather.so" "$dir/python/dmagather/libdmagather.so"
   install -m 0755 "$root/bench/gpu/multi_gpu_bench.py" "$dir/multi_gpu_bench.py"
+  install -m 0644 "$root/bench/gpu/multi_gpu_rs.py" "$dir/multi_gpu_rs.py"
   install -m 0755 "$here/multi_gpu.sh" "$dir/multi_gpu.sh"
 }
 

@@ -9,6 +9,11 @@ NCCL. Parts (--parts, default all):
   overlap   bf16 GEMM 8192^3 loop while AllGathers of 8..256 MiB run on a side stream:
             GEMM TF/s and wall time for dmagather vs NCCL vs GEMM alone
   latency   --latency_kib per rank (64 KiB, 1, 2, 4 MiB): p50/p99 dmagather vs NCCL
+  rs_correct, rs_busbw, rs_overlap (multi_gpu_rs.py, next to this file; docs/REDUCE.md): the
+            reduce-scatter (copies on copy engines, the sum by each rank's kernel) against NCCL's:
+            bf16/fp32 SUM/AVG bit-exact against a float32 rank-order reference (NCCL's last-bit
+            differences reported), bus bandwidth 1 MiB .. --max_bytes output per rank, GEMM TF/s beside
+            reduce-scatters of 8..256 MiB output per rank on a side stream
 More ranks than GPUs (--ranks 16 on 8 GPUs) share GPUs round-robin over a gloo group: NCCL
 refuses several ranks on one GPU, so its columns are left out. --rank_visible: each rank sees
 only its own GPU (CUDA_VISIBLE_DEVICES = that GPU's UUID), as under SLURM --gpus-per-task.
@@ -34,9 +39,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
 import dmagather  # noqa: E402  (PYTHONPATH from multi_gpu.sh, or the source tree)
 
+sys.path.insert(0, HERE)
+try:
+    import multi_gpu_rs  # noqa: E402  (next to this file)
+except ImportError as e:  # staged without it: the rs_* parts are unavailable
+    multi_gpu_rs, RS_MISSING = None, str(e)
+
 DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32,
           torch.float64]
 MiB = 1 << 20
+PARTS = ("correct", "busbw", "overlap", "latency", "rs_correct", "rs_busbw", "rs_overlap")
 
 
 def shard_bits(seed, rank, nbytes, device):
@@ -65,6 +77,13 @@ class Dmag:
         self.comm.register(inp)
         self.comm.allgather_list(inp, outs, count=inp.numel(), dtype=inp.dtype,
                                  stream=torch.cuda.current_stream().cuda_stream)
+
+    def reduce_scatter(self, inp, out, op=dmagather.SUM, stream=None):
+        """reduce_scatter_tensor(out, inp): out gets chunk `rank` of every rank's inp, summed in rank order."""
+        self.comm.register(inp)
+        self.comm.register(out)
+        s = stream or torch.cuda.current_stream()
+        self.comm.reduce_scatter(inp, out, count=out.numel(), dtype=out.dtype, op=op, stream=s.cuda_stream)
 
 
 def nccl_allgather(inp, out, stream=None):
@@ -263,6 +282,8 @@ def worker(rank, world, args):
         if rank == 0:
             write_csv(os.path.join(args.out, "latency.csv"), ["KiB_per_rank", "impl", "p50_us", "p99_us"], rows)
             summary["latency"] = rows
+    if any(p.startswith("rs_") for p in parts):
+        multi_gpu_rs.run_parts(args, rank, world, dm, dev, parts, summary, time_loop, write_csv)
     dm.comm.wait()
     dm.comm.close()
     dist.barrier()
@@ -288,6 +309,8 @@ def report(args, world):
     if "latency" in s:
         for r in s["latency"]:
             print(f"{r[0]} KiB latency {r[1]}: p50 {r[2]} us, p99 {r[3]} us")
+    if multi_gpu_rs is not None:
+        multi_gpu_rs.report(args, world, s)
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -313,11 +336,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--socket", default=os.environ.get("DMAGATHER_SOCKET"))
     p.add_argument("--ranks", type=int, default=torch.cuda.device_count())
-    p.add_argument("--parts", default="correct,busbw,overlap,latency")
-    p.add_argument("--max_bytes", type=int, default=1 << 30)
+    p.add_argument("--parts", default=None,
+                   help="comma-separated, of " + ",".join(PARTS) + " (default: all of them)")
+    p.add_argument("--max_bytes", type=int, default=1 << 30,
+                   help="largest shard of busbw, largest output per rank of rs_busbw (bytes)")
     p.add_argument("--overlap_gemms", type=int, default=20)
     p.add_argument("--latency_iters", type=int, default=200)
-    p.add_argument("--correct_max_mib", type=int, default=64, help="largest shard of the correct part (MiB)")
+    p.add_argument("--correct_max_mib", type=int, default=64,
+                   help="largest shard of correct, largest output per rank of rs_correct (MiB)")
     p.add_argument("--latency_kib", default="64,1024,2048,4096", help="sizes per rank for the latency part")
     p.add_argument("--rank_visible", default="",
                    help="GPU UUIDs (or indices), comma-separated: rank r sees only entry r %% n")
@@ -325,6 +351,15 @@ def main():
     p.add_argument("--port", type=int, default=29531)
     p.add_argument("--job", default=str(os.getpid()))
     args = p.parse_args()
+    if args.parts is None:
+        args.parts = ",".join(x for x in PARTS if multi_gpu_rs is not None or not x.startswith("rs_"))
+        if multi_gpu_rs is None:
+            print(f"no reduce-scatter parts: multi_gpu_rs.py did not import ({RS_MISSING})", flush=True)
+    unknown = set(args.parts.split(",")) - set(PARTS)
+    if unknown:
+        p.error(f"unknown part(s) {', '.join(sorted(unknown))}: the parts are {','.join(PARTS)}")
+    if multi_gpu_rs is None and "rs_" in args.parts:
+        p.error(f"--parts={args.parts}: multi_gpu_rs.py did not import ({RS_MISSING})")
     os.makedirs(args.out, exist_ok=True)
     gpus = len(args.rank_visible.split(",")) if args.rank_visible else torch.cuda.device_count()
     args.nccl = args.ranks <= gpus  # NCCL refuses several ranks on one GPU

@@ -53,6 +53,11 @@ void DecodeV2(const abi::DescriptorV1& slot, Request* out) {
   std::memcpy(d.recv, reinterpret_cast<const char*>(&slot) + offsetof(abi::DescriptorV2, recv),
               sizeof(abi::BufferRefV1) * std::min(d.num_recv, abi::kMaxRanksV1));
   DecodeRecv(d.recv, out);
+  if (abi::IsAllToAllV2(d.op & abi::kOpBaseMask)) {
+    abi::AllToAllV2 a;
+    std::memcpy(&a, reinterpret_cast<const char*>(&slot) + offsetof(abi::DescriptorV2, a2a), sizeof(a));
+    out->a2a = {a.send_stride, a.recv_stride, (a.flags & abi::kAllToAllSkipSelf) != 0};
+  }
   if ((d.op & abi::kOpPersistentBit) != 0) {
     // A persistent (graph-captured) op's definition: the slot rides in the op code.
     out->graph_slot = static_cast<int>((d.op >> abi::kOpPersistentSlotShift) & 0xff);
@@ -74,6 +79,7 @@ void DecodeV1(const abi::DescriptorV1& slot, Request* out) {
 void DecodeDescriptor(const abi::DescriptorV1& slot, Request* out) {
   out->refusal = absl::OkStatus();
   out->graph_slot = -1;
+  out->a2a = {};
   const uint32_t stamp = __atomic_load_n(&slot.stamp, __ATOMIC_RELAXED);
   if (stamp == abi::kDescriptorStampV2) return DecodeV2(slot, out);
   if (stamp == abi::kDescriptorStampV1) return DecodeV1(slot, out);

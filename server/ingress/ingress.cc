@@ -15,10 +15,12 @@
 #include "common/clock.h"
 #include "common/dtype.h"
 #include "common/futex.h"
+#include "common/status.h"
 #include "server/ingress/decoder.h"
 
 namespace dmagather::server::ingress {
 
+using scheduler::AllToAllLayout;
 using scheduler::Item;
 using scheduler::Job;
 using scheduler::Op;
@@ -49,6 +51,60 @@ bool Overlaps(const char* a, uint64_t an, const char* b, uint64_t bn) { return a
 
 }  // namespace
 
+absl::Status Ingress::ValidateAllGather(const Request& d, int rank, const RegionTable& regions, int world_size,
+                                        RankPart* part, Item* item) {
+  const OpKind kind = item->kind;
+  const uint64_t bytes = d.count * common::DtypeSize(d.dtype);
+  const uint64_t out_bytes = kind == OpKind::kAllGather ? bytes * uint64_t(world_size) : bytes;
+  DMAG_ASSIGN_OR_RETURN(item->send, regions.Resolve(d.send.region_id, d.send.offset, bytes, "send"));
+  for (uint32_t i = 0; i < d.num_recv; ++i) {
+    DMAG_ASSIGN_OR_RETURN(char* recv, regions.Resolve(d.recv[i].region_id, d.recv[i].offset, out_bytes, "recv"));
+    part->recv.push_back(recv);
+  }
+  if (bytes == 0) return absl::OkStatus();
+  // The send buffer may be this rank's own slot of the output (in place),
+  // and must not overlap anything else the op writes.
+  char* const* recv = part->recv.data() + item->recv_begin;
+  for (uint32_t i = 0; i < d.num_recv; ++i) {
+    if (!Overlaps(item->send, bytes, recv[i], out_bytes)) continue;
+    const char* own_slot = kind == OpKind::kAllGather ? recv[0] + uint64_t(rank) * bytes : recv[rank];
+    if (item->send == own_slot && (kind == OpKind::kAllGather || int(i) == rank)) continue;
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, ": send buffer overlaps output buffer ", i,
+                     " but is not this rank's own slot of it (in place means send == recv + rank*count)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Ingress::ValidateAllToAll(const Request& d, int rank, const RegionTable& regions, int world_size,
+                                       RankPart* part, Item* item) {
+  auto invalid = [&](auto&&... what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, ": ", scheduler::OpKindName(item->kind), " ", what...));
+  };
+  if (d.graph_slot >= 0) return invalid("cannot be captured into a CUDA graph");
+  const uint64_t bytes = d.count * common::DtypeSize(d.dtype);
+  const AllToAllLayout& a = d.a2a;
+  if (a.send_stride < bytes || a.recv_stride < bytes || a.send_stride > (uint64_t{1} << 44) ||
+      a.recv_stride > (uint64_t{1} << 44)) {
+    return invalid("strides (send ", a.send_stride, ", recv ", a.recv_stride, " bytes) must be at least a chunk (",
+                   bytes, " bytes) and at most 2^44");
+  }
+  const uint64_t world = uint64_t(world_size);
+  const uint64_t send_span = (world - 1) * a.send_stride + bytes;
+  const uint64_t recv_span = (world - 1) * a.recv_stride + bytes;
+  DMAG_ASSIGN_OR_RETURN(item->send, regions.Resolve(d.send.region_id, d.send.offset, send_span, "send"));
+  DMAG_ASSIGN_OR_RETURN(char* recv, regions.Resolve(d.recv[0].region_id, d.recv[0].offset, recv_span, "recv"));
+  part->recv.push_back(recv);
+  // Every chunk of the output is written while other ranks read this
+  // rank's send: the two may not share a byte.
+  if (bytes != 0 && Overlaps(item->send, send_span, recv, recv_span)) {
+    return invalid("send and output buffers overlap (an all-to-all is out of place)");
+  }
+  item->a2a = a;
+  return absl::OkStatus();
+}
+
 void Ingress::Validate(const Request& d, uint32_t expected_seq, int rank, const RegionTable& regions, int world_size,
                        RankPart* part) {
   if (part->items.empty()) part->submit_ns = d.submit_ns;
@@ -74,53 +130,28 @@ void Ingress::Validate(const Request& d, uint32_t expected_seq, int rank, const 
   if (d.graph_slot >= static_cast<int>(abi::kGraphSlotsV1)) {
     return invalid(absl::StrCat("graph slot ", d.graph_slot, " (0..", abi::kGraphSlotsV1 - 1, ")"));
   }
-  if (d.raw_op != uint32_t(OpKind::kAllGather) && d.raw_op != uint32_t(OpKind::kAllGatherList)) {
-    return invalid(absl::StrCat("unknown operation ", d.raw_op));
-  }
+  const bool known = d.raw_op == uint32_t(OpKind::kAllGather) || d.raw_op == uint32_t(OpKind::kAllGatherList) ||
+                     scheduler::IsAllToAll(static_cast<OpKind>(d.raw_op));
+  if (!known) return invalid(absl::StrCat("unknown operation ", d.raw_op));
   const OpKind kind = static_cast<OpKind>(d.raw_op);
   if (d.dtype >= common::kNumDtypes) return invalid(absl::StrCat("unknown dtype ", d.dtype));
-  const uint32_t want_recv = kind == OpKind::kAllGather ? 1u : static_cast<uint32_t>(world_size);
+  const uint32_t want_recv = kind == OpKind::kAllGatherList ? static_cast<uint32_t>(world_size) : 1u;
   if (d.num_recv != want_recv) {
     return invalid(absl::StrCat("descriptor has ", d.num_recv, " output buffers, expected ", want_recv));
   }
   if (d.count > (uint64_t{1} << 44)) return invalid(absl::StrCat("count ", d.count, " is too large"));
-  const uint64_t bytes = d.count * common::DtypeSize(d.dtype);
-  const uint64_t out_bytes = kind == OpKind::kAllGather ? bytes * uint64_t(world_size) : bytes;
-
-  auto send = regions.Resolve(d.send.region_id, d.send.offset, bytes, "send");
-  if (!send.ok()) {
-    part->status = send.status();
-    return;
-  }
   Item item;
   item.kind = kind;
   item.dtype = d.dtype;
   item.count = d.count;
-  item.send = *send;
   item.recv_begin = static_cast<uint32_t>(part->recv.size());
   item.num_recv = d.num_recv;
-  for (uint32_t i = 0; i < d.num_recv; ++i) {
-    auto recv = regions.Resolve(d.recv[i].region_id, d.recv[i].offset, out_bytes, "recv");
-    if (!recv.ok()) {
-      part->recv.resize(item.recv_begin);
-      part->status = recv.status();
-      return;
-    }
-    part->recv.push_back(*recv);
-  }
-  char* const* recv = part->recv.data() + item.recv_begin;
-  if (bytes != 0) {
-    // The send buffer may be this rank's own slot of the output (in place),
-    // and must not overlap anything else the op writes.
-    for (uint32_t i = 0; i < d.num_recv; ++i) {
-      if (!Overlaps(item.send, bytes, recv[i], out_bytes)) continue;
-      const char* own_slot = kind == OpKind::kAllGather ? recv[0] + uint64_t(rank) * bytes : recv[rank];
-      if (item.send == own_slot && (kind == OpKind::kAllGather || int(i) == rank)) continue;
-      part->recv.resize(item.recv_begin);
-      return invalid(absl::StrCat("send buffer overlaps output buffer ", i,
-                                  " but is not this rank's own slot of it (in place means send == recv + ",
-                                  "rank*count)"));
-    }
+  absl::Status st = scheduler::IsAllToAll(kind) ? ValidateAllToAll(d, rank, regions, world_size, part, &item)
+                                                : ValidateAllGather(d, rank, regions, world_size, part, &item);
+  if (!st.ok()) {
+    part->recv.resize(item.recv_begin);
+    part->status = std::move(st);
+    return;
   }
   part->items.push_back(item);
   if (part->graph_slot >= 0) {
@@ -202,6 +233,11 @@ int Ingress::PollJob(const JobFeed& feed, uint64_t now_ns) {
                                                     " more item(s), descriptor says ", req.items_following + 1));
       }
       if (live) Validate(req, seq, r, in.regions, world, &part);
+      if (live && job->multi_node() && part.status.ok() && scheduler::IsAllToAll(static_cast<OpKind>(req.raw_op))) {
+        // The ring carries all-gathers only: every node's daemon says so for this op.
+        part.status = common::FallbackError(absl::StrCat(scheduler::OpKindName(static_cast<OpKind>(req.raw_op)),
+                                                         " is served within one node; this job spans nodes"));
+      }
       if (--in.items_left != 0) continue;
       // Every item of this rank's part is in.
       in.current = nullptr;

@@ -94,6 +94,12 @@ class Ingress {
                        int world_size, scheduler::RankPart* part);
 
  private:
+  // The buffers of one item of each kind: resolved into *item and
+  // part->recv, or why not.
+  static absl::Status ValidateAllGather(const scheduler::Request& d, int rank, const RegionTable& regions,
+                                        int world_size, scheduler::RankPart* part, scheduler::Item* item);
+  static absl::Status ValidateAllToAll(const scheduler::Request& d, int rank, const RegionTable& regions,
+                                       int world_size, scheduler::RankPart* part, scheduler::Item* item);
   void Loop();
   // Consumes what it can from the job's rings; returns descriptors consumed.
   int PollJob(const JobFeed& feed, uint64_t now_ns);

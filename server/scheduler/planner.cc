@@ -9,10 +9,8 @@
 namespace dmagather::server::scheduler {
 namespace {
 
-const char* OpName(OpKind kind) { return kind == OpKind::kAllGatherList ? "allgather_list" : "allgather"; }
-
 std::string ItemShape(const Item& it) {
-  return absl::StrCat(OpName(it.kind), " count=", it.count, " dtype=", common::DtypeName(it.dtype));
+  return absl::StrCat(OpKindName(it.kind), " count=", it.count, " dtype=", common::DtypeName(it.dtype));
 }
 
 bool SameItem(const Item& x, const Item& y) { return x.kind == y.kind && x.count == y.count && x.dtype == y.dtype; }
@@ -57,10 +55,33 @@ absl::Status CheckAgreement(const Op& op) {
   for (size_t k = 0; k < differ.size(); ++k) {
     absl::StrAppend(&detail, ", rank ", differ[k], " for ", ShapeAt(op.parts[differ[k]], where[k], coalesced));
   }
-  return absl::InvalidArgumentError(absl::StrCat("allgather #", op.seq, ": ranks disagree (ranks ",
-                                                 absl::StrJoin(differ, ","), " differ from rank ", ref_rank,
-                                                 "): ", detail));
+  return absl::InvalidArgumentError(absl::StrCat(OpKindName(ref.items[0].kind), " #", op.seq,
+                                                 ": ranks disagree (ranks ", absl::StrJoin(differ, ","),
+                                                 " differ from rank ", ref_rank, "): ", detail));
 }
+
+namespace {
+
+// An all-to-all item: chunk `dst` of every rank's send into chunk `src` of
+// rank dst's output.
+void PlanAllToAll(Op* op, size_t i, uint64_t bytes) {
+  const int world = static_cast<int>(op->parts.size());
+  for (int dst = 0; dst < world; ++dst) {
+    const RankPart& d = op->parts[dst];
+    if (!d.arrived) continue;
+    const Item& out = d.items[i];
+    for (int src = 0; src < world; ++src) {
+      const Item& in = op->parts[src].items[i];
+      if (src == dst && in.a2a.skip_self) continue;  // The rank moves or reads its own chunk itself.
+      char* to = d.recv[out.recv_begin] + uint64_t(src) * out.a2a.recv_stride;
+      const char* from = in.send + uint64_t(dst) * in.a2a.send_stride;
+      op->plan.copies.push_back(engines::CopyCmd{to, from, bytes, src, dst});
+      op->plan.bytes += bytes;
+    }
+  }
+}
+
+}  // namespace
 
 void BuildPlan(Op* op) {
   op->plan.Clear();
@@ -72,6 +93,10 @@ void BuildPlan(Op* op) {
     const Item& shape = op->parts[ref].items[i];
     const uint64_t bytes = shape.count * common::DtypeSize(shape.dtype);
     if (bytes == 0) continue;
+    if (IsAllToAll(shape.kind)) {
+      PlanAllToAll(op, i, bytes);  // Within one node: every part arrived.
+      continue;
+    }
     const bool list = shape.kind == OpKind::kAllGatherList;
     for (int dst = 0; dst < world; ++dst) {
       const RankPart& d = op->parts[dst];

@@ -21,6 +21,40 @@ namespace dmagather::server::scheduler {
 enum class OpKind : uint32_t {
   kAllGather = 1,      // all_gather_into_tensor: recv[0] holds world*count.
   kAllGatherList = 2,  // list output: recv[r] receives rank r's shard.
+  // all_to_all_single with equal chunks (send chunk d -> rank d's recv
+  // chunk `rank`), and the reduce-scatters, which are moved the same way
+  // (the ranks then reduce their chunks themselves).
+  kAllToAll = 4,
+  kReduceScatterSum = 5,
+  kReduceScatterAvg = 6,
+};
+
+inline bool IsAllToAll(OpKind kind) {
+  return kind == OpKind::kAllToAll || kind == OpKind::kReduceScatterSum || kind == OpKind::kReduceScatterAvg;
+}
+
+// The op's name as users call it.
+inline const char* OpKindName(OpKind kind) {
+  switch (kind) {
+    case OpKind::kAllGather:
+      return "allgather";
+    case OpKind::kAllGatherList:
+      return "allgather_list";
+    case OpKind::kAllToAll:
+      return "alltoall";
+    case OpKind::kReduceScatterSum:
+      return "reduce_scatter(sum)";
+    case OpKind::kReduceScatterAvg:
+      return "reduce_scatter(avg)";
+  }
+  return "unknown";
+}
+
+// An all-to-all's layout (abi::AllToAllV2).
+struct AllToAllLayout {
+  uint64_t send_stride = 0;
+  uint64_t recv_stride = 0;
+  bool skip_self = false;
 };
 
 // (region id, byte offset) as the client named a buffer.
@@ -44,6 +78,7 @@ struct Request {
   BufferRef send;
   uint32_t num_recv = 0;
   BufferRef recv[kMaxRecv];
+  AllToAllLayout a2a;  // All-to-all kinds.
   // Set when the rank refused to take part (kOpRefuse) or the descriptor
   // could not be decoded: the op fails on every rank with this status.
   absl::Status refusal;
@@ -60,6 +95,7 @@ struct Item {
   const char* send = nullptr;
   uint32_t recv_begin = 0;  // Index into RankPart::recv.
   uint32_t num_recv = 0;
+  AllToAllLayout a2a;  // All-to-all kinds.
 };
 
 // What one rank asked for in one op.
@@ -89,7 +125,8 @@ struct RankPart {
     items.clear();
     recv.clear();
   }
-  // Bytes this rank's outputs receive.
+  // Bytes this rank's outputs receive (an all-gather's or all-to-all's:
+  // one chunk from every rank).
   uint64_t payload_bytes(int world) const {
     uint64_t n = 0;
     for (const Item& it : items) n += it.count * common::DtypeSize(it.dtype) * uint64_t(world);

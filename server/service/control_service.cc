@@ -158,6 +158,7 @@ bool ControlService::StepWaiting(JoinReactor* r, bool cancelled, bool stopping, 
     reply->set_wait_spin(AdvisedWaitSpin(UsableCpus(), registry_->num_sessions()));
     reply->set_resumed(j.session->resume());
     reply->set_takes_captured(true);
+    reply->set_takes_alltoall(true);
     for (const auto& k : j.job->ranks()) reply->add_peer_pids(k != nullptr ? k->pid() : 0);  // 0: another node.
     r->phase_ = JoinReactor::Phase::kWritingReply;
     r->writing_.store(true, std::memory_order_release);

@@ -53,7 +53,7 @@ TEST(EnvCheckTest, KnownNamesAreUniqueAndPrefixed) {
     for (const std::string& s : seen) EXPECT_NE(s, k);
     seen.emplace_back(k);
   }
-  EXPECT_EQ(seen.size(), 17u);
+  EXPECT_EQ(seen.size(), 19u);
 }
 
 TEST(EnvCheckTest, TyposNameTheClosestKnownVariable) {

@@ -21,10 +21,12 @@ stage() {
   local dir="$1" root
   root="$(cd "$here/../.." && pwd)"
   (cd "$root" && bazel build -c opt //server:dmagatherd //tests/gpu:allgather_gpu_test //bench:allgather_perf \
-      //client:libdmagather.so //tools:dmagatherctl //bench/gpu:issue_cost) || exit 1
+      //client:libdmagather.so //tools:dmagatherctl //bench/gpu:issue_cost //tests/gpu:reduce_gpu_test \
+      //bench:reduce_sm_cost //tests/gpu:reduce_scatter_gpu_test) || exit 1
   mkdir -p "$dir/bin" "$dir/lib"
   local bins=(server/dmagatherd tests/gpu/allgather_gpu_test bench/allgather_perf client/libdmagather.so
-              tools/dmagatherctl bench/gpu/issue_cost)
+              tools/dmagatherctl bench/gpu/issue_cost tests/gpu/reduce_gpu_test bench/reduce_sm_cost
+              tests/gpu/reduce_scatter_gpu_test)
   for b in "${bins[@]}"; do
     install -m 0755 "$root/bazel-bin/$b" "$dir/bin/$(basename "$b")"
     strip "$dir/bin/$(basename "$b")" 2>/dev/null || true
@@ -60,6 +62,14 @@ run() {
   for mode in ${GPU_TESTS:-dtypes suballoc stream eight kill mismatch ophandles coalesced fallback vmm vmm_unshareable graph}; do
     echo "=== allgather_gpu_test $mode"
     if timeout 300 "$here/bin/allgather_gpu_test" "$mode"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+  done
+  # The reduce-scatter's reduction kernel against the host, bit-exact (no daemon).
+  echo "=== reduce_gpu_test"
+  if timeout 300 "$here/bin/reduce_gpu_test"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+  # Reduce-scatter and all-to-all through the daemon, bit-exact against the reference reduction.
+  for mode in ${GPU_RS_TESTS:-rs async graph alltoall}; do
+    echo "=== reduce_scatter_gpu_test $mode"
+    if timeout 300 "$here/bin/reduce_scatter_gpu_test" "$mode"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
   done
   # The design case: each rank sees only its own GPU (CUDA_VISIBLE_DEVICES
   # = that GPU's UUID, as SLURM --gpus-per-task or a device plugin give it)

@@ -15,6 +15,11 @@
 #       DMAGATHER_FROM_CHECKOUT=1 the staged package, library and daemon),
 #       starts dmagatherd --backend=cuda, runs the checks, writes OUT
 #       (default DIR/out) and ends with `N passed, N failed`.
+#   DIR/run.sh rs [OUT] [WORLD]  (GPU machine) the wheel's check
+#       (python3 -m dmagather.check --device cuda, against the wheel's daemon),
+#       then ZeRO-3 and FSDP2 (fp32, bf16, HSDP) with DMAGATHER_REDUCE_SCATTER=1
+#       beside DMAGATHER_ALLGATHER=1, each twice: the same bits both times,
+#       losses within 1e-3 of the run without dmagather, every reduce-scatter served.
 #   DIR/run.sh restart [OUT] [WORLD]  (GPU machine) ZeRO-3 and FSDP2 through
 #       daemon restarts (SIGKILL, SIGTERM, SIGKILL under each run), bit-identical
 #       to the runs without dmagather; GPU_RESTART_STEPS (40) steps each.
@@ -257,9 +262,44 @@ restart() {
   return "$rc"
 }
 
+# The wheel's own check, then the reduce-scatter under unmodified trainers.
+rs() {
+  out="${1:-$PWD/results/trainers_cuda_rs}" world="${2:-4}"
+  mkdir -p "$out"
+  out="$(cd "$out" && pwd)"
+  prepare
+  start_daemon
+  echo "== dmagather.check --device cuda"
+  timeout 300 "$py" -m dmagather.check --device cuda --world "$world" >"$out/check.txt" 2>&1
+  echo "$?" >"$out/check.rc"
+  local t="$here/trainers"
+  local tr=("$py" -m torch.distributed.run --standalone --nproc_per_node "$world")
+  local f=("$t/fsdp2_train.py" --device cuda --dist-backend gloo --steps 6)
+  local z=("$t/zero3_train.py" --dtype bf16 --dist-backend gloo --steps 8)
+  local rs_on=(DMAGATHER_ALLGATHER=1 DMAGATHER_REDUCE_SCATTER=1)
+  one zero3-off -- "${tr[@]}" "${z[@]}" --out "$out/zero3-off"
+  one fsdp2-off -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-off"
+  one fsdp2-off-bf16 -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-off-bf16" --dtype bf16 --reduce-dtype bf16
+  one fsdp2-off-hsdp -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-off-hsdp" --hsdp 2
+  local again
+  for again in "" "-again"; do
+    one "zero3-rs$again" "${rs_on[@]}" -- "${tr[@]}" "${z[@]}" --out "$out/zero3-rs$again"
+    one "fsdp2-rs$again" "${rs_on[@]}" -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-rs$again"
+    one "fsdp2-rs-bf16$again" "${rs_on[@]}" -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-rs-bf16$again" --dtype bf16 \
+      --reduce-dtype bf16
+    one "fsdp2-rs-hsdp$again" "${rs_on[@]}" -- "${tr[@]}" "${f[@]}" --out "$out/fsdp2-rs-hsdp$again" --hsdp 2
+  done
+  kill "$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null
+  "$py" "$t/trainers_cuda_check.py" "$out" "$world" --rs | tee "$out/summary.txt"
+  local rc=${PIPESTATUS[0]}
+  rm -rf "$work"
+  return "$rc"
+}
+
 case "${1:-}" in
   stage) shift; stage "$@" ;;
   run) shift; run "$@" ;;
+  rs) shift; rs "$@" ;;
   restart) shift; restart "$@" ;;
-  *) echo "usage: $0 stage [DIR] | run [OUT] [WORLD] | restart [OUT] [WORLD]" >&2; exit 2 ;;
+  *) echo "usage: $0 stage [DIR] | run [OUT] [WORLD] | rs [OUT] [WORLD] | restart [OUT] [WORLD]" >&2; exit 2 ;;
 esac

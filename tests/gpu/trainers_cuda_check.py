@@ -4,6 +4,7 @@ check and `N passed, N failed`; writes OUT/results.json.
 
     trainers_cuda_check.py OUT WORLD            the runs of `run.sh run`
     trainers_cuda_check.py OUT WORLD --restart  the runs of `run.sh restart`
+    trainers_cuda_check.py OUT WORLD --rs       the runs of `run.sh rs`
 """
 import json
 import os
@@ -11,6 +12,7 @@ import sys
 
 out, world = sys.argv[1], int(sys.argv[2])
 restart_mode = "--restart" in sys.argv[3:]
+rs_mode = "--rs" in sys.argv[3:]
 results = []
 
 
@@ -175,8 +177,58 @@ def trainer_checks():
               f"| {ls['kernel_us']:.0f} | {sum(ls['memcpy_by_kind'].values())} | {ls['kernels_by_stream']} |")
 
 
+def losses(name):
+    """Every rank's loss per step (losses.bin: float32, rank after rank)."""
+    import array
+    a = array.array("f")
+    try:
+        a.frombytes(open(os.path.join(out, name, "losses.bin"), "rb").read())
+    except OSError:
+        pass
+    return list(a)
+
+
+def rs_served(name):
+    """Every rank served its reduce-scatters (none fell back), the same number on each."""
+    s = stats(name)
+    if sorted(s) != list(range(world)):
+        return False, f"counters of ranks {sorted(s)}"
+    # WORLD's counters or a sub-group's (HSDP: the shard group's job), whichever served them.
+    groups = [max([x] + x.get("groups", []), key=lambda g: g.get("reduce_scatter_ops") or 0) for x in s.values()]
+    n = {g.get("reduce_scatter_ops") for g in groups}
+    fb = {r: g.get("reduce_scatter_fallback_by_reason") for r, x in s.items() for g in [x] + x.get("groups", [])
+          if g.get("reduce_scatter_fallback_ops")}
+    ok = len(n) == 1 and (min(n) or 0) > 0 and not fb and all(g.get("backend", x.get("backend")) == "cuda" for g, x in zip(groups, s.values()))
+    return ok, f"reduce-scatters per rank {sorted(n, key=str)}, fallbacks {fb or 0}, ops by op " \
+               f"{groups[0].get('reduce_scatter_ops_by_op')}"
+
+
+def rs_checks():
+    """The wheel's check; each trainer with the reduce-scatter: ran, served,
+    the same bits on two runs, losses within 1e-3 of the run without."""
+    try:
+        text = open(os.path.join(out, "check.txt")).read()
+    except OSError:
+        text = ""
+    check("dmagather.check --device cuda (the wheel's daemon)", rc("check") == 0 and "backend: cuda" in text,
+          " | ".join(l for l in text.splitlines() if l.startswith(("backend", "bfloat16", "float16", "float32"))))
+    for off, on in (("zero3-off", "zero3-rs"), ("fsdp2-off", "fsdp2-rs"), ("fsdp2-off-bf16", "fsdp2-rs-bf16"),
+                    ("fsdp2-off-hsdp", "fsdp2-rs-hsdp")):
+        for name in (off, on, on + "-again"):
+            check(f"{name} ran", rc(name) == 0, f"rc={rc(name)}")
+        check(f"{on} reduce-scatters served", *rs_served(on))
+        check(f"{on} == {on}-again", *same(on, on + "-again"))
+        a, b = losses(off), losses(on)
+        worst = max((abs(x - y) / max(abs(x), 1e-30) for x, y in zip(a, b)), default=float("inf"))
+        check(f"{on} losses within 1e-3 of {off}", len(a) == len(b) and a and worst <= 1e-3,
+              f"largest relative difference {worst:.3g} over {len(a)} losses "
+              f"({'the same bits' if a == b else 'not bit-identical'})")
+
+
 if restart_mode:
     restart_checks()
+elif rs_mode:
+    rs_checks()
 else:
     trainer_checks()
 json.dump(results, open(os.path.join(out, "results.json"), "w"), indent=1)

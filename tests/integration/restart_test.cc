@@ -22,6 +22,7 @@
 #include "dmagather/client.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/rank_checks.h"
+#include "tests/support/reduce_reference.h"
 #include "tests/support/verify.h"
 
 namespace dmagather::testing {
@@ -33,39 +34,72 @@ struct Progress {
   std::atomic<int> ops[kMaxWorld];  // Ops each rank has seen done and checked.
 };
 
+// Reduce-scatters among the ops (churn with `rs`): every third op, fp32,
+// up to 100k floats per output (past a 1 MiB staging half at 3 ranks: some
+// move in slices).
+bool IsReduceScatter(bool rs, int i) { return rs && i % 3 == 1; }
+size_t CountOf(bool rs, int i) {
+  return size_t(1 + (uint64_t(i) * 7919) % (IsReduceScatter(rs, i) ? 100000 : 24 * 1024));
+}
+
+// Op i's submit (all-gather or reduce-scatter of floats).
+dmagather_status_t SubmitChurnOp(Comm& comm, bool rs, int i, char* send, char* recv, dmagather_op_t* handle) {
+  const int world = comm.size(), rank = comm.rank();
+  const size_t count = CountOf(rs, i);
+  if (IsReduceScatter(rs, i)) {
+    const auto in = support::ReduceScatterInput(rank, world, common::kDtypeFloat32, count, 5000 + i);
+    std::memcpy(send, in.data(), in.size());
+    std::memset(recv, 0xEE, count * 4);
+    return dmagather_reduce_scatter_async(comm.get(), send, recv, count, DMAGATHER_FLOAT32, DMAGATHER_SUM, nullptr,
+                                          handle);
+  }
+  std::memset(recv, 0xEE, count * 4 * world);
+  support::FillPattern(send, count * 4, 5000 + i, rank);
+  return dmagather_allgather_async(comm.get(), send, recv, count, DMAGATHER_FLOAT32, nullptr, handle);
+}
+
+// Op i's output: "" or where it differs.
+std::string CheckChurnOp(Comm& comm, bool rs, int i, const char* recv) {
+  const size_t count = CountOf(rs, i);
+  if (IsReduceScatter(rs, i)) {
+    const auto want =
+        support::ReduceScatterExpected(comm.rank(), comm.size(), common::kDtypeFloat32, 0, count, 5000 + i);
+    return std::memcmp(recv, want.data(), count * 4) == 0 ? "" : absl::StrCat("reduce-scatter ", i, " differs");
+  }
+  const long bad = FirstMismatch(recv, count * 4, comm.size(), 5000 + i);
+  return bad < 0 ? "" : absl::StrCat("op ", i, " (", count, " floats) differs at byte ", bad);
+}
+
 // A rank that keeps `window` ops in flight (each its own send and output
-// buffer, sizes varying by op) and checks each op's output bit-exact once
-// it is done; the op's send buffer is refilled only after that.
-int ChurnRank(const std::string& socket, const std::string& job, int world, int rank, int ops, Progress* progress,
-              const Reporter& rep) {
+// buffer, sizes varying by op; with `rs` every third a reduce-scatter) and
+// checks each op's output bit-exact once it is done; the op's send buffer
+// is refilled only after that.
+int ChurnRank(const std::string& socket, const std::string& job, int world, int rank, int ops, bool rs,
+              Progress* progress, const Reporter& rep) {
   constexpr int kWindow = 4;
-  constexpr size_t kMaxCount = 24 * 1024;  // floats per rank
+  constexpr size_t kMaxBytes = 100000 * 4;  // per rank and chunk
   Comm comm(socket.c_str(), job, world, rank);
   REQUIRE(comm.ok(), comm.error());
   char* send[kWindow];
   char* recv[kWindow];
   dmagather_op_t handle[kWindow] = {};
   for (int w = 0; w < kWindow; ++w) {
-    send[w] = static_cast<char*>(comm.Alloc(kMaxCount * 4));
-    recv[w] = static_cast<char*>(comm.Alloc(kMaxCount * 4 * world));
+    send[w] = static_cast<char*>(comm.Alloc(kMaxBytes * world));
+    recv[w] = static_cast<char*>(comm.Alloc(kMaxBytes * world));
     REQUIRE(send[w] != nullptr && recv[w] != nullptr, comm.error());
   }
-  auto count_of = [](int i) { return size_t(1 + (uint64_t(i) * 7919) % kMaxCount); };
   for (int i = 0; i < ops + kWindow; ++i) {
     const int w = i % kWindow;
     if (i >= kWindow) {
       const int done = i - kWindow;
       const dmagather_status_t st = dmagather_op_wait(comm.get(), handle[w]);
       REQUIRE(st == DMAGATHER_OK, absl::StrCat("op ", done, ": ", dmagather_status_string(st), " ", comm.error()));
-      const long bad = FirstMismatch(recv[w], count_of(done) * 4, world, 5000 + done);
-      REQUIRE(bad < 0, absl::StrCat("op ", done, " (", count_of(done), " floats) differs at byte ", bad));
+      const std::string bad = CheckChurnOp(comm, rs, done, recv[w]);
+      REQUIRE(bad.empty(), bad);
       progress->ops[rank].fetch_add(1);
     }
     if (i >= ops) continue;
-    std::memset(recv[w], 0xEE, count_of(i) * 4 * world);
-    support::FillPattern(send[w], count_of(i) * 4, 5000 + i, rank);
-    const dmagather_status_t st =
-        dmagather_allgather_async(comm.get(), send[w], recv[w], count_of(i), DMAGATHER_FLOAT32, nullptr, &handle[w]);
+    const dmagather_status_t st = SubmitChurnOp(comm, rs, i, send[w], recv[w], &handle[w]);
     REQUIRE(st == DMAGATHER_OK, absl::StrCat("submit of op ", i, ": ", comm.error()));
   }
   REQUIRE(comm.Wait() == DMAGATHER_OK, comm.error());
@@ -86,7 +120,7 @@ uint64_t JsonNumber(const std::string& json, const std::string& key) {
 
 // Kills (SIGKILL, one SIGTERM) and restarts the daemon `kills` times while
 // `world` ranks run `ops` ops each; every op of every rank must be right.
-void ChurnThroughRestarts(int world, int ops, int kills, uint64_t seed) {
+void ChurnThroughRestarts(int world, int ops, int kills, uint64_t seed, bool rs = false) {
   auto daemon = DaemonProcess::Start();
   ASSERT_NE(daemon, nullptr);
   const std::string dir = daemon->dir(), socket = daemon->socket();
@@ -95,7 +129,7 @@ void ChurnThroughRestarts(int world, int ops, int kills, uint64_t seed) {
   std::vector<std::unique_ptr<RankProcess>> ranks;
   for (int r = 0; r < world; ++r) {
     ranks.push_back(std::make_unique<RankProcess>(
-        r, [&](int rank, const Reporter& rep) { return ChurnRank(socket, job, world, rank, ops, progress, rep); }));
+        r, [&](int rank, const Reporter& rep) { return ChurnRank(socket, job, world, rank, ops, rs, progress, rep); }));
   }
   std::mt19937_64 rng(seed);
   int survived = 0;
@@ -136,6 +170,15 @@ void ChurnThroughRestarts(int world, int ops, int kills, uint64_t seed) {
 TEST(RestartTest, JobGoesOnBitExactThroughDaemonKillsAndARestart) { ChurnThroughRestarts(3, 400, 5, 1); }
 
 TEST(RestartTest, EightRanksThroughKillsAtOtherPoints) { ChurnThroughRestarts(8, 200, 3, 2); }
+
+// Reduce-scatters among the all-gathers: the daemon dies while their chunks
+// move (or between slices); the next daemon moves them again from the
+// ranks' unchanged sends, and every sum is bit-exact.
+TEST(RestartTest, ReduceScattersGoOnBitExactThroughDaemonKills) {
+  setenv("DMAGATHER_STAGING_MB", "2", 1);
+  ChurnThroughRestarts(3, 300, 4, 3, /*rs=*/true);
+  unsetenv("DMAGATHER_STAGING_MB");
+}
 
 TEST(RestartTest, NoDaemonWithinTheGracePeriodIsUnavailableNamingIt) {
   auto daemon = DaemonProcess::Start();
@@ -194,7 +237,7 @@ TEST(RestartTest, AnotherUserRacingForTheJobDuringTheGapCannotClaimIt) {
   std::vector<std::unique_ptr<RankProcess>> ranks;
   for (int r = 0; r < 2; ++r) {
     ranks.push_back(std::make_unique<RankProcess>(
-        r, [&](int rank, const Reporter& rep) { return ChurnRank(socket, job, 2, rank, kOps, progress, rep); }));
+        r, [&](int rank, const Reporter& rep) { return ChurnRank(socket, job, 2, rank, kOps, false, progress, rep); }));
   }
   ASSERT_TRUE(WaitFor([&] { return MinOps(*progress, 2) >= kOps / 3; }, 60));
   daemon->KeepDir();

@@ -1,6 +1,7 @@
 """The Python package in layers, each importing only the layers below it (the
 analogue of the C++ targets' visibility rules): the library binding, the
-torch entry points and the import hook, the gather adapter, the job setup,
+torch entry points and the import hook, the gather adapter, its
+reduce-scatter, the job setup,
 the framework patches, then the switches. Every import counts, at module top
 or inside a function, relative or absolute; a module may import only modules
 of a strictly lower layer, so no import cycle can form. A new module must be
@@ -14,10 +15,12 @@ import sys
 import unittest
 
 LAYERS = [
+    ["_signatures"],                                # the C signatures and structs
     ["__init__"],                                   # the library binding (ctypes)
     ["_torch_entry", "_import_hook"],               # names and hooks; import nothing of torch
     ["_torch_work"],                                # Work objects
     ["_torch_gather"],                              # the gather adapter (DmagatherAllGather)
+    ["_torch_reduce"],                              # the reduce-scatter on a gather adapter's job
     ["_torch_setup"],                               # one job per process group
     ["_fsdp_zero_copy", "_zero3_zero_copy"],        # the framework patches
     ["torch"],                                      # the switches: the module API, install()

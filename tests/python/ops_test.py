@@ -3,7 +3,10 @@ with Op.test/Op.wait, a coalesced op of three dtypes, and the collective
 fallback when ranks diverge (one rank submit_fallback, the others real
 AllGathers): every rank gets FALLBACK with that rank's reason, and the next op
 succeeds. Also the config path (join_timeout_ms reaches the library) and
-__version__ from the library."""
+__version__ from the library. The reduce-scatter and the all-to-all through
+Comm (where the library has them): reduce_scatter_async SUM and AVG (in place)
+bit-exact against sums in rank order, the classic reduce_scatter + wait(),
+alltoall_async, and AVG on an integer dtype refused on every rank."""
 import json
 import multiprocessing as mp
 import os
@@ -177,6 +180,63 @@ def diverging_fallback(rank, sock, job):
     return ("ok", first)
 
 
+def rs_values(rank, n):
+    """Rank `rank`'s float32 reduce-scatter input of n elements."""
+    rng = np.random.default_rng(500 + rank)
+    return (rng.standard_normal(n) * np.exp2(rng.integers(-8, 9, size=n))).astype(np.float32)
+
+
+def reduce_scatter_and_alltoall(rank, sock, job):
+    n = 1031
+    with dmagather.Comm(job, WORLD, rank, socket=sock, join_timeout_ms=30000, local_rank=rank,
+                        local_world_size=WORLD) as comm:
+        mine = lambda a: a[rank * n:(rank + 1) * n]  # noqa: E731
+        total = mine(rs_values(0, WORLD * n))
+        for r in range(1, WORLD):
+            total = total + mine(rs_values(r, WORLD * n))  # np.float32, in rank order
+        # SUM, out of place: the handle, seen done through Op.test().
+        send = comm.empty(WORLD * n, "float32")
+        send[:] = rs_values(rank, WORLD * n)
+        recv = comm.empty(n, "float32")
+        op = comm.reduce_scatter_async(send, recv, op=dmagather.SUM)
+        wait_test(op)
+        if not np.array_equal(recv.view(np.uint32), total.view(np.uint32)):
+            raise AssertionError("reduce_scatter_async SUM differs")
+        # AVG, in place (recv is this rank's chunk of send), by name.
+        send[:] = rs_values(rank, WORLD * n)
+        comm.reduce_scatter_async(send, mine(send), op="avg").wait()
+        if not np.array_equal(mine(send).view(np.uint32), (total / np.float32(WORLD)).view(np.uint32)):
+            raise AssertionError("reduce_scatter_async AVG in place differs")
+        # The classic call: int64 wraps, complete at wait().
+        big = np.iinfo(np.int64).max
+        s64 = comm.empty(WORLD * 3, "int64")
+        s64[:] = big - np.arange(WORLD * 3) + rank
+        r64 = comm.empty(3, "int64")
+        comm.reduce_scatter(s64, r64)
+        comm.wait()
+        want = sum((big - np.arange(WORLD * 3) + r)[rank * 3:(rank + 1) * 3] for r in range(WORLD))
+        if not np.array_equal(r64, want):
+            raise AssertionError(f"reduce_scatter int64: {r64} != {want}")
+        # AVG on an integer dtype: INVALID_ARGUMENT on every rank.
+        try:
+            comm.reduce_scatter_async(s64, r64, op=dmagather.AVG).wait()
+            raise AssertionError("AVG on int64 was served")
+        except dmagather.FallbackError:
+            raise
+        except dmagather.DmagatherError as e:
+            if e.status != "INVALID_ARGUMENT":
+                raise
+        # all-to-all: chunk r of every rank's send lands as chunk `rank` of rank r's recv.
+        a_send = comm.empty(WORLD * 5, "int32")
+        a_send[:] = 1000 * rank + np.arange(WORLD * 5)
+        a_recv = comm.empty(WORLD * 5, "int32")
+        comm.alltoall_async(a_send, a_recv, count=5).wait()
+        want = np.concatenate([1000 * r + np.arange(rank * 5, (rank + 1) * 5) for r in range(WORLD)])
+        if not np.array_equal(a_recv, want):
+            raise AssertionError(f"alltoall: {a_recv} != {want}")
+    return "ok"
+
+
 class OpsTest(DaemonTestCase):
     DAEMON_PREFIX = "dmagather-ops-"
 
@@ -187,6 +247,15 @@ class OpsTest(DaemonTestCase):
         self.assertIsNotNone(job, "job not in the daemon's stats")
         self.assertGreaterEqual(int(job["ops"]), 6)
         self.assertEqual(int(job["fallback_ops"]), 0)
+
+    @unittest.skipUnless({"dmagather_reduce_scatter_async", "dmagather_alltoall_async"} <=
+                         dmagather.load_library()._dmagather_optional, "a library without reduce-scatter/all-to-all")
+    def test_reduce_scatter_and_alltoall_through_comm(self):
+        results = run_ranks(reduce_scatter_and_alltoall, self.sock, "py-rs")
+        self.assertEqual(results, {0: "ok", 1: "ok", 2: "ok"})
+        _, job = stats(self.sock, "py-rs")
+        self.assertIsNotNone(job, "job not in the daemon's stats")
+        self.assertGreaterEqual(int(job["ops"]), 4)
 
     def test_collective_fallback_with_diverging_ranks(self):
         results = run_ranks(diverging_fallback, self.sock, "py-diverge")

@@ -85,7 +85,7 @@ class AutoloadTest(TrainerCase):
         got = probe(clean_env(self.daemon.sock, DMAGATHER_ALLGATHER="1"))
         self.assertTrue(got["patched"])
         self.assertEqual(got["mods"], ["dmagather", "dmagather._autoload", "dmagather._import_hook",
-                                       "dmagather._torch_entry"])
+                                       "dmagather._signatures", "dmagather._torch_entry"])
 
     def launch(self, name, **env_extra):
         out = os.path.join(self.dir, name)

@@ -27,11 +27,18 @@ gather every parameter group after the first straight into the parameters
 shard the item's send; bf16 with each own shard cast into its slot), `on-odd`'s Shard(1) block goes FSDP2's
 own way with its reason counted, `custom` on the host backend takes FSDP2's
 path by rule (host_memory), and `on-copyout` never takes it.
+
+The reduce-scatter (Fsdp2ReduceScatterTest, Fsdp2ReduceScatterMeshTest):
+DMAGATHER_ALLGATHER=1 and DMAGATHER_REDUCE_SCATTER=1, the script unchanged,
+with each op FSDP2 picks (AVG; SUM and FSDP2's division; bf16 gradients; a
+divide factor of the world), HSDP 2 x 2 and 4 ranks on a 1-D mesh: two runs
+the same bytes, losses within LOSS_RTOL of the run without dmagather, every
+reduce-scatter served (by op as FSDP2 chose it), the daemon's count equal.
 """
 import os
 import unittest
 
-from trainers_case import TrainerCase, start_lines, HERE, VENV_BIN
+from trainers_case import TrainerCase, serves_lines, start_lines, HERE, VENV_BIN
 
 try:
     from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: F401
@@ -281,6 +288,116 @@ class Fsdp2MeshTest(TrainerCase):
 
     def test_fsdp_x_tp_dp_groups_served_bit_identical(self):
         self.check_mesh("tp")
+
+
+# The reduce-scatter (DMAGATHER_REDUCE_SCATTER=1 beside DMAGATHER_ALLGATHER=1):
+# FSDP2's gradient reduce-scatter (DefaultReduceScatter: dist.reduce_scatter_tensor
+# on torch 2.11, dist.reduce_scatter_single on 2.15), unmodified, with each of
+# the ops FSDP2 chooses: AVG (fp32; bf16 gradients), SUM with FSDP2's own
+# division after it (set_force_sum_reduction_for_comms), AVG from
+# set_gradient_divide_factor(world).
+RS_ON = {"DMAGATHER_ALLGATHER": "1", "DMAGATHER_REDUCE_SCATTER": "1"}
+# Losses against the run without dmagather (gloo's reduce-scatter): the
+# gradient sums differ at most in their last bit (another summation order;
+# with two ranks a + b is the same either way), AdamW's update is bounded by
+# its learning rate (1e-3) whatever the gradient's scale, so over these few
+# steps a loss moves by far less than 1e-3 of itself; a reduction that is
+# wrong (a missing rank, a chunk off by one, a doubled or undivided sum)
+# moves them by more than that from the first step on.
+LOSS_RTOL = 1e-3
+RS_RUNS = {
+    "off": ({}, []),
+    "rs": (RS_ON, []),
+    "rs-again": (RS_ON, []),
+    "off-sum": ({}, ["--rs-sum"]),
+    "rs-sum": (RS_ON, ["--rs-sum"]),
+    "off-bf16": ({}, ["--dtype", "bf16", "--reduce-dtype", "bf16"]),
+    "rs-bf16": (RS_ON, ["--dtype", "bf16", "--reduce-dtype", "bf16"]),
+    "rs-divide": (RS_ON, ["--grad-divide", str(WORLD)]),
+}
+# FSDP2's reduce-scatters: one per parameter group (3 blocks, the root) per step.
+RS_PER_STEP = 4
+
+
+@unittest.skipUnless(HAVE_FSDP2, WHY)
+class Fsdp2ReduceScatterTest(Fsdp2Checks):
+    @classmethod
+    def setUpClass(cls):
+        launch_runs(cls, "dmagather-fsdp2-rs-", RS_RUNS)
+
+    def test_entry_point_of_this_torch_is_what_fsdp2_calls(self):
+        import torch.distributed as dist
+        from torch.distributed.fsdp._fully_shard import _fsdp_collectives as fc
+        import inspect
+        called = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
+        self.assertIn(f"dist.{called}(", inspect.getsource(fc.DefaultReduceScatter.__call__))
+
+    def test_avg_served_same_bits_every_run_close_to_gloo(self):
+        self.check_reduce_scatter_served("rs", WORLD, "avg", RS_PER_STEP * STEPS)
+        self.assert_same_bytes(self.runs["rs"]["dir"], self.runs["rs-again"]["dir"], "FSDP2 reduce-scatter run 1 vs 2")
+        self.assert_losses_close(self.runs["off"]["dir"], self.runs["rs"]["dir"], LOSS_RTOL, "FSDP2 fp32 AVG vs gloo")
+        lines = serves_lines(self.ok("rs")["out"])
+        self.assertEqual(len(lines), 1, lines)
+        import torch.distributed as dist
+        names = ", ".join(n for n in ("reduce_scatter_tensor", "reduce_scatter_single") if hasattr(dist, n))
+        self.assertIn(f"dmagather serves {names} (sum, avg) for WORLD on the host backend", lines[0])
+
+    def test_sum_with_fsdp2s_division_served(self):
+        self.check_reduce_scatter_served("rs-sum", WORLD, "sum", RS_PER_STEP * STEPS)
+        self.assert_losses_close(self.runs["off-sum"]["dir"], self.runs["rs-sum"]["dir"], LOSS_RTOL,
+                                 "FSDP2 SUM + division vs gloo")
+
+    def test_bf16_gradients_served(self):
+        self.check_reduce_scatter_served("rs-bf16", WORLD, "avg", RS_PER_STEP * STEPS)
+        self.assert_losses_close(self.runs["off-bf16"]["dir"], self.runs["rs-bf16"]["dir"], LOSS_RTOL,
+                                 "FSDP2 bf16 gradients vs gloo")
+
+    def test_divide_factor_of_the_world_is_avg(self):
+        self.check_reduce_scatter_served("rs-divide", WORLD, "avg", RS_PER_STEP * STEPS)
+        self.assert_same_bytes(self.runs["rs"]["dir"], self.runs["rs-divide"]["dir"], "AVG vs divide factor 2")
+
+    def test_without_the_variable_nothing_changes(self):
+        """DMAGATHER_ALLGATHER=1 alone (the earlier classes' `on` runs): the
+        reduce-scatter stays torch's; here `off` set nothing up."""
+        self.assertEqual(self.ok("off")["stats"], {})
+        self.assertEqual(serves_lines(self.ok("off")["out"]), [])
+
+
+RS_MESH_RUNS = {
+    "off-hsdp": ({}, ["--hsdp", "2"]),
+    "rs-hsdp": (RS_ON, ["--hsdp", "2"]),
+    "rs-hsdp-again": (RS_ON, ["--hsdp", "2"]),
+    "off-1d": ({}, []),
+    "rs-1d": (RS_ON, []),
+    "rs-1d-again": (RS_ON, []),
+}
+
+
+@unittest.skipUnless(HAVE_FSDP2, WHY)
+class Fsdp2ReduceScatterMeshTest(Fsdp2Checks):
+    """4 ranks: HSDP (2 x 2), whose reduce-scatters run on the shard groups'
+    jobs (the all-reduce over the replicate groups stays gloo's), and a 1-D
+    mesh over all 4 ranks (a sum of four chunks: its order matters)."""
+
+    @classmethod
+    def setUpClass(cls):
+        launch_runs(cls, "dmagather-fsdp2-rs-mesh-", RS_MESH_RUNS, MESH_WORLD, MESH_STEPS)
+
+    def test_hsdp_shard_groups_served(self):
+        jobs = self.check_reduce_scatter_served("rs-hsdp", MESH_WORLD, "avg", RS_PER_STEP * MESH_STEPS, group=True)
+        self.assertEqual(len(jobs), 2, jobs)
+        self.assert_same_bytes(self.runs["rs-hsdp"]["dir"], self.runs["rs-hsdp-again"]["dir"], "HSDP run 1 vs 2")
+        self.assert_losses_close(self.runs["off-hsdp"]["dir"], self.runs["rs-hsdp"]["dir"], LOSS_RTOL,
+                                 "FSDP2 HSDP vs gloo")
+        lines = serves_lines(self.ok("rs-hsdp")["out"])
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("for a group of 2 ranks (0,1) on the host backend", lines[0])
+
+    def test_four_ranks_served_close_to_gloo(self):
+        self.check_reduce_scatter_served("rs-1d", MESH_WORLD, "avg", RS_PER_STEP * MESH_STEPS)
+        self.assert_same_bytes(self.runs["rs-1d"]["dir"], self.runs["rs-1d-again"]["dir"], "4 ranks run 1 vs 2")
+        self.assert_losses_close(self.runs["off-1d"]["dir"], self.runs["rs-1d"]["dir"], LOSS_RTOL,
+                                 "FSDP2 4 ranks vs gloo")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ on data from a seeded generator. Launched with torchrun.
 
     torchrun --nproc_per_node N fsdp2_train.py --out DIR [--steps 5] [--device cpu|cuda]
              [--custom-all-gather] [--odd] [--pretend-torch V] [--change-fsdp2] [--hsdp R | --tp T]
-             [--model mlp|hf-llama]
+             [--model mlp|hf-llama] [--reduce-dtype fp32|bf16] [--rs-sum] [--grad-divide F]
 
 --model hf-llama: a Hugging Face Llama (transformers' LlamaForCausalLM) from a
 small config instead of the MLP blocks: every decoder layer and the root
@@ -21,6 +21,12 @@ on every FSDPModule (the one line a script adds); without it the script has
 nothing of dmagather, and DMAGATHER_ALLGATHER=1 alone decides. On CPU, gloo
 has no reduce_scatter_tensor in every torch version: --rs-allreduce replaces
 FSDP2's reduce-scatter by an all_reduce (same for every run compared).
+
+--reduce-dtype bf16 (with --dtype bf16): gradients reduce-scattered in bf16
+(FSDP2's default there is fp32). --rs-sum: FSDP2's reduce-scatter with SUM
+and a separate division (set_force_sum_reduction_for_comms) instead of AVG.
+--grad-divide F: set_gradient_divide_factor(F) (F the reduce-scatter group's
+size: AVG; any other: PREMUL_SUM, which gloo does not have).
 
 Writes DIR/losses.bin (float32 bytes of every rank's loss per step), DIR/params.bin
 (every parameter's full tensor, bytes), DIR/summary.json. Rank 0 writes.
@@ -46,6 +52,9 @@ def main():
     p.add_argument("--odd", action="store_true")
     p.add_argument("--model", choices=["mlp", "hf-llama"], default="mlp")
     p.add_argument("--rs-allreduce", action="store_true")
+    p.add_argument("--reduce-dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--rs-sum", action="store_true")
+    p.add_argument("--grad-divide", type=float, default=None)
     p.add_argument("--hsdp", type=int, default=0, metavar="R",
                    help="HSDP: a (R, world/R) mesh, replicate x shard (FSDP2 gathers on the shard groups)")
     p.add_argument("--tp", type=int, default=0, metavar="T",
@@ -96,7 +105,8 @@ def main():
         mesh = mesh_2d["dp"]
     else:
         mesh = init_device_mesh(dev.type, (world,))
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if args.dtype == "bf16" else \
+    reduce_dtype = torch.bfloat16 if args.reduce_dtype == "bf16" else torch.float32
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype) if args.dtype == "bf16" else \
         MixedPrecisionPolicy()
     if args.tp:
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -111,6 +121,11 @@ def main():
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=not args.odd)
 
     fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in fsdp_modules:
+        if args.rs_sum:
+            m.set_force_sum_reduction_for_comms(True)
+        if args.grad_divide is not None:
+            m.set_gradient_divide_factor(args.grad_divide)
     if args.custom_all_gather:
         import dmagather.torch as dt
         ag = dt.FSDPAllGather()

@@ -109,6 +109,18 @@ def rank_stats(pattern, world):
     return out
 
 
+def losses(run_dir):
+    """Every rank's loss per step (losses.bin: float32, rank after rank)."""
+    import array
+    a = array.array("f")
+    a.frombytes(read_bytes(os.path.join(run_dir, "losses.bin")))
+    return list(a)
+
+
+def serves_lines(out):
+    return [l for l in out.splitlines() if "dmagather serves reduce_scatter" in l]
+
+
 def start_lines(out):
     return [l for l in out.splitlines() if "dmagather allgather enabled" in l or "dmagather allgather unavailable" in l]
 
@@ -151,3 +163,46 @@ class TrainerCase(unittest.TestCase):
             if a != b:
                 first = next(i for i in range(len(a)) if a[i] != b[i])
                 self.fail(f"{what}: {name} differs from byte {first} on")
+
+    def assert_losses_close(self, ref_dir, run_dir, rtol, what):
+        """Every rank's loss of every step within rtol (relative) of the
+        reference run's; returns the largest relative difference seen."""
+        a, b = losses(ref_dir), losses(run_dir)
+        self.assertEqual(len(a), len(b), f"{what}: losses.bin sizes differ")
+        self.assertGreater(len(a), 0)
+        worst = max(abs(x - y) / max(abs(x), 1e-30) for x, y in zip(a, b))
+        print(f"  {what}: largest relative loss difference {worst:.3g} over {len(a)} losses "
+              f"({'the same bits' if a == b else 'not bit-identical'})", file=sys.stderr, flush=True)
+        self.assertLessEqual(worst, rtol, f"{what}: losses {a} vs {b}")
+        return worst
+
+    def check_reduce_scatter_served(self, name, world, ops, min_ops, group=False):
+        """Every rank of run `name` served its reduce-scatters (WORLD's job, or
+        with group=True the one sub-group job of each rank): at least min_ops
+        each, all of them with `ops` ("sum" or "avg"), none fallen back, equal
+        on the ranks of a job; the daemon counted the job's all-gathers and
+        reduce-scatters; rank 0 said what it serves. Returns {job: rs ops}."""
+        r = self.ok(name)
+        self.assertEqual(sorted(r["stats"]), list(range(world)), f"{name}: ranks without counters")
+        per_job = {}
+        for rank, top in r["stats"].items():
+            s = top["groups"][0] if group else top
+            self.assertEqual(s["reduce_scatter"], "on", f"{name} rank {rank}")
+            self.assertEqual(s["reduce_scatter_fallback_ops"], 0,
+                             f"{name} rank {rank}: {s['reduce_scatter_fallback_by_reason']} "
+                             f"({s['reduce_scatter_last_fallback_reason']})")
+            n = s["reduce_scatter_ops"]
+            self.assertGreaterEqual(n, min_ops, f"{name} rank {rank}: too few reduce-scatters")
+            other = "avg" if ops == "sum" else "sum"
+            self.assertEqual(s["reduce_scatter_ops_by_op"], {ops: n, other: 0}, f"{name} rank {rank}")
+            self.assertEqual(s["fallback_ops"], 0, f"{name} rank {rank}: all-gathers fell back")
+            per_job.setdefault(s["job_key"], set()).add((n, s["dmagather_ops"]))
+        jobs = {j["job_key"]: j for j in r["daemon"]["jobs"]}
+        for key, seen in per_job.items():
+            self.assertEqual(len(seen), 1, f"{name}: ranks of job {key} disagree: {seen}")
+            rs, ag = next(iter(seen))
+            self.assertEqual(int(jobs[key]["ops"]), rs + ag, f"{name}: the daemon's count of job {key}")
+            self.assertEqual(jobs[key].get("errors", []), [])
+        lines = serves_lines(r["out"])
+        self.assertGreaterEqual(len(lines), 1, f"{name}: rank 0 did not say what it serves")
+        return {k: next(iter(v))[0] for k, v in per_job.items()}

@@ -22,12 +22,18 @@ exactly one start line; `off` set nothing up. The zero-copy fetch
 (_zero3_zero_copy): in `on` the coalesced fetches gathered into the parameters
 (equal counts on every rank, no rule hit, the same dmagather ops), and `zc_off`,
 which never takes it, is bit-identical to `on` and `off`.
+
+DeepSpeedReduceScatterTest: the gradient reduce-scatter with
+DMAGATHER_REDUCE_SCATTER=1 too (start-up hook; and install() after
+deepspeed.initialize()), fp32 and bf16: two runs the same bytes, losses within
+LOSS_RTOL of the run without dmagather, every reduce-scatter served (SUM, in
+place), the daemon's count equal.
 """
 import json
 import os
 import unittest
 
-from trainers_case import TrainerCase, free_port, start_lines, HERE, VENV_BIN
+from trainers_case import TrainerCase, free_port, serves_lines, start_lines, HERE, VENV_BIN
 
 try:
     import deepspeed  # noqa: F401
@@ -206,6 +212,74 @@ class DeepSpeedHpzTest(TrainerCase):
             key, ops = keys.pop()
             self.assertEqual(int(jobs[key]["ops"]), ops, f"secondary group {ranks}: the daemon's count")
             self.assertEqual(jobs[key].get("errors", []), [])
+
+
+RS_ON = {"DMAGATHER_ALLGATHER": "1", "DMAGATHER_REDUCE_SCATTER": "1"}
+# Losses against the run without dmagather (gloo's reduce-scatter): see
+# fsdp2_test.py's LOSS_RTOL (the same bound, the same reasons: last-bit
+# differences of the gradient sums under AdamW at lr 1e-3, a few steps).
+LOSS_RTOL = 1e-3
+
+
+@unittest.skipUnless(HAVE_DS, WHY)
+class DeepSpeedReduceScatterTest(TrainerCase):
+    """ZeRO-3's gradient reduce-scatter, unmodified: stage3's
+    __avg_scatter_grads -> reduce_scatter_coalesced (the gradients divided by
+    the world first, one flat buffer, this rank's chunk of it as the output:
+    in place) -> dist.reduce_scatter_fn -> TorchBackend.reduce_scatter_tensor
+    -> the function DeepSpeed captured when its backend was built
+    (torch.distributed.reduce_scatter_tensor, replaced by then by the start-up
+    hook; install() replaces the captured one). Served with SUM."""
+
+    @classmethod
+    def setUpClass(cls):
+        def launcher(extra):
+            return lambda out: ([os.path.join(VENV_BIN, "deepspeed"), "--num_gpus", str(WORLD), "--master_port",
+                                 str(free_port()), os.path.join(HERE, "zero3_train.py"), "--out", out, "--steps",
+                                 str(STEPS)] + extra)
+        runs = {"off": ({}, launcher([])),
+                "rs": (RS_ON, launcher([])),
+                "rs_again": (RS_ON, launcher([])),
+                "off_bf16": ({}, launcher(["--dtype", "bf16"])),
+                "rs_bf16": (RS_ON, launcher(["--dtype", "bf16"])),
+                "install": ({"DMAGATHER_HOST_STAGING": "1", "DMAGATHER_REDUCE_SCATTER": "1"},
+                            launcher(["--install-after-init"]))}
+        cls.launch_all("dmagather-zero3-rs-", runs, WORLD, RUN_TIMEOUT_S)
+
+    def test_deepspeed_calls_the_captured_reduce_scatter_tensor(self):
+        import importlib
+        import inspect
+        ds_torch = importlib.import_module("deepspeed.comm.torch")  # (deepspeed.comm's `torch` is torch itself)
+        cc = importlib.import_module("deepspeed.runtime.comm.coalesced_collectives")
+        self.assertIn("dist.reduce_scatter_fn", inspect.getsource(cc._torch_reduce_scatter_fn))
+        # TorchBackend.reduce_scatter_tensor is wrapped (stage_on_cpu): its module's text.
+        self.assertIn("return self.reduce_scatter_function(output_tensor", inspect.getsource(ds_torch))
+        self.assertIn("torch.distributed.reduce_scatter_tensor",
+                      inspect.getsource(ds_torch.TorchBackend.get_reduce_scatter_function))
+
+    def test_served_same_bits_every_run_close_to_gloo(self):
+        self.check_reduce_scatter_served("rs", WORLD, "sum", STEPS)
+        for rank, s in self.ok("rs")["stats"].items():
+            self.assertEqual(s["reduce_scatter_in_place_ops"], s["reduce_scatter_ops"], f"rank {rank}: in place")
+        self.assert_same_bytes(self.runs["rs"]["dir"], self.runs["rs_again"]["dir"], "ZeRO-3 reduce-scatter run 1 vs 2")
+        self.assert_losses_close(self.runs["off"]["dir"], self.runs["rs"]["dir"], LOSS_RTOL, "ZeRO-3 fp32 vs gloo")
+        self.assertEqual(len(serves_lines(self.ok("rs")["out"])), 1)
+
+    def test_bf16_served_close_to_gloo(self):
+        self.check_reduce_scatter_served("rs_bf16", WORLD, "sum", STEPS)
+        self.assert_losses_close(self.runs["off_bf16"]["dir"], self.runs["rs_bf16"]["dir"], LOSS_RTOL,
+                                 "ZeRO-3 bf16 vs gloo")
+
+    def test_install_after_initialize_replaces_the_captured_function(self):
+        """Without replacing DeepSpeed's captured reduce_scatter_function, no
+        reduce-scatter would reach dmagather after install()."""
+        self.check_reduce_scatter_served("install", WORLD, "sum", STEPS)
+        self.assert_losses_close(self.runs["off"]["dir"], self.runs["install"]["dir"], LOSS_RTOL,
+                                 "ZeRO-3 install() vs gloo")
+
+    def test_off_sets_nothing_up(self):
+        self.assertEqual(self.ok("off")["stats"], {})
+        self.assertEqual(self.ok("off")["daemon"]["jobs"], [])
 
 
 if __name__ == "__main__":

@@ -37,7 +37,13 @@
 #   latency       64 KiB..64 MiB per rank, p50/p99, against NCCL in the same run
 #   16 on 8       twice as many ranks as GPUs (a gloo group: NCCL refuses shared GPUs), bit-exact
 #   vs NCCL       busbw 1 MiB..1 GiB and a bf16 GEMM's TF/s beside the all-gathers, NCCL alongside
-# FC_STEPS="pairs suite pairjobs stall sweep latency shared nccl" runs a subset (default: all; gpus and
+#   RS vs NCCL    the reduce-scatter (docs/REDUCE.md: chunks moved on the copy engines, each rank
+#                 sums them in rank order with its own kernel), its own daemon, staging at its
+#                 default (DMAGATHER_STAGING_MB unset): bf16/fp32 SUM/AVG, 1 element .. 64 MiB
+#                 output per rank, in and out of place, bit-exact against a float32 rank-order
+#                 reference (NCCL's differences in the last bits reported, not failed); busbw 1 MiB..
+#                 1 GiB output per rank; a bf16 GEMM's TF/s beside reduce-scatters of 8..256 MiB
+# FC_STEPS="pairs suite pairjobs stall sweep latency shared nccl rs" runs a subset (default: all; gpus and
 # topology always run), e.g. to split the run over calls of a bounded length; FC_SWEEP
 # replaces the sweep's settings (space-separated NAME[:ENV=VALUE|:--daemon_flag]).
 set -uo pipefail
@@ -48,6 +54,7 @@ stage() {
   root="$(cd "$here/../.." && pwd)"
   "$root/bench/gpu/multi_gpu.sh" stage "$dir" || exit 1
   install -m 0755 "$root/bench/gpu/pair_bw.py" "$dir/pair_bw.py"
+  install -m 0644 "$root/bench/gpu/multi_gpu_rs.py" "$dir/multi_gpu_rs.py"  # multi_gpu_bench.py's rs_* parts
   install -m 0755 "$here/first_contact.sh" "$dir/first_contact.sh"
   du -sh "$dir"
 }
@@ -65,6 +72,7 @@ run() {
   skip() { say "SKIP $1: $2"; }
   export LD_LIBRARY_PATH="$here/lib:${LD_LIBRARY_PATH:-}"
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  unset DMAGATHER_STAGING_MB  # the reduce-scatter's staging at its default (64 MiB in all, docs/REDUCE.md)
   export PYTHONPATH="$here/python:${PYTHONPATH:-}" DMAGATHER_LIB="$here/python/dmagather/libdmagather.so"
   local tmp; tmp="$(mktemp -d)"
   say "# dmagather first contact (cuda) on $(hostname), $(date -u +%FT%TZ)"
@@ -308,6 +316,29 @@ print(",".join(str(d) for d in sorted(moved - {i, j})) if moved == {i, j} or mov
   fi
   if want shared || want nccl; then
     "$here/bin/dmagatherctl" --socket="$sock" stats >"$out/dmagatherctl_stats.txt" 2>&1
+    stop_daemon
+  fi
+
+  # --- reduce-scatter vs NCCL -------------------------------------------------
+  if ! want rs; then
+    :
+  elif [ "$ngpu" -lt 2 ]; then
+    skip "RS vs NCCL" "one GPU: NCCL refuses two ranks on one GPU"
+  else
+    rm -f "$sock"
+    if ! start_daemon "$out/daemon_rs.log"; then
+      fail "RS vs NCCL" "dmagatherd did not start (daemon_rs.log)"
+    elif bench --ranks="$ngpu" --parts=rs_correct,rs_busbw,rs_overlap --out="$out/rs_vs_nccl" --job=rs-vs-nccl \
+        >"$out/rs_vs_nccl.log" 2>&1 && grep -q "^reduce-scatter correctness: all PASSED" "$out/rs_vs_nccl.log"; then
+      pass "RS vs NCCL" "$ngpu ranks, bf16/fp32 SUM/AVG bit-exact; busbw, overlap in rs_vs_nccl/ (rs_vs_nccl.log)"
+    else  # The correctness verdict where it failed, else the log's last line (a crash, a timeout).
+      local why; why="$(grep -m 1 '^reduce-scatter correctness' "$out/rs_vs_nccl.log" 2>/dev/null)"
+      case "$why" in "" | *"all PASSED"*) why="$(tail -n 1 "$out/rs_vs_nccl.log" 2>/dev/null)" ;; esac
+      fail "RS vs NCCL" "$why (rs_vs_nccl.log)"
+    fi
+    tail -n 30 "$out/rs_vs_nccl.log" >>"$report" 2>/dev/null
+    mkdir -p "$out/rs_vs_nccl"
+    "$here/bin/dmagatherctl" --socket="$sock" stats >"$out/rs_vs_nccl/dmagatherctl_stats.txt" 2>&1
     stop_daemon
   fi
   rm -rf "$tmp"

@@ -52,6 +52,17 @@ class Comm {
                                    dmagather_dtype_t dtype, void* stream = nullptr) {
     return status_ = dmagather_allgather_list(comm_, send, recvs.data(), count, dtype, stream);
   }
+  dmagather_status_t ReduceScatter(const void* send, void* recv, size_t count, dmagather_dtype_t dtype,
+                                   dmagather_redop_t op, void* stream = nullptr) {
+    return status_ = dmagather_reduce_scatter(comm_, send, recv, count, dtype, op, stream);
+  }
+  dmagather_status_t AllToAll(const void* send, void* recv, size_t count, dmagather_dtype_t dtype,
+                              void* stream = nullptr) {
+    dmagather_op_t op = 0;
+    status_ = dmagather_alltoall_async(comm_, send, recv, count, dtype, stream, &op);
+    if (status_ == DMAGATHER_OK) status_ = dmagather_op_wait_stream(comm_, op, stream);
+    return status_;
+  }
   dmagather_status_t Wait() { return status_ = dmagather_wait(comm_); }
 
  private:

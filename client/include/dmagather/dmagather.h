@@ -21,7 +21,7 @@ extern "C" {
 /* The one place the version is written: the library, the daemon and the
  * Python package all report it from here. */
 #define DMAGATHER_VERSION_MAJOR 0
-#define DMAGATHER_VERSION_MINOR 3
+#define DMAGATHER_VERSION_MINOR 4
 #define DMAGATHER_VERSION_PATCH 0
 #define DMAGATHER_VERSION_CODE \
   (DMAGATHER_VERSION_MAJOR * 10000 + DMAGATHER_VERSION_MINOR * 100 + DMAGATHER_VERSION_PATCH)
@@ -167,6 +167,41 @@ dmagather_status_t dmagather_allgather_async(dmagather_comm_t comm, const void* 
  * one completion for the group; items may differ in count and dtype. */
 dmagather_status_t dmagather_allgather_coalesced(dmagather_comm_t comm, const dmagather_gather_t* items, size_t n,
                                                  void* stream, dmagather_op_t* op);
+
+/* ---- Reduce-scatter and all-to-all ----
+ * The copy engines move the chunks (an all-to-all into staging memory of
+ * the comm); the rank then sums them in one fixed order. */
+typedef enum {
+  DMAGATHER_SUM = 0,
+  DMAGATHER_AVG = 1, /* The sum divided by world_size, rounded once (floating dtypes only). */
+  DMAGATHER_NUM_REDOPS = 2
+} dmagather_redop_t;
+
+/* reduce_scatter_tensor: `send` holds world_size*count elements, chunk r
+ * (elements [r*count, (r+1)*count)) for rank r; `recv` gets count elements:
+ * chunk `rank` of every rank's send, summed over ranks 0..world_size-1 in
+ * that order. 16-bit floats are accumulated in fp32 and rounded once, fp32
+ * in fp32, fp64 in fp64; integers wrap. The same bits on every run, backend
+ * and timing. recv may be send + rank*count (in place); else the two must
+ * not overlap. The chunks pass through the comm's staging memory
+ * ($DMAGATHER_STAGING_MB, default 64 MiB, allocated at the first use):
+ * larger ops move in slices. Not served across nodes, nor under CUDA-graph
+ * capture (FALLBACK). CUDA: stream-ordered on `stream`; the sum is a small
+ * kernel on it. CPU: complete when the call returns. */
+dmagather_status_t dmagather_reduce_scatter(dmagather_comm_t comm, const void* send, void* recv, size_t count,
+                                            dmagather_dtype_t dtype, dmagather_redop_t op, void* stream);
+/* The same, returning its handle without waiting (as dmagather_allgather_async).
+ * CPU: the sum runs in dmagather_op_wait/op_test/wait. CUDA: the sum is on
+ * `stream`; dmagather_op_wait_stream makes another stream wait for it. */
+dmagather_status_t dmagather_reduce_scatter_async(dmagather_comm_t comm, const void* send, void* recv, size_t count,
+                                                  dmagather_dtype_t dtype, dmagather_redop_t op, void* stream,
+                                                  dmagather_op_t* handle);
+
+/* all_to_all_single with equal chunks: `send` and `recv` hold world_size*count
+ * elements; chunk r of send goes to rank r, where it lands as chunk `rank`
+ * of recv. send and recv must not overlap. Within one node. */
+dmagather_status_t dmagather_alltoall_async(dmagather_comm_t comm, const void* send, void* recv, size_t count,
+                                            dmagather_dtype_t dtype, void* stream, dmagather_op_t* op);
 
 /* Tells the job that this rank will not take part in its next operation
  * (e.g. its framework decided the tensors are unsuitable): that op completes

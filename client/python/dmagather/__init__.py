@@ -11,6 +11,7 @@
 Per-op handles (every rank of a job gets the same verdict for the same op):
 
     op = comm.allgather_async(mine, out)            # or allgather_coalesced([(s, r), ...])
+    op = comm.reduce_scatter_async(send, recv, op=dmagather.SUM)  # recv: the sum of every rank's chunk `rank`
     op.wait()                                        # FallbackError / DmagatherError with the op's reason
     op = comm.submit_fallback("tensor not reachable")  # this rank opts out: the op fails everywhere
 
@@ -27,8 +28,11 @@ package libdmagather0, which python3-dmagather depends on).
 import ctypes
 import os
 
+from . import _signatures
+from ._signatures import _Config, _Gather  # noqa: F401 (the adapters import _Gather from here)
+
 __all__ = ["Comm", "Op", "DmagatherError", "FallbackError", "DTYPES", "load_library", "STATUS",
-           "MAX_COALESCED", "library_version"]
+           "MAX_COALESCED", "library_version", "SUM", "AVG", "REDOPS", "has_reduce_scatter"]
 
 STATUS = {0: "OK", 1: "FALLBACK", 2: "INVALID_ARGUMENT", 3: "UNAVAILABLE", 4: "PEER_FAILED",
           5: "TIMEOUT", 6: "INTERNAL"}
@@ -37,28 +41,10 @@ DTYPES = {"uint8": 0, "int8": 1, "int32": 2, "int64": 3, "float16": 4, "bfloat16
           "float32": 6, "float64": 7}
 _SIZES = {0: 1, 1: 1, 2: 4, 3: 8, 4: 2, 5: 2, 6: 4, 7: 8}
 MAX_COALESCED = 64  # DMAGATHER_MAX_COALESCED
+# dmagather_redop_t: the reductions of dmagather_reduce_scatter (AVG: floating dtypes only).
+SUM, AVG = 0, 1
+REDOPS = {"sum": SUM, "avg": AVG}
 CONFIG_MAGIC = 0x444D4147  # DMAGATHER_CONFIG_MAGIC ("DMAG")
-
-
-class _Config(ctypes.Structure):
-    """dmagather_config_t (field order and types as in dmagather.h)."""
-    _fields_ = [("size", ctypes.c_size_t),
-                ("magic", ctypes.c_uint),
-                ("version", ctypes.c_uint),
-                ("socket_path", ctypes.c_char_p),
-                ("join_timeout_ms", ctypes.c_int),
-                ("spin", ctypes.c_int),
-                ("local_rank", ctypes.c_int),
-                ("local_world_size", ctypes.c_int),
-                ("job_id", ctypes.c_char_p)]
-
-
-class _Gather(ctypes.Structure):
-    """dmagather_gather_t (dmagather_dtype_t is a C enum: int)."""
-    _fields_ = [("send", ctypes.c_void_p),
-                ("recv", ctypes.c_void_p),
-                ("count", ctypes.c_size_t),
-                ("dtype", ctypes.c_int)]
 
 
 class DmagatherError(RuntimeError):
@@ -103,54 +89,33 @@ def load_library(path=None):
         except OSError:
             raise OSError(f"libdmagather.so not found (nor {SONAME} through the dynamic linker): install "
                           "libdmagather0, set DMAGATHER_LIB or build //client:libdmagather.so") from None
-    P, S, I = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
-    lib.dmagather_comm_init.argtypes = [ctypes.c_char_p, ctypes.c_char_p, I, I, ctypes.POINTER(P)]
-    lib.dmagather_comm_destroy.argtypes = [P]
-    lib.dmagather_alloc.argtypes = [P, S, ctypes.POINTER(P)]
-    lib.dmagather_free.argtypes = [P, P]
-    lib.dmagather_register.argtypes = [P, P, S]
-    lib.dmagather_deregister.argtypes = [P, P]
-    lib.dmagather_allgather.argtypes = [P, P, P, S, I, P]
-    lib.dmagather_allgather_list.argtypes = [P, P, ctypes.POINTER(P), S, I, P]
-    lib.dmagather_wait.argtypes = [P]
-    lib.dmagather_last_error.argtypes = [P]
-    lib.dmagather_last_error.restype = ctypes.c_char_p
-    lib.dmagather_backend.argtypes = [P]
-    lib.dmagather_backend.restype = ctypes.c_char_p
-    lib.dmagather_version.argtypes = []
-    lib.dmagather_version.restype = ctypes.c_char_p
-    lib.dmagather_version_code.argtypes = []
-    lib.dmagather_version_code.restype = ctypes.c_int
-    OP = ctypes.c_uint64  # dmagather_op_t
-    lib.dmagather_comm_init_config.argtypes = [ctypes.c_char_p, I, I, ctypes.POINTER(_Config), ctypes.POINTER(P)]
-    lib.dmagather_job_id_create.argtypes = [ctypes.c_char_p, ctypes.c_char_p, S]
-    lib.dmagather_allgather_async.argtypes = [P, P, P, S, I, P, ctypes.POINTER(OP)]
-    lib.dmagather_allgather_coalesced.argtypes = [P, ctypes.POINTER(_Gather), S, P, ctypes.POINTER(OP)]
-    lib.dmagather_submit_fallback.argtypes = [P, ctypes.c_char_p, ctypes.POINTER(OP)]
-    lib.dmagather_op_wait.argtypes = [P, OP]
-    lib.dmagather_op_test.argtypes = [P, OP, ctypes.POINTER(I)]
-    lib.dmagather_op_wait_stream.argtypes = [P, OP, P]
-    lib.dmagather_status_string.argtypes = [I]
-    lib.dmagather_status_string.restype = ctypes.c_char_p
-    lib.dmagather_comm_rank.argtypes = [P]
-    lib.dmagather_comm_size.argtypes = [P]
-    lib.dmagather_dtype_size.argtypes = [I]
-    lib.dmagather_dtype_size.restype = S
-    lib.dmagather_dtype_name.argtypes = [I]
-    lib.dmagather_dtype_name.restype = ctypes.c_char_p
-    for f in ("dmagather_comm_init", "dmagather_comm_init_config", "dmagather_comm_destroy", "dmagather_alloc",
-              "dmagather_free", "dmagather_register", "dmagather_deregister", "dmagather_allgather",
-              "dmagather_allgather_list", "dmagather_wait", "dmagather_allgather_async",
-              "dmagather_allgather_coalesced", "dmagather_submit_fallback", "dmagather_op_wait",
-              "dmagather_op_test", "dmagather_op_wait_stream", "dmagather_comm_rank", "dmagather_comm_size",
-              "dmagather_job_id_create"):
-        getattr(lib, f).restype = I
+    _signatures.declare(lib)
     _lib = lib
     return lib
 
 
+def has_reduce_scatter(lib=None):
+    """Whether the library has dmagather_reduce_scatter[_async] (False for an
+    older library, or none found)."""
+    try:
+        lib = load_library(lib)
+    except OSError:
+        return False
+    return {"dmagather_reduce_scatter", "dmagather_reduce_scatter_async"} <= lib._dmagather_optional
+
+
+def _redop_code(op):
+    """SUM/AVG (0/1) or their names ("sum", "avg"; torch's ReduceOp names too)."""
+    if isinstance(op, int) and op in REDOPS.values():
+        return op
+    name = str(op).rsplit(".", 1)[-1].lower()
+    if name not in REDOPS:
+        raise ValueError(f"reduction {op!r} is not one of dmagather's ({', '.join(REDOPS)})")
+    return REDOPS[name]
+
+
 def library_version(lib=None):
-    """The library's dmagather_version() as a string, e.g. "0.3.0"."""
+    """The library's dmagather_version() as a string, e.g. "0.4.0"."""
     return load_library(lib).dmagather_version().decode()
 
 
@@ -348,6 +313,58 @@ class Comm:
         code = self._lib.dmagather_allgather_coalesced(comm, items if pairs else None, len(pairs), stream,
                                                        ctypes.byref(op))
         return self._submitted(code, op, pairs)
+
+    def _optional(self, name):
+        if name not in self._lib._dmagather_optional:
+            raise FallbackError(1, f"this libdmagather.so ({self._lib.dmagather_version().decode()}) has no {name}")
+        return getattr(self._lib, name)
+
+    def reduce_scatter(self, send, recv, count=None, dtype=None, op=SUM, stream=None):
+        """reduce_scatter_tensor: send holds world_size*count elements (chunk r
+        for rank r); recv gets count elements, the sum (op=AVG: the mean) over
+        ranks 0..N-1 in that order of every rank's chunk `rank`. In place when
+        recv is send + rank*count. Complete when it returns (CPU); failures
+        also come back from wait()."""
+        fn = self._optional("dmagather_reduce_scatter")
+        dtype = dtype if dtype is not None else recv.dtype
+        count = count if count is not None else _count_of(recv)
+        self._classic_pending = True
+        self._check(fn(self._handle(), _address(send), _address(recv), count, _dtype_code(dtype), _redop_code(op),
+                       stream))
+
+    def reduce_scatter_async(self, send, recv, count=None, dtype=None, op=SUM, stream=None):
+        """Submits reduce_scatter (as reduce_scatter) and returns its Op without
+        waiting; on the host backend the sum runs in Op.wait()/Op.test().
+
+        An unsupported dtype becomes submit_fallback(reason), so every rank gets
+        FALLBACK from Op.wait(); AVG on an integer dtype is INVALID_ARGUMENT."""
+        fn = self._optional("dmagather_reduce_scatter_async")
+        comm = self._handle()
+        dtype = dtype if dtype is not None else recv.dtype
+        count = count if count is not None else _count_of(recv)
+        try:
+            code_dtype = _dtype_code(dtype)
+        except FallbackError as e:
+            return self.submit_fallback(e.message)
+        h = ctypes.c_uint64(0)
+        code = fn(comm, _address(send), _address(recv), count, code_dtype, _redop_code(op), stream, ctypes.byref(h))
+        return self._submitted(code, h, (send, recv))
+
+    def alltoall_async(self, send, recv, count=None, dtype=None, stream=None):
+        """all_to_all_single with equal chunks of `count` elements: chunk r of
+        send goes to rank r, where it lands as chunk `rank` of recv (send and
+        recv hold world_size*count elements and must not overlap). Returns its Op."""
+        fn = self._optional("dmagather_alltoall_async")
+        comm = self._handle()
+        dtype = dtype if dtype is not None else send.dtype
+        count = count if count is not None else _count_of(send) // self.world_size
+        try:
+            code_dtype = _dtype_code(dtype)
+        except FallbackError as e:
+            return self.submit_fallback(e.message)
+        h = ctypes.c_uint64(0)
+        code = fn(comm, _address(send), _address(recv), count, code_dtype, stream, ctypes.byref(h))
+        return self._submitted(code, h, (send, recv))
 
     def submit_fallback(self, reason=""):
         """This rank will not take part in the next op: it fails with FALLBACK

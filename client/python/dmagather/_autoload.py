@@ -13,7 +13,11 @@ import all_gather_into_tensor` — gets that function, whenever the script
 calls init_process_group or deepspeed.initialize. It also arms DeepSpeed
 ZeRO-3's zero-copy fetch (`_zero3_zero_copy`) for when DeepSpeed's ZeRO-3
 module loads, so that every parameter DeepSpeed converts gathers into its own
-storage.
+storage. With DMAGATHER_REDUCE_SCATTER=1 too, it replaces the reduce-scatter's
+entry points alike (`reduce_scatter_tensor`; `reduce_scatter_single` on torch
+2.15: what DeepSpeed ZeRO-3 and FSDP2 call for their gradients); those are
+served on a group's job once its first all-gather has set it up, where every
+rank of the group asked for it (dmagather.torch.serve_reduce_scatter).
 
 The collective setup happens at a group's first all-gather, which every rank
 of the group makes at the same point of the program: WORLD's job
@@ -34,6 +38,7 @@ from . import _import_hook
 from . import _torch_entry
 
 ENV = "DMAGATHER_ALLGATHER"
+RS_ENV = "DMAGATHER_REDUCE_SCATTER"
 TARGET = "torch.distributed"
 
 _lock = threading.RLock()  # an import inside the set-up may reach the finder
@@ -93,6 +98,35 @@ def _entry(name, orig):
     return entry
 
 
+def _rs_entry(name, orig, sum_op):
+    """dmagather's function for torch.distributed.<name> (reduce_scatter_tensor /
+    reduce_scatter_single's signature)."""
+    def entry(output, input, op=sum_op, group=None, async_op=False):
+        if _adapter is None and not _by_group:  # no job set up yet: nothing to serve it
+            return orig(output, input, op=op, group=group, async_op=async_op)
+        import dmagather.torch as dt
+        return dt.serve_reduce_scatter(orig, output, input, op, group, async_op)
+
+    try:
+        import functools
+        functools.update_wrapper(entry, orig)
+    except Exception:  # noqa: BLE001
+        pass
+    entry._dmagather_original = orig
+    entry._dmagather_entry = name
+    return entry
+
+
+def _patch_reduce_scatter(dist_module):
+    """DMAGATHER_REDUCE_SCATTER=1: the reduce-scatter's entry points too (the
+    job's set-up decides, collectively, whether they are served)."""
+    if os.environ.get(RS_ENV) != "1":
+        return
+    for n in _torch_entry.present_rs(dist_module):
+        _patched[n] = _rs_entry(n, getattr(dist_module, n), dist_module.ReduceOp.SUM)
+        setattr(dist_module, n, _patched[n])
+
+
 def patch(dist_module):
     """Puts every all-gather entry point this torch has (_torch_entry) on
     dmagather in torch.distributed (idempotent). Rank 0 of a torch outside the
@@ -111,6 +145,7 @@ def patch(dist_module):
         for n in names:
             _patched[n] = _entry(n, originals[n])
             setattr(dist_module, n, _patched[n])
+        _patch_reduce_scatter(dist_module)
         _name_untested_torch(names)
 
 

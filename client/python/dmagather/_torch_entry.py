@@ -12,6 +12,12 @@ Each one torch has is replaced by dmagather's function in the
 `torch.distributed` namespace (not in `distributed_c10d`: torch's own alias
 and its coalescing manager keep calling torch's function).
 
+The reduce-scatter's entry points (served with DMAGATHER_REDUCE_SCATTER=1,
+`_torch_reduce`) likewise: `reduce_scatter_tensor` (torch 1.13 on; what
+DeepSpeed ZeRO-3 and FSDP2 2.11 call) and `reduce_scatter_single` (2.15 on,
+where `reduce_scatter_tensor` is its alias and FSDP2's DefaultReduceScatter
+calls it).
+
 TESTED_TORCH: the major.minor versions whose FSDP2 internals the zero-copy
 unshard (`_fsdp_zero_copy`) was written against and that CI runs the trainer
 tests on (tools/install_venv.sh: the oldest and the newest). Any other torch
@@ -19,6 +25,7 @@ still gets its entry points served, and is named on rank 0 at start-up.
 """
 
 ENTRY_POINTS = ("all_gather_into_tensor", "all_gather_single")
+RS_ENTRY_POINTS = ("reduce_scatter_tensor", "reduce_scatter_single")
 TESTED_TORCH = ("2.11", "2.15")
 # DeepSpeed's ZeRO-3 module, whose import arms the zero-copy fetch (_zero3_zero_copy).
 ZERO3_MODULE = "deepspeed.runtime.zero.partition_parameters"
@@ -29,24 +36,31 @@ def major_minor(version):
     return ".".join(version.split("+")[0].split(".")[:2])
 
 
-def present(dist_module):
-    """The entry points this torch.distributed has, in ENTRY_POINTS order."""
-    return [n for n in ENTRY_POINTS if callable(getattr(dist_module, n, None))]
+def present(dist_module, names=ENTRY_POINTS):
+    """The entry points this torch.distributed has, in ENTRY_POINTS (or
+    `names`) order."""
+    return [n for n in names if callable(getattr(dist_module, n, None))]
 
 
-def is_dmagather(dist_module):
+def present_rs(dist_module):
+    """The reduce-scatter entry points this torch.distributed has."""
+    return present(dist_module, RS_ENTRY_POINTS)
+
+
+def is_dmagather(dist_module, names=ENTRY_POINTS):
     """Every entry point this torch.distributed has is dmagather's (the start-up
     hook's or install()'s: each carries `_dmagather_original`)."""
-    names = present(dist_module)
+    names = present(dist_module, names)
     return bool(names) and all(getattr(getattr(dist_module, n), "_dmagather_original", None) is not None
                                for n in names)
 
 
-def torch_original(dist_module):
+def torch_original(dist_module, names=ENTRY_POINTS):
     """torch's own all-gather under dmagather's replacements (the first entry
     point this torch has: all_gather_into_tensor; on 2.15 an alias of
-    all_gather_single)."""
-    f = getattr(dist_module, present(dist_module)[0])
+    all_gather_single); names=RS_ENTRY_POINTS: its reduce-scatter
+    (reduce_scatter_tensor)."""
+    f = getattr(dist_module, present(dist_module, names)[0])
     for _ in range(4):
         inner = getattr(f, "_dmagather_original", None)
         if inner is None:

@@ -8,8 +8,9 @@ at the same point of the program. `setup()` runs on every rank of the group,
 over the group itself, and ends with the same decision on every rank:
 
 1. One all_reduce(MAX) over the group carries, per rank, whether it is enabled
-   (DMAGATHER_ALLGATHER), its max_numel, its node, and the group's first rank's
-   random job key.
+   (DMAGATHER_ALLGATHER), its max_numel, its node, whether it asks for the
+   reduce-scatter (DMAGATHER_REDUCE_SCATTER, and a library that has it), and
+   the group's first rank's random job key.
 2. The group's nodes decide the job's shape. A rank's node is the daemon it
    talks to (`node_id`): the host's boot id and the control socket's inode, so
    ranks on one host that reach one daemon are one node, whatever the launcher
@@ -22,7 +23,9 @@ over the group itself, and ends with the same decision on every rank:
    last all_reduce tells every rank whether all joined.
 
 Any "no" anywhere disables the group's job on every rank, with one reason;
-its all-gathers then go to torch, counted by that reason.
+its all-gathers then go to torch, counted by that reason. The reduce-scatter
+is decided the same way, apart: served when the job is up and every rank
+asked for it (`_torch_reduce.verdict`).
 """
 import hashlib
 import os
@@ -33,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from . import Comm, DmagatherError, FallbackError, job_id_create
+from . import _torch_reduce
 from ._torch_gather import DmagatherAllGather, _env_flag, _max_numel_from_env
 
 DEFAULT_JOIN_TIMEOUT_MS = 10000      # DMAGATHER_JOIN_TIMEOUT_MS overrides
@@ -136,14 +140,18 @@ def _join_all(key, size, rank, socket, join_timeout_ms, dev, group, local, job_i
 
 
 def setup(group, *, enabled, socket=None, max_numel=None, join_timeout_ms=None, job_key=None, stream_ordered=None,
-          host_staging=False):
+          host_staging=False, reduce_scatter=None):
     """Collective over `group` (None: WORLD): the group's adapter, joined or
-    disabled with its reason on every rank of the group."""
+    disabled with its reason on every rank of the group, and its
+    reduce-scatter (adapter.reduce_scatter) served or not on every rank
+    (reduce_scatter: default $DMAGATHER_REDUCE_SCATTER == 1)."""
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     dev = reduce_device(group)
     mine = int(max_numel) if max_numel is not None else _max_numel_from_env()
-    # [disabled flag of each rank..., node of each rank..., -max_numel, key words of the first rank]
-    t = [0] * (2 * size + 3)
+    # [disabled flag of each rank..., node of each rank..., -max_numel, key words of the first rank,
+    #  reduce-scatter word of each rank (_torch_reduce.rank_code)...]
+    t = [0] * (3 * size + 3)
+    t[2 * size + 3 + rank] = _torch_reduce.rank_code(reduce_scatter)
     t[rank] = 0 if enabled else 1
     t[size + rank] = node_id(socket)
     t[2 * size] = -max(1, mine)  # MAX of the negatives: the smallest max_numel wins
@@ -182,4 +190,7 @@ def setup(group, *, enabled, socket=None, max_numel=None, join_timeout_ms=None, 
                            host_staging=staging)
     a.nodes = len(order)
     a.ranks = dist.get_process_group_ranks(group) if group is not None else list(range(size))  # global ranks
+    rs_codes = t[2 * size + 3:3 * size + 3]
+    a.reduce_scatter = _torch_reduce.ReduceScatter(a, off=_torch_reduce.verdict(rs_codes),
+                                                   requested=any(c != 1 for c in rs_codes))
     return a

@@ -4,7 +4,7 @@ Spawns --world rank processes (torch.multiprocessing, gloo process group),
 each calls dmagather.torch.all_gather_into_tensor(flat output, its own shard,
 async_op=True) and Work.wait(). Prints
 
-    backend: host (dmagather 0.3.0, 3 ranks, device cpu, framework gloo)
+    backend: host (dmagather 0.4.0, 3 ranks, device cpu, framework gloo)
     bfloat16 PASSED
     float16 PASSED
     float32 PASSED

@@ -1,5 +1,7 @@
 """PyTorch adapter: torch.distributed's all-gather on dmagather (all_gather_into_tensor;
-all_gather_single on torch 2.15), for WORLD and every sub-group.
+all_gather_single on torch 2.15), for WORLD and every sub-group; with
+DMAGATHER_REDUCE_SCATTER=1 its reduce-scatter too (reduce_scatter_tensor;
+reduce_scatter_single on torch 2.15; _torch_reduce), on the same jobs.
 
 Three ways in (docs/TRAINERS.md has the whole story):
 
@@ -8,6 +10,7 @@ Three ways in (docs/TRAINERS.md has the whole story):
     # 1. direct API, torch.distributed's semantics
     dt.all_gather_into_tensor(output, input, group=None, async_op=False)
     dt.all_gather_coalesced(outputs, inputs, async_op=True).wait()
+    dt.reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None)  # SUM, AVG (DMAGATHER_REDUCE_SCATTER=1)
     # 2. ZeRO-3: DMAGATHER_ALLGATHER=1 in the environment plus, once, after init_process_group:
     dt.install()                                  # routes torch.distributed's all-gather, every group
     # 3. FSDP2 (torch >= 2.11):
@@ -62,13 +65,14 @@ import torch.distributed as dist
 from . import DmagatherError, FallbackError  # noqa: F401  (re-exported: what a caller catches)
 from . import _fsdp_zero_copy
 from . import _torch_entry
+from . import _torch_reduce
 from . import _torch_setup
 from . import _zero3_zero_copy
 from ._torch_gather import (DEFAULT_MAX_NUMEL, REASONS, DmagatherAllGather, StreamOrderedError, Work,
                             _env_flag, log)
 
 __all__ = ["init", "adapter_for", "group_adapters", "install", "uninstall", "is_installed", "get",
-           "all_gather_into_tensor", "all_gather_coalesced",
+           "all_gather_into_tensor", "all_gather_coalesced", "reduce_scatter_tensor",
            "synchronize", "stats", "shutdown", "Work", "FSDPAllGather", "DmagatherAllGather", "StreamOrderedError",
            "REASONS", "DEFAULT_MAX_NUMEL"]
 
@@ -81,7 +85,7 @@ _adapter = None    # WORLD's (init())
 _groups = {}       # process group -> the adapter that serves it: WORLD's, or the group's own job
 _group_settings = {}  # init()'s socket, max_numel, join timeout, stream_ordered: every group's job takes them
 _installed = None  # torch's all-gather (the framework path) while installed
-_installed_entries = {}  # entry point name (or "deepspeed") -> what install() replaced there
+_installed_entries = {}  # entry point name (or "deepspeed", "deepspeed_rs") -> what install() replaced there
 _ds_backend = None  # DeepSpeed's backend whose captured all_gather_function install() replaced
 _glock = threading.RLock()
 
@@ -99,7 +103,7 @@ def _enabled(enabled, default):
 
 
 def init(*, enabled=None, socket=None, max_numel=None, join_timeout_ms=None, job_key=None, stream_ordered=None,
-         host_staging=None, _default_enabled=True, _origin=None):
+         host_staging=None, reduce_scatter=None, _default_enabled=True, _origin=None):
     """Collective (every rank of WORLD calls it, once): agrees on enabled,
     max_numel and a job key, joins the daemon (or, when WORLD spans nodes, the
     daemons' multi-node job), agrees that every rank joined (_torch_setup).
@@ -112,7 +116,8 @@ def init(*, enabled=None, socket=None, max_numel=None, join_timeout_ms=None, job
     rank 0 (every rank must pass the same one). host_staging: host backend,
     stage private CPU tensors through daemon memory (default
     $DMAGATHER_HOST_STAGING, else off; the DMAGATHER_ALLGATHER=1 start-up hook
-    turns it on)."""
+    turns it on). reduce_scatter: serve reduce_scatter_tensor too, in every
+    group's job (default $DMAGATHER_REDUCE_SCATTER == 1; agreed like enabled)."""
     global _adapter
     with _glock:
         if _adapter is not None:
@@ -120,7 +125,7 @@ def init(*, enabled=None, socket=None, max_numel=None, join_timeout_ms=None, job
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("dmagather.torch.init(): call torch.distributed.init_process_group() first")
         _group_settings.update(socket=socket, max_numel=max_numel, join_timeout_ms=join_timeout_ms,
-                               stream_ordered=stream_ordered)
+                               stream_ordered=stream_ordered, reduce_scatter=reduce_scatter)
         a = _torch_setup.setup(None, enabled=_enabled(enabled, _default_enabled), job_key=job_key,
                                host_staging=host_staging, **_group_settings)
         a.group = None
@@ -149,6 +154,14 @@ def _log_start(a, what, origin):
     else:
         log.warning("dmagather allgather unavailable%s (%s); using %s allgather%s", what, a.unavailable[1],
                     a.framework_backend, f" ({extra.lstrip(', ')})" if extra else "")
+    rs = getattr(a, "reduce_scatter", None)
+    line = rs.describe(_torch_entry.present_rs(dist)) if rs is not None else None
+    if line is not None:
+        where = what.strip() or "for WORLD"
+        if rs.serving:
+            log.warning("%s %s on the %s backend", line, where, a.comm.backend)
+        else:
+            log.warning("%s %s", line, where)
 
 
 def _world_like(group):
@@ -246,6 +259,39 @@ def all_gather_coalesced(outputs, inputs, group=None, async_op=False):
     return a.all_gather_coalesced(outputs, inputs, group=group, async_op=async_op)
 
 
+def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
+    """torch.distributed.reduce_scatter_tensor through dmagather (input: every
+    rank's chunk in rank order; output: this rank's chunk of the SUM or AVG),
+    on WORLD's job or the group's own (adapter_for), where the job's set-up
+    agreed on it (DMAGATHER_REDUCE_SCATTER=1 or init(reduce_scatter=True) on
+    every rank); else, and for other ops, torch's."""
+    a = adapter_for(group)
+    if a is None:  # a group of one rank
+        return _torch_reduce_scatter()(output, input, op=op, group=group, async_op=async_op)
+    return _torch_reduce.of(a).reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
+
+
+def _torch_reduce_scatter():
+    """torch's own reduce_scatter_tensor under dmagather's replacements."""
+    return _torch_entry.torch_original(dist, _torch_entry.RS_ENTRY_POINTS)
+
+
+def serve_reduce_scatter(orig, output, input, op, group, async_op):
+    """The replaced reduce-scatter entry points (install()'s and the start-up
+    hook's): served on the group's job once it is set up (its first
+    all-gather: no collective of its own here, so a rank decides alone and
+    every rank alike); before that, and for a group of one rank, torch's."""
+    a = adapter_for(group, setup=False)
+    if a is None:
+        return orig(output, input, op=op, group=group, async_op=async_op)
+    rs = _torch_reduce.of(a)
+    if rs._orig is None:
+        rs._orig = orig
+    # order_now: the current stream is ordered at the call (FSDP2 records its
+    # event right after the call; DeepSpeed waits at once).
+    return rs.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op, order_now=True)
+
+
 def synchronize():
     for a in ([_adapter] if _adapter is not None else []) + group_adapters():
         a.synchronize()
@@ -282,6 +328,14 @@ def _patched_all_gather_into_tensor(output_tensor, input_tensor, group=None, asy
     return a.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
 
 
+def _patched_reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
+    return serve_reduce_scatter(_patched_reduce_scatter_tensor._dmagather_original, output, input, op, group,
+                                async_op)
+
+
+_patched_reduce_scatter_tensor._dmagather_original = None  # install() sets torch's function here
+
+
 def install(**init_kwargs):
     """ZeRO-3 opt-in: with DMAGATHER_ALLGATHER=1 on every rank, routes
     torch.distributed's all-gather entry points (all_gather_into_tensor, what
@@ -294,7 +348,10 @@ def install(**init_kwargs):
     once, when deepspeed.init_distributed() (or deepspeed.initialize()) builds
     it, and calls that function from then on: when DeepSpeed's backend already
     exists, install() replaces the function it holds too. (DMAGATHER_ALLGATHER=1
-    alone, through the start-up hook, needs no call at all.)"""
+    alone, through the start-up hook, needs no call at all.) Where the job
+    serves the reduce-scatter (DMAGATHER_REDUCE_SCATTER=1), its entry points
+    (reduce_scatter_tensor; reduce_scatter_single on torch 2.15) and
+    DeepSpeed's captured reduce_scatter_function are replaced alike."""
     global _installed, _ds_backend
     init_kwargs.setdefault("_default_enabled", False)
     a = init(**init_kwargs)
@@ -312,6 +369,19 @@ def install(**init_kwargs):
                 _ds_backend, _ds_original = cdb, cdb.all_gather_function
                 cdb.all_gather_function = _patched_all_gather_into_tensor
                 _installed_entries["deepspeed"] = _ds_original
+            rs = getattr(a, "reduce_scatter", None)
+            if rs is not None and rs.serving:
+                rs_originals = {n: getattr(dist, n) for n in _torch_entry.present_rs(dist)}
+                if rs_originals:
+                    _patched_reduce_scatter_tensor._dmagather_original = _torch_reduce_scatter()
+                    _installed_entries.update(rs_originals)
+                    for n in rs_originals:
+                        setattr(dist, n, _patched_reduce_scatter_tensor)
+                    if cdb is not None and getattr(cdb, "reduce_scatter_function", None) in \
+                            (_patched_reduce_scatter_tensor._dmagather_original, *rs_originals.values()):
+                        _installed_entries["deepspeed_rs"] = cdb.reduce_scatter_function
+                        _ds_backend = cdb
+                        cdb.reduce_scatter_function = _patched_reduce_scatter_tensor
     if a.comm is not None:
         _fsdp_zero_copy.enable()  # FSDP2's default all-gather is ours now: unshard without copy-in/out
         _zero3_zero_copy.arm()  # ZeRO-3's fetches of parameters converted from now on: no flat buffer
@@ -337,11 +407,15 @@ def uninstall():
     with _glock:
         if _installed is not None:
             for n, orig in _installed_entries.items():
-                if n != "deepspeed" and getattr(dist, n, None) is _patched_all_gather_into_tensor:
+                if getattr(dist, n, None) in (_patched_all_gather_into_tensor, _patched_reduce_scatter_tensor):
                     setattr(dist, n, orig)
             if _ds_backend is not None and getattr(_ds_backend, "all_gather_function", None) is \
                     _patched_all_gather_into_tensor:
                 _ds_backend.all_gather_function = _installed_entries["deepspeed"]
+            if _ds_backend is not None and getattr(_ds_backend, "reduce_scatter_function", None) is \
+                    _patched_reduce_scatter_tensor:
+                _ds_backend.reduce_scatter_function = _installed_entries["deepspeed_rs"]
+            _patched_reduce_scatter_tensor._dmagather_original = None
             _installed_entries.clear()
             _patched_all_gather_into_tensor._dmagather_original = None
             _ds_backend = None

@@ -343,8 +343,8 @@ class CudaRuntime : public GpuRuntime {
           is.attr_idx.push_back(i);
         }
       }
-      cudaError_t err = cudaMemcpyBatchAsync(is.dsts.data(), is.srcs.data(), is.sizes.data(), n, is.attrs.data(),
-                                             is.attr_idx.data(), is.attrs.size(), s);
+      cudaError_t err = ::dmagather::common::cuda::MemcpyBatchAsync(
+          is.dsts.data(), is.srcs.data(), is.sizes.data(), n, is.attrs.data(), is.attr_idx.data(), is.attrs.size(), s);
       if (err == cudaSuccess) return absl::OkStatus();
       if (err != cudaErrorNotSupported && err != cudaErrorInvalidValue) {
         return CudaStatus("cudaMemcpyBatchAsync", err);

@@ -91,6 +91,27 @@ struct Job {
   uint64_t shard = 0;
   int id = 0;
   bool gpu_done = true;  // Ops ask the engine to write the ranks' done flags (where it can).
+  // Every even op is an all-to-all of chunks of shard / world bytes (a
+  // reduce-scatter's movement: chunk d of each send to rank d, landing as
+  // chunk s of its output), the odd ones all-gathers.
+  bool mixed = false;
+
+  bool IsAllToAll(uint32_t seq) const { return mixed && seq % 2 == 0; }
+  uint64_t Chunk() const { return shard / ranks.size(); }
+  // What rank d's output holds at byte j after op `seq`.
+  char Expected(uint32_t seq, int d, uint64_t j) const {
+    if (!IsAllToAll(seq)) return Byte(id, seq, static_cast<int>(j / shard), j % shard);
+    const uint64_t c = Chunk();
+    return Byte(id, seq, static_cast<int>(j / c), d * c + j % c);
+  }
+  // The bytes of rank d's output op `seq` writes.
+  uint64_t OutputBytes(uint32_t seq) const { return IsAllToAll(seq) ? Chunk() * ranks.size() : shard * ranks.size(); }
+  // Rank r's own part of the output (its stream copies it, as the client does).
+  void CopyOwn(int r, uint32_t seq) {
+    Rank& k = *ranks[r];
+    const uint64_t c = IsAllToAll(seq) ? Chunk() : shard;
+    std::memcpy(k.recv.data() + r * c, k.send.data() + (IsAllToAll(seq) ? r * c : 0), c);
+  }
 
   static char Byte(int job, uint32_t seq, int rank, uint64_t i) {
     return static_cast<char>((job * 131 + seq * 17 + rank * 29 + i * 7 + (i >> 12)) & 0xff);
@@ -115,12 +136,14 @@ struct Job {
     op->plan.Clear();
     op->ranks.clear();
     for (auto& r : ranks) op->ranks.push_back(r->er.get());
+    const bool a2a = IsAllToAll(seq);
+    const uint64_t c = a2a ? Chunk() : shard;
     for (int d = 0; d < w; ++d) {
       for (int s = 0; s < w; ++s) {
         if (s == d) continue;
         op->plan.copies.push_back(
-            CopyCmd{ranks[d]->recv_region->base() + s * shard, ranks[s]->send_region->base(), shard, s, d});
-        op->plan.bytes += shard;
+            CopyCmd{ranks[d]->recv_region->base() + s * c, ranks[s]->send_region->base() + (a2a ? d * c : 0), c, s, d});
+        op->plan.bytes += c;
       }
     }
   }

@@ -163,14 +163,13 @@ class DeadlockTest : public enginetest::GpuEngineTest {
     std::atomic<uint32_t>& failed;
   };
 
-  // Rank r's op `seq` of `job`, as a blocking dmagather_allgather drives
+  // Rank r's op `seq` of `job`, as a blocking dmagather_allgather (or all-to-all) drives
   // it: fill the input, write ready, wait for done, check the output byte
   // for byte. False: stopped.
   static bool RankOp(Job& job, int r, uint32_t seq, TestOp& op, Counts& c) {
     enginetest::Rank& k = *job.ranks[r];
-    const int w = static_cast<int>(job.ranks.size());
     for (uint64_t i = 0; i < job.shard; ++i) k.send[i] = Job::Byte(job.id, seq, r, i);
-    std::memcpy(k.recv.data() + r * job.shard, k.send.data(), job.shard);
+    job.CopyOwn(r, seq);
     k.SetReady(seq);
     // As a rank's stream: released by its done flag (written by a device
     // after the copies, where the runtime can), else by the op's end.
@@ -189,9 +188,7 @@ class DeadlockTest : public enginetest::GpuEngineTest {
       return true;
     }
     uint64_t bad = 0;
-    for (int s = 0; s < w; ++s) {
-      for (uint64_t i = 0; i < job.shard; ++i) bad += k.recv[s * job.shard + i] != Job::Byte(job.id, seq, s, i);
-    }
+    for (uint64_t j = 0; j < job.OutputBytes(seq); ++j) bad += k.recv[j] != job.Expected(seq, r, j);
     c.wrong.fetch_add(bad);
     c.checked.fetch_add(1);
     return true;
@@ -300,6 +297,25 @@ TEST_P(DeadlockTest, TwoJobs) {
   constexpr uint32_t kOps = 80;
   Outcome o = Run({a.get(), b.get()}, kOps);
   ExpectDeadlockFree(o, 8 * kOps);
+}
+
+// All-gathers and all-to-alls (a reduce-scatter's movement) in one job and
+// beside an all-gather job, on three GPUs that pull from each other: the
+// all-to-all's copies read every peer's send at another offset, through the
+// same issue path, locks and waits.
+TEST_P(DeadlockTest, AllGathersAndAllToAllsMixed) {
+  GpuEngine::Options eo;
+  eo.chunk_bytes = 8 << 10;
+  StartModel(3, 32, eo);
+  fake_->SetCallDelayUs(0, 150);
+  auto a = MakeJob({0, 1, 2}, 24 << 10);
+  auto b = MakeJob({2, 1, 0}, 12 << 10);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  a->mixed = true;
+  constexpr uint32_t kOps = 80;
+  Outcome o = Run({a.get(), b.get()}, kOps);
+  ExpectDeadlockFree(o, 6 * kOps);
 }
 
 // One process per GPU in two jobs (two process groups over the same two

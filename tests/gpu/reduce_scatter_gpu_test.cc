@@ -1,0 +1,239 @@
+// Reduce-scatter and all-to-all on the cuda backend, against a running
+// dmagatherd --backend=cuda (DMAGATHER_SOCKET): ranks are forked processes
+// on the current GPU; inputs are made on the host (tests/support/
+// reduce_reference.h), results copied back and compared bit-exactly with the
+// reference reduction. Prints "PASS <mode>" or "FAIL <mode>: why".
+//
+//   rs        4 ranks; every dtype x op x counts {1, 4097, 300000} x {out of
+//             place, in place}; 2 MiB of staging, so the large ones move in
+//             slices (kernel sums on the stream between them)
+//   async     3 ranks; 8 async reduce-scatters on one stream, each waited on
+//             a second stream (dmagather_op_wait_stream), all-gathers in
+//             between; one host sync at the end
+//   graph     2 ranks; a reduce-scatter under CUDA-graph capture is FALLBACK
+//             on every rank (with the reason); the next one is bit-exact
+//   alltoall  3 ranks; all-to-all of int64 (own chunk on the rank's stream)
+#include <cuda_runtime.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dmagather/client.h"
+#include "tests/support/reduce_reference.h"
+
+namespace {
+
+using dmagather::support::ReduceScatterExpected;
+using dmagather::support::ReduceScatterInput;
+
+struct Shared {
+  std::atomic<int> failures{0};
+  char why[512] = {};
+};
+Shared* sh = nullptr;
+
+int Fail(int rank, const std::string& why) {
+  const std::string line = "rank " + std::to_string(rank) + ": " + why;
+  if (sh->failures.fetch_add(1) == 0) snprintf(sh->why, sizeof(sh->why), "%s", line.c_str());
+  fprintf(stderr, "  check failed: %s\n", line.c_str());
+  return 1;
+}
+
+#define CK(rank, x)                                                                            \
+  do {                                                                                         \
+    cudaError_t e_ = (x);                                                                      \
+    if (e_ != cudaSuccess) return Fail(rank, std::string(#x) + " -> " + cudaGetErrorName(e_)); \
+  } while (0)
+
+int Launch(int world, const std::function<int(int, int)>& fn) {
+  std::vector<pid_t> kids;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int rc = fn(r, world);
+      fflush(stdout);
+      fflush(stderr);
+      _exit(rc);
+    }
+    kids.push_back(pid);
+  }
+  int bad = 0;
+  for (pid_t p : kids) {
+    int st = 0;
+    waitpid(p, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ++bad;
+  }
+  return bad;
+}
+
+// Uploads rank `rank`'s send for (dtype, count, seed) into d_send.
+int Upload(int rank, int world, uint32_t dtype, uint64_t count, uint64_t seed, char* d_send, cudaStream_t s) {
+  const std::vector<unsigned char> mine = ReduceScatterInput(rank, world, dtype, count, seed);
+  CK(rank, cudaMemcpyAsync(d_send, mine.data(), mine.size(), cudaMemcpyHostToDevice, s));
+  CK(rank, cudaStreamSynchronize(s));
+  return 0;
+}
+
+// d_out (count elements, already complete on `s`) against the reference.
+int Check(int rank, int world, uint32_t dtype, int redop, uint64_t count, uint64_t seed, const char* d_out,
+          cudaStream_t s, const std::string& what) {
+  const size_t size = dmagather::common::DtypeSize(dtype);
+  std::vector<unsigned char> got(count * size + 1);
+  CK(rank, cudaMemcpyAsync(got.data(), d_out, count * size, cudaMemcpyDeviceToHost, s));
+  CK(rank, cudaStreamSynchronize(s));
+  const std::vector<unsigned char> want = ReduceScatterExpected(rank, world, dtype, redop, count, seed);
+  for (uint64_t i = 0; i < count; ++i) {
+    if (std::memcmp(got.data() + i * size, want.data() + i * size, size) != 0) {
+      return Fail(rank, what + ": element " + std::to_string(i) + " differs from the reference");
+    }
+  }
+  return 0;
+}
+
+int ModeRs(dmagather::Comm& c, int rank, int world, cudaStream_t s) {
+  const uint64_t counts[] = {1, 4097, 300000};
+  char* send = static_cast<char*>(c.Alloc(uint64_t(world) * 300000 * 8));
+  char* recv = static_cast<char*>(c.Alloc(300000 * 8));
+  if (send == nullptr || recv == nullptr) return Fail(rank, "alloc: " + c.error());
+  uint64_t seed = 0;
+  for (uint32_t dtype = 0; dtype < dmagather::common::kNumDtypes; ++dtype) {
+    for (int redop = 0; redop < (dtype >= dmagather::common::kDtypeFloat16 ? 2 : 1); ++redop) {
+      for (uint64_t count : counts) {
+        for (bool in_place : {false, true}) {
+          ++seed;
+          if (Upload(rank, world, dtype, count, seed, send, s) != 0) return 1;
+          char* out = in_place ? send + uint64_t(rank) * count * dmagather::common::DtypeSize(dtype) : recv;
+          const std::string what = std::string(dmagather::common::DtypeName(dtype)) + (redop ? " avg" : " sum") +
+                                   " count=" + std::to_string(count) + (in_place ? " in place" : "");
+          if (c.ReduceScatter(send, out, count, static_cast<dmagather_dtype_t>(dtype),
+                              static_cast<dmagather_redop_t>(redop), s) != DMAGATHER_OK) {
+            return Fail(rank, what + ": " + c.error());
+          }
+          if (Check(rank, world, dtype, redop, count, seed, out, s, what) != 0) return 1;
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+int ModeAsync(dmagather::Comm& c, int rank, int world, cudaStream_t s) {
+  constexpr int kOps = 8;
+  constexpr uint64_t kCount = 65536;
+  cudaStream_t s2 = nullptr;
+  CK(rank, cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  std::vector<char*> sends, outs;
+  char* ag = static_cast<char*>(c.Alloc(uint64_t(world) * 4096));
+  for (int k = 0; k < kOps; ++k) {
+    sends.push_back(static_cast<char*>(c.Alloc(uint64_t(world) * kCount * 2)));
+    outs.push_back(static_cast<char*>(c.Alloc(kCount * 2)));
+    if (sends.back() == nullptr || outs.back() == nullptr || ag == nullptr) return Fail(rank, "alloc: " + c.error());
+    if (Upload(rank, world, dmagather::common::kDtypeBfloat16, kCount, 500 + k, sends.back(), s) != 0) return 1;
+  }
+  for (int k = 0; k < kOps; ++k) {
+    dmagather_op_t rs = 0, g = 0;
+    if (dmagather_reduce_scatter_async(c.get(), sends[k], outs[k], kCount, DMAGATHER_BFLOAT16,
+                                       k % 2 ? DMAGATHER_AVG : DMAGATHER_SUM, s, &rs) != DMAGATHER_OK ||
+        dmagather_allgather_async(c.get(), ag + uint64_t(rank) * 4096, ag, 4096, DMAGATHER_UINT8, s, &g) !=
+            DMAGATHER_OK ||
+        dmagather_op_wait_stream(c.get(), rs, s2) != DMAGATHER_OK) {
+      return Fail(rank, "async op " + std::to_string(k) + ": " + c.error());
+    }
+  }
+  CK(rank, cudaStreamSynchronize(s));
+  if (c.Wait() != DMAGATHER_OK) return Fail(rank, "wait: " + c.error());
+  for (int k = 0; k < kOps; ++k) {
+    if (Check(rank, world, dmagather::common::kDtypeBfloat16, k % 2, kCount, 500 + k, outs[k], s2,
+              "async op " + std::to_string(k)) != 0) {
+      return 1;
+    }
+  }
+  return 0;
+}
+
+int ModeGraph(dmagather::Comm& c, int rank, int world, cudaStream_t s) {
+  char* send = static_cast<char*>(c.Alloc(uint64_t(world) * 1024 * 4));
+  char* recv = static_cast<char*>(c.Alloc(1024 * 4));
+  if (send == nullptr || recv == nullptr) return Fail(rank, "alloc: " + c.error());
+  if (Upload(rank, world, dmagather::common::kDtypeFloat32, 1024, 77, send, s) != 0) return 1;
+  CK(rank, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  const dmagather_status_t st = c.ReduceScatter(send, recv, 1024, DMAGATHER_FLOAT32, DMAGATHER_SUM, s);
+  const std::string why = c.error();
+  cudaGraph_t graph = nullptr;
+  CK(rank, cudaStreamEndCapture(s, &graph));
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (st != DMAGATHER_FALLBACK || why.find("CUDA-graph capture") == std::string::npos) {
+    return Fail(rank, "a captured reduce-scatter gave " + std::string(dmagather_status_string(st)) + ": " + why);
+  }
+  if (c.ReduceScatter(send, recv, 1024, DMAGATHER_FLOAT32, DMAGATHER_SUM, s) != DMAGATHER_OK) {
+    return Fail(rank, "after capture: " + c.error());
+  }
+  return Check(rank, world, dmagather::common::kDtypeFloat32, 0, 1024, 77, recv, s, "after capture");
+}
+
+int ModeAllToAll(dmagather::Comm& c, int rank, int world, cudaStream_t s) {
+  const uint64_t count = 100003;
+  char* send = static_cast<char*>(c.Alloc(uint64_t(world) * count * 8));
+  char* recv = static_cast<char*>(c.Alloc(uint64_t(world) * count * 8));
+  if (send == nullptr || recv == nullptr) return Fail(rank, "alloc: " + c.error());
+  if (Upload(rank, world, dmagather::common::kDtypeInt64, count, 91, send, s) != 0) return 1;
+  if (c.AllToAll(send, recv, count, DMAGATHER_INT64, s) != DMAGATHER_OK) return Fail(rank, "alltoall: " + c.error());
+  std::vector<unsigned char> got(uint64_t(world) * count * 8);
+  CK(rank, cudaMemcpyAsync(got.data(), recv, got.size(), cudaMemcpyDeviceToHost, s));
+  CK(rank, cudaStreamSynchronize(s));
+  for (int src = 0; src < world; ++src) {
+    const std::vector<unsigned char> theirs = ReduceScatterInput(src, world, dmagather::common::kDtypeInt64, count, 91);
+    if (std::memcmp(got.data() + src * count * 8, theirs.data() + rank * count * 8, count * 8) != 0) {
+      return Fail(rank, "all-to-all: the chunk from rank " + std::to_string(src) + " differs");
+    }
+  }
+  return 0;
+}
+
+struct Mode {
+  const char* name;
+  int world;
+  int (*run)(dmagather::Comm&, int, int, cudaStream_t);
+};
+
+const Mode kModes[] = {
+    {"rs", 4, ModeRs}, {"async", 3, ModeAsync}, {"graph", 2, ModeGraph}, {"alltoall", 3, ModeAllToAll}};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string name = argc > 1 ? argv[1] : "";
+  const Mode* m = nullptr;
+  for (const Mode& k : kModes) {
+    if (name == k.name) m = &k;
+  }
+  if (m == nullptr) {
+    fprintf(stderr, "usage: reduce_scatter_gpu_test rs|async|graph|alltoall\n");
+    return 2;
+  }
+  setenv("DMAGATHER_STAGING_MB", "2", 1);  // Past the bound at 300000 elements: slices.
+  sh = static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  new (sh) Shared();
+  const std::string job = std::string("gpurs-") + m->name + "-" + std::to_string(getpid());
+  const int bad = Launch(m->world, [&](int rank, int world) {
+    dmagather::Comm c(nullptr, job, world, rank);
+    if (!c.ok()) return Fail(rank, "init: " + c.error());
+    cudaStream_t s = nullptr;
+    CK(rank, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return m->run(c, rank, world, s);
+  });
+  if (bad != 0 || sh->failures.load() != 0) {
+    printf("FAIL %s: %s\n", m->name, sh->why[0] ? sh->why : "a rank failed");
+    return 1;
+  }
+  printf("PASS %s\n", m->name);
+  return 0;
+}
