@@ -285,7 +285,7 @@ absl::Status CommImpl::CheckOp(const GatherItem* items, size_t n, void* stream, 
   if (*slot < 0) {
     return absl::ResourceExhaustedError(
         absl::StrCat(Rank(), "all ", abi::kGraphSlotsV1,
-                     " graph slots of this communicator hold captured AllGathers of live CUDA graphs; destroy graphs "
+                     " graph slots of this communicator hold captured ops of live CUDA graphs; destroy graphs "
                      "(and their executable instances) first"));
   }
   return absl::OkStatus();
@@ -377,7 +377,7 @@ absl::Status CommImpl::SubmitCaptured(size_t n, void* stream, uint32_t slot, uin
   if (st.ok()) st = backend_->OnGraphSlotTaken(stream, slot, graphs_.freed());
   if (!st.ok()) {
     graphs_.Release(slot);
-    return common::Annotate(st, absl::StrCat(Rank(), "capturing the AllGather into a CUDA graph: "));
+    return common::Annotate(st, absl::StrCat(Rank(), "capturing the op into a CUDA graph: "));
   }
   graphs_.Captured(handle, slot);
   return absl::OkStatus();
@@ -446,6 +446,7 @@ absl::StatusOr<bool> CommImpl::OpTest(uint64_t op, absl::Status* op_status) {
 
 absl::Status CommImpl::OpWaitStream(uint64_t op, void* stream) {
   DMAG_ASSIGN_OR_RETURN(uint32_t seq, OpSeq(op));
+  if (reduce_scatter_ != nullptr && reduce_scatter_->Tracks(op)) return reduce_scatter_->WaitStream(op, stream);
   if (GraphSlots::CapturedOp* captured = graphs_.Find(op); captured != nullptr) {
     // A captured op: its wait is part of the same graph, once.
     if (captured->waited) {
@@ -467,7 +468,6 @@ absl::Status CommImpl::OpWaitStream(uint64_t op, void* stream) {
     DMAG_RETURN_IF_ERROR(common::Annotate(backend_->CheckStream(stream), Rank()));
     return OpWait(op);
   }
-  if (reduce_scatter_ != nullptr && reduce_scatter_->Tracks(op)) return reduce_scatter_->WaitStream(op, stream);
   return backend_->WaitDoneOnStream(stream, seq);
 }
 

@@ -108,8 +108,18 @@ class CommImpl {
   absl::Status ReduceScatterOp(const void* send, void* recv, size_t count, dmagather_dtype_t dtype, int redop,
                                void* stream, uint64_t* op);
   // OK when this rank can take part in an all-to-all on `stream`, else why
-  // (FALLBACK: across nodes, under capture, an older daemon).
+  // (FALLBACK: across nodes, an older daemon).
   absl::Status CheckAllToAll(void* stream, const char* what);
+  // Whether `stream` is being captured into a CUDA graph.
+  absl::StatusOr<bool> Capturing(void* stream) const;
+  // The captured op `op`'s graph slot and that slot's generation (which
+  // capture), taking its stream wait: the caller enqueues it
+  // (ClientBackend::WaitGraphDone). An error when `op` was not captured or
+  // its wait was taken.
+  absl::StatusOr<std::pair<uint32_t, uint64_t>> TakeCapturedWait(uint64_t op);
+  // Whether the graph captured into `slot` at `generation` still lives
+  // (slots of destroyed graphs are reclaimed first).
+  bool GraphLives(uint32_t slot, uint64_t generation);
   // This rank refuses its next op with `why` (its status on every rank).
   absl::Status Refuse(const absl::Status& why, uint64_t* op);
 

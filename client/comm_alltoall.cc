@@ -68,12 +68,27 @@ absl::Status CommImpl::CheckAllToAll(void* stream, const char* what) {
   if (!options_.job_id.empty()) {
     return common::FallbackError(absl::StrCat(Rank(), what, " is served within one node; this job spans nodes"));
   }
-  DMAG_RETURN_IF_ERROR(common::Annotate(backend_->CheckStream(stream), Rank()));
-  DMAG_ASSIGN_OR_RETURN(bool capturing, backend_->Capturing(stream));
-  if (capturing) {
-    return common::FallbackError(absl::StrCat(Rank(), what, " is not served under CUDA-graph capture"));
+  return common::Annotate(backend_->CheckStream(stream), Rank());
+}
+
+absl::StatusOr<bool> CommImpl::Capturing(void* stream) const {
+  auto capturing = backend_->Capturing(stream);
+  if (!capturing.ok()) return common::Annotate(capturing.status(), Rank());
+  return *capturing;
+}
+
+absl::StatusOr<std::pair<uint32_t, uint64_t>> CommImpl::TakeCapturedWait(uint64_t op) {
+  GraphSlots::CapturedOp* captured = graphs_.Find(op);
+  if (captured == nullptr || captured->waited) {
+    return absl::InternalError(absl::StrCat(Rank(), "op ", op, " is not a captured op still to be waited"));
   }
-  return absl::OkStatus();
+  captured->waited = true;
+  return std::make_pair(captured->slot, graphs_.generation(captured->slot));
+}
+
+bool CommImpl::GraphLives(uint32_t slot, uint64_t generation) {
+  graphs_.Reclaim();
+  return graphs_.Holds(slot, generation);
 }
 
 absl::Status CommImpl::Refuse(const absl::Status& why, uint64_t* op) {

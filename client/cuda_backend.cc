@@ -118,6 +118,21 @@ struct GraphSlotOwner {
   }
 };
 
+// Allocations, frees and events are not stream work: made while a stream
+// of this thread captures in global mode (a captured reduce-scatter's
+// staging, its mark), they would invalidate the capture. Relaxed mode for
+// their duration; they touch no capturing stream.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
 // The CUDA calls DeviceMemory (device_memory.h) is written over: pointer
 // queries through the driver, IPC handles and allocations through the
 // runtime.
@@ -170,11 +185,13 @@ class CudaMemory final : public DeviceMemoryApi {
     return absl::OkStatus();
   }
   absl::StatusOr<void*> Malloc(uint64_t bytes) const override {
+    RelaxedCapture relaxed;
     void* p = nullptr;
     DMAG_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
     return p;
   }
   void Free(void* p) const override {
+    RelaxedCapture relaxed;
     if (cudaFree(p) != cudaSuccess) cudaGetLastError();
   }
 
@@ -188,11 +205,15 @@ class CudaMemory final : public DeviceMemoryApi {
 class EventMark : public StreamMark {
  public:
   static absl::StatusOr<std::unique_ptr<StreamMark>> Create() {
+    RelaxedCapture relaxed;
     cudaEvent_t e = nullptr;
     DMAG_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     return std::unique_ptr<StreamMark>(new EventMark(e));
   }
-  ~EventMark() override { cudaEventDestroy(event_); }
+  ~EventMark() override {
+    RelaxedCapture relaxed;
+    cudaEventDestroy(event_);
+  }
   absl::Status Record(void* stream) override {
     DMAG_CUDA_RETURN_IF_ERROR(cudaEventRecord(event_, static_cast<cudaStream_t>(stream)));
     return absl::OkStatus();

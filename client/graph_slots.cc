@@ -12,6 +12,18 @@ void GraphSlots::SetReadyWords(uint32_t* ready) {
 }
 
 int GraphSlots::Take() {
+  Reclaim();
+  for (uint32_t s = 0; s < abi::kGraphSlotsV1; ++s) {
+    if ((used_ & (1u << s)) == 0) {
+      used_ |= 1u << s;
+      ++generation_[s];
+      return static_cast<int>(s);
+    }
+  }
+  return -1;
+}
+
+void GraphSlots::Reclaim() {
   std::vector<uint32_t> reclaimed;
   {
     // Slots whose graphs were destroyed since (the user object's callback).
@@ -19,13 +31,6 @@ int GraphSlots::Take() {
     reclaimed.swap(freed_->freed);
   }
   for (uint32_t s : reclaimed) Release(s);
-  for (uint32_t s = 0; s < abi::kGraphSlotsV1; ++s) {
-    if ((used_ & (1u << s)) == 0) {
-      used_ |= 1u << s;
-      return static_cast<int>(s);
-    }
-  }
-  return -1;
 }
 
 void GraphSlots::Release(uint32_t slot) {

@@ -1,5 +1,5 @@
 // GraphSlots: the CUDA-graph capture bookkeeping of one communicator. A
-// captured AllGather is a persistent op in one of abi::kGraphSlotsV1 graph
+// captured op (all-gather, all-to-all, reduce-scatter) is a persistent op in one of abi::kGraphSlotsV1 graph
 // slots, held until its graph is destroyed; the backend's destroy callback
 // (any thread) names the freed slot in GraphSlotsFreed, and the next Take()
 // reclaims it. Captured ops are remembered by handle (their slot, and
@@ -22,6 +22,7 @@
 
 #include "abi/completion_v1.h"
 #include "abi/descriptor_v2.h"
+#include "abi/graph_v1.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "client/backend.h"
@@ -43,6 +44,14 @@ class GraphSlots {
   // A free slot (reclaiming those whose graphs were destroyed), or -1 when
   // every slot is held.
   int Take();
+  // Frees the slots whose graphs were destroyed since.
+  void Reclaim();
+  // How often `slot` was taken: (slot, generation) names one capture.
+  uint64_t generation(uint32_t slot) const { return generation_[slot]; }
+  // Whether the capture (slot, generation) still holds its slot (its graph lives).
+  bool Holds(uint32_t slot, uint64_t generation) const {
+    return (used_ & (1u << slot)) != 0 && generation_[slot] == generation;
+  }
   void Release(uint32_t slot);
   // The op `seq` being defined in `slot`: its `n` descriptors as published.
   void Define(uint32_t slot, uint32_t seq, const abi::DescriptorV2* ds, size_t n) ABSL_LOCKS_EXCLUDED(defs_mu_);
@@ -67,6 +76,7 @@ class GraphSlots {
   void Undefine(uint32_t slot) ABSL_LOCKS_EXCLUDED(defs_mu_);
 
   uint32_t used_ = 0;  // Bit per slot.
+  uint64_t generation_[abi::kGraphSlotsV1] = {};
   mutable absl::Mutex defs_mu_;
   std::map<uint32_t, CapturedDefinition> defs_ ABSL_GUARDED_BY(defs_mu_);  // By slot.
   std::map<uint64_t, CapturedOp> ops_;

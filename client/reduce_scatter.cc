@@ -37,6 +37,24 @@ void ReduceScatter::Release() {
   if (staging_ != nullptr) comm_->Free(staging_).IgnoreError();
   staging_ = nullptr;
   half_bytes_ = 0;
+  // Captures: their graphs are destroyed before the communicator (CUDA.md).
+  for (auto& [handle, cap] : captured_) comm_->Free(cap.staging).IgnoreError();
+  captured_.clear();
+  captured_bytes_ = 0;
+}
+
+void ReduceScatter::FreeDeadCaptures() {
+  for (auto it = captured_.begin(); it != captured_.end();) {
+    if (comm_->GraphLives(it->second.slot, it->second.generation)) {
+      ++it;
+      continue;
+    }
+    // The graph and its instances are gone, and with them every replay
+    // (CUDA releases a graph's user objects after its launches complete).
+    comm_->Free(it->second.staging).IgnoreError();
+    captured_bytes_ -= it->second.bytes;
+    it = captured_.erase(it);
+  }
 }
 
 absl::Status ReduceScatter::EnsureStaging(uint64_t bytes) {
@@ -119,16 +137,7 @@ absl::Status ReduceScatter::SubmitSlice(const Call& c, uint64_t off, uint64_t n,
   rec->last = op;
   rec->half = h;
   if (!st.ok() || n == 0) return st;  // A refusal (the op's status on every rank): nothing to sum.
-  ReduceArgs a;
-  a.n = world_;
-  for (int k = 0; k < world_; ++k) {
-    a.chunks[k] = k == rank_ ? static_cast<const void*>(c.send + uint64_t(rank_) * c.chunk + off * c.esize)
-                             : half + uint64_t(k) * n * c.esize;
-  }
-  a.count = n;
-  a.dtype = c.dtype;
-  a.redop = c.redop;
-  a.out = c.recv + off * c.esize;
+  const ReduceArgs a = SumArgs(c, off, n, half);
   if (backend_->has_stream_waits()) {
     DMAG_RETURN_IF_ERROR(backend_->WaitDoneOnStream(c.stream, static_cast<uint32_t>(op)));
     DMAG_RETURN_IF_ERROR(backend_->Reduce(a, c.stream));
@@ -142,13 +151,88 @@ absl::Status ReduceScatter::SubmitSlice(const Call& c, uint64_t off, uint64_t n,
   return absl::OkStatus();
 }
 
+ReduceArgs ReduceScatter::SumArgs(const Call& c, uint64_t off, uint64_t n, const char* staging) const {
+  ReduceArgs a;
+  a.n = world_;
+  for (int k = 0; k < world_; ++k) {
+    a.chunks[k] = k == rank_ ? static_cast<const void*>(c.send + uint64_t(rank_) * c.chunk + off * c.esize)
+                             : staging + uint64_t(k) * n * c.esize;
+  }
+  a.count = n;
+  a.dtype = c.dtype;
+  a.redop = c.redop;
+  a.out = c.recv + off * c.esize;
+  return a;
+}
+
+absl::Status ReduceScatter::SubmitCaptured(const Call& c, uint64_t* handle) {
+  auto mib = [](uint64_t b) { return absl::StrCat(b >> 20, " MiB"); };
+  const uint64_t need = std::max<uint64_t>(c.chunk * world_, 256);
+  if (captured_bytes_ + need > bound_) {
+    return comm_->Refuse(
+        common::FallbackError(
+            absl::StrCat("a reduce-scatter captured into a CUDA graph has staging of its own while its graph lives (",
+                         mib(need), " for this one); live captures hold ", mib(captured_bytes_), " of the ",
+                         mib(bound_), " DMAGATHER_STAGING_MB allows")),
+        handle);
+  }
+  Captured cap;
+  cap.bytes = need;
+  auto staging = comm_->Alloc(need);
+  if (!staging.ok()) return comm_->Refuse(staging.status(), handle);
+  cap.staging = static_cast<char*>(*staging);
+  auto mark = backend_->NewMark();
+  if (!mark.ok()) {
+    comm_->Free(cap.staging).IgnoreError();
+    return comm_->Refuse(mark.status(), handle);
+  }
+  cap.mark = *std::move(mark);
+  void* dst = cap.staging;
+  GatherItem item;
+  item.send = c.send;
+  item.recvs = &dst;
+  item.count = c.count;
+  item.dtype = c.dtype;
+  item.a2a_op = c.redop == DMAGATHER_AVG ? abi::kOpReduceScatterAvgV2 : abi::kOpReduceScatterSumV2;
+  item.send_stride = c.chunk;
+  item.recv_stride = c.chunk;
+  item.skip_self = true;
+  // Defined (one verdict on every rank, on the host) and its ready write captured.
+  absl::Status st = comm_->Submit(&item, 1, c.stream, handle);
+  if (!st.ok()) {
+    comm_->Free(cap.staging).IgnoreError();
+    return st;
+  }
+  auto slot = comm_->TakeCapturedWait(*handle);
+  if (!slot.ok()) {
+    comm_->Free(cap.staging).IgnoreError();
+    return slot.status();
+  }
+  cap.slot = slot->first;
+  cap.generation = slot->second;
+  const ReduceArgs a = SumArgs(c, 0, c.count, cap.staging);
+  // Kept from here on whatever happens: the slot is the graph's, and its
+  // staging goes when the graph does.
+  Captured& kept = captured_.emplace(*handle, std::move(cap)).first->second;
+  captured_bytes_ += kept.bytes;
+  DMAG_RETURN_IF_ERROR(backend_->WaitGraphDone(c.stream, kept.slot));
+  DMAG_RETURN_IF_ERROR(backend_->Reduce(a, c.stream));
+  return kept.mark->Record(c.stream);
+}
+
 absl::Status ReduceScatter::Submit(const void* send, void* recv, size_t count, dmagather_dtype_t dtype, int redop,
                                    void* stream, uint64_t* handle) {
   *handle = 0;
   Call c{static_cast<const char*>(send), static_cast<char*>(recv), count, dtype, redop, stream};
   c.esize = common::DtypeSize(dtype);
   c.chunk = uint64_t(count) * c.esize;
+  FreeDeadCaptures();
   absl::Status local = CheckArgs(c);
+  if (local.ok()) {
+    auto capturing = comm_->Capturing(stream);
+    if (!capturing.ok()) local = capturing.status();
+    if (local.ok() && *capturing) return SubmitCaptured(c, handle);
+  }
   if (local.ok()) local = EnsureStaging(c.chunk * world_);
   if (!local.ok()) return comm_->Refuse(local, handle);
   // Elements per chunk in one slice: a half holds one slice's chunk of every rank.
@@ -176,7 +260,7 @@ const ReduceScatter::Record* ReduceScatter::Find(uint64_t handle) const {
   return nullptr;
 }
 
-bool ReduceScatter::Tracks(uint64_t handle) const { return Find(handle) != nullptr; }
+bool ReduceScatter::Tracks(uint64_t handle) const { return Find(handle) != nullptr || captured_.count(handle) != 0; }
 
 absl::Status ReduceScatter::SlicesStatus(const Record& r) {
   absl::Status first;
@@ -189,6 +273,7 @@ absl::Status ReduceScatter::SlicesStatus(const Record& r) {
 
 absl::Status ReduceScatter::Wait(uint64_t handle) {
   const Record* r = Find(handle);
+  // A capture's: its definition's verdict (its replays are the graph's).
   if (r == nullptr) return comm_->OpWaitNoReduce(handle);
   const Record rec = *r;
   absl::Status st = SlicesStatus(rec);
@@ -218,6 +303,15 @@ absl::Status ReduceScatter::Test(uint64_t handle, bool* done) {
 }
 
 absl::Status ReduceScatter::WaitStream(uint64_t handle, void* stream) {
+  if (auto it = captured_.find(handle); it != captured_.end()) {
+    DMAG_ASSIGN_OR_RETURN(bool capturing, comm_->Capturing(stream));
+    if (!capturing) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reduce-scatter op ", handle,
+                       " was captured into a CUDA graph: wait for it on a stream of the same capture"));
+    }
+    return it->second.mark->WaitOn(stream);
+  }
   const Record* r = Find(handle);
   if (r == nullptr) return absl::OkStatus();
   Half& half = halves_[r->half];

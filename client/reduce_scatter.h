@@ -19,11 +19,20 @@
 // The handle of a reduce-scatter is its last slice's op; its status is the
 // first failure of any of its slices.
 //
+// Captured into a CUDA graph (the caller's stream is capturing): one op, no
+// slices, with a staging buffer of its own that every replay writes, held
+// while the graph lives (freed once its graph slot is seen reclaimed, at the
+// next reduce-scatter or at close); the live captures' staging together is
+// bounded like the halves (FALLBACK beyond). The capture holds the wait for
+// the copies, the sum and the op's mark (an event recorded in the capture,
+// for other streams of the same capture).
+//
 // Threads: the communicator's user thread (one call at a time).
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -85,9 +94,26 @@ class ReduceScatter {
   };
   // OK, or why this rank cannot take part.
   absl::Status CheckArgs(const Call& c);
+  // A reduce-scatter captured into a CUDA graph.
+  struct Captured {
+    uint32_t slot = 0;
+    uint64_t generation = 0;  // GraphSlots: which capture of the slot.
+    char* staging = nullptr;
+    uint64_t bytes = 0;
+    std::unique_ptr<StreamMark> mark;  // After the sum, in the capture.
+  };
+
   // Submits elements [off, off+n) of every chunk as one all-to-all into the
   // next half, and enqueues (GPU) or leaves pending (host) its sum.
   absl::Status SubmitSlice(const Call& c, uint64_t off, uint64_t n, Record* rec);
+  // The capture path: the whole op into staging of its own, then the
+  // capture's wait for it and its sum.
+  absl::Status SubmitCaptured(const Call& c, uint64_t* handle);
+  // Frees the staging of captures whose graphs were destroyed.
+  void FreeDeadCaptures();
+  // The sum of elements [off, off+n) of every chunk, the other ranks'
+  // chunks at `staging` (n elements apart).
+  ReduceArgs SumArgs(const Call& c, uint64_t off, uint64_t n, const char* staging) const;
   // Makes both halves at least `bytes` each (within the bound), waiting for
   // their users first when they must move.
   absl::Status EnsureStaging(uint64_t bytes);
@@ -106,7 +132,9 @@ class ReduceScatter {
   uint64_t half_bytes_ = 0;
   Half halves_[2];
   int next_half_ = 0;
-  std::deque<Record> records_;  // The most recent ops (older ones have finished).
+  std::deque<Record> records_;             // The most recent ops (older ones have finished).
+  std::map<uint64_t, Captured> captured_;  // By handle, while their graphs live.
+  uint64_t captured_bytes_ = 0;
 };
 
 // $DMAGATHER_STAGING_MB in bytes (default 64 MiB; at least 1 MiB).

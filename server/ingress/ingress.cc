@@ -82,7 +82,6 @@ absl::Status Ingress::ValidateAllToAll(const Request& d, int rank, const RegionT
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, ": ", scheduler::OpKindName(item->kind), " ", what...));
   };
-  if (d.graph_slot >= 0) return invalid("cannot be captured into a CUDA graph");
   const uint64_t bytes = d.count * common::DtypeSize(d.dtype);
   const AllToAllLayout& a = d.a2a;
   if (a.send_stride < bytes || a.recv_stride < bytes || a.send_stride > (uint64_t{1} << 44) ||

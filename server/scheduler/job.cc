@@ -226,10 +226,9 @@ absl::Status Job::LocalVerdict(Op* op, int* failed_rank) {
   if (refused >= 0) {
     const absl::Status& why = op->parts[refused].status;
     if (common::IsFallback(why)) {
-      return common::FallbackError(
-          absl::StrCat("allgather #", op->seq, " cannot be served by dmagather: ", why.message()));
+      return common::FallbackError(absl::StrCat(op->Label(), " cannot be served by dmagather: ", why.message()));
     }
-    return absl::InvalidArgumentError(absl::StrCat("allgather #", op->seq, " failed: ", why.message()));
+    return absl::InvalidArgumentError(absl::StrCat(op->Label(), " failed: ", why.message()));
   }
   return CheckAgreement(*op);
 }
@@ -264,20 +263,20 @@ void Job::Dispatch(Op* op, engines::CopyEngine* engine) {
       for (int r = 0; r < world_size_; ++r) {
         if (op->parts[r].graph_slot >= 0) which.push_back(r);
       }
-      FinishOp(op,
-               absl::InvalidArgumentError(
-                   absl::StrCat("allgather #", op->seq, ": ranks disagree: rank(s) ", absl::StrJoin(which, ","),
-                                " captured it into a CUDA graph, the others submitted it directly")),
-               -1);
+      FinishOp(
+          op,
+          absl::InvalidArgumentError(absl::StrCat(op->Label(), ": ranks disagree: rank(s) ", absl::StrJoin(which, ","),
+                                                  " captured it into a CUDA graph, the others submitted it directly")),
+          -1);
       return;
     }
     if (engine->host_addressable()) {
       // Nothing on host memory can start a replay but a rank writing the
       // flag itself, and polling for that would keep the daemon awake.
       FinishOp(op,
-               absl::InvalidArgumentError(absl::StrCat(
-                   "allgather #", op->seq, ": captured (graph) ops need a GPU backend; this dmagatherd runs '",
-                   engine->name(), "' on host memory")),
+               absl::InvalidArgumentError(
+                   absl::StrCat(op->Label(), ": captured (graph) ops need a GPU backend; this dmagatherd runs '",
+                                engine->name(), "' on host memory")),
                -1);
       return;
     }
@@ -307,7 +306,7 @@ void Job::Dispatch(Op* op, engines::CopyEngine* engine) {
 absl::Status Job::DefinePersistent(Op* op) {
   if (persistent_.size() >= size_t{abi::kGraphSlotsV1} * 64) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("allgather #", op->seq, ": job '", key_, "' already has ", persistent_.size(), " captured ops"));
+        absl::StrCat(op->Label(), ": job '", key_, "' already has ", persistent_.size(), " captured ops"));
   }
   BuildPlan(op);
   std::vector<Rank*> ranks;
@@ -383,7 +382,7 @@ void Job::Sweep(uint64_t now_ns, absl::Duration op_timeout) {
       if (now_ns - op.first_arrival_ns < timeout_ns) continue;
       const std::string pending = remote_->Pending(op.seq);
       if (pending.empty()) continue;
-      Fail(absl::DeadlineExceededError(absl::StrCat("allgather #", op.seq, " of job '", key_, "' timed out after ",
+      Fail(absl::DeadlineExceededError(absl::StrCat(op.Label(), " of job '", key_, "' timed out after ",
                                                     absl::FormatDuration(op_timeout), " waiting for ", pending,
                                                     "; the job is stopped")),
            -1);
@@ -399,7 +398,7 @@ void Job::Sweep(uint64_t now_ns, absl::Duration op_timeout) {
         if (ranks_[r] == nullptr) continue;  // On another node.
         (op.parts[r].arrived ? present : missing).push_back(r);
       }
-      Fail(absl::DeadlineExceededError(absl::StrCat("allgather #", op.seq, " of job '", key_, "' timed out after ",
+      Fail(absl::DeadlineExceededError(absl::StrCat(op.Label(), " of job '", key_, "' timed out after ",
                                                     absl::FormatDuration(op_timeout), ": rank(s) ",
                                                     absl::StrJoin(missing, ","), " never submitted it (rank(s) ",
                                                     absl::StrJoin(present, ","), " did); the job is stopped")),

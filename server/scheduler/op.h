@@ -1,14 +1,17 @@
-// Op: one AllGather of one job (one sequence number), from the first rank's
+// Op: one collective of one job (one sequence number: an all-gather, an
+// all-to-all, a reduce-scatter's copies), from the first rank's
 // descriptor to the last done flag. Lives in a fixed slot of its job
 // (seq % ring slots) and is reused, so steady state allocates nothing.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "server/engines/copy_engine.h"
 #include "server/scheduler/request.h"
@@ -25,6 +28,14 @@ class Op : public engines::EngineOp {
   // One of the op's parts ended (the engine's copies; on a multi-node job
   // also the ring). The first error wins; the last part finishes the op.
   void PartDone(const absl::Status& status, int failed_rank) ABSL_LOCKS_EXCLUDED(part_mu);
+  // "allgather #12", "reduce_scatter(sum) #13": the op as errors name it
+  // (from any rank's items; "op #N" when no rank's are in).
+  std::string Label() const {
+    for (const RankPart& p : parts) {
+      if (!p.items.empty()) return absl::StrCat(OpKindName(p.items[0].kind), " #", seq);
+    }
+    return absl::StrCat("op #", seq);
+  }
 
   Job* job = nullptr;
   std::atomic<int> state{kFree};

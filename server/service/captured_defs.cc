@@ -15,7 +15,7 @@ static_assert(sizeof(abi::DescriptorV2) == sizeof(abi::DescriptorV1), "a ring sl
 absl::StatusOr<scheduler::RankPart> DecodeCaptured(const CapturedDefinition& def, int rank, int world_size,
                                                    const ingress::RegionTable& regions) {
   const std::string what =
-      absl::StrCat("rank ", rank, ": captured allgather #", def.seq, " (graph slot ", def.slot, ") handed back: ");
+      absl::StrCat("rank ", rank, ": captured op #", def.seq, " (graph slot ", def.slot, ") handed back: ");
   const size_t n = def.descriptors.size() / sizeof(abi::DescriptorV1);
   if (n == 0 || n > abi::kMaxItemsPerOpV2 || def.descriptors.size() % sizeof(abi::DescriptorV1) != 0) {
     return absl::InvalidArgumentError(

@@ -34,6 +34,29 @@ TEST(GraphSlotsTest, SlotsRunOutAndComeBack) {
   EXPECT_TRUE(slots.freed()->freed.empty());
 }
 
+TEST(GraphSlotsTest, ACaptureIsNamedBySlotAndGenerationUntilItsGraphIsReclaimed) {
+  // What a captured reduce-scatter's staging is held by: (slot, generation)
+  // lives until the destroyed graph's slot is reclaimed, and a later capture
+  // into the same slot is another generation.
+  GraphSlots slots;
+  const int s = slots.Take();
+  ASSERT_GE(s, 0);
+  const uint64_t gen = slots.generation(s);
+  EXPECT_TRUE(slots.Holds(s, gen));
+  {
+    absl::MutexLock lock(&slots.freed()->mu);
+    slots.freed()->freed.push_back(s);
+  }
+  EXPECT_TRUE(slots.Holds(s, gen)) << "not reclaimed yet";
+  slots.Reclaim();
+  EXPECT_FALSE(slots.Holds(s, gen));
+  EXPECT_EQ(slots.used(), 0);
+  EXPECT_EQ(slots.Take(), s);
+  EXPECT_EQ(slots.generation(s), gen + 1);
+  EXPECT_FALSE(slots.Holds(s, gen)) << "the slot is another capture's now";
+  EXPECT_TRUE(slots.Holds(s, gen + 1));
+}
+
 TEST(GraphSlotsTest, CapturedOpsAreFoundByHandleAndTheOldestForgotten) {
   GraphSlots slots;
   EXPECT_EQ(slots.Find(1), nullptr);

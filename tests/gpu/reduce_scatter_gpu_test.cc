@@ -10,8 +10,13 @@
 //   async     3 ranks; 8 async reduce-scatters on one stream, each waited on
 //             a second stream (dmagather_op_wait_stream), all-gathers in
 //             between; one host sync at the end
-//   graph     2 ranks; a reduce-scatter under CUDA-graph capture is FALLBACK
-//             on every rank (with the reason); the next one is bit-exact
+//   graph     3 ranks; one CUDA graph (global capture mode) of two
+//             reduce-scatters (bf16 sum, fp32 avg in place), an all-to-all
+//             and an async fp16 reduce-scatter waited on a forked stream: 20
+//             replays (DMAGATHER_TEST_GRAPH_REPLAYS) with new inputs,
+//             bit-exact; an ordinary op beside it; a
+//             capture past the staging bound is FALLBACK everywhere, and fits
+//             once the first graph is destroyed
 //   alltoall  3 ranks; all-to-all of int64 (own chunk on the rank's stream)
 #include <cuda_runtime.h>
 #include <stdlib.h>
@@ -159,24 +164,152 @@ int ModeAsync(dmagather::Comm& c, int rank, int world, cudaStream_t s) {
   return 0;
 }
 
+// Rank `rank`'s all-to-all output (world chunks of `count` int64) against the
+// inputs of seed `seed`.
+int CheckAllToAll(int rank, int world, uint64_t count, uint64_t seed, const char* d_recv, cudaStream_t s,
+                  const std::string& what) {
+  std::vector<unsigned char> got(uint64_t(world) * count * 8);
+  CK(rank, cudaMemcpyAsync(got.data(), d_recv, got.size(), cudaMemcpyDeviceToHost, s));
+  CK(rank, cudaStreamSynchronize(s));
+  for (int src = 0; src < world; ++src) {
+    const std::vector<unsigned char> theirs =
+        ReduceScatterInput(src, world, dmagather::common::kDtypeInt64, count, seed);
+    if (std::memcmp(got.data() + src * count * 8, theirs.data() + rank * count * 8, count * 8) != 0) {
+      return Fail(rank, what + ": the chunk from rank " + std::to_string(src) + " differs");
+    }
+  }
+  return 0;
+}
+
+// Captures one fp32 SUM reduce-scatter of `count` into a graph on `s`: its
+// status (the graph, instantiated, in *exec when OK).
+dmagather_status_t CaptureBig(dmagather::Comm& c, int rank, char* send, char* recv, uint64_t count, cudaStream_t s,
+                              cudaGraphExec_t* exec, std::string* why) {
+  *exec = nullptr;
+  if (cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) != cudaSuccess) return DMAGATHER_INTERNAL;
+  const dmagather_status_t st = c.ReduceScatter(send, recv, count, DMAGATHER_FLOAT32, DMAGATHER_SUM, s);
+  *why = c.error();
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamEndCapture(s, &graph) != cudaSuccess) {
+    *why = "the capture was invalidated (" + *why + ")";
+    return DMAGATHER_INTERNAL;
+  }
+  if (st == DMAGATHER_OK && cudaGraphInstantiate(exec, graph, 0) != cudaSuccess) *exec = nullptr;
+  cudaGraphDestroy(graph);  // The instance holds what it needs.
+  (void)rank;
+  return st;
+}
+
 int ModeGraph(dmagather::Comm& c, int rank, int world, cudaStream_t s) {
-  char* send = static_cast<char*>(c.Alloc(uint64_t(world) * 1024 * 4));
-  char* recv = static_cast<char*>(c.Alloc(1024 * 4));
-  if (send == nullptr || recv == nullptr) return Fail(rank, "alloc: " + c.error());
-  if (Upload(rank, world, dmagather::common::kDtypeFloat32, 1024, 77, send, s) != 0) return 1;
-  CK(rank, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  const dmagather_status_t st = c.ReduceScatter(send, recv, 1024, DMAGATHER_FLOAT32, DMAGATHER_SUM, s);
+  constexpr uint64_t kA = 4097, kB = 1000, kC = 513, kD = 65536, kBig = 150000;
+  const char* replays_env = getenv("DMAGATHER_TEST_GRAPH_REPLAYS");  // tests/gpu/run.sh restart
+  const int kReplays = replays_env != nullptr ? atoi(replays_env) : 20;
+  using dmagather::common::kDtypeBfloat16;
+  using dmagather::common::kDtypeFloat16;
+  using dmagather::common::kDtypeFloat32;
+  using dmagather::common::kDtypeInt64;
+  const uint64_t w = uint64_t(world);
+  char* a_send = static_cast<char*>(c.Alloc(w * kA * 2));
+  char* a_recv = static_cast<char*>(c.Alloc(kA * 2));
+  char* b_send = static_cast<char*>(c.Alloc(w * kB * 4));
+  char* c_send = static_cast<char*>(c.Alloc(w * kC * 8));
+  char* c_recv = static_cast<char*>(c.Alloc(w * kC * 8));
+  char* d_send = static_cast<char*>(c.Alloc(w * kD * 2));
+  char* d_recv = static_cast<char*>(c.Alloc(kD * 2));
+  char* big_send = static_cast<char*>(c.Alloc(w * kBig * 4));
+  char* big_recv = static_cast<char*>(c.Alloc(kBig * 4));
+  if (!a_send || !a_recv || !b_send || !c_send || !c_recv || !d_send || !d_recv || !big_send || !big_recv) {
+    return Fail(rank, "alloc: " + c.error());
+  }
+  char* b_out = b_send + uint64_t(rank) * kB * 4;  // In place.
+  cudaStream_t s2 = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  CK(rank, cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  CK(rank, cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CK(rank, cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+
+  // One graph: bf16 sum out of place, fp32 avg in place, an int64
+  // all-to-all, and an async fp16 reduce-scatter waited on a forked stream.
+  // Global mode, as torch.cuda.graph captures.
+  CK(rank, cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  dmagather_op_t a2a = 0, d_op = 0;
+  dmagather_status_t st = c.ReduceScatter(a_send, a_recv, kA, DMAGATHER_BFLOAT16, DMAGATHER_SUM, s);
+  if (st == DMAGATHER_OK) st = c.ReduceScatter(b_send, b_out, kB, DMAGATHER_FLOAT32, DMAGATHER_AVG, s);
+  if (st == DMAGATHER_OK) st = dmagather_alltoall_async(c.get(), c_send, c_recv, kC, DMAGATHER_INT64, s, &a2a);
+  if (st == DMAGATHER_OK) st = dmagather_op_wait_stream(c.get(), a2a, s);
+  if (st == DMAGATHER_OK) {
+    st = dmagather_reduce_scatter_async(c.get(), d_send, d_recv, kD, DMAGATHER_FLOAT16, DMAGATHER_SUM, s, &d_op);
+  }
+  if (st == DMAGATHER_OK &&
+      (cudaEventRecord(fork, s) != cudaSuccess || cudaStreamWaitEvent(s2, fork, 0) != cudaSuccess)) {
+    st = DMAGATHER_INTERNAL;
+  }
+  if (st == DMAGATHER_OK) st = dmagather_op_wait_stream(c.get(), d_op, s2);
+  if (st == DMAGATHER_OK &&
+      (cudaEventRecord(join, s2) != cudaSuccess || cudaStreamWaitEvent(s, join, 0) != cudaSuccess)) {
+    st = DMAGATHER_INTERNAL;
+  }
   const std::string why = c.error();
   cudaGraph_t graph = nullptr;
   CK(rank, cudaStreamEndCapture(s, &graph));
-  if (graph != nullptr) cudaGraphDestroy(graph);
-  if (st != DMAGATHER_FALLBACK || why.find("CUDA-graph capture") == std::string::npos) {
-    return Fail(rank, "a captured reduce-scatter gave " + std::string(dmagather_status_string(st)) + ": " + why);
+  if (st != DMAGATHER_OK) return Fail(rank, std::string("capture: ") + dmagather_status_string(st) + ": " + why);
+  cudaGraphExec_t exec = nullptr;
+  CK(rank, cudaGraphInstantiate(&exec, graph, 0));
+
+  // Replays with new inputs each time (uploaded before the launch, on the
+  // same stream); every output bit-exact.
+  for (int k = 0; k < kReplays; ++k) {
+    const uint64_t seed = 1000 + 10 * k;
+    if (Upload(rank, world, kDtypeBfloat16, kA, seed, a_send, s) != 0 ||
+        Upload(rank, world, kDtypeFloat32, kB, seed + 1, b_send, s) != 0 ||
+        Upload(rank, world, kDtypeInt64, kC, seed + 2, c_send, s) != 0 ||
+        Upload(rank, world, kDtypeFloat16, kD, seed + 3, d_send, s) != 0) {
+      return 1;
+    }
+    CK(rank, cudaGraphLaunch(exec, s));
+    const std::string r = "replay " + std::to_string(k) + ": ";
+    if (Check(rank, world, kDtypeBfloat16, 0, kA, seed, a_recv, s, r + "bf16 sum") != 0 ||
+        Check(rank, world, kDtypeFloat32, 1, kB, seed + 1, b_out, s, r + "fp32 avg in place") != 0 ||
+        CheckAllToAll(rank, world, kC, seed + 2, c_recv, s, r + "all-to-all") != 0 ||
+        Check(rank, world, kDtypeFloat16, 0, kD, seed + 3, d_recv, s, r + "fp16 async") != 0) {
+      return 1;
+    }
   }
-  if (c.ReduceScatter(send, recv, 1024, DMAGATHER_FLOAT32, DMAGATHER_SUM, s) != DMAGATHER_OK) {
-    return Fail(rank, "after capture: " + c.error());
+  // An ordinary reduce-scatter beside the live graph.
+  if (Upload(rank, world, kDtypeBfloat16, kA, 77, a_send, s) != 0) return 1;
+  if (c.ReduceScatter(a_send, a_recv, kA, DMAGATHER_BFLOAT16, DMAGATHER_SUM, s) != DMAGATHER_OK) {
+    return Fail(rank, "ordinary op beside the graph: " + c.error());
   }
-  return Check(rank, world, dmagather::common::kDtypeFloat32, 0, 1024, 77, recv, s, "after capture");
+  if (Check(rank, world, kDtypeBfloat16, 0, kA, 77, a_recv, s, "ordinary op beside the graph") != 0) return 1;
+
+  // The captures' staging is bounded (2 MiB here): one more that does not
+  // fit is FALLBACK on every rank, and the capture stays valid.
+  cudaGraphExec_t big = nullptr;
+  std::string big_why;
+  st = CaptureBig(c, rank, big_send, big_recv, kBig, s, &big, &big_why);
+  if (st != DMAGATHER_FALLBACK || big_why.find("live captures hold") == std::string::npos) {
+    return Fail(rank,
+                "a capture past the staging bound gave " + std::string(dmagather_status_string(st)) + ": " + big_why);
+  }
+  // Destroying the first graph frees its staging (once CUDA has released
+  // its user objects, asynchronously): the same capture then fits. Every
+  // attempt has one verdict on every rank, so the ranks retry in step.
+  CK(rank, cudaStreamSynchronize(s2));
+  CK(rank, cudaGraphExecDestroy(exec));
+  CK(rank, cudaGraphDestroy(graph));
+  for (int attempt = 0; st != DMAGATHER_OK; ++attempt) {
+    if (attempt == 200) return Fail(rank, "the destroyed graph's staging never came back: " + big_why);
+    if (attempt != 0) usleep(10000);
+    st = CaptureBig(c, rank, big_send, big_recv, kBig, s, &big, &big_why);
+    if (st != DMAGATHER_OK && st != DMAGATHER_FALLBACK) return Fail(rank, "capture after destroy: " + big_why);
+  }
+  if (big == nullptr) return Fail(rank, "cudaGraphInstantiate of the large capture failed");
+  if (Upload(rank, world, kDtypeFloat32, kBig, 4242, big_send, s) != 0) return 1;
+  CK(rank, cudaGraphLaunch(big, s));
+  if (Check(rank, world, kDtypeFloat32, 0, kBig, 4242, big_recv, s, "large capture after destroy") != 0) return 1;
+  CK(rank, cudaGraphExecDestroy(big));
+  CK(rank, cudaStreamSynchronize(s));
+  return 0;
 }
 
 int ModeAllToAll(dmagather::Comm& c, int rank, int world, cudaStream_t s) {
@@ -186,16 +319,7 @@ int ModeAllToAll(dmagather::Comm& c, int rank, int world, cudaStream_t s) {
   if (send == nullptr || recv == nullptr) return Fail(rank, "alloc: " + c.error());
   if (Upload(rank, world, dmagather::common::kDtypeInt64, count, 91, send, s) != 0) return 1;
   if (c.AllToAll(send, recv, count, DMAGATHER_INT64, s) != DMAGATHER_OK) return Fail(rank, "alltoall: " + c.error());
-  std::vector<unsigned char> got(uint64_t(world) * count * 8);
-  CK(rank, cudaMemcpyAsync(got.data(), recv, got.size(), cudaMemcpyDeviceToHost, s));
-  CK(rank, cudaStreamSynchronize(s));
-  for (int src = 0; src < world; ++src) {
-    const std::vector<unsigned char> theirs = ReduceScatterInput(src, world, dmagather::common::kDtypeInt64, count, 91);
-    if (std::memcmp(got.data() + src * count * 8, theirs.data() + rank * count * 8, count * 8) != 0) {
-      return Fail(rank, "all-to-all: the chunk from rank " + std::to_string(src) + " differs");
-    }
-  }
-  return 0;
+  return CheckAllToAll(rank, world, count, 91, recv, s, "all-to-all");
 }
 
 struct Mode {
@@ -205,7 +329,7 @@ struct Mode {
 };
 
 const Mode kModes[] = {
-    {"rs", 4, ModeRs}, {"async", 3, ModeAsync}, {"graph", 2, ModeGraph}, {"alltoall", 3, ModeAllToAll}};
+    {"rs", 4, ModeRs}, {"async", 3, ModeAsync}, {"graph", 3, ModeGraph}, {"alltoall", 3, ModeAllToAll}};
 
 }  // namespace
 

@@ -12,7 +12,8 @@
 #                                replays: SIGKILLs and a SIGTERM, each
 #                                followed by a start on the same socket, while
 #                                every rank's stream (or graph) waits on its
-#                                done flags; every run must still be bit-exact.
+#                                done flags (captured reduce-scatters too);
+#                                every run must still be bit-exact.
 #   tests/gpu/run.sh             both, on a machine that has a GPU and Bazel.
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -165,12 +166,12 @@ restart() {
   ops() { "$here/bin/dmagatherctl" --socket="$DMAGATHER_SOCKET" --json stats 2>/dev/null |
           grep -o '"total_ops": *"\?[0-9]*' | grep -o '[0-9]*$'; }
   start_daemon
-  # One run of allgather_gpu_test MODE (environment in ENV...) with the
-  # daemon restarted 3 times under it, once its ops are served.
-  under_restarts() {  # name mode env...
-    local name=$1 mode=$2; shift 2
+  # One run of TEST MODE (environment in ENV...) with the daemon restarted
+  # 3 times under it, once its ops are served.
+  under_restarts() {  # name test mode env...
+    local name=$1 test=$2 mode=$3; shift 3
     local ops0; ops0="$(ops)"
-    env "$@" timeout 300 "$here/bin/allgather_gpu_test" "$mode" >"$out/restart_$name.log" 2>&1 &
+    env "$@" timeout 300 "$here/bin/$test" "$mode" >"$out/restart_$name.log" 2>&1 &
     local tpid=$! kills=0
     # Once this run's ranks have ops served (not during their set-up).
     for _ in $(seq 1 400); do [ "$(ops)" != "" ] && [ "$(ops)" -gt "${ops0:-0}" ] && break; sleep 0.05; done
@@ -192,14 +193,21 @@ restart() {
   }
   for round in $(seq 1 "${GPU_RESTART_ROUNDS:-3}"); do
     echo "=== allgather_gpu_test stream (${GPU_RESTART_ITERS:-3000} iterations), daemon restarted under it, round $round"
-    under_restarts "round$round" stream DMAGATHER_TEST_STREAM_ITERS="${GPU_RESTART_ITERS:-3000}"
+    under_restarts "round$round" allgather_gpu_test stream DMAGATHER_TEST_STREAM_ITERS="${GPU_RESTART_ITERS:-3000}"
   done
   # Captured ops: the ranks' graphs replay on through the restarts, each
   # replay's data checked on the GPU; the next daemon arms the captured ops
   # again from the ranks' definitions.
   for round in $(seq 1 "${GPU_RESTART_GRAPH_ROUNDS:-2}"); do
     echo "=== allgather_gpu_test graph (${GPU_RESTART_REPLAYS:-5000} replays), daemon restarted under it, round $round"
-    under_restarts "graph$round" graph DMAGATHER_TEST_GRAPH_REPLAYS="${GPU_RESTART_REPLAYS:-5000}"
+    under_restarts "graph$round" allgather_gpu_test graph DMAGATHER_TEST_GRAPH_REPLAYS="${GPU_RESTART_REPLAYS:-5000}"
+  done
+  # Captured reduce-scatters and an all-to-all (their own staging, the sum
+  # in the graph), each replay checked on the host.
+  for round in $(seq 1 "${GPU_RESTART_RS_ROUNDS:-1}"); do
+    echo "=== reduce_scatter_gpu_test graph (${GPU_RESTART_RS_REPLAYS:-1000} replays), daemon restarted under it"
+    under_restarts "rsgraph$round" reduce_scatter_gpu_test graph \
+      DMAGATHER_TEST_GRAPH_REPLAYS="${GPU_RESTART_RS_REPLAYS:-1000}"
   done
   kill -TERM "$dpid"; wait "$dpid"
   echo "$passed passed, $failed failed"

@@ -7,7 +7,8 @@
 // edge (release before unlocking, acquire after locking). Limit: an
 // absl::Condition evaluated inside Await/LockWhen by the waiting thread
 // reads before the acquire and may still be reported. Also here: the
-// suppression of Abseil's own deadlock-graph accesses (at the end).
+// reference count of absl::Status (below), and the suppression of Abseil's
+// own deadlock-graph accesses (at the end).
 #if defined(__SANITIZE_THREAD__)
 
 #include <dlfcn.h>
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 
@@ -187,6 +189,21 @@ bool Notification::WaitForNotificationWithDeadline(Time deadline) const {
   const bool r = real(this, deadline);
   if (r) __tsan_acquire(const_cast<Notification*>(this));
   return r;
+}
+
+// A non-OK Status shares one heap rep between its copies: Ref is an inline
+// (instrumented) relaxed increment, but the decrement and the delete are in
+// libabsl_status (not instrumented), so a copy made on one thread and the
+// last copy dropped on another look unordered (seen: an engine op's status,
+// copied by the test's thread, freed by the issue thread). Each drop
+// releases what its holder did and acquires the others' before the real
+// decrement, as the acq_rel decrement in the library does.
+void Status::UnrefNonInlined(uintptr_t rep) {
+  static auto real = Resolve<void (*)(uintptr_t)>("6Status15UnrefNonInlinedEm");
+  void* shared = reinterpret_cast<void*>(rep - 1);
+  __tsan_release(shared);
+  __tsan_acquire(shared);
+  real(rep);
 }
 
 ABSL_NAMESPACE_END

@@ -154,18 +154,46 @@ TEST_F(AllToAllTest, RanksThatDisagreeOnTheReductionAreNamed) {
   ExpectFailedEverywhere(ranks_, 2, "rank 1 for reduce_scatter(avg) count=8 dtype=float32");
 }
 
-TEST_F(AllToAllTest, ACapturedAllToAllIsRefused) {
-  Make(2);
+TEST_F(AllToAllTest, ACapturedReduceScatterIsArmedAndEachReplayMovesTheChunksBitExact) {
+  // A reduce-scatter captured into a CUDA graph: its definition is armed
+  // (no copies), then every replay (each rank's ready flag) moves the
+  // chunks of the sends as they are at that replay.
+  Make(3);
+  constexpr uint32_t kSlot = 3;
   for (auto& r : ranks_) {
-    r->SubmitAllToAll(abi::kOpAllToAllV2 | abi::kOpPersistentBit | (3u << abi::kOpPersistentSlotShift), 8, 0, 100, 8,
-                      8);
+    r->SubmitAllToAll(abi::kOpReduceScatterSumV2 | abi::kOpPersistentBit | (kSlot << abi::kOpPersistentSlotShift), 40,
+                      0, 1000, 40, 40, abi::kAllToAllSkipSelf);
   }
   Poll();
   EXPECT_TRUE(engine_.pending.empty());
   for (auto& r : ranks_) {
-    ASSERT_EQ(r->errors(), 1u);
-    EXPECT_NE(std::string(r->error(0).message).find("cannot be captured into a CUDA graph"), std::string::npos)
-        << r->error(0).message;
+    EXPECT_EQ(r->done(), 1u);
+    EXPECT_EQ(r->errors(), 0u);
+  }
+  for (int replay = 0; replay < 3; ++replay) {
+    for (auto& r : ranks_) {
+      for (int d = 0; d < 3; ++d) {
+        for (uint64_t i = 0; i < 40; ++i) {
+          r->region->base()[d * 40 + i] = char(Pattern(r->session->rank(), d, i) + replay);
+        }
+      }
+      abi::StoreRelease(&r->graph()->ready[kSlot], 1u);
+    }
+    Poll();
+    ASSERT_EQ(engine_.pending.size(), 1u) << "replay " << replay;
+    EXPECT_EQ(engine_.pending[0]->plan.copies.size(), 6u);  // 3x3 minus the own chunks.
+    engine_.Complete(0);
+    for (int d = 0; d < 3; ++d) {
+      EXPECT_EQ(abi::LoadAcquire(&ranks_[d]->graph()->done[kSlot].lo), 1u);
+      for (int s = 0; s < 3; ++s) {
+        if (s == d) continue;
+        for (uint64_t i = 0; i < 40; ++i) {
+          ASSERT_EQ(ranks_[d]->region->base()[1000 + s * 40 + i], char(Pattern(s, d, i) + replay))
+              << "replay " << replay << " rank " << d << " chunk " << s << " i " << i;
+        }
+      }
+      abi::StoreRelease(&ranks_[d]->graph()->done[kSlot].lo, 0u);  // The graph re-arms its wait.
+    }
   }
 }
 

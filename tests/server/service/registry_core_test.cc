@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -491,7 +492,7 @@ TEST_F(RegistryCoreTest, CapturedOpsHandedBackAreArmedOnceEveryRankIsBack) {
             absl::StatusCode::kInvalidArgument);
   const absl::Status unknown = core.Resume(a->session->id(), a->session->secret(), 0, 0, {Captured(3, 2, 7, 1024)});
   EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument) << unknown;
-  EXPECT_NE(unknown.message().find("captured allgather #3 (graph slot 2) handed back"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.message().find("captured op #3 (graph slot 2) handed back"), std::string::npos) << unknown;
   EXPECT_EQ(core.handover().ranks_resumed.load(), 0u);
   std::vector<CapturedDefinition> too_many(abi::kGraphSlotsV1 + 1, Captured(3, 2, 9, 1024));
   EXPECT_EQ(core.Resume(a->session->id(), a->session->secret(), 0, 0, too_many).code(),
@@ -504,6 +505,44 @@ TEST_F(RegistryCoreTest, CapturedOpsHandedBackAreArmedOnceEveryRankIsBack) {
   EXPECT_TRUE(a->job->has_persistent());
   EXPECT_EQ(a->job->persistent_ops(), 1u);
   EXPECT_EQ(core.Snapshot().size(), 1u);
+}
+
+TEST_F(RegistryCoreTest, ACapturedReduceScatterHandedBackIsArmedAgain) {
+  // The daemon died with a reduce-scatter captured in both ranks' graphs:
+  // its definition (an all-to-all into the capture's own staging) comes
+  // back in each rank's Resume, validated as the ring's descriptors are.
+  RegistryCore core(&engine_, &tickets_, NoLimits());
+  auto a = JoinBack(core, "graphs", 2, 0);
+  auto b = JoinBack(core, "graphs", 2, 1);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  for (const Joined* j : {&*a, &*b}) {
+    RegisterSpec r = HostRegion(*j, 8192, HandOverBuffer(8192));
+    r.region_id = 9;
+    ASSERT_TRUE(core.Register(r).ok());
+    abi::StoreRelease(&j->session->rank()->completion()->done_seq, 3u);
+  }
+  auto rs = [](uint32_t slot, uint64_t send_stride) {
+    CapturedDefinition def = Captured(3, slot, 9, 1024);
+    abi::DescriptorV2 d;
+    std::memcpy(&d, def.descriptors.data(), sizeof(d));
+    d.op = abi::kOpReduceScatterSumV2 | abi::kOpPersistentBit | (slot << abi::kOpPersistentSlotShift);
+    d.a2a.recv = {9, 0, 4096};  // Its staging.
+    d.a2a.send_stride = send_stride;
+    d.a2a.recv_stride = 1024;
+    d.a2a.flags = abi::kAllToAllSkipSelf;
+    d.a2a.reserved = 0;
+    def.descriptors.assign(reinterpret_cast<const char*>(&d), sizeof(d));
+    return def;
+  };
+  // Checked as on the ring: a stride shorter than a chunk is refused.
+  const absl::Status bad = core.Resume(a->session->id(), a->session->secret(), 0, 0, {rs(1, 512)});
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_NE(bad.message().find("captured op #3 (graph slot 1) handed back"), std::string::npos) << bad;
+  ASSERT_TRUE(core.Resume(a->session->id(), a->session->secret(), 0, 0, {rs(1, 1024)}).ok());
+  EXPECT_FALSE(a->job->has_persistent()) << "armed only once every rank is back";
+  const absl::Status back = core.Resume(b->session->id(), b->session->secret(), 0, 0, {rs(6, 1024)});
+  ASSERT_TRUE(back.ok()) << back;
+  EXPECT_EQ(a->job->persistent_ops(), 1u);
 }
 
 TEST_F(RegistryCoreTest, AJobTakenBackStartsAfterTheNewestOpAnyRankSawDone) {
