@@ -50,7 +50,6 @@
 #include <cuda_runtime.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -58,13 +57,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "common/cuda/cuda_api.h"
 #include "dmagather/client.h"
 #include "kernels/verify.h"
+#include "tests/gpu/ranks.h"
 
 namespace {
 
@@ -94,57 +93,6 @@ void Fail(const std::string& why) {
   } while (0)
 
 std::string Job(const char* mode) { return std::string("gputest-") + mode + "-" + std::to_string(getppid()); }
-
-std::vector<std::string> SplitCommas(const char* text) {
-  std::vector<std::string> list;
-  for (const char *p = text, *q; *p != '\0'; p = *q ? q + 1 : q) {
-    q = strchr(p, ',');
-    if (q == nullptr) q = p + strlen(p);
-    list.emplace_back(p, q);
-  }
-  return list;
-}
-
-// Runs fn(rank, world) in `world` processes; returns how many failed.
-int Launch(int world, const std::function<int(int, int)>& fn) {
-  std::vector<pid_t> kids;
-  for (int r = 0; r < world; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      // Multi-node check (run.sh): DMAGATHER_TEST_SOCKETS lists one daemon
-      // per simulated node; rank r joins node r % n (interleaved), and the
-      // library takes the job id from DMAGATHER_JOB_ID.
-      if (const char* socks = getenv("DMAGATHER_TEST_SOCKETS"); socks != nullptr && *socks != '\0') {
-        const std::vector<std::string> list = SplitCommas(socks);
-        setenv("DMAGATHER_SOCKET", list[r % list.size()].c_str(), 1);
-      }
-      // Per-rank visibility (run.sh, the design case of one GPU per rank):
-      // DMAGATHER_TEST_RANK_VISIBLE lists GPUs (UUIDs or indices); rank r
-      // sees only entry r % n, as under SLURM --gpus-per-task or a device
-      // plugin, so every rank calls its GPU device 0 and the daemon must map
-      // it by identity. Set before this process's first CUDA call.
-      if (const char* vis = getenv("DMAGATHER_TEST_RANK_VISIBLE"); vis != nullptr && *vis != '\0') {
-        const std::vector<std::string> list = SplitCommas(vis);
-        setenv("CUDA_VISIBLE_DEVICES", list[r % list.size()].c_str(), 1);
-      }
-      // One rank per GPU where there are several (ranks share GPUs round-robin).
-      int devices = 0;
-      if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 1) cudaSetDevice(r % devices);
-      const int rc = fn(r, world);
-      fflush(stdout);
-      fflush(stderr);
-      _exit(rc);
-    }
-    kids.push_back(pid);
-  }
-  int bad = 0;
-  for (pid_t p : kids) {
-    int st = 0;
-    waitpid(p, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ++bad;
-  }
-  return bad;
-}
 
 struct Checker {
   unsigned long long* d = nullptr;  // [0] mismatches, [1] first bad offset
@@ -906,7 +854,7 @@ int KillVerdict(int dead) {
   int bad = dead == 1 ? 0 : 1;
   if (dead != 1 && sh->failures.load() == 0) Fail(std::to_string(dead) + " rank(s) ended abnormally, expected 1");
   if (bad == 0) {
-    int second = Launch(2, [](int r, int w) { return RunRank(*FindMode("eight"), r, w); });
+    int second = dmagather::testing::LaunchRanks(2, [](int r, int w) { return RunRank(*FindMode("eight"), r, w); });
     if (second != 0) {
       bad = 1;
       Fail("second job after the kill failed");
@@ -930,7 +878,7 @@ int main(int argc, char** argv) {
   }
   sh = static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   new (sh) Shared();
-  int bad = Launch(m->world, [m](int r, int w) { return RunRank(*m, r, w); });
+  int bad = dmagather::testing::LaunchRanks(m->world, [m](int r, int w) { return RunRank(*m, r, w); });
   if (mode == "kill") bad = KillVerdict(bad);
   if (bad != 0 || sh->failures.load() != 0) {
     printf("FAIL %s: %s\n", mode.c_str(), sh->why[0] ? sh->why : "a rank failed");

@@ -1,6 +1,6 @@
 // Reduce-scatter and all-to-all on the cuda backend, against a running
 // dmagatherd --backend=cuda (DMAGATHER_SOCKET): ranks are forked processes
-// on the current GPU; inputs are made on the host (tests/support/
+// (tests/gpu/ranks.h: one per GPU where there are several); inputs are made on the host (tests/support/
 // reduce_reference.h), results copied back and compared bit-exactly with the
 // reference reduction. Prints "PASS <mode>" or "FAIL <mode>: why".
 //
@@ -21,17 +21,16 @@
 #include <cuda_runtime.h>
 #include <stdlib.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "dmagather/client.h"
+#include "tests/gpu/ranks.h"
 #include "tests/support/reduce_reference.h"
 
 namespace {
@@ -57,27 +56,6 @@ int Fail(int rank, const std::string& why) {
     cudaError_t e_ = (x);                                                                      \
     if (e_ != cudaSuccess) return Fail(rank, std::string(#x) + " -> " + cudaGetErrorName(e_)); \
   } while (0)
-
-int Launch(int world, const std::function<int(int, int)>& fn) {
-  std::vector<pid_t> kids;
-  for (int r = 0; r < world; ++r) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      const int rc = fn(r, world);
-      fflush(stdout);
-      fflush(stderr);
-      _exit(rc);
-    }
-    kids.push_back(pid);
-  }
-  int bad = 0;
-  for (pid_t p : kids) {
-    int st = 0;
-    waitpid(p, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ++bad;
-  }
-  return bad;
-}
 
 // Uploads rank `rank`'s send for (dtype, count, seed) into d_send.
 int Upload(int rank, int world, uint32_t dtype, uint64_t count, uint64_t seed, char* d_send, cudaStream_t s) {
@@ -223,10 +201,10 @@ int ModeGraph(dmagather::Comm& c, int rank, int world, cudaStream_t s) {
   }
   char* b_out = b_send + uint64_t(rank) * kB * 4;  // In place.
   cudaStream_t s2 = nullptr;
-  cudaEvent_t fork = nullptr, join = nullptr;
+  cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
   CK(rank, cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
-  CK(rank, cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-  CK(rank, cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  CK(rank, cudaEventCreateWithFlags(&fork_ev, cudaEventDisableTiming));
+  CK(rank, cudaEventCreateWithFlags(&join_ev, cudaEventDisableTiming));
 
   // One graph: bf16 sum out of place, fp32 avg in place, an int64
   // all-to-all, and an async fp16 reduce-scatter waited on a forked stream.
@@ -241,12 +219,12 @@ int ModeGraph(dmagather::Comm& c, int rank, int world, cudaStream_t s) {
     st = dmagather_reduce_scatter_async(c.get(), d_send, d_recv, kD, DMAGATHER_FLOAT16, DMAGATHER_SUM, s, &d_op);
   }
   if (st == DMAGATHER_OK &&
-      (cudaEventRecord(fork, s) != cudaSuccess || cudaStreamWaitEvent(s2, fork, 0) != cudaSuccess)) {
+      (cudaEventRecord(fork_ev, s) != cudaSuccess || cudaStreamWaitEvent(s2, fork_ev, 0) != cudaSuccess)) {
     st = DMAGATHER_INTERNAL;
   }
   if (st == DMAGATHER_OK) st = dmagather_op_wait_stream(c.get(), d_op, s2);
   if (st == DMAGATHER_OK &&
-      (cudaEventRecord(join, s2) != cudaSuccess || cudaStreamWaitEvent(s, join, 0) != cudaSuccess)) {
+      (cudaEventRecord(join_ev, s2) != cudaSuccess || cudaStreamWaitEvent(s, join_ev, 0) != cudaSuccess)) {
     st = DMAGATHER_INTERNAL;
   }
   const std::string why = c.error();
@@ -347,7 +325,7 @@ int main(int argc, char** argv) {
   sh = static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   new (sh) Shared();
   const std::string job = std::string("gpurs-") + m->name + "-" + std::to_string(getpid());
-  const int bad = Launch(m->world, [&](int rank, int world) {
+  const int bad = dmagather::testing::LaunchRanks(m->world, [&](int rank, int world) {
     dmagather::Comm c(nullptr, job, world, rank);
     if (!c.ok()) return Fail(rank, "init: " + c.error());
     cudaStream_t s = nullptr;
