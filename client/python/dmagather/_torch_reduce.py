@@ -15,12 +15,14 @@ all-gather's, on the same lock, sequence of ops and stream-ordered queue:
   (ReduceOp other than SUM and AVG: PREMUL_SUM, MAX, ...), `avg_integer` (AVG
   on an integer dtype), `dtype_unsupported`, `numel_over_max` (the output's
   numel against the agreed DMAGATHER_MAX_NUMEL), `not_world_group`,
-  `multi_node` (a group across nodes: the library serves one node). An input that is not world_size times the
-  output, or of another dtype than the output, raises ValueError at once.
+  `multi_node` (a group across nodes: the library serves one node). An input
+  that is not world_size times the output, or of another dtype than the
+  output, raises ValueError at once.
 - memory is each rank's own: a tensor the backend cannot reach is staged
   through pooled daemon memory (host staging) or refused
   (dmagather_submit_fallback): `memory_unreachable`, the framework's
-  reduce-scatter on every rank.
+  reduce-scatter on every rank; `capture_staging`: under CUDA-graph capture,
+  the live captures' staging would pass DMAGATHER_STAGING_MB (docs/REDUCE.md).
 
 Numerics: the library sums each element over ranks 0..N-1 in that order
 (16-bit floats in fp32, rounded once; AVG divides the sum by N), so a run
@@ -42,7 +44,8 @@ from ._torch_work import Work
 
 ENV = "DMAGATHER_REDUCE_SCATTER"
 REASONS = ("not_enabled", "library_too_old", "daemon_unreachable", "join_failed", "op_unsupported", "avg_integer",
-           "dtype_unsupported", "numel_over_max", "not_world_group", "multi_node", "memory_unreachable")
+           "dtype_unsupported", "numel_over_max", "not_world_group", "multi_node", "memory_unreachable",
+           "capture_staging")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int64, torch.int8,
           torch.uint8)  # common/reduce.h: SUM for each, AVG for the floating ones
 FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -299,7 +302,10 @@ class ReduceScatter:
                 try:
                     h.wait()
                 except FallbackError as e:
-                    self._note_fallback("memory_unreachable", str(e), opname)
+                    # Under capture, the library's bound on the live captures' staging.
+                    kind = "capture_staging" if capturing and "live captures hold" in str(e) else \
+                        "memory_unreachable"
+                    self._note_fallback(kind, str(e), opname)
                     a._served.discard(key)
                     return self._framework(output, input, op, group, async_op)
                 self._count(c, opname, in_place)
