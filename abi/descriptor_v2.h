@@ -38,7 +38,10 @@ enum OpCodeV2 : uint32_t {
   kOpReduceScatterAvgV2 = 6,  // moved as kOpAllToAllV2; the ranks average
 };
 
+// Whether an op code (a captured op's too: its persistent bit and slot,
+// abi/graph_v1.h, lie above the low byte) moves an all-to-all's chunks.
 inline bool IsAllToAllV2(uint32_t op) {
+  op &= 0xff;  // graph_v1.h's kOpBaseMask
   return op == kOpAllToAllV2 || op == kOpReduceScatterSumV2 || op == kOpReduceScatterAvgV2;
 }
 

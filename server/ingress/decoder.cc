@@ -53,7 +53,7 @@ void DecodeV2(const abi::DescriptorV1& slot, Request* out) {
   std::memcpy(d.recv, reinterpret_cast<const char*>(&slot) + offsetof(abi::DescriptorV2, recv),
               sizeof(abi::BufferRefV1) * std::min(d.num_recv, abi::kMaxRanksV1));
   DecodeRecv(d.recv, out);
-  if (abi::IsAllToAllV2(d.op & abi::kOpBaseMask)) {
+  if (abi::IsAllToAllV2(d.op)) {
     abi::AllToAllV2 a;
     std::memcpy(&a, reinterpret_cast<const char*>(&slot) + offsetof(abi::DescriptorV2, a2a), sizeof(a));
     out->a2a = {a.send_stride, a.recv_stride, (a.flags & abi::kAllToAllSkipSelf) != 0};

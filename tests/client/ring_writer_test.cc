@@ -12,6 +12,7 @@
 #include <string>
 
 #include "abi/descriptor_v2.h"
+#include "abi/graph_v1.h"
 #include "common/memfd.h"
 
 namespace dmagather::client {
@@ -64,6 +65,35 @@ TEST_F(RingWriterTest, AnOpsItemsLandInConsecutiveSlots) {
   }
   EXPECT_EQ(Slot(1).count, 5u);
   EXPECT_EQ(bell_.seq, 0u) << "the daemon was not asleep";
+}
+
+TEST_F(RingWriterTest, AnAllToAllsArgumentsArePublishedCapturedOrNot) {
+  // The all-to-all's strides and flags lie past recv[0]; a captured op's
+  // code carries the persistent bit and its slot above the low byte.
+  for (uint32_t op : {uint32_t{abi::kOpReduceScatterSumV2},
+                      abi::kOpReduceScatterSumV2 | abi::kOpPersistentBit | (5u << abi::kOpPersistentSlotShift),
+                      abi::kOpAllToAllV2 | abi::kOpPersistentBit}) {
+    abi::DescriptorV2 d;
+    std::memset(&d, 0, sizeof(d));
+    d.op = op;
+    d.num_recv = 1;
+    d.count = 4097;
+    d.a2a.recv = {3, 0, 64};
+    d.a2a.send_stride = 8194;
+    d.a2a.recv_stride = 8194;
+    d.a2a.flags = abi::kAllToAllSkipSelf;
+    const uint64_t at = view_.ring->tail;
+    std::memset(&view_.slots[at % abi::kRingSlotsV1], 0, sizeof(abi::DescriptorV1));
+    ASSERT_TRUE(writer_.PublishOp(&d, 1, static_cast<uint32_t>(at + 1), 0, gone_));
+    const abi::DescriptorV2& got = Slot(at);
+    EXPECT_EQ(got.op, op);
+    EXPECT_EQ(got.a2a.recv.region_id, 3u);
+    EXPECT_EQ(got.a2a.recv.offset, 64u);
+    EXPECT_EQ(got.a2a.send_stride, 8194u) << "op 0x" << std::hex << op;
+    EXPECT_EQ(got.a2a.recv_stride, 8194u) << "op 0x" << std::hex << op;
+    EXPECT_EQ(got.a2a.flags, abi::kAllToAllSkipSelf) << "op 0x" << std::hex << op;
+    view_.completion->done_seq = static_cast<uint32_t>(at + 1);  // Its slot is free again.
+  }
 }
 
 TEST_F(RingWriterTest, TheDoorbellRingsForASleepingDaemon) {

@@ -15,14 +15,13 @@ all-gather's, on the same lock, sequence of ops and stream-ordered queue:
   (ReduceOp other than SUM and AVG: PREMUL_SUM, MAX, ...), `avg_integer` (AVG
   on an integer dtype), `dtype_unsupported`, `numel_over_max` (the output's
   numel against the agreed DMAGATHER_MAX_NUMEL), `not_world_group`,
-  `multi_node` (a group across nodes: the library serves one node). An input
-  that is not world_size times the output, or of another dtype than the
-  output, raises ValueError at once.
+  `multi_node` (a group across nodes: the library serves one node),
+  `captured` (CUDA-graph capture). An input that is not world_size times the
+  output, or of another dtype than the output, raises ValueError at once.
 - memory is each rank's own: a tensor the backend cannot reach is staged
   through pooled daemon memory (host staging) or refused
   (dmagather_submit_fallback): `memory_unreachable`, the framework's
-  reduce-scatter on every rank; `capture_staging`: under CUDA-graph capture,
-  the live captures' staging would pass DMAGATHER_STAGING_MB (docs/REDUCE.md).
+  reduce-scatter on every rank.
 
 Numerics: the library sums each element over ranks 0..N-1 in that order
 (16-bit floats in fp32, rounded once; AVG divides the sum by N), so a run
@@ -44,8 +43,7 @@ from ._torch_work import Work
 
 ENV = "DMAGATHER_REDUCE_SCATTER"
 REASONS = ("not_enabled", "library_too_old", "daemon_unreachable", "join_failed", "op_unsupported", "avg_integer",
-           "dtype_unsupported", "numel_over_max", "not_world_group", "multi_node", "memory_unreachable",
-           "capture_staging")
+           "dtype_unsupported", "numel_over_max", "not_world_group", "multi_node", "captured", "memory_unreachable")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int64, torch.int8,
           torch.uint8)  # common/reduce.h: SUM for each, AVG for the floating ones
 FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -132,7 +130,6 @@ class ReduceScatter:
                 "reduce_scatter_staged_ops": c["staged"],
                 "reduce_scatter_host_waited_ops": c["host_waited"],
                 "reduce_scatter_stream_ordered_ops": c["stream_ordered"],
-                "reduce_scatter_captured_ops": c["captured"],
                 "reduce_scatter_fallback_ops": c["fallback"],
                 "reduce_scatter_fallback_by_reason": {k: c["fallback:" + k] for k in REASONS},
                 "reduce_scatter_fallback_by_op": {k[len("fallback_op:"):]: v for k, v in sorted(c.items())
@@ -173,6 +170,10 @@ class ReduceScatter:
             return ("not_world_group", "the group is not this job's group")
         if getattr(a, "nodes", 1) > 1:
             return ("multi_node", f"the group spans {a.nodes} nodes: the reduce-scatter is served within one node")
+        if a.backend == "cuda" and torch.cuda.is_current_stream_capturing():
+            # The library serves it (docs/REDUCE.md); not through the adapter until
+            # that path has passed on a GPU.
+            return ("captured", "a reduce-scatter under CUDA-graph capture is not served by the torch adapter yet")
         return None
 
     def _note_fallback(self, kind, reason, opname):
@@ -291,21 +292,14 @@ class ReduceScatter:
             key = ("reduce_scatter", input.dtype, output.numel(), redop) if a.stream_ordered else None
             staged = self._stage(output, input, in_place) if a.host_staging and why is None else None
             recv, send = staged if staged is not None else (output, input)
-            # Captured into a CUDA graph: the library defines a persistent op,
-            # has every rank's verdict before the submit returns, and captures
-            # the wait for each replay's copies and the sum on the stream.
-            capturing = a.backend == "cuda" and torch.cuda.is_current_stream_capturing()
             code, h = self._submit(recv, send, redop, stream, why)
             c = self.counters
-            if key is None or key not in a._served or capturing:
+            if key is None or key not in a._served:
                 # The verdict on the host (every rank: the key is equal everywhere).
                 try:
                     h.wait()
                 except FallbackError as e:
-                    # Under capture, the library's bound on the live captures' staging.
-                    kind = "capture_staging" if capturing and "live captures hold" in str(e) else \
-                        "memory_unreachable"
-                    self._note_fallback(kind, str(e), opname)
+                    self._note_fallback("memory_unreachable", str(e), opname)
                     a._served.discard(key)
                     return self._framework(output, input, op, group, async_op)
                 self._count(c, opname, in_place)
@@ -313,12 +307,6 @@ class ReduceScatter:
                     if recv is not output:
                         output.copy_(recv)
                     c["staged"] += 1
-                if capturing:
-                    c["captured"] += 1
-                    if async_op and not order_now:
-                        return Work(a, h, stream_pending=True)
-                    a._order_on_stream(h, stream)
-                    return Work(a, h) if async_op else None
                 c["host_waited"] += 1
                 if key is not None:
                     a._served.add(key)
