@@ -29,31 +29,6 @@ using Calls = reduce_device::HostCalls<HipRt>;
 
 }  // namespace
 
-int ReduceGridFor(const void* in, uint64_t count, uint32_t dtype, const void* out, ReduceGrid* grid,
-                  unsigned max_blocks) {
-  reduce_device::Plan p;
-  int sms = 0;
-  if (const int e = Calls::GridFor(in, count, dtype, out, max_blocks, &p, &sms); e != 0) return e;
-  *grid = {p.blocks, reduce_device::kThreads, p.vectorized, sms};
-  return 0;
-}
-
-int ReduceChunksOnBlocks(const void* const* chunks, int n, uint64_t count, uint32_t dtype, int redop, void* out,
-                         unsigned max_blocks, void* stream) {
-  return Calls::OnBlocks(chunks, n, count, dtype, redop, out, max_blocks, stream);
-}
-
-int ReduceChunksOnBlocks(const void* in, int n, uint64_t count, uint32_t dtype, int redop, void* out,
-                         unsigned max_blocks, void* stream) {
-  return Calls::OnBlocksDense(in, n, count, dtype, redop, out, max_blocks, stream);
-}
-
-int ReduceChunks(const void* const* chunks, int n, uint64_t count, uint32_t dtype, int redop, void* out, void* stream) {
-  return Calls::OnBlocks(chunks, n, count, dtype, redop, out, 0, stream);
-}
-
-int ReduceChunks(const void* in, int n, uint64_t count, uint32_t dtype, int redop, void* out, void* stream) {
-  return Calls::OnBlocksDense(in, n, count, dtype, redop, out, 0, stream);
-}
+#include "kernels/reduce_entry_points.inc"  // NOLINT(build/include): the entry points, over Calls.
 
 }  // namespace dmagather::kernels::hip
