@@ -23,28 +23,12 @@
 #include <string>
 #include <vector>
 
+#include "bench/mpi_args.h"
+
 namespace {
 
-std::vector<size_t> ParseSizes(const char* s) {
-  std::vector<size_t> out;
-  std::string str(s);
-  size_t pos = 0;
-  while (pos < str.size()) {
-    size_t end = str.find(',', pos);
-    if (end == std::string::npos) end = str.size();
-    out.push_back(std::stoul(str.substr(pos, end - pos)));
-    pos = end + 1;
-  }
-  return out;
-}
-
-const char* Arg(int argc, char** argv, const char* name, const char* dflt) {
-  const size_t n = std::strlen(name);
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], name, n) == 0 && argv[i][n] == '=') return argv[i] + n + 1;
-  }
-  return dflt;
-}
+using dmagather::bench::Arg;
+using dmagather::bench::ParseSizes;
 
 // Element i of chunk c of rank r's send: an integer below 256 / world, so a
 // sum over the ranks stays an exact float (and bfloat16, in the gloo twin).
