@@ -163,7 +163,12 @@ def part_busbw(args, rank, world, dm, dev):
     return rows
 
 
-def part_overlap(args, rank, world, dm, dev):
+def gemm_overlap(args, dev, sizes_mib, make):
+    """The bf16 GEMM loop (--overlap_gemms of 8192^3) alone, one collective per GEMM alone (as a
+    layer-by-layer prefetch, or a backward pass's gradient buckets, would issue them), and the two
+    together with the collectives on a side stream; per size in `sizes_mib`, make(mib) -> (ours,
+    theirs): dmagather's and NCCL's collective on that size's buffers, each called with a stream
+    (None: the current one). One row per size: the overlap CSV's columns."""
     n = 8192
     a = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
     b = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
@@ -172,32 +177,38 @@ def part_overlap(args, rank, world, dm, dev):
     rows = []
     t_gemm = time_loop(lambda: torch.mm(a, b), gemms) * gemms  # ms for the loop
     side = torch.cuda.Stream(device=dev)
-    for mib in (8, 32, 64, 128, 256):
-        size = mib * MiB
-        out = torch.empty(size * world, dtype=torch.uint8, device=dev)
-        inp = out[rank * size:(rank + 1) * size]
-        n_ag = gemms  # One AllGather per GEMM, as a layer-by-layer prefetch would.
-        t_ag_d = time_loop(lambda: dm.allgather(inp, out), n_ag) * n_ag
-        t_ag_n = time_loop(lambda: nccl_allgather(inp, out), n_ag) * n_ag if args.nccl else float("nan")
+    for mib in sizes_mib:
+        ours, theirs = make(mib)
+        t_d = time_loop(lambda: ours(None), gemms) * gemms
+        t_n = time_loop(lambda: theirs(None), gemms) * gemms if args.nccl else float("nan")
 
-        def both(ag):
+        def both(op):
             def run():
                 main = torch.cuda.current_stream()
                 side.wait_stream(main)
                 for _ in range(gemms):
-                    ag(side)
+                    op(side)
                     torch.mm(a, b)
                 main.wait_stream(side)
             return run
-        t_both_d = time_loop(both(lambda s: dm.allgather(inp, out, stream=s)), 1, warmup=2)
-        t_both_n = (time_loop(both(lambda s: nccl_allgather(inp, out, stream=s)), 1, warmup=2) if args.nccl
-                    else float("nan"))
+        t_both_d = time_loop(both(ours), 1, warmup=2)
+        t_both_n = time_loop(both(theirs), 1, warmup=2) if args.nccl else float("nan")
         tf = lambda t: flops * gemms / (t / 1e3) / 1e12  # noqa: E731
-        rows.append([mib, round(t_gemm, 3), round(t_ag_d, 3), round(t_ag_n, 3), round(t_both_d, 3),
+        rows.append([mib, round(t_gemm, 3), round(t_d, 3), round(t_n, 3), round(t_both_d, 3),
                      round(t_both_n, 3), round(tf(t_gemm), 1), round(tf(t_both_d), 1), round(tf(t_both_n), 1),
                      round(t_both_n / t_both_d, 3)])
-        del out
+        ours = theirs = None  # The buffers go before the next size is allocated.
+        dist.barrier()
     return rows
+
+
+def part_overlap(args, rank, world, dm, dev):
+    def make(mib):
+        size = mib * MiB
+        out = torch.empty(size * world, dtype=torch.uint8, device=dev)
+        inp = out[rank * size:(rank + 1) * size]
+        return (lambda s: dm.allgather(inp, out, stream=s)), (lambda s: nccl_allgather(inp, out, stream=s))
+    return gemm_overlap(args, dev, (8, 32, 64, 128, 256), make)
 
 
 def part_latency(args, rank, world, dm, dev):
@@ -283,7 +294,7 @@ def worker(rank, world, args):
             write_csv(os.path.join(args.out, "latency.csv"), ["KiB_per_rank", "impl", "p50_us", "p99_us"], rows)
             summary["latency"] = rows
     if any(p.startswith("rs_") for p in parts):
-        multi_gpu_rs.run_parts(args, rank, world, dm, dev, parts, summary, time_loop, write_csv)
+        multi_gpu_rs.run_parts(args, rank, world, dm, dev, parts, summary, time_loop, write_csv, gemm_overlap)
     dm.comm.wait()
     dm.comm.close()
     dist.barrier()

@@ -173,44 +173,15 @@ def part_rs_busbw(args, rank, world, dm, dev, time_loop):
     return rows
 
 
-def part_rs_overlap(args, rank, world, dm, dev, time_loop):
-    n = 8192
-    a = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
-    b = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
-    flops = 2 * n ** 3
-    gemms = args.overlap_gemms
-    rows = []
-    t_gemm = time_loop(lambda: torch.mm(a, b), gemms) * gemms  # ms for the loop
-    side = torch.cuda.Stream(device=dev)
-    for mib in SIZES_OVERLAP_MIB:
+def part_rs_overlap(args, rank, world, dm, dev, gemm_overlap):
+    def make(mib):
         out = torch.empty(mib * MiB // 2, dtype=torch.bfloat16, device=dev)
         inp = torch.empty(world * out.numel(), dtype=torch.bfloat16, device=dev).normal_()
-        n_rs = gemms  # One reduce-scatter per GEMM, as a backward pass's gradient buckets would.
-        t_rs_d = time_loop(lambda: dm.reduce_scatter(inp, out), n_rs) * n_rs
-        t_rs_n = time_loop(lambda: nccl_rs(inp, out), n_rs) * n_rs if args.nccl else float("nan")
-
-        def both(rs):
-            def run():
-                main = torch.cuda.current_stream()
-                side.wait_stream(main)
-                for _ in range(gemms):
-                    rs(side)
-                    torch.mm(a, b)
-                main.wait_stream(side)
-            return run
-        t_both_d = time_loop(both(lambda s: dm.reduce_scatter(inp, out, stream=s)), 1, warmup=2)
-        t_both_n = (time_loop(both(lambda s: nccl_rs(inp, out, stream=s)), 1, warmup=2) if args.nccl
-                    else float("nan"))
-        tf = lambda t: flops * gemms / (t / 1e3) / 1e12  # noqa: E731
-        rows.append([mib, round(t_gemm, 3), round(t_rs_d, 3), round(t_rs_n, 3), round(t_both_d, 3),
-                     round(t_both_n, 3), round(tf(t_gemm), 1), round(tf(t_both_d), 1), round(tf(t_both_n), 1),
-                     round(t_both_n / t_both_d, 3)])
-        dist.barrier()
-        out = inp = None  # Freed before the next size is allocated.
-    return rows
+        return (lambda s: dm.reduce_scatter(inp, out, stream=s)), (lambda s: nccl_rs(inp, out, stream=s))
+    return gemm_overlap(args, dev, SIZES_OVERLAP_MIB, make)
 
 
-def run_parts(args, rank, world, dm, dev, parts, summary, time_loop, write_csv):
+def run_parts(args, rank, world, dm, dev, parts, summary, time_loop, write_csv, gemm_overlap):
     """The rs_* parts named in `parts`, in order; CSVs and summary entries on rank 0."""
     if not dmagather.has_reduce_scatter():
         raise RuntimeError("this libdmagather.so has no dmagather_reduce_scatter: the rs_* parts need it")
@@ -238,7 +209,7 @@ def run_parts(args, rank, world, dm, dev, parts, summary, time_loop, write_csv):
                                              "dmag_busbw", "nccl_busbw", "ratio"], rows)
             summary["rs_busbw"] = rows
     if "rs_overlap" in parts:
-        rows = part_rs_overlap(args, rank, world, dm, dev, time_loop)
+        rows = part_rs_overlap(args, rank, world, dm, dev, gemm_overlap)
         if rank == 0:
             write_csv(path("rs_overlap.csv"),
                       ["RS_out_MiB", "gemm_alone_ms", "rs_alone_dmag_ms", "rs_alone_nccl_ms", "both_dmag_ms",
