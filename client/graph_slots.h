@@ -1,6 +1,6 @@
 // GraphSlots: the CUDA-graph capture bookkeeping of one communicator. A
-// captured op (all-gather, all-to-all, reduce-scatter) is a persistent op in one of abi::kGraphSlotsV1 graph
-// slots, held until its graph is destroyed; the backend's destroy callback
+// captured op (all-gather, all-to-all, reduce-scatter) is a persistent op
+// in one of abi::kGraphSlotsV1 graph slots, held until its graph is destroyed; the backend's destroy callback
 // (any thread) names the freed slot in GraphSlotsFreed, and the next Take()
 // reclaims it. Captured ops are remembered by handle (their slot, and
 // whether their stream wait was captured: a captured op is waited exactly

@@ -166,14 +166,14 @@ ReduceArgs ReduceScatter::SumArgs(const Call& c, uint64_t off, uint64_t n, const
 }
 
 absl::Status ReduceScatter::SubmitCaptured(const Call& c, uint64_t* handle) {
-  auto mib = [](uint64_t b) { return absl::StrCat(b >> 20, " MiB"); };
+  auto kib = [](uint64_t b) { return absl::StrCat((b + 1023) >> 10, " KiB"); };
   const uint64_t need = std::max<uint64_t>(c.chunk * world_, 256);
   if (captured_bytes_ + need > bound_) {
     return comm_->Refuse(
         common::FallbackError(
             absl::StrCat("a reduce-scatter captured into a CUDA graph has staging of its own while its graph lives (",
-                         mib(need), " for this one); live captures hold ", mib(captured_bytes_), " of the ",
-                         mib(bound_), " DMAGATHER_STAGING_MB allows")),
+                         kib(need), " for this one); live captures hold ", kib(captured_bytes_), " of the ",
+                         bound_ >> 20, " MiB DMAGATHER_STAGING_MB allows")),
         handle);
   }
   Captured cap;
