@@ -1,14 +1,14 @@
 #include "tests/gpu/ranks.h"
 
 #include <cuda_runtime.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "tests/support/verify.h"
 
 namespace dmagather::testing {
 namespace {
@@ -40,25 +40,13 @@ void Place(int r) {
 }  // namespace
 
 int LaunchRanks(int world, const std::function<int(int, int)>& fn) {
-  std::vector<pid_t> kids;
-  for (int r = 0; r < world; ++r) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      Place(r);
-      const int rc = fn(r, world);
-      fflush(stdout);
-      fflush(stderr);
-      _exit(rc);
-    }
-    if (pid < 0) perror("fork");
-    kids.push_back(pid);
-  }
-  int bad = 0;
-  for (pid_t p : kids) {
-    int st = 0;
-    if (p < 0 || waitpid(p, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) ++bad;
-  }
-  return bad;
+  return support::ForkRanks(world, [&](int r) {
+    Place(r);
+    const int rc = fn(r, world);
+    fflush(stdout);
+    fflush(stderr);
+    return rc;
+  });
 }
 
 }  // namespace dmagather::testing
